@@ -1,0 +1,13 @@
+"""Exit codes of conductor-run, in one place. The README's table mirrors this module."""
+
+from __future__ import annotations
+
+OK = 0  # clean stop; with --once: the task COMPLETED
+UNEXPECTED = 1  # a bug: an error outside conductor-run's exception tree (traceback printed)
+USAGE = 2  # bad flags or arguments (typer/click's own code)
+CONFIG = 3  # invalid configuration file, environment value or flag value
+UNREACHABLE = 4  # the Conductor server could not be reached (or refused our credentials) at start
+TASK_FAILED = 5  # --once: the task ended FAILED / FAILED_WITH_TERMINAL_ERROR / was fenced
+NO_TASK = 6  # --once: no task arrived within the wait
+SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
+SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

@@ -1,0 +1,131 @@
+"""Frozen values shared by every part of conductor-run: tasks as polled, results as reported."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class TaskStatus(StrEnum):
+    """Conductor's task statuses (CONDUCTOR_PROTOCOL.md §2)."""
+
+    SCHEDULED = "SCHEDULED"
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    COMPLETED_WITH_ERRORS = "COMPLETED_WITH_ERRORS"
+    FAILED = "FAILED"
+    FAILED_WITH_TERMINAL_ERROR = "FAILED_WITH_TERMINAL_ERROR"
+    TIMED_OUT = "TIMED_OUT"
+    CANCELED = "CANCELED"
+    SKIPPED = "SKIPPED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (TaskStatus.SCHEDULED, TaskStatus.IN_PROGRESS)
+
+
+# Statuses a worker may send in an update (there is no TIMED_OUT among them).
+REPORTABLE_STATUSES = frozenset(
+    {
+        TaskStatus.IN_PROGRESS,
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.FAILED_WITH_TERMINAL_ERROR,
+    }
+)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as handed to this worker by a poll.
+
+    ``timeout_seconds`` is not a field of Conductor's Task JSON: it is read from
+    ``workflowTask.taskDefinition.timeoutSeconds`` (0 = no hard ceiling).
+    """
+
+    task_id: str
+    workflow_id: str
+    task_type: str
+    reference_name: str = ""
+    retry_count: int = 0
+    poll_count: int = 0
+    response_timeout_seconds: int = 0
+    timeout_seconds: int = 0
+    input_data: Mapping[str, Any] = field(default_factory=dict)
+    domain: str | None = None
+    worker_id: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Task:
+        """Build a Task from the server's JSON, tolerating missing optional fields."""
+        workflow_task = data.get("workflowTask") or {}
+        task_def = data.get("taskDefinition") or workflow_task.get("taskDefinition") or {}
+        input_data = data.get("inputData")
+        return cls(
+            task_id=str(data.get("taskId", "")),
+            workflow_id=str(data.get("workflowInstanceId", "")),
+            task_type=str(data.get("taskType") or data.get("taskDefName") or ""),
+            reference_name=str(data.get("referenceTaskName") or ""),
+            retry_count=_int(data.get("retryCount")),
+            poll_count=_int(data.get("pollCount")),
+            response_timeout_seconds=_int(
+                data.get("responseTimeoutSeconds", task_def.get("responseTimeoutSeconds"))
+            ),
+            timeout_seconds=_int(task_def.get("timeoutSeconds")),
+            input_data=input_data if isinstance(input_data, dict) else {},
+            domain=data.get("domain") or None,
+            worker_id=data.get("workerId") or None,
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class TaskLog:
+    """One execution-log line attached to a task."""
+
+    log: str
+    created_time_ms: int
+
+    def to_json(self, task_id: str) -> dict[str, Any]:
+        return {"log": self.log, "taskId": task_id, "createdTime": self.created_time_ms}
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """The final (or IN_PROGRESS-yield) update for one task, as sent with ``POST /api/tasks``."""
+
+    task_id: str
+    workflow_id: str
+    status: TaskStatus
+    output_data: Mapping[str, Any] = field(default_factory=dict)
+    reason_for_incompletion: str | None = None
+    callback_after_seconds: int = 0
+    worker_id: str | None = None
+    logs: tuple[TaskLog, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "taskId": self.task_id,
+            "workflowInstanceId": self.workflow_id,
+            "status": self.status.value,
+            "outputData": dict(self.output_data),
+        }
+        if self.reason_for_incompletion:
+            body["reasonForIncompletion"] = self.reason_for_incompletion
+        if self.callback_after_seconds:
+            body["callbackAfterSeconds"] = self.callback_after_seconds
+        if self.worker_id:
+            body["workerId"] = self.worker_id
+        if self.logs:
+            body["logs"] = [entry.to_json(self.task_id) for entry in self.logs]
+        return body

@@ -1,0 +1,19 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+_PREFIXES = ("CONDUCTOR_", "conductor_", "conductor.")
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees the developer's CONDUCTOR_* / conductor_worker_* settings."""
+    for name in list(os.environ):
+        if name.startswith(_PREFIXES):
+            monkeypatch.delenv(name, raising=False)
+    yield
