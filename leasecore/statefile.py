@@ -1,0 +1,433 @@
+"""Status snapshot files: the state directory, the atomic publisher, the reader and its staleness.
+
+A runner writes ``<state_dir>/runner-<pid>.json`` through :class:`StatePublisher`; ``conductor-run
+status`` lists them with :func:`read_snapshots`, which marks a snapshot stale when its runner's
+process is gone (or its pid was reused) or it has not been refreshed for
+:data:`STALE_AFTER_SECONDS`. The schema itself (pure values) is ``leasecore.snapshot``; rendering
+is ``cli/render.py``. This module never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ConfigError
+from leasecore.snapshot import (
+    SCHEMA_VERSION,
+    LeaseHealth,
+    OutputTail,
+    RunnerInfo,
+    RunnerSnapshot,
+    ServerHealth,
+    TaskSnapshot,
+    TaskState,
+    iso_time,
+    lease_health,
+    redact_url,
+    wall_time,
+)
+
+__all__ = [
+    "STALE_AFTER_SECONDS",
+    "LeaseHealth",
+    "OutputTail",
+    "ProcessState",
+    "RunnerInfo",
+    "RunnerSnapshot",
+    "ServerHealth",
+    "SnapshotRecord",
+    "StatePublisher",
+    "TaskSnapshot",
+    "TaskState",
+    "check_state_dir",
+    "default_state_dir",
+    "ensure_state_dir",
+    "find_tasks",
+    "probe_process",
+    "process_start_ticks",
+    "prune_stale",
+    "read_snapshots",
+    "runner_info_for_this_process",
+    "status_document",
+    "wall_time",
+]
+
+STALE_AFTER_SECONDS = 10.0  # a live runner refreshes at least once a second
+_MAX_FILE_BYTES = 4 * 1024 * 1024
+_FILE_RE = re.compile(r"^runner-(\d+)\.json$")
+_TMP_RE = re.compile(r"^\.runner-(\d+)\..*\.tmp$")
+
+_log = logging.getLogger(__name__)
+
+
+class ProcessState(StrEnum):
+    """What a pid recorded in a snapshot refers to now."""
+
+    ALIVE = "alive"
+    GONE = "gone"  # no such process, or a zombie
+    REUSED = "reused"  # the pid now belongs to a different process
+
+
+# --- the state directory -------------------------------------------------------------------------
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """``$CONDUCTOR_RUN_STATE_DIR``, else ``$XDG_RUNTIME_DIR/conductor-run``, else ``~/.local/state/...``."""
+    explicit = environ.get("CONDUCTOR_RUN_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "conductor-run"
+    home = environ.get("HOME") or str(Path.home())
+    return Path(home) / ".local" / "state" / "conductor-run"
+
+
+def check_state_dir(path: Path) -> None:
+    """Refuse a state directory another user owns or that others may write: snapshots are private."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"cannot use state directory {path}: {exc.strerror}", key="state_dir") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"state directory {path} is not a directory", key="state_dir")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"state directory {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
+            "use --state-dir or CONDUCTOR_RUN_STATE_DIR to pick a private directory",
+            key="state_dir",
+        )
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"state directory {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"run `chmod 700 {path}` or pick another directory",
+            key="state_dir",
+        )
+
+
+def ensure_state_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) when missing, then :func:`check_state_dir` it."""
+    if not path.exists():
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.chmod(0o700)  # mkdir's mode is filtered by the umask
+        except OSError as exc:
+            msg = f"cannot create state directory {path}: {exc.strerror}"
+            raise ConfigError(msg, key="state_dir") from exc
+    check_state_dir(path)
+    return path
+
+
+# --- publishing ----------------------------------------------------------------------------------
+
+
+class StatePublisher:
+    """Writes one runner's snapshot to ``<state_dir>/runner-<pid>.json``, atomically and cheaply.
+
+    ``publish`` is meant to be called from the runner's loop on every event and at least once a
+    second. It writes at once when anything but output changed, coalesces output-only changes to
+    one write per ``output_interval_seconds``, refreshes an unchanged snapshot once per
+    ``refresh_seconds`` (so readers can tell a live runner from a silent one), and never raises for
+    I/O errors: the first failure is logged, later ones are not until a write succeeds again.
+
+        publisher = StatePublisher(state_dir, runner_info_for_this_process(...))
+        publisher.publish(tasks, server=ServerHealth(last_ok_at=...))
+        ...
+        publisher.remove()   # on a clean exit
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        runner_info: RunnerInfo,
+        *,
+        clock: Clock | None = None,
+        refresh_seconds: float = 1.0,
+        output_interval_seconds: float = 0.25,
+    ) -> None:
+        self._dir = ensure_state_dir(state_dir)
+        self._runner = replace(runner_info, server_url=redact_url(runner_info.server_url))
+        self._clock = clock or SystemClock()
+        self._refresh_seconds = refresh_seconds
+        self._output_interval_seconds = output_interval_seconds
+        self._lock = threading.Lock()
+        self._last_full: tuple[ServerHealth, tuple[TaskSnapshot, ...]] | None = None
+        self._last_shape: tuple[ServerHealth, tuple[TaskSnapshot, ...]] | None = None
+        self._last_write_at: float | None = None
+        self._failing = False
+        self.path = self._dir / f"runner-{runner_info.pid}.json"
+
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
+        """Publish the current state; returns whether the file was (re)written. Never raises OSError."""
+        full = (server, tuple(tasks))
+        shape = (server, tuple(replace(t, recent_output=()) for t in full[1]))
+        with self._lock:
+            now_mono = self._clock.monotonic()
+            since = None if self._last_write_at is None else now_mono - self._last_write_at
+            if since is not None and shape == self._last_shape:
+                interval = self._output_interval_seconds if full != self._last_full else self._refresh_seconds
+                if since < interval:
+                    return False
+            snapshot = RunnerSnapshot(self._runner, server, full[1], updated_at=self._clock.now())
+            # A failed write counts as a write for pacing: it is retried on the next change or
+            # refresh, not on every call of a busy loop.
+            self._last_write_at = now_mono
+            self._last_full, self._last_shape = full, shape
+            return self._write(json.dumps(snapshot.to_json_dict(), separators=(",", ":")))
+
+    def _write(self, text: str) -> bool:
+        tmp: str | None = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".runner-{self._runner.pid}.", suffix=".tmp", dir=self._dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, self.path)  # readers see the old file or the new one, never half of one
+        except OSError as exc:
+            # The status view is a convenience: a full disk must not take the runner (and its
+            # leases) down with it.
+            if tmp is not None:
+                _unlink_quietly(Path(tmp))
+            if not self._failing:
+                _log.warning("cannot write the status snapshot %s: %s", self.path, exc)
+            self._failing = True
+            return False
+        if self._failing:
+            _log.info("status snapshot %s is written again", self.path)
+        self._failing = False
+        return True
+
+    def remove(self) -> None:
+        """Delete this runner's snapshot (a clean exit); never raises."""
+        with self._lock:
+            _unlink_quietly(self.path)
+
+
+def _unlink_quietly(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        _log.warning("cannot remove %s: %s", path, exc)
+        return False
+    return True
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def _proc_stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    # Field 2 (comm) may hold spaces and parentheses: everything after the last ')' is fields 3...
+    return raw.rpartition(")")[2].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), or None where unknown."""
+    fields = _proc_stat_fields(pid)
+    try:
+        return None if fields is None else int(fields[19])  # field 22 of proc(5)
+    except (IndexError, ValueError):
+        return None
+
+
+def probe_process(pid: int, start_ticks: int | None) -> ProcessState:
+    """Is ``pid`` still the process that wrote the snapshot?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ProcessState.GONE
+    except PermissionError:
+        pass  # the pid exists but belongs to someone else: the start time below decides
+    fields = _proc_stat_fields(pid)
+    if fields is None:
+        # Where /proc exists, a missing entry means the process exited after the kill(0) above;
+        # elsewhere (macOS) kill(0) is all we can know.
+        return ProcessState.GONE if Path("/proc/self/stat").exists() else ProcessState.ALIVE
+    if fields and fields[0] in ("Z", "X"):
+        return ProcessState.GONE  # killed, waiting for its parent to reap it
+    if start_ticks is not None and process_start_ticks(pid) != start_ticks:
+        return ProcessState.REUSED
+    return ProcessState.ALIVE
+
+
+def runner_info_for_this_process(
+    *, worker_id: str, server_url: str, task_types: Iterable[str] = (), clock: Clock | None = None
+) -> RunnerInfo:
+    """Describe the calling process (pid, start ticks, start time), with a redacted server URL."""
+    pid = os.getpid()
+    return RunnerInfo(
+        pid=pid,
+        worker_id=worker_id,
+        server_url=redact_url(server_url),
+        started_at=(clock or SystemClock()).now(),
+        process_start_ticks=process_start_ticks(pid),
+        task_types=tuple(task_types),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """One snapshot file as read at ``now``: its content (or why it is unreadable) and its staleness."""
+
+    path: Path
+    pid: int
+    snapshot: RunnerSnapshot | None
+    stale_reason: str | None  # None: the runner is live
+    process_gone: bool  # the runner's process no longer exists (safe to prune)
+    error: str | None = None  # why the file could not be read
+
+    @property
+    def is_stale(self) -> bool:
+        return self.stale_reason is not None
+
+
+ProcessProbe = Callable[[int, int | None], ProcessState]
+
+
+def _load(path: Path) -> RunnerSnapshot:
+    with path.open("rb") as f:
+        raw = f.read(_MAX_FILE_BYTES + 1)
+    if len(raw) > _MAX_FILE_BYTES:
+        raise ValueError("file too large")
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return RunnerSnapshot.from_json_dict(data)
+
+
+def _read_one(
+    path: Path, pid: int, now: datetime, stale_after_seconds: float, probe: ProcessProbe
+) -> SnapshotRecord | None:
+    snapshot: RunnerSnapshot | None = None
+    error: str | None = None
+    try:
+        snapshot = _load(path)
+    except FileNotFoundError:
+        return None  # removed (pruned, or its runner exited cleanly) since the listing
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        error = f"unreadable snapshot: {exc}"
+    ticks = snapshot.runner.process_start_ticks if snapshot else None
+    state = probe(pid, ticks)
+    reason: str | None = None
+    if state is ProcessState.GONE:
+        reason = "runner process is gone"
+    elif state is ProcessState.REUSED:
+        reason = f"pid {pid} now belongs to another process"
+    elif snapshot is not None:
+        age = (now - snapshot.updated_at).total_seconds()
+        if age > stale_after_seconds:
+            reason = f"no update for {age:.1f}s"
+    elif error is not None:
+        reason = error
+    return SnapshotRecord(path, pid, snapshot, reason, state is not ProcessState.ALIVE, error)
+
+
+def read_snapshots(
+    state_dir: Path,
+    now: datetime,
+    *,
+    stale_after_seconds: float = STALE_AFTER_SECONDS,
+    probe: ProcessProbe = probe_process,
+) -> list[SnapshotRecord]:
+    """Read every runner snapshot in ``state_dir`` (none when it does not exist), live ones first."""
+    if not state_dir.exists():
+        return []
+    check_state_dir(state_dir)
+    try:
+        paths = list(state_dir.iterdir())
+    except OSError as exc:
+        msg = f"cannot list state directory {state_dir}: {exc.strerror}"
+        raise ConfigError(msg, key="state_dir") from exc
+    records = []
+    for path in paths:
+        match = _FILE_RE.match(path.name)
+        if match is None:
+            continue
+        record = _read_one(path, int(match.group(1)), now, stale_after_seconds, probe)
+        if record is not None:
+            records.append(record)
+    records.sort(key=lambda r: (r.is_stale, r.pid))
+    return records
+
+
+def prune_stale(
+    state_dir: Path, records: Iterable[SnapshotRecord], *, probe: ProcessProbe = probe_process
+) -> list[Path]:
+    """Delete snapshots (and leftover temp files) of runners whose process is gone.
+
+    A runner that is alive but silent is kept: it is exactly what an operator needs to see.
+    """
+    removed = [r.path for r in records if r.process_gone and _unlink_quietly(r.path)]
+    if state_dir.exists():
+        for path in state_dir.iterdir():
+            match = _TMP_RE.match(path.name)
+            if match and probe(int(match.group(1)), None) is not ProcessState.ALIVE and _unlink_quietly(path):
+                removed.append(path)
+    return removed
+
+
+def find_tasks(records: Iterable[SnapshotRecord], task_id: str) -> list[tuple[SnapshotRecord, TaskSnapshot]]:
+    """Tasks whose id is ``task_id`` or starts with it; an exact match wins over prefixes."""
+    found = [(r, t) for r in records if r.snapshot for t in r.snapshot.tasks if t.task_id.startswith(task_id)]
+    exact = [(r, t) for r, t in found if t.task_id == task_id]
+    return exact or found
+
+
+# --- the ``status --json`` document --------------------------------------------------------------
+
+
+def _task_document(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> dict[str, Any]:
+    doc = task.to_json_dict()
+    doc["health"] = str(lease_health(task, now, runner_stale=record.is_stale))
+    return doc
+
+
+def _runner_document(record: SnapshotRecord, now: datetime) -> dict[str, Any]:
+    snap = record.snapshot
+    return {
+        "file": str(record.path),
+        "pid": record.pid,
+        "stale": record.is_stale,
+        "stale_reason": record.stale_reason,
+        "error": record.error,
+        "updated_at": iso_time(snap.updated_at) if snap else None,
+        "runner": snap.runner.to_json_dict() if snap else None,
+        "server": snap.server.to_json_dict() if snap else None,
+        "tasks": [_task_document(record, t, now) for t in snap.tasks] if snap else [],
+    }
+
+
+def status_document(
+    records: Sequence[SnapshotRecord], now: datetime, *, state_dir: Path, task_id: str | None = None
+) -> dict[str, Any]:
+    """The ``conductor-run status --json`` document (schema version :data:`SCHEMA_VERSION`)."""
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "now": iso_time(now),
+        "state_dir": str(state_dir),
+    }
+    if task_id is None:
+        doc["runners"] = [_runner_document(r, now) for r in records]
+    else:
+        doc["tasks"] = [
+            {**_task_document(r, t, now), "runner_pid": r.pid, "runner_stale": r.is_stale}
+            for r, t in find_tasks(records, task_id)
+        ]
+    return doc
