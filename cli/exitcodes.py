@@ -9,5 +9,6 @@ CONFIG = 3  # invalid configuration file, environment value or flag value
 UNREACHABLE = 4  # the Conductor server could not be reached (or refused our credentials) at start
 TASK_FAILED = 5  # --once: the task ended FAILED / FAILED_WITH_TERMINAL_ERROR / was fenced
 NO_TASK = 6  # --once: no task arrived within the wait
+NOT_FOUND = 7  # status TASK_ID: no runner on this host has that task
 SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
 SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

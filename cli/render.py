@@ -1,0 +1,241 @@
+"""Rich renderables for ``conductor-run status``: pure functions of snapshot records and ``now``.
+
+Nothing here reads files, clocks or the environment, and nothing prints: the command builds one
+console and prints what these functions return. Styling lives only here. Text that came from a
+snapshot (task output, ids, error messages) is always wrapped in ``Text``, never parsed as markup,
+and its control characters are replaced, so a child cannot restyle or scramble the operator's
+terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from leasecore.snapshot import (
+    LeaseHealth,
+    RunnerSnapshot,
+    ServerHealth,
+    TaskSnapshot,
+    TaskState,
+    lease_health,
+)
+from leasecore.statefile import SnapshotRecord, find_tasks
+
+__all__ = [
+    "HEALTH_STYLES",
+    "format_duration",
+    "format_relative",
+    "render_status",
+    "render_task",
+    "render_view",
+]
+
+HEALTH_STYLES: dict[LeaseHealth, str] = {
+    LeaseHealth.HEALTHY: "green",
+    LeaseHealth.AT_RISK: "yellow",
+    LeaseHealth.FENCING: "bold red",
+    LeaseHealth.STALE: "red",
+    LeaseHealth.NO_LEASE: "dim",
+}
+_HEALTH_LABELS: dict[LeaseHealth, str] = {
+    LeaseHealth.HEALTHY: "healthy",
+    LeaseHealth.AT_RISK: "at risk",
+    LeaseHealth.FENCING: "fencing",
+    LeaseHealth.STALE: "stale",
+    LeaseHealth.NO_LEASE: "-",
+}
+_STATE_STYLES: dict[TaskState, str] = {
+    TaskState.RUNNING: "",
+    TaskState.TERMINATING: "bold red",
+    TaskState.REPORTING: "cyan",
+    TaskState.UNDELIVERED: "yellow",
+}
+_SHORT_ID = 8
+
+
+def format_duration(seconds: float) -> str:
+    """A compact magnitude: ``3.2s``, ``2m05s``, ``1h02m``, ``3d04h`` (the sign is dropped)."""
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    whole = int(s)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def format_relative(moment: datetime | None, now: datetime) -> str:
+    """``3.2s ago``, ``in 1.1s``, ``now``, or ``-`` when there is no such moment."""
+    if moment is None:
+        return "-"
+    delta = (moment - now).total_seconds()
+    if abs(delta) < 0.05:
+        return "now"
+    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(delta)} ago"
+
+
+def _clean(text: str) -> str:
+    return "".join(c if c.isprintable() else (" " if c == "\t" else "\ufffd") for c in text)
+
+
+def _short(identifier: str) -> str:
+    return identifier if len(identifier) <= _SHORT_ID else identifier[:_SHORT_ID]
+
+
+def _server_text(server: ServerHealth, now: datetime) -> Text:
+    if server.consecutive_failures:
+        text = Text(f"server unreachable: {server.consecutive_failures} failed calls", style="yellow")
+        if server.backoff_seconds > 0:
+            text.append(f", retry in {format_duration(server.backoff_seconds)}")
+        if server.last_ok_at is not None:
+            text.append(f", last ok {format_relative(server.last_ok_at, now)}")
+        return text
+    if server.last_ok_at is None:
+        return Text("server not contacted yet", style="dim")
+    return Text(f"server ok, last call {format_relative(server.last_ok_at, now)}", style="green")
+
+
+def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
+    snap = record.snapshot
+    if snap is None:
+        return Text(_clean(f"{record.path.name}: {record.stale_reason or record.error}"), style="red")
+    header = Text()
+    header.append(f"runner {record.pid}", style="bold")
+    if record.stale_reason is not None:
+        header.append(_clean(f"  STALE ({record.stale_reason})"), style="bold red")
+    header.append(_clean(f"  worker {snap.runner.worker_id}  server {snap.runner.server_url}"))
+    if record.stale_reason is None:
+        header.append(f"  up {format_duration((now - snap.runner.started_at).total_seconds())}  ")
+        header.append_text(_server_text(snap.server, now))
+    else:
+        ran = format_duration((snap.updated_at - snap.runner.started_at).total_seconds())
+        header.append(f"  ran {ran}  ")
+        header.append(f"last update {format_relative(snap.updated_at, now)}", style="red")
+    return header
+
+
+def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+    for name in ("TYPE", "TASK", "WORKFLOW", "PID", "STATE", "LEASE", "ELAPSED"):
+        table.add_column(name, no_wrap=True)
+    for name in ("LAST BEAT", "NEXT BEAT", "LEASE ENDS", "HARD LIMIT"):
+        table.add_column(name, no_wrap=True, justify="right")
+    # Not no_wrap: rich then narrows this column first when the terminal is tight; the cell's own
+    # Text keeps it to one line.
+    table.add_column(Text("LAST OUTPUT", no_wrap=True, overflow="ellipsis"), min_width=6, max_width=60)
+    for task in sorted(snap.tasks, key=lambda t: t.started_at):
+        health = lease_health(task, now, runner_stale=stale)
+        style = HEALTH_STYLES[health]
+        table.add_row(
+            Text(_clean(task.task_type)),
+            Text(_short(_clean(task.task_id))),
+            Text(_short(_clean(task.workflow_id))),
+            Text("-" if task.child_pid is None else str(task.child_pid)),
+            Text(str(task.state), style=_STATE_STYLES[task.state]),
+            Text(_HEALTH_LABELS[health], style=style),
+            Text(format_duration((now - task.started_at).total_seconds())),
+            Text(format_relative(task.last_ack_at, now)),
+            Text(format_relative(task.next_heartbeat_at, now)),
+            Text(format_relative(task.lease_deadline_at, now), style=style),
+            Text(format_relative(task.hard_deadline_at, now)),
+            Text(_clean(task.last_output_line or ""), style="dim", no_wrap=True, overflow="ellipsis"),
+        )
+    return table
+
+
+def _runner_block(record: SnapshotRecord, now: datetime) -> RenderableType:
+    parts: list[RenderableType] = [_runner_header(record, now)]
+    snap = record.snapshot
+    if snap is not None:
+        if snap.tasks:
+            parts.append(_tasks_table(snap, record.is_stale, now))
+        else:
+            parts.append(Text("  no tasks in flight", style="dim"))
+    return Group(*parts)
+
+
+def render_status(
+    records: Sequence[SnapshotRecord], now: datetime, *, state_dir: Path | None = None
+) -> RenderableType:
+    """Every runner on the host with its tasks; one clear line when there is none."""
+    if not records:
+        where = f" (state directory {state_dir})" if state_dir is not None else ""
+        return Text(_clean(f"No conductor-run runners on this host{where}."))
+    blocks: list[RenderableType] = []
+    for i, record in enumerate(records):
+        if i:
+            blocks.append(Text(""))
+        blocks.append(_runner_block(record, now))
+    return Group(*blocks)
+
+
+def _moment(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    clock = moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+    return f"{format_relative(moment, now)} ({clock})"
+
+
+def render_task(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> RenderableType:
+    """One task in full, with its recent output lines."""
+    health = lease_health(task, now, runner_stale=record.is_stale)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    runner = f"{record.pid}"
+    if record.snapshot is not None:
+        runner += f" (worker {record.snapshot.runner.worker_id})"
+    rows: list[tuple[str, Text]] = [
+        ("task", Text(_clean(task.task_id))),
+        ("workflow", Text(_clean(task.workflow_id))),
+        ("type", Text(_clean(task.task_type))),
+        ("runner", Text(_clean(runner))),
+        ("child pid", Text("-" if task.child_pid is None else str(task.child_pid))),
+        ("state", Text(str(task.state), style=_STATE_STYLES[task.state])),
+        ("lease", Text(_HEALTH_LABELS[health], style=HEALTH_STYLES[health])),
+        ("started", Text(_moment(task.started_at, now))),
+        ("last heartbeat", Text(_moment(task.last_ack_at, now))),
+        ("next heartbeat", Text(_moment(task.next_heartbeat_at, now))),
+        ("lease ends", Text(_moment(task.lease_deadline_at, now), style=HEALTH_STYLES[health])),
+        ("hard limit", Text(_moment(task.hard_deadline_at, now))),
+        ("failed beats", Text(str(task.consecutive_failures))),
+    ]
+    if record.stale_reason is not None:
+        rows.insert(4, ("runner state", Text(_clean(f"STALE ({record.stale_reason})"), style="bold red")))
+    if task.fence_reason is not None:
+        rows.append(("fence reason", Text(_clean(task.fence_reason), style="red")))
+    for key, value in rows:
+        grid.add_row(key, value)
+    output: list[RenderableType] = [Text(f"recent output ({len(task.recent_output)} lines):", style="bold")]
+    output.extend(Text("  " + _clean(line), no_wrap=True, overflow="ellipsis") for line in task.recent_output)
+    if not task.recent_output:
+        output.append(Text("  (none yet)", style="dim"))
+    return Group(grid, Text(""), *output)
+
+
+def render_view(
+    records: Sequence[SnapshotRecord],
+    now: datetime,
+    *,
+    task_id: str | None = None,
+    state_dir: Path | None = None,
+) -> RenderableType:
+    """What ``status`` shows: every runner, or the one task ``task_id`` (a unique prefix will do)."""
+    if task_id is None:
+        return render_status(records, now, state_dir=state_dir)
+    matches = find_tasks(records, task_id)
+    if not matches:
+        return Text(_clean(f"No task {task_id} on this host."))
+    if len(matches) > 1:
+        ids = ", ".join(sorted(t.task_id for _, t in matches))
+        return Text(_clean(f"Task id prefix {task_id} is ambiguous: {ids}"), style="yellow")
+    record, task = matches[0]
+    return render_task(record, task, now)

@@ -1,0 +1,129 @@
+"""``conductor-run status``: what every runner on this host is doing, from their snapshot files."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from cli import exitcodes
+from cli.render import render_view
+from leasecore.clock import SystemClock
+from leasecore.errors import ConfigError
+from leasecore.statefile import (
+    SnapshotRecord,
+    default_state_dir,
+    find_tasks,
+    prune_stale,
+    read_snapshots,
+    status_document,
+)
+
+REFRESH_PER_SECOND = 4
+RELOAD_SECONDS = 0.5  # how often --watch re-reads the files; relative times tick at every refresh
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``status`` command to ``app``."""
+    app.command("status")(status)
+
+
+def status(
+    task_id: str | None = typer.Argument(
+        None, help="Show one task (its id, or a unique prefix of it) with its recent output."
+    ),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh live until Ctrl-C."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema in the README)."),
+    state_dir: Path | None = typer.Option(
+        None,
+        "--state-dir",
+        help="Where runners publish snapshots (default: $CONDUCTOR_RUN_STATE_DIR, else "
+        "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run).",
+    ),
+    prune: bool = typer.Option(False, "--prune", help="Delete snapshots of runners whose process is gone."),
+) -> None:
+    """Show every runner on this host: tasks, child pids, lease health, server reachability."""
+    out = Console()
+    err = Console(stderr=True, highlight=False)
+    if watch and as_json:
+        err.print("error: --watch and --json cannot be combined", markup=False)
+        raise typer.Exit(exitcodes.USAGE)
+    directory = state_dir if state_dir is not None else default_state_dir(os.environ)
+    clock = SystemClock()
+
+    def load() -> list[SnapshotRecord]:
+        return read_snapshots(directory, clock.now())
+
+    try:
+        records = load()
+        if prune:
+            removed = prune_stale(directory, records)
+            (err if as_json else out).print(f"Removed {len(removed)} stale snapshot file(s).", markup=False)
+            records = load()
+        if as_json:
+            doc = status_document(records, clock.now(), state_dir=directory, task_id=task_id)
+            typer.echo(json.dumps(doc, indent=2))
+        elif watch and out.is_terminal:
+            run_watch(out, load, clock.now, task_id=task_id, state_dir=directory, stop=threading.Event())
+            return
+        else:
+            out.print(render_view(records, clock.now(), task_id=task_id, state_dir=directory))
+    except ConfigError as exc:
+        err.print(Text(f"error: {exc}"))
+        raise typer.Exit(exitcodes.CONFIG) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(exitcodes.OK) from None  # Ctrl-C is how --watch ends
+    if task_id is not None:
+        raise typer.Exit(_task_exit_code(records, task_id, as_json=as_json))
+
+
+def _task_exit_code(records: Sequence[SnapshotRecord], task_id: str, *, as_json: bool) -> int:
+    matches = len(find_tasks(records, task_id))
+    if matches == 0:
+        return exitcodes.NOT_FOUND
+    if matches > 1 and not as_json:
+        return exitcodes.USAGE  # an ambiguous prefix; --json lists every match instead
+    return exitcodes.OK
+
+
+def run_watch(
+    console: Console,
+    load: Callable[[], Sequence[SnapshotRecord]],
+    now: Callable[[], datetime],
+    *,
+    task_id: str | None,
+    state_dir: Path,
+    stop: threading.Event,
+    reload_seconds: float = RELOAD_SECONDS,
+    auto_refresh: bool = True,
+) -> None:
+    """Show the live view until ``stop`` is set (or Ctrl-C): files re-read every ``reload_seconds``.
+
+    Rich's refresh thread renders ``latest`` with a fresh ``now()`` several times a second, so
+    relative times tick between reloads; only this thread touches the files.
+    """
+    latest = [load()]
+
+    def current() -> RenderableType:
+        return render_view(latest[0], now(), task_id=task_id, state_dir=state_dir)
+
+    with Live(
+        get_renderable=current,
+        console=console,
+        auto_refresh=auto_refresh,
+        refresh_per_second=REFRESH_PER_SECOND,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    ) as live:
+        while not stop.wait(reload_seconds):
+            latest[0] = load()
+            if not auto_refresh:
+                live.refresh()
