@@ -1,0 +1,132 @@
+"""``conductor-run config``: print the effective configuration and where each value came from.
+
+Secrets never reach the output: ``auth_key`` / ``auth_secret``, a password in the server URL, and the
+values of ``env`` entries named in a task's ``secrets`` are masked. ``effective_view`` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cli import exitcodes
+from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
+from leasecore.errors import ConfigError
+
+MASK = "****"
+
+Entry = dict[str, Any]  # {"value": ..., "source": "..."}
+
+
+def effective_view(config: ResolvedConfig) -> dict[str, Any]:
+    """The resolved configuration as plain data (JSON-ready), secrets masked."""
+    server = config.server
+    server_values = {
+        "url": _mask_url(server.url),
+        "auth_key": MASK if server.auth_key else None,
+        "auth_secret": MASK if server.auth_secret else None,
+    }
+    return {
+        "config_file": config.config_file,
+        "server": _entries(server_values, server.sources),
+        "runner": _entries(_values_of(config.runner), config.runner.sources),
+        "tasks": [_task_view(task) for task in config.tasks],
+        "warnings": list(config.warnings),
+    }
+
+
+def _task_view(task: TaskSettings) -> dict[str, Any]:
+    values = _values_of(task)
+    values["env"] = {name: MASK if name in task.secrets else value for name, value in task.env.items()}
+    return {"type": task.type, "settings": _entries(values, task.sources)}
+
+
+def _values_of(settings: Any) -> dict[str, Any]:
+    values = {item.name: getattr(settings, item.name) for item in fields(settings) if item.name != "sources"}
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
+
+
+def _entries(values: Mapping[str, Any], sources: Mapping[str, Source]) -> dict[str, Entry]:
+    entries: dict[str, Entry] = {}
+    for name, value in values.items():
+        source = sources.get("command" if name == "shell" else name, Source("default"))
+        if name in ("command", "shell") and value is None:
+            continue  # only the one that is set
+        entries[name] = {"value": value, "source": str(source)}
+    return entries
+
+
+def _mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:{MASK}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _render(view: Mapping[str, Any], console: Console) -> None:
+    where = view["config_file"] or "(none: flags, environment and defaults only)"
+    console.print(Text(f"config file: {where}"))
+    console.print(_table("server", view["server"]))
+    console.print(_table("runner", view["runner"]))
+    for task in view["tasks"]:
+        console.print(_table(f"task {task['type']}", task["settings"]))
+    if not view["tasks"]:
+        console.print(
+            Text("no task configured: add a [[task]] to the file, or give --task-type and a command")
+        )
+    for warning in view["warnings"]:
+        console.print(Text(f"warning: {warning}", style="yellow"))
+
+
+def _table(title: str, entries: Mapping[str, Entry]) -> Table:
+    table = Table(title=Text(title, style="bold"), title_justify="left", show_edge=False)
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("source", overflow="fold")
+    for name, entry in entries.items():
+        style = "dim" if entry["source"] == "default" else ""
+        table.add_row(Text(name), Text(_show(entry["value"])), Text(entry["source"]), style=style)
+    return table
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    return json.dumps(value) if isinstance(value, str | list | dict | bool) else str(value)
+
+
+def config_command(
+    config: Path | None = typer.Option(
+        None, "--config", help="Config file (default: $CONDUCTOR_RUN_CONFIG, else ./conductor.toml)."
+    ),
+    task_type: str | None = typer.Option(None, "--task-type", help="Show only this task."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Print the effective configuration per task and where each value came from (secrets masked)."""
+    overrides = {"config": str(config) if config else None, "task_type": task_type}
+    try:
+        resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
+    except ConfigError as exc:
+        typer.echo(f"conductor-run: configuration error: {exc}", err=True)
+        raise typer.Exit(exitcodes.CONFIG) from None
+    view = effective_view(resolved)
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+    else:
+        _render(view, Console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("config")(config_command)

@@ -1,0 +1,122 @@
+"""``conductor-run init [PATH]``: write a commented starter conductor.toml.
+
+The text is composed here from the key table (``leasecore.config_keys``) and the defaults on the
+settings dataclasses, so it cannot drift from what ``resolve`` accepts; values are written by tomli-w.
+``conductor.toml.example`` in the repository is exactly this text (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import typer
+
+from cli import exitcodes
+from leasecore.config import DEFAULT_CONFIG_NAME, RunnerSettings, ServerSettings, TaskSettings
+from leasecore.config_keys import KeySpec, keys_of
+
+# Shown (commented out) where the default is "unset".
+_EXAMPLES: dict[str, Any] = {
+    "auth_key": "<key id>",
+    "auth_secret": "<key secret>",
+    "state_dir": "/run/user/1000/conductor-run",
+    "domain": "",
+    "worker_id": "worker-1",
+    "heartbeat_timeout": 60.0,
+    "in_progress_exit_code": 75,
+    "env": {"LANG": "C.UTF-8"},
+    "secrets": ["DATABASE_PASSWORD"],
+    "terminal_exit_codes": [2],
+    "cwd": ".",
+}
+_UNSET_MEANS = {
+    "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
+    "heartbeat_timeout": "the task's responseTimeoutSeconds",
+    "in_progress_exit_code": "none",
+    "domain": "none",
+    "worker_id": "the hostname",
+    "cwd": "the directory conductor-run is started in",
+    "auth_key": "no auth",
+    "auth_secret": "no auth",
+}
+
+_HEADER = """\
+# conductor-run configuration (see README.md, "Configuration").
+#
+# Found as: --config FILE, else $CONDUCTOR_RUN_CONFIG, else ./conductor.toml.
+# Precedence, highest first:
+#   command-line flag > task-specific env > global env > [[task]] > [worker] > built-in default
+# Keys with CONDUCTOR_WORKER_* variables read them in every spelling the Conductor SDKs use:
+#   conductor.worker.<task>.<prop>  conductor_worker_<task>_<prop>  CONDUCTOR_WORKER_<TASK>_<PROP>
+#   conductor.worker.all.<prop>     conductor_worker_all_<prop>     CONDUCTOR_WORKER_ALL_<PROP>
+# Booleans from the environment: true/1/yes/on or false/0/no/off (anything else is an error).
+# Every key is listed with its default; uncomment a line to change it. Durations are in seconds
+# unless the key says ms.
+"""
+
+
+def starter_text() -> str:
+    """The starter file: every key, commented, with its default and its environment variable(s)."""
+    parts = [_HEADER, "\n[server]\n"]
+    parts += [_entry(spec, ServerSettings(), active=spec.name == "url") for spec in keys_of("server")]
+    parts.append("\n[worker]\n# Runner-wide settings.\n")
+    parts += [_entry(spec, RunnerSettings()) for spec in keys_of("runner") if spec.in_file]
+    parts.append("\n# Defaults for every [[task]] below (a [[task]] can set each of these too).\n")
+    defaults = TaskSettings(type="")
+    parts += [_entry(spec, defaults) for spec in keys_of("task") if spec.in_worker]
+    parts.append(
+        "\n# One [[task]] per task type; one `conductor-run run` serves them all.\n[[task]]\n"
+        "# The Conductor task type to poll.\n"
+        'type = "my_task"\n'
+        "# The argv to run, no shell: task input arrives on stdin and in CONDUCTOR_INPUT_* variables.\n"
+        '# Or instead: shell = "..." (run with /bin/sh -c; task input never becomes part of it).\n'
+        'command = ["./my_task.sh"]\n'
+    )
+    return "".join(parts)
+
+
+def _entry(spec: KeySpec, defaults: Any, *, active: bool = False) -> str:
+    default = getattr(defaults, spec.name)
+    shown = _EXAMPLES.get(spec.name, default) if default in (None, "", (), {}) else default
+    unset = _UNSET_MEANS.get(spec.name)
+    default_text = f"unset ({unset})" if unset and default in (None, "", (), {}) else _toml_value(default)
+    where = [f"default {default_text}", *(f"env {name}" for name in spec.env)]
+    if spec.worker_prop:
+        prop = spec.worker_prop.upper()
+        where.append(f"env CONDUCTOR_WORKER_<TASK>_{prop}, CONDUCTOR_WORKER_ALL_{prop} (+ other spellings)")
+    if spec.flag:
+        where.append(f"flag {spec.flag}")
+    line = f"{spec.name} = {_toml_value(shown)}\n"
+    return f"# {spec.name}: {spec.help}.\n#   {'; '.join(where)}\n{'' if active else '# '}{line}"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):  # tomli-w writes tables as sections; an inline table reads better here
+        pairs = ", ".join(f"{name} = {_toml_value(text)}" for name, text in value.items())
+        return "{ " + pairs + " }" if pairs else "{}"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return tomli_w.dumps({"v": value})[len("v = ") :].strip()
+
+
+def init_command(
+    path: Path = typer.Argument(Path(DEFAULT_CONFIG_NAME), help="Where to write the file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
+) -> None:
+    """Write a commented starter conductor.toml (every key, with its default and env variables)."""
+    try:
+        with open(path, "w" if force else "x", encoding="utf-8") as handle:
+            handle.write(starter_text())
+    except FileExistsError:
+        typer.echo(f"conductor-run: {path} already exists; use --force to overwrite it", err=True)
+        raise typer.Exit(exitcodes.USAGE) from None
+    except OSError as exc:
+        typer.echo(f"conductor-run: cannot write {path}: {exc.strerror}", err=True)
+        raise typer.Exit(exitcodes.USAGE) from None
+    typer.echo(f"Wrote {path}. Check it with: conductor-run config --config {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(init_command)

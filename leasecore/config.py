@@ -1,0 +1,485 @@
+"""Configuration: the settings (defaults live here only), the pure merge with provenance, the file loader.
+
+Precedence, highest first:
+    command-line flag > task-specific env > global env > file [[task]] > file [worker] > default
+
+``resolve`` is pure: the file's data, the environment and the flags are all passed in. Only the thin
+helpers ``find_config_file`` / ``load_file`` / ``load_config`` touch the file system.
+
+Task-specific env spellings, first match wins (the conductor-python order)::
+    conductor.worker.<task>.<prop>  conductor_worker_<task>_<prop>
+    CONDUCTOR_WORKER_<TASK>_<PROP>  CONDUCTOR_WORKER_<task as written>_<PROP>
+Global env spellings, first match wins::
+    conductor.worker.all.<prop>  conductor_worker_all_<prop>  CONDUCTOR_WORKER_ALL_<PROP>
+An empty environment variable counts as unset.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from leasecore.config_keys import KEYS, KeySpec, Source, check_value, invalid_value, keys_of
+from leasecore.config_toml import FileView, LoadedFile, parse_toml
+from leasecore.errors import ConfigError
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG_NAME",
+    "OVERRIDE_KEYS",
+    "LoadedFile",
+    "ResolvedConfig",
+    "RunnerSettings",
+    "ServerSettings",
+    "Source",
+    "TaskSettings",
+    "find_config_file",
+    "load_config",
+    "load_file",
+    "parse_toml",
+    "resolve",
+]
+
+CONFIG_ENV = "CONDUCTOR_RUN_CONFIG"
+DEFAULT_CONFIG_NAME = "conductor.toml"
+
+# CLI overrides: key -> the setting it sets. None (or an empty list) means "flag not given".
+OVERRIDE_KEYS: dict[str, str] = {
+    "config": "",
+    "server": "url",
+    "task_type": "type",
+    **{spec.name: spec.name for spec in KEYS.values() if spec.flag and spec.name not in ("url", "type")},
+}
+
+
+DEFAULT = Source("default")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How to reach the Conductor server."""
+
+    url: str = "http://localhost:8080/api"
+    auth_key: str | None = field(default=None, repr=False)
+    auth_secret: str | None = field(default=None, repr=False)
+    sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Settings of the runner process as a whole (durations in seconds)."""
+
+    state_dir: str | None = None  # None: statefile.default_state_dir(environ)
+    log_format: str = "text"
+    drain: bool = False
+    drain_timeout: float = 60.0
+    once: bool = False
+    max_tasks: int | None = None  # None: no limit
+    sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """Everything about serving one task type. Durations in seconds unless the name says ms."""
+
+    type: str
+    command: tuple[str, ...] | None = None  # exactly one of command / shell is set after resolve
+    shell: str | None = None
+    cwd: str = "."  # absolute after resolve
+    env: Mapping[str, str] = field(default_factory=dict)
+    concurrency: int = 1
+    worker_id: str = ""  # the hostname after resolve
+    domain: str | None = None
+    lease_extend_enabled: bool = True
+    heartbeat_timeout: float | None = None  # None: the task's responseTimeoutSeconds
+    kill_grace: float = 10.0
+    exec_timeout: float = 0.0  # 0: no limit
+    terminal_exit_codes: tuple[int, ...] = ()
+    in_progress_exit_code: int | None = None
+    callback_after_seconds: int = 60
+    poll_timeout: int = 1000  # ms, long poll, <= 5000
+    poll_interval: int = 100  # ms, pause after an empty poll
+    paused: bool = False
+    ownership_check_interval: float = 5.0
+    secrets: tuple[str, ...] = ()
+    sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The merge's result: every value plus where it came from (``<settings>.sources[key]``)."""
+
+    server: ServerSettings
+    runner: RunnerSettings
+    tasks: tuple[TaskSettings, ...]
+    config_file: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def _default_of(cls: type, name: str) -> Any:
+    for item in fields(cls):
+        if item.name == name:
+            return item.default_factory() if callable(item.default_factory) else item.default
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The thin I/O helpers.
+
+
+def find_config_file(config_flag: str | None, environ: Mapping[str, str], cwd: str) -> str | None:
+    """--config FILE, else $CONDUCTOR_RUN_CONFIG, else ./conductor.toml when present, else None.
+
+    The path is returned as the user wrote it (relative paths are relative to ``cwd``).
+    """
+    for value, origin in ((config_flag, "--config"), (environ.get(CONFIG_ENV), f"${CONFIG_ENV}")):
+        if value:
+            if not os.path.isfile(posixpath.join(cwd, value)):
+                raise ConfigError(
+                    f"config file {value} (from {origin}) not found", key="config", source=origin
+                )
+            return value
+    return DEFAULT_CONFIG_NAME if os.path.isfile(posixpath.join(cwd, DEFAULT_CONFIG_NAME)) else None
+
+
+def load_file(path: str, *, cwd: str = ".") -> LoadedFile:
+    """Read and parse one config file (``path`` relative to ``cwd``); bad files raise ConfigError."""
+    try:
+        with open(posixpath.join(cwd, path), "rb") as handle:
+            text = handle.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read config file {path}: {reason}", source=path) from None
+    return parse_toml(text, path)
+
+
+def load_config(
+    overrides: Mapping[str, Any],
+    environ: Mapping[str, str],
+    cwd: str,
+    *,
+    hostname: str | None = None,
+    require_task: bool = True,
+) -> ResolvedConfig:
+    """What ``run`` and ``config`` call: find and load the file, then ``resolve``. Raises ConfigError."""
+    path = find_config_file(overrides.get("config"), environ, cwd)
+    loaded = load_file(path, cwd=cwd) if path else None
+    return resolve(
+        loaded,
+        environ,
+        overrides,
+        cwd=cwd,
+        hostname=hostname or socket.gethostname(),
+        require_task=require_task,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pure merge.
+
+
+def resolve(
+    loaded: LoadedFile | None,
+    environ: Mapping[str, str],
+    overrides: Mapping[str, Any],
+    *,
+    cwd: str,
+    hostname: str,
+    require_task: bool = True,
+) -> ResolvedConfig:
+    """Merge file, environment and flags (see the module docstring for the order). Raises ConfigError."""
+    flags = _flag_values(overrides)
+    file = FileView(loaded) if loaded else None
+    warnings: list[str] = []
+    server = _resolve_server(file, environ, flags, warnings)
+    runner = _resolve_runner(file, environ, flags)
+    tasks = _resolve_tasks(file, environ, flags, cwd=cwd, hostname=hostname, require_task=require_task)
+    return ResolvedConfig(server, runner, tasks, loaded.path if loaded else None, tuple(warnings))
+
+
+def _flag_values(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(overrides) - set(OVERRIDE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown override keys: {sorted(unknown)}")  # a bug in the caller, not config
+    given: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name == "config" or value is None or (isinstance(value, list | tuple) and not value):
+            continue
+        given[OVERRIDE_KEYS[name]] = list(value) if isinstance(value, tuple) else value
+    return given
+
+
+def _from_env(spec: KeySpec, text: str, source: Source) -> Any:
+    try:
+        return spec.check(spec.from_text(text))
+    except ValueError as exc:
+        raise invalid_value(spec, text, source, str(exc)) from None
+
+
+def _fixed_env(spec: KeySpec, environ: Mapping[str, str]) -> tuple[Any, Source] | None:
+    for name in spec.env:
+        text = environ.get(name)
+        if text:
+            source = Source("env", f"env {name}")
+            return _from_env(spec, text, source), source
+    return None
+
+
+def _flag(spec: KeySpec, flags: Mapping[str, Any]) -> tuple[Any, Source] | None:
+    if spec.name not in flags:
+        return None
+    source = Source("flag", f"flag {spec.flag}")
+    return check_value(spec, flags[spec.name], source), source
+
+
+def _resolve_server(
+    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], warnings: list[str]
+) -> ServerSettings:
+    values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for spec in keys_of("server"):
+        found = _flag(spec, flags) or _fixed_env(spec, environ) or _from_file(file, "server", -1, spec.name)
+        if found:
+            values[spec.name], sources[spec.name] = found
+            if spec.sensitive and found[1].layer == "file":
+                warnings.append(f"{spec.name} is in the config file ({found[1]}); prefer ${spec.env[0]}")
+        else:
+            sources[spec.name] = DEFAULT
+    if bool(values.get("auth_key")) != bool(values.get("auth_secret")):
+        have, missing = ("auth_key", "auth_secret") if values.get("auth_key") else ("auth_secret", "auth_key")
+        raise ConfigError(
+            f"{have} is set (from {sources[have]}) but {missing} is not: set both "
+            "(CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET) or neither",
+            key=missing,
+            source=str(sources[have]),
+        )
+    return ServerSettings(**values, sources=sources)
+
+
+def _resolve_runner(
+    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any]
+) -> RunnerSettings:
+    values: dict[str, Any] = {}
+    sources: dict[str, Source] = {}
+    for spec in keys_of("runner"):
+        found = _flag(spec, flags) or _fixed_env(spec, environ) or _from_file(file, "worker", -1, spec.name)
+        if found:
+            values[spec.name], sources[spec.name] = found
+        else:
+            sources[spec.name] = DEFAULT
+    return RunnerSettings(**values, sources=sources)
+
+
+def _resolve_tasks(
+    file: FileView | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Any],
+    *,
+    cwd: str,
+    hostname: str,
+    require_task: bool,
+) -> tuple[TaskSettings, ...]:
+    declared = file.task_types() if file else {}
+    wanted = flags.get("type")
+    if wanted is not None:
+        check_value(KEYS["type"], wanted, Source("flag", "flag --task-type"))
+        indexes: list[int | None] = [declared.get(wanted)]
+    else:
+        indexes = list(declared.values())
+    if not indexes:
+        if not require_task:
+            return ()
+        raise ConfigError(
+            "no task to run: give --task-type NAME and a command (after -- or --shell), "
+            "or a config file with [[task]] entries",
+            key="type",
+        )
+    if len(indexes) > 1 and ("command" in flags or "shell" in flags):
+        raise ConfigError(
+            "a command on the command line needs --task-type when the config file declares several tasks",
+            key="command",
+            source="flag",
+        )
+    return tuple(
+        _resolve_task(file, index, wanted, environ, flags, cwd=cwd, hostname=hostname) for index in indexes
+    )
+
+
+def _resolve_task(
+    file: FileView | None,
+    index: int | None,
+    wanted: str | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Any],
+    *,
+    cwd: str,
+    hostname: str,
+) -> TaskSettings:
+    if file is not None and index is not None:
+        task_type, type_source = file.task_type(index), file.source("task", index, "type")
+    else:
+        task_type, type_source = str(wanted), Source("flag", "flag --task-type")
+    values: dict[str, Any] = {"type": task_type}
+    sources: dict[str, Source] = {"type": type_source}
+    layers = _layers(file, index, task_type, environ, flags)
+    for spec in keys_of("task"):
+        if spec.name in ("type", "command", "shell", "env", "secrets"):
+            continue
+        found = next((hit for hit in (layer(spec) for layer in layers) if hit), None)
+        values[spec.name], sources[spec.name] = found or (_default_of(TaskSettings, spec.name), DEFAULT)
+    _resolve_command(file, index, task_type, flags, values, sources)
+    _resolve_tables(file, index, values, sources)
+    _resolve_paths(file, cwd, hostname, values, sources)
+    _cross_check(values, sources)
+    return TaskSettings(**values, sources=sources)
+
+
+_Layer = Callable[[KeySpec], tuple[Any, Source] | None]
+
+
+def _layers(
+    file: FileView | None,
+    index: int | None,
+    task_type: str,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Any],
+) -> list[_Layer]:
+    """The per-task layers, highest first."""
+    return [
+        lambda spec: _flag(spec, flags),
+        lambda spec: _worker_env(
+            spec, environ, _task_spellings(task_type, spec.worker_prop), "task-specific"
+        ),
+        lambda spec: _worker_env(spec, environ, _all_spellings(spec.worker_prop), "global"),
+        lambda spec: _from_file(file, "task", index, spec.name),
+        lambda spec: _from_file(file, "worker", -1, spec.name),
+    ]
+
+
+def _from_file(file: FileView | None, section: str, index: int | None, key: str) -> tuple[Any, Source] | None:
+    if file is None or index is None:
+        return None
+    return file.get(section, index, key)
+
+
+def _task_spellings(task: str, prop: str | None) -> list[str]:
+    if prop is None:
+        return []
+    names = [
+        f"conductor.worker.{task}.{prop}",
+        f"conductor_worker_{task}_{prop}",
+        f"CONDUCTOR_WORKER_{task.upper()}_{prop.upper()}",
+        f"CONDUCTOR_WORKER_{task}_{prop.upper()}",
+    ]
+    return list(dict.fromkeys(names))
+
+
+def _all_spellings(prop: str | None) -> list[str]:
+    if prop is None:
+        return []
+    return [
+        f"conductor.worker.all.{prop}",
+        f"conductor_worker_all_{prop}",
+        f"CONDUCTOR_WORKER_ALL_{prop.upper()}",
+    ]
+
+
+def _worker_env(
+    spec: KeySpec, environ: Mapping[str, str], names: Sequence[str], level: str
+) -> tuple[Any, Source] | None:
+    present = [(name, environ[name]) for name in names if environ.get(name)]
+    if not present:
+        return None
+    name, text = present[0]
+    ignored = [other for other, other_text in present[1:] if other_text.strip() != text.strip()]
+    where = f"env {name} ({level})"
+    if ignored:
+        where += f"; won over {', '.join(ignored)}"
+    source = Source("env", where)
+    return _from_env(spec, text, source), source
+
+
+def _resolve_command(
+    file: FileView | None,
+    index: int | None,
+    task_type: str,
+    flags: Mapping[str, Any],
+    values: dict[str, Any],
+    sources: dict[str, Source],
+) -> None:
+    """command / shell are one setting: the highest layer that gives either wins, and gives only one."""
+    candidates: list[tuple[dict[str, tuple[Any, Source]], str]] = []
+    flag_hits = {name: hit for name in ("command", "shell") if (hit := _flag(KEYS[name], flags))}
+    candidates.append((flag_hits, "on the command line"))
+    if file and index is not None:
+        file_hits = {name: hit for name in ("command", "shell") if (hit := file.get("task", index, name))}
+        candidates.append((file_hits, f"in [[task]] {task_type!r}"))
+    for hits, where in candidates:
+        if len(hits) == 2:
+            raise ConfigError(
+                f"task {task_type!r}: give command or shell {where}, not both",
+                key="shell",
+                source=str(hits["shell"][1]),
+            )
+        if hits:
+            name, (value, source) = next(iter(hits.items()))
+            values[name], sources["command"] = value, source
+            return
+    raise ConfigError(
+        f'task {task_type!r} has no command: set command = [...] or shell = "..." in its [[task]], '
+        "or give one after -- or with --shell",
+        key="command",
+        source=str(file.source("task", index, "type")) if file and index is not None else "flag --task-type",
+    )
+
+
+def _resolve_tables(
+    file: FileView | None, index: int | None, values: dict[str, Any], sources: dict[str, Source]
+) -> None:
+    """env and secrets combine [worker] and [[task]]: a secret declared for all tasks stays secret."""
+    worker_env = _from_file(file, "worker", -1, "env")
+    task_env = _from_file(file, "task", index, "env")
+    env: dict[str, str] = {**(worker_env[0] if worker_env else {}), **(task_env[0] if task_env else {})}
+    values["env"] = env
+    sources["env"] = _combined_source(worker_env, task_env)
+    worker_secrets = _from_file(file, "worker", -1, "secrets")
+    task_secrets = _from_file(file, "task", index, "secrets")
+    names = [*(worker_secrets[0] if worker_secrets else ()), *(task_secrets[0] if task_secrets else ())]
+    values["secrets"] = tuple(dict.fromkeys(names))
+    sources["secrets"] = _combined_source(worker_secrets, task_secrets)
+
+
+def _combined_source(low: tuple[Any, Source] | None, high: tuple[Any, Source] | None) -> Source:
+    if low and high:
+        return Source("file", f"{low[1]} + {high[1]}")
+    hit = high or low
+    return hit[1] if hit else DEFAULT
+
+
+def _resolve_paths(
+    file: FileView | None, cwd: str, hostname: str, values: dict[str, Any], sources: dict[str, Source]
+) -> None:
+    # A relative cwd in the file means relative to the file, so the file works from any directory.
+    base = (
+        posixpath.dirname(posixpath.join(cwd, file.path)) if file and sources["cwd"].layer == "file" else cwd
+    )
+    values["cwd"] = posixpath.normpath(posixpath.join(cwd, base, values["cwd"]))
+    if not values["worker_id"]:
+        values["worker_id"] = hostname
+        sources["worker_id"] = Source("default", "default (hostname)")
+
+
+def _cross_check(values: dict[str, Any], sources: dict[str, Source]) -> None:
+    code = values["in_progress_exit_code"]
+    if code is not None and code in values["terminal_exit_codes"]:
+        raise ConfigError(
+            f"in_progress_exit_code {code} (from {sources['in_progress_exit_code']}) is also in "
+            f"terminal_exit_codes (from {sources['terminal_exit_codes']}): "
+            "an exit code can mean only one thing",
+            key="in_progress_exit_code",
+            source=str(sources["in_progress_exit_code"]),
+        )

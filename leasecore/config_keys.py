@@ -1,0 +1,441 @@
+"""Every configuration key conductor-run knows: scope, checker, env names, flag and help, in one table.
+
+Pure. Checkers take a value as the file or a flag gives it (already typed) and return the clean value
+or raise ``ValueError`` saying what is allowed; ``from_text`` first turns an environment string into
+a typed value. ``config.resolve`` wraps those ``ValueError`` into ``ConfigError`` with key and source.
+Defaults are not here: they live on the settings dataclasses in ``config.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from leasecore.errors import ConfigError
+
+TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+Checker = Callable[[Any], Any]
+
+
+def check_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError("true or false")
+
+
+def bool_from_text(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    # The Conductor SDKs read any other word as false; a typo silently disabling a lease is worse.
+    raise ValueError("true/1/yes/on or false/0/no/off (unlike the Conductor SDKs, other words are an error)")
+
+
+def int_range(low: int, high: int | None = None, what: str = "an integer") -> Checker:
+    allowed = f"{what} from {low} to {high}" if high is not None else f"{what} >= {low}"
+
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(allowed)
+        if value < low or (high is not None and value > high):
+            raise ValueError(allowed)
+        return value
+
+    return check
+
+
+def int_from_text(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("an integer") from None
+
+
+def seconds(*, positive: bool = False) -> Checker:
+    allowed = "a number of seconds > 0" if positive else "a number of seconds >= 0"
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(allowed)
+        number = float(value)
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+            raise ValueError(allowed)
+        return number
+
+    return check
+
+
+def float_from_text(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError("a number") from None
+
+
+def nonempty_str(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("a non-empty string")
+    return value
+
+
+def optional_str(value: Any) -> str | None:
+    """An empty string means "not set" (the server treats an empty domain as no domain)."""
+    if not isinstance(value, str):
+        raise ValueError("a string")
+    return value or None
+
+
+def choice(*options: str) -> Checker:
+    def check(value: Any) -> str:
+        if value not in options:
+            raise ValueError(" or ".join(repr(option) for option in options))
+        return str(value)
+
+    return check
+
+
+def server_url(value: Any) -> str:
+    allowed = "an http:// or https:// URL such as http://localhost:8080/api"
+    if not isinstance(value, str):
+        raise ValueError(allowed)
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(allowed)
+    url = value.strip().rstrip("/")
+    # Every Conductor REST path lives under /api; the Java SDK appends it too when it is missing.
+    return url if url.endswith("/api") else url + "/api"
+
+
+def exit_codes(value: Any) -> tuple[int, ...]:
+    allowed = "a list of exit codes from 1 to 255"
+    if not isinstance(value, list | tuple):
+        raise ValueError(allowed)
+    check = int_range(1, 255, "exit codes")
+    try:
+        return tuple(sorted({check(code) for code in value}))
+    except ValueError:
+        raise ValueError(allowed) from None
+
+
+def env_names(value: Any) -> tuple[str, ...]:
+    allowed = "a list of environment variable names"
+    if not isinstance(value, list | tuple) or not all(_is_env_name(name) for name in value):
+        raise ValueError(allowed)
+    return tuple(value)
+
+
+def env_table(value: Any) -> dict[str, str]:
+    allowed = 'a table of NAME = "string value" pairs'
+    if not isinstance(value, Mapping):
+        raise ValueError(allowed)
+    if not all(_is_env_name(name) and isinstance(text, str) for name, text in value.items()):
+        raise ValueError(allowed)
+    return dict(value)
+
+
+def argv(value: Any) -> tuple[str, ...]:
+    allowed = 'a non-empty list of strings, e.g. ["./encode.sh", "--fast"] (or use shell = "...")'
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(arg, str) for arg in value):
+        raise ValueError(allowed)
+    if not value[0]:
+        raise ValueError(allowed)
+    return tuple(value)
+
+
+def _is_env_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
+
+
+def _text(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One configuration key."""
+
+    name: str
+    scope: str  # "server" | "runner" | "task"
+    check: Checker
+    help: str
+    from_text: Callable[[str], Any] = _text
+    env: tuple[str, ...] = ()  # fixed environment variables (server and runner keys)
+    worker_prop: str | None = None  # SDK-style per-task/all variables: conductor_worker_<task>_<prop>
+    flag: str | None = None
+    in_file: bool = True  # False: command-line only
+    in_worker: bool = True  # task keys: may [worker] give a default for every task?
+    sensitive: bool = False  # never echoed in messages or output
+
+
+def _key(name: str, scope: str, check: Checker, help: str, **extra: Any) -> KeySpec:
+    return KeySpec(name=name, scope=scope, check=check, help=help, **extra)
+
+
+_B = {"from_text": bool_from_text}
+_I = {"from_text": int_from_text}
+_F = {"from_text": float_from_text}
+
+KEYS: dict[str, KeySpec] = {
+    spec.name: spec
+    for spec in (
+        # [server]
+        _key(
+            "url",
+            "server",
+            server_url,
+            "Conductor API base URL (/api is appended when missing)",
+            env=("CONDUCTOR_SERVER_URL",),
+            flag="--server",
+        ),
+        _key(
+            "auth_key",
+            "server",
+            nonempty_str,
+            "key id for token auth; prefer the environment",
+            env=("CONDUCTOR_AUTH_KEY",),
+            sensitive=True,
+        ),
+        _key(
+            "auth_secret",
+            "server",
+            nonempty_str,
+            "key secret; prefer the environment",
+            env=("CONDUCTOR_AUTH_SECRET",),
+            sensitive=True,
+        ),
+        # runner-wide, in [worker]
+        _key(
+            "state_dir",
+            "runner",
+            nonempty_str,
+            "directory of the status snapshots read by `conductor-run status`",
+            env=("CONDUCTOR_RUN_STATE_DIR",),
+            flag="--state-dir",
+        ),
+        _key(
+            "log_format",
+            "runner",
+            choice("text", "json"),
+            "log lines as text or json",
+            env=("CONDUCTOR_RUN_LOG_FORMAT",),
+            flag="--log-format",
+        ),
+        _key(
+            "drain",
+            "runner",
+            check_bool,
+            "on the first signal, let running children finish",
+            env=("CONDUCTOR_RUN_DRAIN",),
+            flag="--drain",
+            **_B,
+        ),
+        _key(
+            "drain_timeout",
+            "runner",
+            seconds(),
+            "seconds to wait for children when draining",
+            env=("CONDUCTOR_RUN_DRAIN_TIMEOUT",),
+            flag="--drain-timeout",
+            **_F,
+        ),
+        _key("once", "runner", check_bool, "run one task, then exit", flag="--once", in_file=False),
+        _key(
+            "max_tasks",
+            "runner",
+            int_range(1),
+            "exit after this many tasks",
+            flag="--max-tasks",
+            in_file=False,
+        ),
+        # per task ([[task]], defaults in [worker])
+        _key(
+            "type",
+            "task",
+            nonempty_str,
+            "the Conductor task type to poll",
+            flag="--task-type",
+            in_worker=False,
+        ),
+        _key(
+            "command",
+            "task",
+            argv,
+            "argv to run (no shell); exactly one of command / shell",
+            flag="--",
+            in_worker=False,
+        ),
+        _key(
+            "shell",
+            "task",
+            nonempty_str,
+            "a string run with /bin/sh -c; task input never enters it",
+            flag="--shell",
+            in_worker=False,
+        ),
+        _key("cwd", "task", nonempty_str, "working directory (relative: to the config file's directory)"),
+        _key("env", "task", env_table, "extra environment variables for the child ([worker] + [[task]])"),
+        _key(
+            "concurrency",
+            "task",
+            int_range(1, 1000),
+            "children run at once (SDK: thread_count)",
+            worker_prop="thread_count",
+            flag="--concurrency",
+            **_I,
+        ),
+        _key(
+            "worker_id",
+            "task",
+            nonempty_str,
+            "worker id reported to the server",
+            worker_prop="worker_id",
+            flag="--worker-id",
+        ),
+        _key(
+            "domain",
+            "task",
+            optional_str,
+            "task domain to poll (empty: none)",
+            worker_prop="domain",
+            flag="--domain",
+        ),
+        _key(
+            "lease_extend_enabled",
+            "task",
+            check_bool,
+            "send extendLease heartbeats",
+            worker_prop="lease_extend_enabled",
+            flag="--lease-extend/--no-lease-extend",
+            **_B,
+        ),
+        _key(
+            "heartbeat_timeout",
+            "task",
+            seconds(positive=True),
+            "seconds without an acknowledged heartbeat before the child is killed",
+            worker_prop="heartbeat_timeout",
+            flag="--heartbeat-timeout",
+            **_F,
+        ),
+        _key(
+            "kill_grace",
+            "task",
+            seconds(),
+            "seconds between SIGTERM and SIGKILL",
+            worker_prop="kill_grace",
+            flag="--kill-grace",
+            **_F,
+        ),
+        _key(
+            "exec_timeout",
+            "task",
+            seconds(),
+            "kill the child after this many seconds (0: never)",
+            worker_prop="exec_timeout",
+            flag="--exec-timeout",
+            **_F,
+        ),
+        _key(
+            "terminal_exit_codes",
+            "task",
+            exit_codes,
+            "exit codes reported FAILED_WITH_TERMINAL_ERROR",
+            flag="--terminal-exit-code",
+        ),
+        _key(
+            "in_progress_exit_code",
+            "task",
+            int_range(1, 255, "an exit code"),
+            "exit code that hands the task back as IN_PROGRESS, to be polled again later",
+        ),
+        _key(
+            "callback_after_seconds",
+            "task",
+            int_range(0, what="whole seconds"),
+            "with in_progress_exit_code: when the server hands the task out again",
+        ),
+        _key(
+            "poll_timeout",
+            "task",
+            int_range(0, 5000, "milliseconds"),
+            "long-poll wait in ms (<= 5000)",
+            worker_prop="poll_timeout",
+            flag="--poll-timeout",
+            **_I,
+        ),
+        _key(
+            "poll_interval",
+            "task",
+            int_range(0, what="milliseconds"),
+            "pause in ms after an empty poll",
+            worker_prop="poll_interval",
+            **_I,
+        ),
+        _key(
+            "paused",
+            "task",
+            check_bool,
+            "do not poll this task (SDK pause switch)",
+            worker_prop="paused",
+            **_B,
+        ),
+        _key(
+            "ownership_check_interval",
+            "task",
+            seconds(positive=True),
+            "seconds between GET /api/tasks/{id} ownership checks",
+        ),
+        _key(
+            "secrets",
+            "task",
+            env_names,
+            "names of runner environment variables never passed to the child ([worker] + [[task]])",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one value came from: ``layer`` is default | file | env | flag; ``where`` says exactly."""
+
+    layer: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return self.where or self.layer
+
+
+def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
+    """Check a typed value; a ValueError becomes a ConfigError naming key, value and source."""
+    try:
+        return spec.check(value)
+    except ValueError as exc:
+        raise invalid_value(spec, value, source, str(exc)) from None
+
+
+def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
+    shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"
+    return ConfigError(
+        f"invalid {spec.name}{shown} (from {source}): expected {allowed}", key=spec.name, source=str(source)
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Other spellings accepted in the file.
+ALIASES = {"thread_count": "concurrency"}
+
+
+def keys_of(scope: str) -> list[KeySpec]:
+    return [spec for spec in KEYS.values() if spec.scope == scope]
