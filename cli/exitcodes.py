@@ -10,5 +10,6 @@ UNREACHABLE = 4  # the Conductor server could not be reached (or refused our cre
 TASK_FAILED = 5  # --once: the task ended FAILED / FAILED_WITH_TERMINAL_ERROR / was fenced
 NO_TASK = 6  # --once: no task arrived within the wait
 NOT_FOUND = 7  # status TASK_ID: no runner on this host has that task
+SIGHUP = 129  # stopped by SIGHUP after cleanup (128 + 1)
 SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
 SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

@@ -1,0 +1,145 @@
+"""Results that could not be delivered, kept on disk and delivered on the next start.
+
+One private file per task under ``<state_dir>/outbox/`` (directory 0700, files 0600: outputs are
+the task's data). A file records which server it was meant for (a hash of the URL, so no credential
+in a URL reaches the disk) and when it was saved; it is dropped once delivered, when the server
+answers 4xx (404: the task or workflow is gone), or after ``max_age_seconds`` (24 h by default: by
+then the server has long timed the task out and retried it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ConductorError, ConductorRejected
+from leasecore.models import TaskResult, TaskStatus
+
+log = logging.getLogger("conductor_run.outbox")
+
+DEFAULT_MAX_AGE_SECONDS = 24 * 3600.0
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def server_key(base_url: str) -> str:
+    """A stable, credential-free name for a server URL."""
+    return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def result_from_json(body: dict[str, Any]) -> TaskResult:
+    """The inverse of ``TaskResult.to_json`` (execution logs are not kept)."""
+    return TaskResult(
+        task_id=str(body["taskId"]),
+        workflow_id=str(body["workflowInstanceId"]),
+        status=TaskStatus(body["status"]),
+        output_data=dict(body.get("outputData") or {}),
+        reason_for_incompletion=body.get("reasonForIncompletion"),
+        callback_after_seconds=int(body.get("callbackAfterSeconds") or 0),
+        worker_id=body.get("workerId"),
+    )
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    path: Path
+    result: TaskResult
+    saved_at: float  # wall clock, epoch seconds (comparable across runs, unlike monotonic time)
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    delivered: int = 0
+    dropped: int = 0
+    kept: int = 0
+
+
+class Outbox:
+    """Undelivered final results for one server, in ``directory``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        server: str,
+        clock: Clock | None = None,
+        max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
+    ) -> None:
+        self.directory = directory
+        self._server = server_key(server)
+        self._clock = clock or SystemClock()
+        self.max_age_seconds = max_age_seconds
+
+    def save(self, result: TaskResult) -> Path:
+        """Write ``result`` atomically to a private file; returns its path."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+        body = {
+            "version": 1,
+            "server": self._server,
+            "saved_at": self._clock.now().timestamp(),
+            "result": result.to_json(),
+        }
+        path = self.directory / f"{_SAFE.sub('_', result.task_id)}.json"
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp creates it 0600
+                json.dump(body, fh)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def entries(self) -> list[OutboxEntry]:
+        """Saved results meant for this server, oldest first; unreadable files are dropped."""
+        if not self.directory.is_dir():
+            return []
+        found: list[OutboxEntry] = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                body = json.loads(path.read_text(encoding="utf-8"))
+                if body.get("server") != self._server:
+                    continue
+                found.append(OutboxEntry(path, result_from_json(body["result"]), float(body["saved_at"])))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("dropping unreadable saved result %s: %s", path.name, exc)
+                path.unlink(missing_ok=True)
+        return sorted(found, key=lambda e: e.saved_at)
+
+    def deliver(self, update: Callable[[TaskResult], None]) -> DeliveryReport:
+        """Send every saved result with ``update``; keeps them only while the server is unreachable."""
+        delivered = dropped = kept = 0
+        now = self._clock.now().timestamp()
+        pending = self.entries()
+        for i, entry in enumerate(pending):
+            task_id = entry.result.task_id
+            if now - entry.saved_at > self.max_age_seconds:
+                log.warning("dropping the saved result of task %s: older than %.0f s", task_id,
+                            self.max_age_seconds)
+                entry.path.unlink(missing_ok=True)
+                dropped += 1
+                continue
+            try:
+                update(entry.result)
+            except ConductorRejected as exc:  # 4xx, 404 included: it will never be accepted
+                log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id, exc)
+                entry.path.unlink(missing_ok=True)
+                dropped += 1
+                continue
+            except ConductorError as exc:  # unreachable or garbled: keep everything for next time
+                log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)
+                kept = len(pending) - i
+                break
+            log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)
+            entry.path.unlink(missing_ok=True)
+            delivered += 1
+        return DeliveryReport(delivered, dropped, kept)

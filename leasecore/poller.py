@@ -1,0 +1,195 @@
+"""One poll loop per task type: batch long-poll for as many tasks as there are free slots.
+
+The poller only fetches work and hands each task to ``on_task``; the runner's main thread decides
+what to do with it and gives the slot back (``Poller.release``) when the task is finished. A shared
+``WorkBudget`` enforces ``--once`` / ``--max-tasks`` across task types. Delays between polls come
+from the pure ``PollBackoff``; the server's reachability is logged once per change, not per failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ConductorError
+from leasecore.models import Task
+from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
+
+log = logging.getLogger("conductor_run.poll")
+
+
+class PollPort(Protocol):
+    """The one call a poller needs; ``ConductorClient`` satisfies it."""
+
+    def poll(
+        self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
+        domain: str | None = None,
+    ) -> list[Task]: ...
+
+
+class WorkBudget:
+    """How many more tasks this run may start (``None``: unlimited); shared by every poller."""
+
+    def __init__(self, max_tasks: int | None) -> None:
+        self._left = max_tasks
+        self._lock = threading.Lock()
+
+    def reserve(self, want: int) -> int:
+        """Take up to ``want`` from the budget; returns how many were granted (0: exhausted)."""
+        with self._lock:
+            if self._left is None:
+                return want
+            granted = min(want, self._left)
+            self._left -= granted
+            return granted
+
+    def give_back(self, count: int) -> None:
+        with self._lock:
+            if self._left is not None:
+                self._left += count
+
+    @property
+    def exhausted(self) -> bool:
+        with self._lock:
+            return self._left == 0
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    task_type: str
+    concurrency: int = 1
+    timeout_ms: int = 1000
+    worker_id: str | None = None
+    domain: str | None = None
+    paused: bool = False
+    interval_seconds: float = 0.1  # pause after an empty poll (doubling while polls stay empty)
+
+
+class Poller:
+    """Polls one task type on its own thread until ``stop`` is set or the budget runs out."""
+
+    def __init__(
+        self,
+        port: PollPort,
+        settings: PollSettings,
+        on_task: Callable[[Task, float], None],
+        *,
+        budget: WorkBudget,
+        stop: threading.Event,
+        on_exit: Callable[[str], None] = lambda _task_type: None,
+        backoff: PollBackoff | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self._port = port
+        self._on_task = on_task
+        self._on_exit = on_exit
+        self._budget = budget
+        self._stop = stop
+        base = max(0.01, settings.interval_seconds)
+        self._backoff = backoff or PollBackoff(
+            BackoffPolicy(empty_base_seconds=base, empty_cap_seconds=max(1.0, base))
+        )
+        self._clock = clock or SystemClock()
+        self._cond = threading.Condition()
+        self._in_use = 0
+        self.reachability = Reachability()
+        self.last_ok_at: datetime | None = None  # wall clock of the last successful poll
+        self.backoff_seconds = 0.0  # the current wait before the next poll
+        self._thread = threading.Thread(target=self._run, name=f"poll-{settings.task_type}", daemon=True)
+
+    @property
+    def consecutive_errors(self) -> int:
+        return self._backoff.consecutive_errors
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end; True when it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def release(self, count: int = 1) -> None:
+        """A task of this type is finished (or was never started): its slot is free again."""
+        with self._cond:
+            self._in_use = max(0, self._in_use - count)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Make a waiting poller re-check ``stop`` now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            if self.settings.paused:
+                log.info("task type %s is paused: not polling it", self.settings.task_type)
+                return
+            while not self._stop.is_set():
+                self._poll_once()
+        except Exception:  # a thread's top level: log it; the runner sees the poller end
+            log.exception("the poller of %s failed", self.settings.task_type)
+        finally:
+            self._on_exit(self.settings.task_type)
+
+    def _take_slots(self) -> int:
+        """Wait for free slots, reserve them and the budget; 0 means stop polling."""
+        with self._cond:
+            while self._in_use >= self.settings.concurrency and not self._stop.is_set():
+                self._cond.wait(timeout=1.0)
+            if self._stop.is_set():
+                return 0
+            granted = self._budget.reserve(self.settings.concurrency - self._in_use)
+            self._in_use += granted
+            return granted
+
+    def _poll_once(self) -> None:
+        count = self._take_slots()
+        if count == 0:
+            if not self._stop.is_set():  # the budget is spent: nothing more to poll for
+                self._stop_polling()
+            return
+        polled_at = self._clock.monotonic()
+        try:
+            tasks = self._port.poll(
+                self.settings.task_type, count=count, timeout_ms=self.settings.timeout_ms,
+                worker_id=self.settings.worker_id, domain=self.settings.domain,
+            )
+        except ConductorError as exc:
+            self._unreserve(count)
+            self._note(self.reachability.on_failure(str(exc)))
+            self.backoff_seconds = self._backoff.on_error()
+            self._stop.wait(self.backoff_seconds)
+            return
+        tasks = tasks[:count]
+        self._unreserve(count - len(tasks))
+        self._note(self.reachability.on_success())
+        self.last_ok_at = self._clock.now()
+        for task in tasks:
+            self._on_task(task, polled_at)
+        self.backoff_seconds = self._backoff.on_tasks() if tasks else self._backoff.on_empty()
+        if self.backoff_seconds:
+            self._stop.wait(self.backoff_seconds)
+
+    def _stop_polling(self) -> None:
+        # The budget is shared: this poller simply ends; the runner stops when the work is done.
+        with self._cond:
+            while not self._stop.is_set() and self._budget.exhausted:
+                self._cond.wait(timeout=1.0)
+
+    def _unreserve(self, count: int) -> None:
+        if count:
+            self._budget.give_back(count)
+            self.release(count)
+
+    def _note(self, change: tuple[Reachability, str | None]) -> None:
+        self.reachability, line = change
+        if line is not None:
+            level = logging.INFO if self.reachability.reachable else logging.WARNING
+            log.log(level, "%s (polling %s)", line, self.settings.task_type)

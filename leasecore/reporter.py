@@ -1,0 +1,122 @@
+"""Deliver final results (``POST /api/tasks``) with retries while they can still matter.
+
+A result is retried on ``ConductorUnavailable`` with capped backoff until its deadline (the runner
+keeps the task's heartbeats going meanwhile, so the server keeps waiting for it). A 4xx is final:
+404 means the task or workflow is gone. A result still undelivered at its deadline is saved to the
+outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the runner enqueues
+it), after which the runner tells the lease engine to stop heartbeating that task.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ConductorError, ConductorProtocolError, ConductorRejected
+from leasecore.models import TaskResult
+from leasecore.outbox import Outbox
+
+log = logging.getLogger("conductor_run.report")
+
+
+class UpdatePort(Protocol):
+    """The one call the reporter needs; ``ConductorClient`` satisfies it."""
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    task_id: str
+    delivered: bool
+    saved_to: Path | None = None  # the outbox file, when kept for the next start
+    error: str | None = None
+
+
+class Reporter:
+    """A small pool that delivers final results; see the module docstring."""
+
+    def __init__(
+        self,
+        port: UpdatePort,
+        on_done: Callable[[ReportOutcome], None],
+        *,
+        outbox: Outbox | None = None,
+        clock: Clock | None = None,
+        senders: int = 4,
+        request_timeout_seconds: float = 10.0,
+        backoff_cap_seconds: float = 5.0,
+    ) -> None:
+        self._port = port
+        self._on_done = on_done
+        self._outbox = outbox
+        self._clock = clock or SystemClock()
+        self._timeout = request_timeout_seconds
+        self._cap = backoff_cap_seconds
+        self._hurry = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
+
+    def submit(self, result: TaskResult, *, retry_seconds: float) -> None:
+        """Deliver ``result`` in the background, retrying for up to ``retry_seconds``."""
+        deadline = self._clock.monotonic() + retry_seconds
+        self._pool.submit(self._deliver_safely, result, deadline)
+
+    def hurry(self) -> None:
+        """Stop waiting between retries: one more attempt each, then to the outbox (a forced stop)."""
+        self._hurry.set()
+
+    def close(self) -> None:
+        """Wait for the deliveries in progress (each is bounded by its deadline)."""
+        self._pool.shutdown(wait=True)
+
+    def _deliver_safely(self, result: TaskResult, deadline: float) -> None:
+        try:
+            outcome = self._deliver(result, deadline)
+        except Exception as exc:  # a thread's top level: never lose the outcome
+            log.exception("reporting task %s failed unexpectedly", result.task_id)
+            outcome = ReportOutcome(result.task_id, delivered=False, error=repr(exc))
+        self._on_done(outcome)
+
+    def _deliver(self, result: TaskResult, deadline: float) -> ReportOutcome:
+        delay = 0.5
+        attempt = 0
+        while True:
+            attempt += 1
+            left = deadline - self._clock.monotonic()
+            try:
+                self._port.update(result, timeout_seconds=max(1.0, min(self._timeout, left)))
+                return ReportOutcome(result.task_id, delivered=True)
+            except ConductorProtocolError as exc:  # a 2xx we could not parse: the server took it
+                log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
+                return ReportOutcome(result.task_id, delivered=True)
+            except ConductorRejected as exc:
+                log.warning("task %s: the server rejected the result (%s); not retrying",
+                            result.task_id, exc)
+                return ReportOutcome(result.task_id, delivered=False, error=str(exc))
+            except ConductorError as exc:
+                left = deadline - self._clock.monotonic()
+                if self._hurry.is_set() or left <= delay:
+                    return self._give_up(result, exc, attempt)
+                if attempt == 1:
+                    log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)",
+                                result.task_id, result.status.value, exc, left)
+                self._hurry.wait(delay)
+                delay = min(self._cap, delay * 2)
+
+    def _give_up(self, result: TaskResult, exc: ConductorError, attempts: int) -> ReportOutcome:
+        saved: Path | None = None
+        if self._outbox is not None:
+            try:
+                saved = self._outbox.save(result)
+            except OSError as err:
+                log.error("task %s: could not save the undelivered result: %s", result.task_id, err)
+        where = f"saved to {saved} for the next start" if saved else "lost"
+        log.error("task %s: result %s not delivered after %d attempt(s) (%s); %s",
+                  result.task_id, result.status.value, attempts, exc, where)
+        return ReportOutcome(result.task_id, delivered=False, saved_to=saved, error=str(exc))

@@ -1,0 +1,416 @@
+"""The runner: wires pollers, the lease engine, the process supervisor, the log streamer and the reporter.
+
+Threads only produce events (``leasecore.runtypes``) onto one queue; the main thread consumes them
+and is the only writer of per-task state. Per task the order is fixed:
+
+    poll -> engine.track -> spawn -> (heartbeats, fences) -> child exits -> engine.child_exited
+         -> result (by fence reason) -> report (retried) -> engine.reported -> forget
+
+Shutdown keeps that order (STYLE.md 2.4): stop polling at once; ask the engine to fence every task
+(now, or at the drain deadline); the children die; their results are reported; heartbeats stop
+last (``engine.reported`` per task, ``engine.stop`` at the very end). A second signal kills every
+tree at once and stops waiting between report retries (undelivered results go to the outbox).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ProcessError
+from leasecore.lease import FenceAction, FenceReason, KillTree
+from leasecore.logsink import LogStreamer
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.poller import Poller, WorkBudget
+from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot
+from leasecore.runtypes import (
+    ChildExited,
+    ChildPort,
+    ConductorPort,
+    EnginePort,
+    Event,
+    Fence,
+    PollerExited,
+    ReportDone,
+    RunOptions,
+    RunOutcome,
+    ShutdownRequested,
+    StatusPort,
+    SupervisorPort,
+    TaskPolled,
+    TaskTypePlan,
+    Tick,
+)
+from leasecore.signals import capture_signals
+
+log = logging.getLogger("conductor_run.runner")
+
+SHUTDOWN_REASON = "worker shutting down"
+_POLLER_JOIN_SLACK_SECONDS = 15.0  # a long poll in flight at shutdown ends within its timeout + this
+_STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
+
+ToResult = Callable[[Task, Any, Any, str], TaskResult]  # (task, ChildExit, CommandSpec, worker_id)
+
+
+class Runner:
+    """Serves every task type of ``plans`` until stopped; see the module docstring."""
+
+    def __init__(
+        self,
+        plans: list[TaskTypePlan],
+        *,
+        conductor: ConductorPort,
+        make_engine: Callable[[Callable[[str, FenceAction], None]], EnginePort],
+        supervisor: SupervisorPort,
+        to_result: ToResult,
+        options: RunOptions | None = None,
+        status: StatusPort | None = None,
+        reporter: Callable[[Callable[[ReportOutcome], None]], Reporter] | None = None,
+        logs: LogStreamer | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not plans:
+            raise ValueError("a runner needs at least one task type")
+        self.options = options or RunOptions()
+        self._clock = clock or SystemClock()
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._plans = {p.poll.task_type: p for p in plans}
+        self._supervisor = supervisor
+        self._to_result = to_result
+        self._status = status
+        self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
+        make_reporter = reporter or (lambda done: Reporter(conductor, done, clock=self._clock))
+        self._reporter = make_reporter(lambda outcome: self._events.put(ReportDone(outcome)))
+        self._logs = logs or LogStreamer(conductor, clock=self._clock)
+        self._stop_polling = threading.Event()
+        self._budget = WorkBudget(self._task_limit())
+        self._pollers = {
+            t: Poller(conductor, p.poll, self._on_polled, budget=self._budget, stop=self._stop_polling,
+                      on_exit=lambda tt: self._events.put(PollerExited(tt)), clock=self._clock)
+            for t, p in self._plans.items()
+        }
+        self._tasks: dict[str, InFlight] = {}
+        self._pollers_alive = len(self._pollers)
+        self._statuses: list[TaskStatus | None] = []  # per started task, in start order
+        self._stopping_since: float | None = None
+        self._forced = False
+        self._signum: int | None = None
+        self._escalate_at: float | None = None
+        self._started_at = self._clock.monotonic()
+
+    # ------------------------------------------------------------------ public
+
+    def request_stop(self, *, force: bool = False) -> None:
+        """Stop as a signal would, without the signal (thread-safe; for tests and embedding)."""
+        self._events.put(ShutdownRequested(force=force))
+
+    def run(self) -> RunOutcome:
+        """Serve until stopped; returns how the run ended. A task's failure is never raised."""
+        with capture_signals(self._on_signal):
+            self._engine.start()
+            self._logs.start()
+            try:
+                for poller in self._pollers.values():
+                    poller.start()
+                self._loop()
+            finally:
+                self._close()
+        return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses))
+
+    # ------------------------------------------------------------------ other threads -> queue
+
+    def _on_signal(self, signum: int, count: int) -> None:
+        # Runs inside a signal handler: only enqueue (SimpleQueue.put is reentrant).
+        self._events.put(ShutdownRequested(force=count > 1, signum=signum))
+
+    def _on_polled(self, task: Task, polled_at: float) -> None:
+        self._events.put(TaskPolled(task, polled_at))
+
+    def _wait_child(self, task_id: str, child: ChildPort) -> None:
+        try:
+            exit_ = child.wait(None)
+        except Exception:  # a thread's top level: the main thread must still learn the child is gone
+            log.exception("task %s: waiting for the child failed", task_id)
+            exit_ = None
+        self._events.put(ChildExited(task_id, exit_))
+
+    # ------------------------------------------------------------------ main loop
+
+    def _loop(self) -> None:
+        self._publish()
+        while not self._done():
+            try:
+                event: Event = self._events.get(timeout=min(0.5, self.options.status_interval_seconds))
+            except queue.Empty:
+                event = Tick()
+            self._handle(event)
+            self._check_deadlines()
+            self._publish()
+
+    def _task_limit(self) -> int | None:
+        return 1 if self.options.once else self.options.max_tasks
+
+    def _done(self) -> bool:
+        if self._tasks:
+            return False
+        if self._stopping_since is not None:
+            longest_poll = max(p.poll.timeout_ms for p in self._plans.values()) / 1000.0
+            late = self._clock.monotonic() - self._stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS
+            return self._pollers_alive == 0 or late
+        limit = self._task_limit()
+        if (limit is not None and len(self._statuses) >= limit) or self._pollers_alive == 0:
+            self._begin_stop(None, reason="no more work to do")
+        return False
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, TaskPolled):
+            self._on_task(event.task, event.polled_at)
+        elif isinstance(event, ChildExited):
+            self._on_child_exited(event.task_id, event.exit)
+        elif isinstance(event, Fence):
+            self._on_fence(event.task_id, event.action)
+        elif isinstance(event, ReportDone):
+            self._on_reported(event.outcome)
+        elif isinstance(event, ShutdownRequested):
+            self._on_shutdown(event)
+        elif isinstance(event, PollerExited):
+            self._pollers_alive -= 1
+
+    # ------------------------------------------------------------------ one task
+
+    def _on_task(self, task: Task, polled_at: float) -> None:
+        plan = self._plans.get(task.task_type) or next(iter(self._plans.values()))
+        if task.task_id in self._tasks:
+            # Delivered again while it runs here (a re-queue, a server hiccup): the running child
+            # keeps the lease; starting a second copy would run one task twice at once.
+            log.warning("task %s delivered again while it runs here: not starting it twice", task.task_id)
+            self._pollers[plan.poll.task_type].release()
+            self._budget.give_back(1)
+            return
+        entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
+        self._tasks[task.task_id] = entry
+        self._statuses.append(None)
+        if self._stopping_since is not None:
+            # Polled while stopping (a long poll was in flight): hand it straight back for a retry.
+            self._report(entry, _failed(task, plan, SHUTDOWN_REASON))
+            return
+        entry.policy = plan.make_policy(task)
+        self._engine.track(task, entry.policy)
+        entry.tracked = True
+        try:
+            entry.child = self._supervisor.spawn(
+                task, plan.spec, worker_id=plan.worker_id, on_line=self._line_sink(entry)
+            )
+        except ProcessError as exc:
+            log.error("task %s: could not start the command: %s", task.task_id, exc)
+            self._engine.child_exited(task.task_id)
+            self._logs.close(task.task_id)
+            self._report(entry, _failed(task, plan, f"could not start the command: {exc}"))
+            return
+        log.info("task %s (%s, workflow %s) started: pid %d", task.task_id, task.task_type,
+                 task.workflow_id, entry.child.pid)
+        threading.Thread(target=self._wait_child, args=(task.task_id, entry.child),
+                         name=f"wait-{entry.child.pid}", daemon=True).start()
+
+    def _line_sink(self, entry: InFlight) -> Callable[[str, str], None]:
+        send = self._logs.open(entry.task.task_id)
+
+        def on_line(stream: str, line: str) -> None:  # on a reader thread: no blocking here
+            entry.tail.append(line)
+            send(stream, line)
+
+        return on_line
+
+    def _on_fence(self, task_id: str, action: FenceAction) -> None:
+        entry = self._tasks.get(task_id)
+        if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
+            return
+        kill = isinstance(action, KillTree)
+        log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
+                    action.reason.value.replace("_", " "))
+        entry.phase = Phase.STOPPING
+        try:
+            entry.child.kill_tree() if kill else entry.child.terminate_tree()
+        except ProcessError as exc:
+            log.error("task %s: could not signal the process tree: %s", task_id, exc)
+
+    def _on_child_exited(self, task_id: str, exit_: Any | None) -> None:
+        entry = self._tasks.get(task_id)
+        if entry is None:
+            return
+        self._engine.child_exited(task_id)
+        self._logs.close(task_id)
+        entry.fence = self._engine.fence_reason(task_id)
+        if entry.fence is FenceReason.OWNERSHIP_LOST:
+            log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "
+                        "its tree was killed and nothing is reported", task_id)
+            self._forget(entry, None)
+            return
+        result = self._result_for(entry, exit_)
+        why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
+        log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
+        self._report(entry, result)
+
+    def _result_for(self, entry: InFlight, exit_: Any | None) -> TaskResult:
+        task, plan = entry.task, entry.plan
+        if exit_ is None:
+            return _failed(task, plan, "lost track of the child process")
+        result = self._to_result(task, exit_, plan.spec, plan.worker_id)
+        reason = fence_text(entry.fence, task, entry)
+        if reason is None:
+            return result
+        return dataclasses.replace(result, status=TaskStatus.FAILED, reason_for_incompletion=reason,
+                                   callback_after_seconds=0)
+
+    def _report(self, entry: InFlight, result: TaskResult) -> None:
+        self._release_slot(entry)  # the child is gone: another may start while this one reports
+        entry.phase = Phase.REPORTING
+        entry.result_status = result.status
+        opts = self.options
+        if self._forced:
+            seconds = 0.0
+        elif entry.fence is FenceReason.LEASE_EXPIRED:
+            seconds = 5.0  # best effort: the server has most likely moved on already
+        elif self._stopping_since is not None:
+            seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
+        else:
+            seconds = opts.report_retry_seconds
+        self._reporter.submit(result, retry_seconds=seconds)
+
+    def _on_reported(self, outcome: ReportOutcome) -> None:
+        entry = self._tasks.get(outcome.task_id)
+        if entry is None:
+            return
+        status = entry.result_status
+        if outcome.delivered and status is not None:
+            log.info("task %s: reported %s", outcome.task_id, status.value)
+        self._forget(entry, status if outcome.delivered else None)
+
+    def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
+        if entry.tracked:
+            self._engine.reported(entry.task.task_id)  # only now do this task's heartbeats stop
+        self._release_slot(entry)
+        del self._tasks[entry.task.task_id]
+        self._statuses[entry.index] = status
+
+    def _release_slot(self, entry: InFlight) -> None:
+        if entry.slot_held:
+            entry.slot_held = False
+            self._pollers[entry.plan.poll.task_type].release()
+
+    # ------------------------------------------------------------------ stopping
+
+    def _on_shutdown(self, event: ShutdownRequested) -> None:
+        if event.signum is not None and self._signum is None:
+            self._signum = event.signum
+        name = signal.Signals(event.signum).name if event.signum is not None else None
+        if event.force or (self._stopping_since is not None and event.signum is not None):
+            self._force_stop(name)
+        else:
+            self._begin_stop(name, reason="stop requested")
+
+    def _begin_stop(self, signame: str | None, *, reason: str) -> None:
+        if self._stopping_since is not None:
+            return
+        now = self._clock.monotonic()
+        self._stopping_since = now
+        self._stop_polling.set()
+        for poller in self._pollers.values():
+            poller.wake()
+        running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
+        why = f"received {signame}" if signame else reason
+        deadline = now
+        if self.options.drain and running:
+            deadline = now + self.options.drain_timeout_seconds
+            log.warning("%s: stopped polling; letting %d task(s) finish for up to %.0f s", why,
+                        len(running), self.options.drain_timeout_seconds)
+            self._engine.shutdown(None, drain_deadline=deadline)
+        elif running:
+            log.warning("%s: stopped polling; terminating %d task(s)", why, len(running))
+            self._engine.shutdown(None, drain_deadline=None)
+        else:
+            log.info("%s: stopping", why)
+        grace = max((e.plan.kill_grace_seconds for e in running), default=0.0)
+        self._escalate_at = deadline + grace + _STOP_SAFETY_MARGIN_SECONDS
+
+    def _force_stop(self, signame: str | None) -> None:
+        self._begin_stop(signame, reason="forced stop")
+        self._forced = True
+        log.warning("second signal: killing every task now")
+        self._reporter.hurry()
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        for entry in self._tasks.values():
+            if entry.child is not None and entry.phase is not Phase.REPORTING:
+                entry.phase = Phase.STOPPING
+                try:
+                    entry.child.kill_tree()
+                except ProcessError as exc:
+                    log.error("task %s: could not kill the process tree: %s", entry.task.task_id, exc)
+
+    def _check_deadlines(self) -> None:
+        now = self._clock.monotonic()
+        opts = self.options
+        if (opts.once and not self._statuses and self._stopping_since is None
+                and now - self._started_at >= opts.once_wait_seconds):
+            self._begin_stop(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
+        if self._escalate_at is not None and now >= self._escalate_at:
+            self._escalate_at = None
+            if any(e.child is not None and e.phase is not Phase.REPORTING for e in self._tasks.values()):
+                log.error("children still alive past the stop deadline: killing them")
+                self._kill_all()
+
+    def _close(self) -> None:
+        # Order matters: output first (bounded), then the reports (each bounded by its deadline),
+        # then the heartbeats: the engine stops last so no task loses its lease while reported.
+        self._stop_polling.set()
+        self._logs.stop(timeout_seconds=5.0)
+        self._reporter.close()
+        while True:  # reports finished after the loop ended still stop their heartbeats
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(event, ReportDone):
+                self._on_reported(event.outcome)
+        self._engine.stop()
+        if self._status is not None:
+            self._status.remove()
+
+    # ------------------------------------------------------------------ status
+
+    def _publish(self) -> None:
+        # The publisher coalesces: it writes at once on a change, else about once a second.
+        if self._status is None:
+            return
+        tasks = [task_snapshot(e, self._engine, self._clock) for e in self._tasks.values()]
+        self._status.publish(tasks, server=server_health(self._pollers.values()))
+
+
+def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:
+    return TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                      reason_for_incompletion=reason, worker_id=plan.worker_id)
+
+
+def fence_text(fence: FenceReason | None, task: Task, entry: InFlight) -> str | None:
+    """The reasonForIncompletion for a task whose tree was fenced (None: not fenced)."""
+    if fence is None:
+        return None
+    if fence is FenceReason.SHUTDOWN:
+        return SHUTDOWN_REASON
+    if fence is FenceReason.EXEC_TIMEOUT:
+        seconds = entry.policy.exec_timeout_seconds if entry.policy else 0
+        return f"exec timeout after {seconds:g}s" if seconds else "exec timeout"
+    if fence is FenceReason.HARD_TIMEOUT:
+        return f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
+    if fence is FenceReason.LEASE_EXPIRED:
+        return "lease expired: no heartbeat was acknowledged within the heartbeat timeout"
+    return f"fenced: {fence.value}"

@@ -1,0 +1,94 @@
+"""The runner's per-task state and how it is shown: snapshots for ``StatePublisher``.
+
+``InFlight`` is written only by the runner's main thread (``tail`` is the exception: it is a
+thread-safe ``OutputTail`` fed by the child's reader threads). The functions here turn that state,
+the lease engine's views and the pollers' health into the frozen snapshot values of
+``leasecore.snapshot``, converting monotonic deadlines to wall-clock UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Protocol
+
+from leasecore.clock import Clock
+from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.models import Task, TaskStatus
+from leasecore.poller import Poller
+from leasecore.runtypes import ChildPort, TaskTypePlan
+from leasecore.snapshot import OutputTail, ServerHealth, TaskSnapshot, TaskState, wall_time
+
+
+class Phase(Enum):
+    RUNNING = "running"  # the child runs
+    STOPPING = "stopping"  # its tree was told to stop (TERM or KILL)
+    REPORTING = "reporting"  # the child is gone; the final update is on its way
+
+
+@dataclass
+class InFlight:
+    """Main-thread state of one task, from its poll to its report."""
+
+    task: Task
+    plan: TaskTypePlan
+    index: int  # position in the run's outcomes (start order)
+    started_at: datetime
+    policy: LeasePolicy | None = None
+    child: ChildPort | None = None
+    tracked: bool = False  # the lease engine knows this task
+    phase: Phase = Phase.RUNNING
+    slot_held: bool = True  # counts against the task type's concurrency
+    fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
+    result_status: TaskStatus | None = None  # what is being reported
+    tail: OutputTail = field(default_factory=OutputTail)
+
+
+class _Views(Protocol):
+    def view(self, task_id: str) -> LeaseView: ...
+
+
+_STATES = {Phase.RUNNING: TaskState.RUNNING, Phase.STOPPING: TaskState.TERMINATING,
+           Phase.REPORTING: TaskState.REPORTING}
+
+
+def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot:
+    """One task as ``conductor-run status`` shows it."""
+    view: LeaseView | None = None
+    if entry.tracked:
+        try:
+            view = engine.view(entry.task.task_id)
+        except KeyError:  # the engine already forgot it (reported)
+            view = None
+    fence = entry.fence or (view.fence_reason if view else None)
+    return TaskSnapshot(
+        task_id=entry.task.task_id,
+        workflow_id=entry.task.workflow_id,
+        task_type=entry.task.task_type,
+        state=_STATES[entry.phase],
+        started_at=entry.started_at,
+        child_pid=entry.child.pid if entry.child is not None else None,
+        last_ack_at=wall_time(view.last_ack_at, clock) if view else None,
+        next_heartbeat_at=wall_time(view.next_heartbeat_at, clock) if view else None,
+        lease_deadline_at=wall_time(view.lease_deadline, clock) if view else None,
+        lease_timeout_seconds=entry.policy.lease_timeout_seconds if entry.policy else None,
+        hard_deadline_at=wall_time(view.hard_deadline, clock) if view else None,
+        consecutive_failures=view.consecutive_failures if view else 0,
+        fence_reason=fence.value if fence is not None else None,
+        recent_output=entry.tail.lines(),
+    )
+
+
+def server_health(pollers: Iterable[Poller]) -> ServerHealth:
+    """The server as the pollers see it: the newest success, the longest failure streak."""
+    polled = list(pollers)
+    oks = [p.last_ok_at for p in polled if p.last_ok_at is not None]
+    failing = [p for p in polled if not p.reachability.reachable]
+    return ServerHealth(
+        last_ok_at=max(oks) if oks else None,
+        consecutive_failures=max((p.consecutive_errors for p in polled), default=0),
+        backoff_seconds=max((p.backoff_seconds for p in polled), default=0.0),
+        last_error=failing[0].reachability.last_error if failing else None,
+    )

@@ -1,0 +1,49 @@
+"""Signal capture: handlers only record, the main loop acts.
+
+A handler can run between any two bytecodes of the main thread (while it holds a logging lock, or
+half-way through writing a state file), so it must not log, lock, do I/O or kill anything. Here it
+only calls ``on_signal(signum, count)``, which the runner makes a ``SimpleQueue.put`` (documented as
+reentrant, i.e. safe from a signal handler). ``count`` is how many of the captured signals arrived
+so far, so the runner can treat the second one as "force".
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SHUTDOWN_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_Handler = Callable[[int, FrameType | None], object] | int | None
+
+
+@contextmanager
+def capture_signals(
+    on_signal: Callable[[int, int], None], signals: tuple[signal.Signals, ...] = SHUTDOWN_SIGNALS
+) -> Iterator[bool]:
+    """Route ``signals`` to ``on_signal(signum, count)`` inside the block; restore the old handlers after.
+
+    Yields ``True`` when the handlers were installed, ``False`` when they could not be (not on the main
+    thread, e.g. a runner driven by a test thread): then only pushed events stop the runner.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    count = 0
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        nonlocal count
+        count += 1
+        on_signal(signum, count)
+
+    previous: dict[signal.Signals, _Handler] = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handle)
+        yield True
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

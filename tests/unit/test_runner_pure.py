@@ -1,0 +1,112 @@
+"""Pure pieces of the runner: poll backoff, reachability lines, log batching, exit-code decision."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from cli import exitcodes
+from cli.run import exit_code_for
+from leasecore.logsink import LogBuffer
+from leasecore.models import TaskStatus
+from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
+from leasecore.runtypes import RunOutcome
+
+
+def test_empty_polls_back_off_exponentially_up_to_the_cap() -> None:
+    backoff = PollBackoff(BackoffPolicy(empty_base_seconds=0.1, empty_cap_seconds=1.0), rand=lambda: 0.0)
+    delays = [backoff.on_empty() for _ in range(6)]
+    assert delays == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+
+
+def test_errors_back_off_to_their_own_cap_and_work_resets_everything() -> None:
+    backoff = PollBackoff(BackoffPolicy(error_base_seconds=0.5, error_cap_seconds=10.0), rand=lambda: 0.0)
+    delays = [backoff.on_error() for _ in range(8)]
+    assert delays[0] == pytest.approx(0.5)
+    assert max(delays) == pytest.approx(10.0)
+    assert backoff.consecutive_errors == 8
+    assert backoff.on_tasks() == 0.0
+    assert backoff.consecutive_errors == 0
+    assert backoff.on_error() == pytest.approx(0.5)
+
+
+def test_error_backoff_never_reaches_zero_even_after_many_failures() -> None:
+    # Given the worst jitter draw and a very long outage, the delay still stays well above 0:
+    # a server that is down is never polled in a tight loop.
+    backoff = PollBackoff(BackoffPolicy(jitter=0.5), rand=lambda: 1.0)
+    delays = [backoff.on_error() for _ in range(10_000)]
+    assert min(delays) >= 0.25
+    assert max(delays) <= 10.0
+
+
+def test_jitter_draws_from_the_lower_part_of_the_interval() -> None:
+    low = PollBackoff(BackoffPolicy(jitter=0.5), rand=lambda: 1.0).on_empty()
+    high = PollBackoff(BackoffPolicy(jitter=0.5), rand=lambda: 0.0).on_empty()
+    assert (low, high) == pytest.approx((0.05, 0.1))
+
+
+def test_reachability_logs_once_per_change_not_once_per_failure() -> None:
+    state = Reachability()
+    lines = []
+    for outcome in ["fail", "fail", "fail", "ok", "ok", "fail"]:
+        state, line = state.on_failure("connection refused") if outcome == "fail" else state.on_success()
+        lines.append(line)
+    assert lines == [
+        "server unreachable: connection refused (will keep retrying)",
+        None,
+        None,
+        "server reachable again",
+        None,
+        "server unreachable: connection refused (will keep retrying)",
+    ]
+
+
+def test_log_buffer_cuts_batches_by_lines_and_bytes() -> None:
+    buf = LogBuffer(max_lines=100)
+    for i in range(7):
+        buf.append(f"line {i}")
+    assert buf.take_batch(max_lines=3, max_bytes=10_000) == "line 0\nline 1\nline 2"
+    assert buf.take_batch(max_lines=50, max_bytes=14) == "line 3\nline 4"
+    assert buf.take_batch(max_lines=50, max_bytes=10_000) == "line 5\nline 6"
+    assert buf.take_batch(max_lines=50, max_bytes=10_000) is None
+
+
+def test_log_buffer_drops_the_oldest_lines_and_says_how_many() -> None:
+    buf = LogBuffer(max_lines=3)
+    for i in range(10):
+        buf.append(str(i))
+    assert (
+        buf.take_batch(max_lines=50, max_bytes=10_000) == "[conductor-run: 7 output lines dropped]\n7\n8\n9"
+    )
+    assert buf.dropped == 0
+
+
+def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
+    buf = LogBuffer(max_lines=10, max_line_bytes=1000)
+    buf.append("x" * 5000)
+    batch = buf.take_batch(max_lines=50, max_bytes=100)
+    assert batch is not None and batch.endswith("[line truncated]")
+    assert len(batch.encode()) <= 1000
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "once", "expected"),
+    [
+        (RunOutcome(started=1, statuses=(TaskStatus.COMPLETED,)), True, exitcodes.OK),
+        (RunOutcome(started=1, statuses=(TaskStatus.FAILED,)), True, exitcodes.TASK_FAILED),
+        (RunOutcome(started=1, statuses=(None,)), True, exitcodes.TASK_FAILED),
+        (RunOutcome(started=0), True, exitcodes.NO_TASK),
+        (RunOutcome(started=3, statuses=(TaskStatus.FAILED,) * 3), False, exitcodes.OK),
+        (
+            RunOutcome(signum=signal.SIGTERM, started=1, statuses=(TaskStatus.FAILED,)),
+            True,
+            exitcodes.SIGTERM,
+        ),
+        (RunOutcome(signum=signal.SIGINT), False, exitcodes.SIGINT),
+        (RunOutcome(signum=signal.SIGHUP), False, exitcodes.SIGHUP),
+    ],
+)
+def test_exit_code_decision(outcome: RunOutcome, once: bool, expected: int) -> None:
+    assert exit_code_for(outcome, once=once) == expected
