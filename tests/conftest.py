@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest_plugins = ["tests.realserver"]  # real Conductor OSS server fixtures (real_server_url)
+
 _PREFIXES = ("CONDUCTOR_", "conductor_", "conductor.")
 
 
