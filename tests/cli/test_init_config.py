@@ -1,0 +1,211 @@
+"""``conductor-run init`` and ``conductor-run config`` through the real typer app."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import exitcodes
+from cli.init import starter_text
+from cli.main import _register, app
+from leasecore.config import load_config, load_file, parse_toml, resolve
+from leasecore.config_keys import KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _commands() -> None:
+    _register()
+
+
+def _invoke(args: list[str], env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(app, args, env=env)
+
+
+def _json(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = _invoke([*args, "--json"], env)
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.output)
+    return data
+
+
+# --- init --------------------------------------------------------------------------------------------
+
+
+def test_init_writes_a_file_that_loads_cleanly(tmp_path: Path) -> None:
+    target = tmp_path / "conductor.toml"
+    result = _invoke(["init", str(target)])
+    assert result.exit_code == 0, result.output
+    config = load_config({"config": str(target)}, {}, str(tmp_path), hostname="h")
+    assert [task.type for task in config.tasks] == ["my_task"]
+    assert config.warnings == ()
+
+
+def test_init_defaults_to_conductor_toml_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _invoke(["init"]).exit_code == 0
+    assert (tmp_path / "conductor.toml").read_text(encoding="utf-8") == starter_text()
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    target = tmp_path / "conductor.toml"
+    target.write_text("# mine\n", encoding="utf-8")
+    result = _invoke(["init", str(target)])
+    assert result.exit_code == exitcodes.USAGE
+    assert "already exists; use --force" in result.output
+    assert target.read_text(encoding="utf-8") == "# mine\n"
+    assert _invoke(["init", "--force", str(target)]).exit_code == 0
+    assert target.read_text(encoding="utf-8") == starter_text()
+
+
+def test_init_into_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    result = _invoke(["init", str(tmp_path / "nope" / "conductor.toml")])
+    assert result.exit_code == exitcodes.USAGE
+    assert "cannot write" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_example_file_is_the_starter_text_and_lists_every_key() -> None:
+    example = (REPO / "conductor.toml.example").read_text(encoding="utf-8")
+    assert example == starter_text(), "regenerate: python -c 'from cli.init import starter_text; ...'"
+    for spec in KEYS.values():
+        if spec.in_file:
+            assert f"{spec.name} = " in example, spec.name
+        for name in spec.env:
+            assert name in example
+
+
+def test_example_file_loads_cleanly() -> None:
+    loaded = load_file("conductor.toml.example", cwd=str(REPO))
+    assert loaded.data["task"][0]["type"] == "my_task"
+
+
+def test_every_commented_line_of_the_example_loads_when_uncommented() -> None:
+    # Uncommenting any "# key = value" line must give a valid file: every shown value is allowed.
+    text = re.sub(r"(?m)^# ([a-z_]+ = )", r"\1", starter_text())
+    resolved = resolve(parse_toml(text, "c.toml"), {}, {}, cwd="/", hostname="h")
+    assert resolved.tasks[0].terminal_exit_codes == (2,)
+    assert resolved.tasks[0].secrets == ("DATABASE_PASSWORD",)
+    assert resolved.runner.state_dir is not None
+
+
+# --- config ------------------------------------------------------------------------------------------
+
+FILE = """\
+[server]
+url = "http://user:pw@conductor.example:8080/api"
+
+[worker]
+kill_grace = 3
+secrets = ["DB_PASSWORD"]
+
+[[task]]
+type = "encode"
+command = ["./encode.sh"]
+env = { DB_PASSWORD = "hunter2", LANG = "C" }
+
+[[task]]
+type = "resize"
+shell = "convert in.png out.png"
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "conductor.toml").write_text(FILE, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_config_finds_conductor_toml_and_shows_each_source(project: Path) -> None:
+    view = _json(["config"], env={"CONDUCTOR_WORKER_ENCODE_KILL_GRACE": "5"})
+    assert view["config_file"] == "conductor.toml"
+    encode, resize = view["tasks"]
+    assert encode["settings"]["kill_grace"] == {
+        "value": 5.0,
+        "source": "env CONDUCTOR_WORKER_ENCODE_KILL_GRACE (task-specific)",
+    }
+    assert resize["settings"]["kill_grace"] == {"value": 3.0, "source": "conductor.toml:5 [worker]"}
+    assert resize["settings"]["shell"]["source"] == "conductor.toml:15 [[task]] 'resize'"
+    assert "command" not in resize["settings"]
+
+
+def test_config_masks_secrets(project: Path) -> None:
+    env = {"CONDUCTOR_AUTH_KEY": "key-id-1", "CONDUCTOR_AUTH_SECRET": "s3cr3t-value"}
+    for args in (["config"], ["config", "--json"]):
+        result = _invoke(args, env)
+        assert result.exit_code == 0, result.output
+        for secret in ("s3cr3t-value", "key-id-1", "hunter2", ":pw@"):
+            assert secret not in result.output
+    view = _json(["config"], env)
+    assert view["server"]["auth_secret"] == {"value": "****", "source": "env CONDUCTOR_AUTH_SECRET"}
+    assert view["tasks"][0]["settings"]["env"]["value"] == {"DB_PASSWORD": "****", "LANG": "C"}
+    assert view["server"]["url"]["value"] == "http://user:****@conductor.example:8080/api"
+
+
+def test_config_task_type_selects_one_task(project: Path) -> None:
+    view = _json(["config", "--task-type", "resize"])
+    assert [task["type"] for task in view["tasks"]] == ["resize"]
+
+
+def test_config_file_from_the_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "other.toml").write_text(FILE, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    view = _json(["config"], env={"CONDUCTOR_RUN_CONFIG": "other.toml"})
+    assert view["config_file"] == "other.toml"
+
+
+def test_config_without_any_file_shows_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    view = _json(["config"])
+    assert view["config_file"] is None
+    assert view["tasks"] == []
+    assert view["server"]["url"] == {"value": "http://localhost:8080/api", "source": "default"}
+    text = _invoke(["config"])
+    assert text.exit_code == 0
+    assert "no task configured" in text.output
+
+
+def test_config_text_output_names_values_and_sources(project: Path) -> None:
+    result = CliRunner().invoke(app, ["config"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "task encode" in result.output
+    assert "conductor.toml:5 [worker]" in result.output
+    assert "default (hostname)" in result.output
+
+
+@pytest.mark.parametrize(
+    ("file_text", "env", "expected"),
+    [
+        ("[worker]\nkill_grace = -1\n", {}, "invalid kill_grace = -1 (from conductor.toml:2 [worker])"),
+        ("[worker]\nkill_gace = 1\n", {}, "did you mean kill_grace?"),
+        ("[worker\n", {}, "not valid TOML"),
+        ("", {"CONDUCTOR_WORKER_ALL_PAUSED": "maybe"}, "CONDUCTOR_WORKER_ALL_PAUSED"),
+    ],
+)
+def test_invalid_config_exits_3_with_one_line_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_text: str, env: dict[str, str], expected: str
+) -> None:
+    (tmp_path / "conductor.toml").write_text(file_text + '[[task]]\ntype = "t"\nshell = "true"\n', "utf-8")
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(["config"], env)
+    assert result.exit_code == exitcodes.CONFIG
+    assert expected in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_missing_config_file_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(["config", "--config", "absent.toml"])
+    assert result.exit_code == exitcodes.CONFIG
+    assert "absent.toml (from --config) not found" in result.output
