@@ -1,0 +1,496 @@
+"""The lease of one task as a pure state machine: (state, event, now) -> actions.
+
+Owns every timing decision about a polled task: when to heartbeat, when to retry, when to check
+ownership, when to fence (terminate, then kill, the child's tree) and why. It performs no I/O, starts no
+thread and never reads a clock: every event carries ``now`` (monotonic seconds) and the caller (the
+``heartbeat`` engine, or a test with a ``FakeClock``) carries out the returned actions and calls
+``on_tick(now)`` at ``next_wakeup()``.
+
+Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
+
+* Heartbeats are sent every ``heartbeat_ratio * min(R, heartbeat_timeout)`` counted from the *send*
+  time of the newest acknowledged heartbeat (or of the poll); none when that interval is under
+  ``min_heartbeat_interval_seconds`` or lease extension is off. A failed beat is retried after the
+  ``retry_backoff`` delays (1 s, 1.5 s, 2 s, 2 s, ...) for as long as the lease lasts.
+* Lease deadline = send time of the newest ack (or the poll) + ``heartbeat_timeout`` (default R, the
+  moment the server may time the task out and hand it to someone else). **With lease extension off the
+  deadline is still enforced** at poll + heartbeat_timeout: the server times the task out at R anyway,
+  so a child still running after that may run next to its retry.
+* An HTTP attempt never outlives the lease: its timeout is ``min(http cap, deadline - now)`` and no
+  attempt starts with less than ``min_attempt_seconds`` left.
+* Fencing at the deadline is unconditional. An ack *processed* after the deadline is recorded but does
+  not cancel the fence, even if its beat was sent in time: by then the server may already have timed
+  the task out. So the tree is never fenced while the lease is confirmed (deadline in the future), and
+  is terminated at the deadline and killed at deadline + ``kill_grace_seconds`` if it still lives.
+  An expired lease stays expired (no more beats or checks), also after the child has exited.
+* Ownership is checked every ``ownership_check_interval_seconds`` (and right after the first failed beat
+  of a streak); a terminal status or a 404 (also a 404 on a heartbeat) fences with OWNERSHIP_LOST at
+  once, and that reason means: report nothing. A failed check changes nothing; the next one follows.
+* ``hard_timeout_seconds`` (the task's ``timeoutSeconds``) counts from the poll and cannot be extended;
+  ``exec_timeout_seconds`` counts from ``on_child_started`` (from the poll if that never comes).
+* After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
+  ``on_reported`` (the final update may need retries). After ``on_reported`` no action is ever returned.
+* R = 0 (no response timeout) with no explicit heartbeat timeout means no lease deadline at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from leasecore.backoff import Backoff
+from leasecore.errors import ConfigError
+from leasecore.models import Task, TaskStatus
+
+__all__ = [
+    "Action",
+    "CheckOwnership",
+    "FenceAction",
+    "FenceReason",
+    "KillTree",
+    "Lease",
+    "LeasePolicy",
+    "LeaseState",
+    "LeaseView",
+    "SendHeartbeat",
+    "TerminateTree",
+]
+
+_NEVER = math.inf
+
+# Failed heartbeats are retried after 1 s, 1.5 s, 2 s, then every 2 s (each up to 10 % sooner).
+HEARTBEAT_RETRY_BACKOFF = Backoff(initial_seconds=1.0, multiplier=1.5, max_seconds=2.0, jitter_ratio=0.1)
+
+
+class FenceReason(StrEnum):
+    """Why the child's tree was (or is being) stopped; tells the runner how to report."""
+
+    SHUTDOWN = "shutdown"
+    LEASE_EXPIRED = "lease_expired"
+    OWNERSHIP_LOST = "ownership_lost"
+    HARD_TIMEOUT = "hard_timeout"
+    EXEC_TIMEOUT = "exec_timeout"
+
+
+# After these fences the lease is worthless: no more heartbeats or ownership checks.
+_FINAL_FENCES = frozenset({FenceReason.OWNERSHIP_LOST, FenceReason.LEASE_EXPIRED})
+
+
+class LeaseState(StrEnum):
+    """Where a lease is in its life, for the status display."""
+
+    RUNNING = "running"
+    TERMINATING = "terminating"
+    KILLING = "killing"
+    REPORTING = "reporting"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class SendHeartbeat:
+    """Send one extendLease; ``expires_at`` is the lease deadline the attempt must not outlive."""
+
+    timeout_seconds: float
+    due_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class CheckOwnership:
+    """Read the task's status from the server (GET /api/tasks/{id})."""
+
+    timeout_seconds: float
+    due_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class TerminateTree:
+    """Send TERM to the child's whole tree."""
+
+    reason: FenceReason
+
+
+@dataclass(frozen=True)
+class KillTree:
+    """Send KILL to the child's whole tree."""
+
+    reason: FenceReason
+
+
+Action = SendHeartbeat | CheckOwnership | TerminateTree | KillTree
+FenceAction = TerminateTree | KillTree
+
+
+def _positive_or_zero(name: str, value: float) -> None:
+    if not value >= 0:  # also rejects NaN
+        raise ConfigError(f"{name} must be >= 0 seconds, got {value}", key=name)
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """Every number that drives one task's lease (all durations in seconds; 0 = none)."""
+
+    response_timeout_seconds: float
+    heartbeat_timeout_seconds: float | None = None  # None: the task's R
+    lease_extend_enabled: bool = True
+    heartbeat_ratio: float = 0.8
+    min_heartbeat_interval_seconds: float = 1.0
+    retry_backoff: Backoff = HEARTBEAT_RETRY_BACKOFF
+    ownership_check_interval_seconds: float = 5.0  # 0: never check
+    kill_grace_seconds: float = 10.0
+    hard_timeout_seconds: float = 0.0
+    exec_timeout_seconds: float = 0.0
+    http_timeout_seconds: float = 10.0
+    min_attempt_seconds: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in (
+            "response_timeout_seconds", "min_heartbeat_interval_seconds",
+            "ownership_check_interval_seconds", "kill_grace_seconds", "hard_timeout_seconds",
+            "exec_timeout_seconds", "min_attempt_seconds",
+        ):  # fmt: skip
+            _positive_or_zero(name, getattr(self, name))
+        if self.heartbeat_timeout_seconds is not None:
+            _positive_or_zero("heartbeat_timeout_seconds", self.heartbeat_timeout_seconds)
+        if not 0 < self.heartbeat_ratio <= 1:
+            raise ConfigError(f"heartbeat_ratio must be in (0, 1], got {self.heartbeat_ratio}")
+        if not self.http_timeout_seconds > 0:
+            raise ConfigError(f"http_timeout_seconds must be > 0, got {self.http_timeout_seconds}")
+
+    @classmethod
+    def from_task(
+        cls,
+        task: Task,
+        *,
+        heartbeat_timeout_seconds: float | None = None,
+        lease_extend_enabled: bool = True,
+        kill_grace_seconds: float = 10.0,
+        exec_timeout_seconds: float = 0.0,
+        ownership_check_interval_seconds: float = 5.0,
+        http_timeout_seconds: float = 10.0,
+    ) -> LeasePolicy:
+        """The policy for a polled task: R and the hard ceiling from the task, the rest from config."""
+        return cls(
+            response_timeout_seconds=task.response_timeout_seconds,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+            lease_extend_enabled=lease_extend_enabled,
+            kill_grace_seconds=kill_grace_seconds,
+            hard_timeout_seconds=task.timeout_seconds,
+            exec_timeout_seconds=exec_timeout_seconds,
+            ownership_check_interval_seconds=ownership_check_interval_seconds,
+            http_timeout_seconds=http_timeout_seconds,
+        )
+
+    @property
+    def lease_timeout_seconds(self) -> float:
+        """How long an ack (or the poll) keeps the lease; 0 = no lease deadline."""
+        if self.heartbeat_timeout_seconds is not None:
+            return self.heartbeat_timeout_seconds
+        return self.response_timeout_seconds
+
+    @property
+    def heartbeat_interval_seconds(self) -> float | None:
+        """Seconds from an acked beat's send time to the next beat; None: no heartbeats."""
+        if not self.lease_extend_enabled or self.response_timeout_seconds <= 0:
+            return None
+        window = self.response_timeout_seconds
+        if 0 < self.lease_timeout_seconds < window:
+            window = self.lease_timeout_seconds  # beat before our own (shorter) fence, too
+        interval = self.heartbeat_ratio * window
+        return interval if interval >= self.min_heartbeat_interval_seconds else None
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """A snapshot of one lease for the status display (monotonic seconds; None = not applicable)."""
+
+    polled_at: float
+    last_ack_at: float | None
+    next_heartbeat_at: float | None
+    lease_deadline: float | None
+    hard_deadline: float | None
+    exec_deadline: float | None
+    consecutive_failures: int
+    heartbeat_in_flight: bool
+    state: LeaseState
+    fence_reason: FenceReason | None
+
+
+def _finite(value: float) -> float | None:
+    return value if value != _NEVER else None
+
+
+def _no_jitter() -> float:
+    return 0.0
+
+
+class Lease:
+    """The lease of one task, from its poll to its final report. Not thread-safe."""
+
+    def __init__(self, policy: LeasePolicy, polled_at: float, *, random: Callable[[], float] = _no_jitter):
+        self.policy = policy
+        self._random = random
+        self._interval = policy.heartbeat_interval_seconds
+        self._polled_at = self._now = polled_at
+        self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
+        self._last_ack_at: float | None = None
+        self._failures = 0
+        self._beat_in_flight = self._check_in_flight = False
+        self._next_beat_at = polled_at + self._interval if self._interval else _NEVER
+        check_every = policy.ownership_check_interval_seconds
+        self._next_check_at = polled_at + check_every if check_every > 0 else _NEVER
+        self._exec_started_at: float | None = None
+        self._shutdown_at = self._kill_at = _NEVER
+        self._fence_reason: FenceReason | None = None
+        self._killed = self._child_exited = self._reported = False
+        self._expired = False  # the deadline passed once: no ack processed later revives the lease
+
+    # ----- derived times -------------------------------------------------------------------------
+
+    @property
+    def lease_deadline(self) -> float:
+        """When the lease ends unless a newer ack arrives (inf: never)."""
+        timeout = self.policy.lease_timeout_seconds
+        return self._acked_sent_at + timeout if timeout > 0 else _NEVER
+
+    def _hard_deadline(self) -> float:
+        hard = self.policy.hard_timeout_seconds
+        return self._polled_at + hard if hard > 0 else _NEVER
+
+    def _exec_deadline(self) -> float:
+        limit = self.policy.exec_timeout_seconds
+        started = self._polled_at if self._exec_started_at is None else self._exec_started_at
+        return started + limit if limit > 0 else _NEVER
+
+    def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:
+        """When an attempt planned for ``planned`` may start, or None if it may not."""
+        if self._reported or in_flight or self._expired or self._fence_reason in _FINAL_FENCES:
+            return None
+        if planned == _NEVER:
+            return None
+        start = max(planned, self._now)
+        return planned if start <= self.lease_deadline - self.policy.min_attempt_seconds else None
+
+    def _beat_due_at(self) -> float | None:
+        return self._attempt_due_at(self._next_beat_at, self._beat_in_flight)
+
+    def _check_due_at(self) -> float | None:
+        if self._child_exited:
+            return None
+        return self._attempt_due_at(self._next_check_at, self._check_in_flight)
+
+    def _attempt_timeout(self, now: float) -> float:
+        return min(self.policy.http_timeout_seconds, self.lease_deadline - now)
+
+    # ----- queries -------------------------------------------------------------------------------
+
+    @property
+    def fence_reason(self) -> FenceReason | None:
+        """Why the tree was fenced (None: it was not); OWNERSHIP_LOST means report nothing."""
+        return self._fence_reason
+
+    @property
+    def state(self) -> LeaseState:
+        """running / terminating / killing / reporting / done."""
+        if self._reported:
+            return LeaseState.DONE
+        if self._child_exited:
+            return LeaseState.REPORTING
+        if self._killed:
+            return LeaseState.KILLING
+        return LeaseState.RUNNING if self._fence_reason is None else LeaseState.TERMINATING
+
+    def next_wakeup(self) -> float | None:
+        """When ``on_tick`` must next be called (None: only events can change anything)."""
+        if self._reported:
+            return None
+        times = [self._beat_due_at(), self._check_due_at()]
+        if not self._child_exited:
+            if self._fence_reason is None:
+                times += [self.lease_deadline, self._hard_deadline(), self._exec_deadline()]
+                times.append(self._shutdown_at)
+            elif not self._killed:
+                times.append(self._kill_at)
+        finite = [t for t in times if t is not None and t != _NEVER]
+        return min(finite) if finite else None
+
+    def view(self) -> LeaseView:
+        """A frozen snapshot for display."""
+        beat = self._beat_due_at()
+        return LeaseView(
+            polled_at=self._polled_at,
+            last_ack_at=self._last_ack_at,
+            next_heartbeat_at=beat,
+            lease_deadline=_finite(self.lease_deadline),
+            hard_deadline=_finite(self._hard_deadline()),
+            exec_deadline=_finite(self._exec_deadline()),
+            consecutive_failures=self._failures,
+            heartbeat_in_flight=self._beat_in_flight,
+            state=self.state,
+            fence_reason=self._fence_reason,
+        )
+
+    # ----- events --------------------------------------------------------------------------------
+
+    def on_tick(self, now: float) -> list[Action]:
+        """Time has reached ``now``: do whatever has come due."""
+        return self._advance(self._enter(now))
+
+    def on_heartbeat_ok(self, now: float, sent_at: float) -> list[Action]:
+        """The beat sent at ``sent_at`` was acknowledged."""
+        now = self._enter(now)
+        actions = self._advance(now)  # first: an ack processed after the deadline never un-fences
+        self._beat_in_flight = False
+        self._failures = 0
+        self._record_ack(min(sent_at, now))
+        return actions + self._advance(now)
+
+    def on_heartbeat_failed(self, now: float) -> list[Action]:
+        """The beat in flight failed (network, timeout, 5xx, other 4xx) or could not be started."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._beat_in_flight = False
+        self._failures += 1
+        self._next_beat_at = now + self.policy.retry_backoff.delay(self._failures, self._random())
+        if self._failures == 1 and self._next_check_at != _NEVER:
+            self._next_check_at = min(self._next_check_at, now)  # is the task still ours at all?
+        return actions + self._advance(now)
+
+    def on_heartbeat_not_found(self, now: float) -> list[Action]:
+        """The server answered 404 to a beat: the task (or its workflow) is gone."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._beat_in_flight = False
+        return actions + self._fence(now, FenceReason.OWNERSHIP_LOST) + self._advance(now)
+
+    def on_ownership(self, now: float, status: TaskStatus | None) -> list[Action]:
+        """An ownership check answered ``status`` (None: 404)."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._check_in_flight = False
+        self._next_check_at = now + self.policy.ownership_check_interval_seconds
+        if status is None or status.is_terminal:
+            actions += self._fence(now, FenceReason.OWNERSHIP_LOST)
+        return actions + self._advance(now)
+
+    def on_ownership_check_failed(self, now: float) -> list[Action]:
+        """An ownership check could not be answered; try again at the next interval."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._check_in_flight = False
+        self._next_check_at = now + self.policy.ownership_check_interval_seconds
+        return actions + self._advance(now)
+
+    def on_redelivered(self, now: float, polled_at: float) -> list[Action]:
+        """The same task was polled again: the poll reset the server's updateTime, like an ack."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._record_ack(min(polled_at, now))
+        return actions + self._advance(now)
+
+    def on_child_started(self, now: float) -> list[Action]:
+        """The child is running: the exec timeout counts from here."""
+        now = self._enter(now)
+        if self._exec_started_at is None:
+            self._exec_started_at = now
+        return self._advance(now)
+
+    def on_child_exited(self, now: float) -> list[Action]:
+        """The child is gone: no more fencing; keep beating until the result is reported."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._child_exited = True
+        return actions
+
+    def on_reported(self, now: float) -> list[Action]:
+        """The final update was acknowledged: this lease is over, no action ever again."""
+        self._enter(now)
+        self._reported = True
+        return []
+
+    def on_shutdown(self, now: float, drain_deadline: float | None = None) -> list[Action]:
+        """Fence for SHUTDOWN now, or (draining, still beating) at ``drain_deadline``."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        self._shutdown_at = min(self._shutdown_at, now if drain_deadline is None else drain_deadline)
+        return actions + self._advance(now)
+
+    def on_force_shutdown(self, now: float) -> list[Action]:
+        """A second signal: kill the tree now."""
+        now = self._enter(now)
+        actions = self._advance(now)
+        if self._child_exited or self._reported or self._killed:
+            return actions
+        if self._fence_reason is None:
+            self._fence_reason = FenceReason.SHUTDOWN
+        self._killed = True
+        return [*actions, KillTree(self._fence_reason)]
+
+    # ----- internals -----------------------------------------------------------------------------
+
+    def _enter(self, now: float) -> float:
+        # Events reach us from several threads; never let time run backwards inside the lease.
+        self._now = max(self._now, now)
+        return self._now
+
+    def _record_ack(self, sent_at: float) -> None:
+        self._acked_sent_at = max(self._acked_sent_at, sent_at)
+        self._last_ack_at = sent_at if self._last_ack_at is None else max(self._last_ack_at, sent_at)
+        if self._interval is not None:
+            self._next_beat_at = self._acked_sent_at + self._interval
+
+    def _fence(self, at: float, reason: FenceReason) -> list[Action]:
+        if self._reported:
+            return []
+        if self._fence_reason is not None or self._child_exited:
+            if reason is FenceReason.OWNERSHIP_LOST:
+                self._fence_reason = reason  # whatever was under way: now report nothing
+            return []
+        self._fence_reason = reason
+        # Counted from the deadline itself, so a late tick cannot push the KILL past deadline + grace.
+        self._kill_at = at + self.policy.kill_grace_seconds
+        return [TerminateTree(reason)]
+
+    def _due_fence(self, now: float) -> tuple[float, FenceReason] | None:
+        due = [
+            (deadline, order, reason)
+            for order, (deadline, reason) in enumerate(
+                [
+                    (self.lease_deadline, FenceReason.LEASE_EXPIRED),
+                    (self._hard_deadline(), FenceReason.HARD_TIMEOUT),
+                    (self._exec_deadline(), FenceReason.EXEC_TIMEOUT),
+                    (self._shutdown_at, FenceReason.SHUTDOWN),
+                ]
+            )
+            if deadline <= now
+        ]
+        if not due:
+            return None
+        deadline, _, reason = min(due)
+        return deadline, reason
+
+    def _advance(self, now: float) -> list[Action]:
+        if self._reported:
+            return []
+        actions: list[Action] = []
+        if now >= self.lease_deadline:
+            self._expired = True
+        if not self._child_exited:
+            due = self._due_fence(now) if self._fence_reason is None else None
+            if due is not None:
+                actions += self._fence(*due)
+            if self._fence_reason is not None and not self._killed and now >= self._kill_at:
+                self._killed = True
+                actions.append(KillTree(self._fence_reason))
+        beat_due = self._beat_due_at()
+        if beat_due is not None and beat_due <= now:
+            self._beat_in_flight = True
+            actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self.lease_deadline))
+        check_due = self._check_due_at()
+        if check_due is not None and check_due <= now:
+            self._check_in_flight = True
+            actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self.lease_deadline))
+        return actions

@@ -1,0 +1,671 @@
+"""The pure lease state machine, driven by a FakeClock and scripted events (no threads, no sleeps)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leasecore.backoff import Backoff
+from leasecore.clock import FakeClock
+from leasecore.errors import ConfigError
+from leasecore.lease import (
+    Action,
+    CheckOwnership,
+    FenceReason,
+    KillTree,
+    Lease,
+    LeasePolicy,
+    LeaseState,
+    SendHeartbeat,
+    TerminateTree,
+)
+from leasecore.models import Task, TaskStatus
+
+T0 = 1000.0  # FakeClock's start; the poll happens here
+
+
+def policy(r: float = 10.0, **overrides: object) -> LeasePolicy:
+    """R=10 s (beats every 8 s), grace 10 s; ownership checks off unless a test turns them on."""
+    values: dict[str, object] = {"ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 10.0}
+    values.update(overrides)
+    return LeasePolicy(response_timeout_seconds=r, **values)  # type: ignore[arg-type]
+
+
+class Harness:
+    """A lease with a perfect timer: ``run_until`` ticks it exactly at each ``next_wakeup``."""
+
+    def __init__(self, lease_policy: LeasePolicy) -> None:
+        self.clock = FakeClock(start=T0)
+        self.lease = Lease(lease_policy, polled_at=T0)
+        self.log: list[tuple[float, Action]] = []
+
+    @property
+    def now(self) -> float:
+        return self.clock.monotonic()
+
+    def run_until(self, until: float) -> list[tuple[float, Action]]:
+        start = len(self.log)
+        while (wake := self.lease.next_wakeup()) is not None and wake <= until:
+            self.clock.advance(max(0.0, wake - self.now))
+            actions = self.lease.on_tick(self.now)
+            if not actions and self.lease.next_wakeup() == wake:
+                raise AssertionError(f"busy loop: wake-up {wake} produced nothing")
+            self.record(actions)
+        self.clock.advance(max(0.0, until - self.now))
+        return self.log[start:]
+
+    def record(self, actions: list[Action]) -> list[Action]:
+        self.log += [(self.now, action) for action in actions]
+        return actions
+
+    def at(self, t: float) -> float:
+        """Run to T0 + t and return that time."""
+        self.run_until(T0 + t)
+        return self.now
+
+    def beats(self) -> list[tuple[float, SendHeartbeat]]:
+        return [(t, a) for t, a in self.log if isinstance(a, SendHeartbeat)]
+
+    def fences(self) -> list[tuple[float, Action]]:
+        return [(t, a) for t, a in self.log if isinstance(a, TerminateTree | KillTree)]
+
+
+# ----- policy ------------------------------------------------------------------------------------
+
+
+def test_policy_from_task_takes_r_and_the_hard_ceiling_from_the_task() -> None:
+    # Given a polled task with R=30 and timeoutSeconds=600
+    task = Task(
+        task_id="t1", workflow_id="w1", task_type="x", response_timeout_seconds=30, timeout_seconds=600
+    )
+    # When the policy is derived with defaults
+    p = LeasePolicy.from_task(task, kill_grace_seconds=3.0, exec_timeout_seconds=60.0)
+    # Then R, the hard ceiling and the overrides are in it, and the heartbeat timeout defaults to R
+    assert (p.response_timeout_seconds, p.hard_timeout_seconds, p.exec_timeout_seconds) == (30, 600, 60.0)
+    assert p.kill_grace_seconds == 3.0
+    assert p.lease_timeout_seconds == 30
+    assert p.heartbeat_interval_seconds == pytest.approx(24.0)
+    assert p.ownership_check_interval_seconds == 5.0
+    assert p.http_timeout_seconds == 10.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "interval"),
+    [
+        ({"r": 10.0}, 8.0),
+        ({"r": 1.25}, 1.0),  # exactly the 1 s minimum: still beats
+        ({"r": 1.0}, None),  # 0.8 s < 1 s: no heartbeats at all
+        ({"r": 10.0, "lease_extend_enabled": False}, None),
+        ({"r": 0.0}, None),  # no response timeout: nothing to extend
+        ({"r": 10.0, "heartbeat_timeout_seconds": 5.0}, 4.0),  # beat before our own, shorter fence
+        ({"r": 10.0, "heartbeat_timeout_seconds": 60.0}, 8.0),  # the server still needs a beat per R
+    ],
+)
+def test_heartbeat_interval_is_0_8_of_the_shorter_window_and_at_least_1_second(
+    kwargs: dict[str, object], interval: float | None
+) -> None:
+    got = policy(**kwargs).heartbeat_interval_seconds  # type: ignore[arg-type]
+    assert got == (pytest.approx(interval) if interval is not None else None)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kill_grace_seconds": -1.0},
+        {"heartbeat_timeout_seconds": -1.0},
+        {"heartbeat_ratio": 0.0},
+        {"heartbeat_ratio": 1.5},
+        {"http_timeout_seconds": 0.0},
+        {"hard_timeout_seconds": float("nan")},
+    ],
+)
+def test_invalid_policies_are_config_errors(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        policy(**bad)
+
+
+# ----- heartbeats --------------------------------------------------------------------------------
+
+
+def test_first_heartbeat_is_due_at_0_8_r_after_the_poll_with_its_timeout_capped() -> None:
+    # Given R=100 s (lease ends at poll+100, beat at poll+80) and an HTTP cap of 10 s
+    h = Harness(policy(r=100.0))
+    # When time reaches poll + 80
+    actions = h.run_until(T0 + 80)
+    # Then exactly one heartbeat went out, on time, with the 10 s cap as its timeout
+    assert actions == [(T0 + 80, SendHeartbeat(timeout_seconds=10.0, due_at=T0 + 80, expires_at=T0 + 100))]
+
+
+def test_heartbeat_timeout_never_exceeds_the_time_left_on_the_lease() -> None:
+    # Given R=10 s: the beat at poll+8 has only 2 s of lease left
+    h = Harness(policy(r=10.0))
+    # When it is sent
+    [(_, beat)] = h.run_until(T0 + 8)
+    # Then its timeout is those 2 s, not the 10 s cap
+    assert isinstance(beat, SendHeartbeat)
+    assert beat.timeout_seconds == pytest.approx(2.0)
+
+
+def test_next_heartbeat_counts_from_the_send_time_of_the_acknowledged_one() -> None:
+    # Given a beat sent at poll+8 whose ack arrives 1.5 s later
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    sent_at = h.now
+    h.clock.advance(1.5)
+    h.lease.on_heartbeat_ok(h.now, sent_at)
+    # When time runs on to poll+16
+    actions = h.run_until(T0 + 16)
+    # Then the next beat is due 8 s after the SEND time (poll+16), not after the ack (poll+17.5)
+    assert [t for t, a in actions if isinstance(a, SendHeartbeat)] == [T0 + 16]
+    assert h.lease.lease_deadline == pytest.approx(T0 + 18)
+
+
+def test_a_task_never_has_two_heartbeats_in_flight() -> None:
+    # Given a beat in flight that never answers (its timeout is bounded, but the engine is slow)
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    # When time runs on to the lease deadline
+    h.at(10)
+    # Then no second beat was started, and the lease fenced at its deadline
+    assert len(h.beats()) == 1
+    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+
+
+def test_failed_heartbeats_are_retried_after_1_then_1_5_then_2_seconds_until_the_deadline() -> None:
+    # Given R=20 (beat at 16, lease ends at 20) and every beat failing at once
+    h = Harness(policy(r=20.0))
+    while h.now < T0 + 30:
+        actions = h.run_until(min(h.lease.next_wakeup() or T0 + 30, T0 + 30))
+        for t, action in actions:
+            if isinstance(action, SendHeartbeat):
+                h.record(h.lease.on_heartbeat_failed(t))
+    # Then attempts went out at 16, 17, 18.5 (each with its timeout bounded by the time left) and none
+    # later: a retry at 20.5 would be past the deadline, where the tree was terminated instead
+    assert [round(t - T0, 3) for t, _ in h.beats()] == [16.0, 17.0, 18.5]
+    assert [round(b.timeout_seconds, 3) for _, b in h.beats()] == [4.0, 3.0, 1.5]
+    assert h.fences() == [
+        (T0 + 20, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 30, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
+    assert h.lease.view().consecutive_failures == 3
+
+
+def test_retries_continue_every_2_seconds_while_the_lease_lasts() -> None:
+    # Given R=100 s and a server outage from the first beat on
+    h = Harness(policy(r=100.0))
+    h.at(80)
+    for _ in range(8):
+        h.record(h.lease.on_heartbeat_failed(h.now))
+        h.run_until(h.lease.next_wakeup() or h.now)
+    # Then the gaps between attempts are 1, 1.5, then 2 s each
+    times = [t for t, _ in h.beats()]
+    assert [round(b - a, 3) for a, b in itertools.pairwise(times)] == [1.0, 1.5] + [2.0] * 6
+
+
+def test_no_attempt_starts_with_less_than_the_minimum_time_left() -> None:
+    # Given a lease with 10 s left and a failing beat whose retry would start with 0.05 s left
+    h = Harness(policy(r=10.0, retry_backoff=Backoff(initial_seconds=1.95, multiplier=1.0, max_seconds=1.95)))
+    h.at(8)
+    h.record(h.lease.on_heartbeat_failed(h.now))
+    # When time runs to the deadline
+    h.at(10)
+    # Then the retry at 9.95 (0.05 s left) was never started
+    assert [t for t, _ in h.beats()] == [T0 + 8]
+    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+
+
+def test_a_404_on_a_heartbeat_fences_at_once_and_kills_after_the_grace() -> None:
+    # Given a beat in flight
+    h = Harness(policy(r=10.0, kill_grace_seconds=3.0))
+    h.at(8)
+    # When the server answers 404
+    h.clock.advance(0.2)
+    actions = h.record(h.lease.on_heartbeat_not_found(h.now))
+    # Then the tree is terminated at once for OWNERSHIP_LOST, killed 3 s later, and no beat follows
+    assert actions == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
+    h.at(60)
+    assert h.fences() == [
+        (T0 + 8.2, TerminateTree(FenceReason.OWNERSHIP_LOST)),
+        (T0 + 11.2, KillTree(FenceReason.OWNERSHIP_LOST)),
+    ]
+    assert len(h.beats()) == 1
+    assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
+
+
+def test_an_older_ack_never_moves_the_lease_backwards() -> None:
+    # Given a lease whose newest ack is for a beat sent at poll+8
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    h.lease.on_heartbeat_ok(h.now, T0 + 8)
+    # When an ack for an older beat (sent at poll+3) arrives afterwards
+    h.lease.on_heartbeat_ok(h.now, T0 + 3)
+    # Then the deadline and the next beat still count from poll+8
+    assert h.lease.lease_deadline == T0 + 18
+    assert h.lease.view().next_heartbeat_at == T0 + 16
+
+
+def test_an_ack_before_the_deadline_extends_the_lease_and_nothing_is_fenced() -> None:
+    # Given a beat sent at poll+8 that hangs until just before the deadline
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    h.clock.advance(1.99)
+    # When its ack arrives at poll+9.99
+    h.record(h.lease.on_heartbeat_ok(h.now, T0 + 8))
+    h.at(17.9)
+    # Then the lease now ends at poll+18 and the tree was never touched
+    assert h.fences() == []
+    assert h.lease.state is LeaseState.RUNNING
+
+
+def test_an_ack_processed_after_the_deadline_does_not_cancel_the_fence() -> None:
+    # Given a beat sent in time (poll+8) whose ack is only processed after the deadline (poll+10.3)
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
+    h.at(8)
+    h.clock.advance(2.3)
+    # When the late ack is fed in before any tick at the deadline
+    actions = h.record(h.lease.on_heartbeat_ok(h.now, T0 + 8))
+    # Then the deadline passed first: TerminateTree now, KillTree at deadline + grace, no more beats
+    assert actions == [TerminateTree(FenceReason.LEASE_EXPIRED)]
+    h.at(30)
+    assert h.fences()[-1] == (T0 + 12, KillTree(FenceReason.LEASE_EXPIRED))
+    assert len(h.beats()) == 1
+    assert h.lease.view().last_ack_at == T0 + 8  # recorded for display all the same
+
+
+def test_the_kill_is_never_later_than_deadline_plus_grace_even_after_a_late_tick() -> None:
+    # Given a lease that expires at poll+10, with a 5 s grace
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=5.0))
+    # When the first tick after the deadline only comes at poll+13 (a slow timer thread)
+    h.clock.advance(13)
+    h.record(h.lease.on_tick(h.now))
+    h.at(30)
+    # Then the KILL still lands at poll+15
+    assert h.fences() == [
+        (T0 + 13, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 15, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
+
+
+def test_with_lease_extension_disabled_no_beats_but_the_deadline_is_still_enforced() -> None:
+    # Given --no-lease-extend and R=10: the server will time the task out at poll+10 anyway
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=1.0))
+    # When time passes the deadline
+    h.at(20)
+    # Then no heartbeat was sent and the tree was fenced at poll+10, killed at poll+11
+    assert h.beats() == []
+    assert h.fences() == [
+        (T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 11, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
+
+
+def test_without_a_response_timeout_there_is_no_lease_deadline() -> None:
+    # Given R=0 (the server never response-times this task out) and no explicit heartbeat timeout
+    h = Harness(policy(r=0.0))
+    # Then nothing is ever due
+    assert h.lease.next_wakeup() is None
+    assert h.lease.view().lease_deadline is None
+
+
+def test_a_redelivered_poll_extends_the_lease_like_an_ack() -> None:
+    # Given a running lease (deadline poll+10) that is delivered again at poll+5
+    h = Harness(policy(r=10.0))
+    h.at(5)
+    h.lease.on_redelivered(h.now, T0 + 5)
+    # Then the poll counts as an ack: deadline poll+15, next beat poll+13
+    assert h.lease.lease_deadline == T0 + 15
+    assert h.lease.view().next_heartbeat_at == T0 + 13
+
+
+# ----- ownership ---------------------------------------------------------------------------------
+
+
+def test_ownership_is_checked_every_interval_and_in_progress_changes_nothing() -> None:
+    # Given checks every 5 s and a lease kept alive by acks
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    # When each check answers IN_PROGRESS at once
+    for _ in range(3):
+        h.run_until(h.lease.next_wakeup() or h.now)
+        h.record(h.lease.on_ownership(h.now, TaskStatus.IN_PROGRESS))
+    # Then checks went out at 5, 10, 15 and the tree was not touched
+    checks = [(t, a) for t, a in h.log if isinstance(a, CheckOwnership)]
+    assert [t - T0 for t, _ in checks] == [5.0, 10.0, 15.0]
+    assert h.fences() == []
+
+
+@pytest.mark.parametrize(
+    "status", [TaskStatus.CANCELED, TaskStatus.TIMED_OUT, TaskStatus.COMPLETED, TaskStatus.FAILED, None]
+)
+def test_a_terminal_status_or_404_fences_for_ownership_lost_at_once(status: TaskStatus | None) -> None:
+    # Given a check in flight
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, kill_grace_seconds=2.0))
+    h.at(5)
+    # When it answers a terminal status (None = 404)
+    actions = h.lease.on_ownership(h.now, status)
+    # Then TERM at once, KILL after the grace, and the runner is told to report nothing
+    assert actions == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
+    assert h.lease.on_tick(T0 + 7) == [KillTree(FenceReason.OWNERSHIP_LOST)]
+    assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
+
+
+def test_a_failed_ownership_check_changes_nothing_and_is_retried_at_the_next_interval() -> None:
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    h.at(5)
+    # When the check fails (network)
+    assert h.lease.on_ownership_check_failed(h.now) == []
+    # Then the next check follows 5 s later and nothing was fenced
+    actions = h.run_until(T0 + 10)
+    assert [a for _, a in actions] == [
+        CheckOwnership(timeout_seconds=10.0, due_at=T0 + 10, expires_at=T0 + 100)
+    ]
+    assert h.lease.state is LeaseState.RUNNING
+
+
+def test_the_first_failed_heartbeat_brings_an_ownership_check_forward() -> None:
+    # Given checks every 30 s and a beat failing at poll+8
+    h = Harness(policy(r=10.0, ownership_check_interval_seconds=30.0))
+    h.at(8)
+    actions = h.lease.on_heartbeat_failed(h.now)
+    # Then a check goes out at once (is the task still ours at all?)
+    assert [type(a) for a in actions] == [CheckOwnership]
+
+
+def test_ownership_lost_overrides_a_shutdown_already_under_way() -> None:
+    # Given a tree being terminated for SHUTDOWN
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    assert h.lease.on_shutdown(h.now) == [TerminateTree(FenceReason.SHUTDOWN)]
+    # When an ownership check then says CANCELED
+    h.at(5)
+    actions = h.lease.on_ownership(h.now, TaskStatus.CANCELED)
+    # Then no second TERM is sent, but the runner must now report nothing
+    assert actions == []
+    assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
+
+
+# ----- hard and exec timeouts ----------------------------------------------------------------------
+
+
+def test_the_hard_timeout_counts_from_the_poll_and_heartbeats_cannot_extend_it() -> None:
+    # Given timeoutSeconds=20, R=10, and every beat acknowledged at once
+    h = Harness(policy(r=10.0, hard_timeout_seconds=20.0, kill_grace_seconds=1.0))
+    while h.now < T0 + 25:
+        for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 25, T0 + 25)):
+            if isinstance(action, SendHeartbeat):
+                h.record(h.lease.on_heartbeat_ok(t, t))
+    # Then the tree is fenced at poll+20 for HARD_TIMEOUT although the lease was fine
+    assert h.fences() == [
+        (T0 + 20, TerminateTree(FenceReason.HARD_TIMEOUT)),
+        (T0 + 21, KillTree(FenceReason.HARD_TIMEOUT)),
+    ]
+    assert h.lease.view().hard_deadline == T0 + 20
+
+
+def test_the_exec_timeout_counts_from_the_child_start() -> None:
+    # Given an exec timeout of 30 s and a child started 2 s after the poll
+    h = Harness(policy(r=100.0, exec_timeout_seconds=30.0))
+    h.at(2)
+    h.lease.on_child_started(h.now)
+    # When time passes
+    h.at(40)
+    # Then it is fenced at poll+32
+    assert h.fences()[0] == (T0 + 32, TerminateTree(FenceReason.EXEC_TIMEOUT))
+
+
+def test_the_exec_timeout_counts_from_the_poll_when_no_child_start_is_reported() -> None:
+    h = Harness(policy(r=100.0, exec_timeout_seconds=30.0))
+    h.at(40)
+    assert h.fences()[0] == (T0 + 30, TerminateTree(FenceReason.EXEC_TIMEOUT))
+
+
+def test_when_two_deadlines_coincide_the_lease_expiry_wins() -> None:
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, hard_timeout_seconds=10.0))
+    h.at(10)
+    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+
+
+# ----- shutdown ----------------------------------------------------------------------------------
+
+
+def test_shutdown_terminates_now_and_heartbeats_continue_until_reported() -> None:
+    # Given a running task and a shutdown at poll+3
+    h = Harness(policy(r=10.0, kill_grace_seconds=10.0))
+    h.at(3)
+    assert h.record(h.lease.on_shutdown(h.now)) == [TerminateTree(FenceReason.SHUTDOWN)]
+    # When the child takes a while to die, then exits, and the report needs a while
+    h.at(8)
+    h.record(h.lease.on_heartbeat_ok(h.now, h.now))
+    h.at(9)
+    h.lease.on_child_exited(h.now)
+    h.at(16)
+    # Then beats kept the lease alive through it all, and no KILL followed the exit
+    assert [t - T0 for t, _ in h.beats()] == [8.0, 16.0]
+    assert h.fences() == [(T0 + 3, TerminateTree(FenceReason.SHUTDOWN))]
+    assert h.lease.state is LeaseState.REPORTING
+
+
+def test_a_drain_keeps_beating_and_fences_at_the_drain_deadline() -> None:
+    # Given --drain with a deadline at poll+20 and every beat acknowledged
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
+    assert h.lease.on_shutdown(h.now, drain_deadline=T0 + 20) == []
+    while h.now < T0 + 23:
+        for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 23, T0 + 23)):
+            if isinstance(action, SendHeartbeat):
+                h.record(h.lease.on_heartbeat_ok(t, t))
+    # Then it beat at 8 and 16, and was fenced for SHUTDOWN at 20, killed at 22
+    assert [t - T0 for t, _ in h.beats()] == [8.0, 16.0]
+    assert h.fences() == [
+        (T0 + 20, TerminateTree(FenceReason.SHUTDOWN)),
+        (T0 + 22, KillTree(FenceReason.SHUTDOWN)),
+    ]
+
+
+def test_a_forced_shutdown_kills_at_once() -> None:
+    h = Harness(policy(r=10.0))
+    h.lease.on_shutdown(h.now)
+    h.clock.advance(1)
+    assert h.lease.on_force_shutdown(h.now) == [KillTree(FenceReason.SHUTDOWN)]
+    assert h.lease.state is LeaseState.KILLING
+    assert h.lease.on_force_shutdown(h.now) == []  # a third signal changes nothing
+
+
+# ----- end of life -------------------------------------------------------------------------------
+
+
+def test_after_the_child_exits_nothing_is_terminated_or_killed() -> None:
+    # Given a tree being terminated after a 404, with a 10 s grace
+    h = Harness(policy(r=100.0, kill_grace_seconds=10.0))
+    h.at(80)
+    h.lease.on_heartbeat_not_found(h.now)
+    # When the child exits within the grace
+    h.at(81)
+    h.lease.on_child_exited(h.now)
+    h.at(200)
+    # Then there is no KILL, and (ownership lost) no beat either
+    assert h.fences() == []
+    assert len(h.beats()) == 1
+    assert h.lease.state is LeaseState.REPORTING
+
+
+def test_after_reported_no_action_is_ever_returned() -> None:
+    # Given a child that exited with a beat in flight
+    h = Harness(policy(r=10.0, ownership_check_interval_seconds=5.0, hard_timeout_seconds=30.0))
+    h.at(8)
+    h.lease.on_child_exited(h.now)
+    # When the report is acknowledged, then every kind of event arrives
+    assert h.lease.on_reported(h.now) == []
+    h.clock.advance(1)
+    assert h.lease.on_heartbeat_ok(h.now, T0 + 8) == []
+    assert h.lease.on_heartbeat_failed(h.now) == []
+    assert h.lease.on_heartbeat_not_found(h.now) == []
+    assert h.lease.on_ownership(h.now, None) == []
+    assert h.lease.on_shutdown(h.now) == []
+    assert h.lease.on_force_shutdown(h.now) == []
+    # Then nothing is ever due again
+    assert h.lease.next_wakeup() is None
+    assert h.lease.on_tick(T0 + 1000) == []
+    assert h.lease.state is LeaseState.DONE
+
+
+def test_a_404_after_the_child_exited_means_report_nothing() -> None:
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    h.lease.on_child_exited(h.now)
+    assert h.lease.on_heartbeat_not_found(h.now) == []
+    assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
+
+
+def test_events_with_time_running_backwards_are_treated_as_now() -> None:
+    # Given a lease ticked at poll+8 (beat sent)
+    h = Harness(policy(r=10.0))
+    h.at(8)
+    # When a result computed earlier on another thread arrives with an older timestamp
+    h.lease.on_heartbeat_failed(T0 + 7.5)
+    # Then the retry counts from the newest time seen, poll+8
+    assert h.lease.view().next_heartbeat_at == T0 + 9
+
+
+# ----- the view ----------------------------------------------------------------------------------
+
+
+def test_the_view_shows_every_timer_and_the_state() -> None:
+    # Given a lease with a beat acked at poll+8 and one failure since
+    h = Harness(policy(r=10.0, hard_timeout_seconds=60.0, exec_timeout_seconds=50.0))
+    h.at(8)
+    h.lease.on_heartbeat_ok(h.now, T0 + 8)
+    h.at(16)
+    h.lease.on_heartbeat_failed(h.now)
+    # When viewed
+    view = h.lease.view()
+    # Then
+    assert view.polled_at == T0
+    assert view.last_ack_at == T0 + 8
+    assert view.next_heartbeat_at == T0 + 17
+    assert view.lease_deadline == T0 + 18
+    assert view.hard_deadline == T0 + 60
+    assert view.exec_deadline == T0 + 50
+    assert view.consecutive_failures == 1
+    assert view.heartbeat_in_flight is False
+    assert view.state is LeaseState.RUNNING
+    assert view.fence_reason is None
+
+
+def test_states_run_from_running_to_done() -> None:
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=1.0))
+    seen = [h.lease.state]
+    h.at(10)
+    seen.append(h.lease.state)
+    h.at(11)
+    seen.append(h.lease.state)
+    h.lease.on_child_exited(h.now)
+    seen.append(h.lease.state)
+    h.lease.on_reported(h.now)
+    seen.append(h.lease.state)
+    assert seen == list(LeaseState)  # running, terminating, killing, reporting, done
+
+
+# ----- properties --------------------------------------------------------------------------------
+
+OUTCOMES = st.sampled_from(["ok", "fail", "404", "late"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    r=st.floats(1.5, 30.0),
+    grace=st.floats(0.0, 5.0),
+    script=st.lists(st.tuples(OUTCOMES, st.floats(0.0, 3.0)), max_size=25),
+    exit_after=st.none() | st.floats(0.0, 80.0),
+    report_after=st.none() | st.floats(0.0, 10.0),
+)
+def test_properties_of_any_heartbeat_history(
+    r: float,
+    grace: float,
+    script: list[tuple[str, float]],
+    exit_after: float | None,
+    report_after: float | None,
+) -> None:
+    """For any sequence of heartbeat outcomes and delays, with a perfect timer:
+
+    (a) no TerminateTree/KillTree while the lease is confirmed and no fence reason applies;
+    (b) TerminateTree by the deadline, KillTree by deadline + grace if the child lives;
+    (c) no SendHeartbeat after on_reported;
+    (d) no attempt's timeout exceeds the time left (nor the HTTP cap), none starts under the minimum.
+    """
+    p = policy(r=r, kill_grace_seconds=grace)
+    h_timeout = p.lease_timeout_seconds
+    lease = Lease(p, polled_at=T0)
+    outcomes = iter(script)
+    end = T0 + 120.0
+    now = T0
+    acked = T0  # the model: send time of the newest ack processed while the lease was confirmed
+    expired_at: float | None = None  # the deadline that passed, if one did
+    lost_at: float | None = None  # when a 404 arrived
+    exit_at = None if exit_after is None else T0 + exit_after
+    report_at = None if exit_at is None or report_after is None else exit_at + report_after
+    exited = reported = False
+    pending: tuple[float, str, float] | None = None  # (answer at, outcome, sent at)
+    terminated_at: float | None = None
+    killed_at: float | None = None
+
+    def check(t: float, actions: list[Action]) -> None:
+        nonlocal pending, terminated_at, killed_at
+        for action in actions:
+            if isinstance(action, SendHeartbeat):
+                assert not reported, "(c) heartbeat after on_reported"
+                left = acked + h_timeout - t
+                assert action.timeout_seconds <= min(left, p.http_timeout_seconds) + 1e-9, "(d)"
+                assert action.timeout_seconds >= p.min_attempt_seconds - 1e-9, "(d) started too late"
+                assert pending is None, "two heartbeats in flight"
+                kind, delay = next(outcomes, ("hang", 0.0))
+                if kind != "hang":
+                    extra = action.timeout_seconds if kind == "late" else 0.0
+                    pending = (t + delay + extra, kind, t)
+            elif isinstance(action, TerminateTree | KillTree):
+                confirmed = t < acked + h_timeout and expired_at is None
+                assert not confirmed or lost_at is not None, f"(a) {action} at {t - T0} while confirmed"
+                assert not exited, "fenced a child that had exited"
+                if isinstance(action, TerminateTree):
+                    terminated_at = t if terminated_at is None else terminated_at
+                else:
+                    assert terminated_at is not None and killed_at is None
+                    killed_at = t
+
+    while True:
+        times = [lease.next_wakeup(), pending[0] if pending else None]
+        times += [exit_at if not exited else None, report_at if not reported else None]
+        due = [t for t in times if t is not None]
+        if not due or min(due) > end:
+            break
+        now = max(now, min(due))
+        if expired_at is None and lost_at is None and now >= acked + h_timeout:
+            expired_at = acked + h_timeout
+        if pending is not None and pending[0] <= now:
+            _, kind, sent_at = pending
+            pending = None
+            if kind == "404":
+                lost_at = now if lost_at is None and not exited else lost_at
+                check(now, lease.on_heartbeat_not_found(now))
+            elif kind == "fail":
+                check(now, lease.on_heartbeat_failed(now))
+            else:
+                if expired_at is None and now < acked + h_timeout:
+                    acked = max(acked, sent_at)
+                check(now, lease.on_heartbeat_ok(now, sent_at))
+        elif exit_at is not None and not exited and exit_at <= now:
+            check(now, lease.on_child_exited(now))
+            exited = True
+        elif report_at is not None and not reported and report_at <= now:
+            check(now, lease.on_reported(now))
+            reported = True
+        else:
+            check(now, lease.on_tick(now))
+
+    # (b) the tree is fenced on time unless the child was gone or ownership was lost first
+    if expired_at is not None and (exit_at is None or exit_at > expired_at):
+        assert terminated_at is not None and terminated_at <= expired_at + 1e-9, "(b) late TERM"
+        if exit_at is None or exit_at > expired_at + grace:
+            assert killed_at is not None and killed_at <= expired_at + grace + 1e-9, "(b) late KILL"
+    if lost_at is not None:
+        assert terminated_at is not None and terminated_at <= lost_at + 1e-9
