@@ -90,7 +90,7 @@ class TaskSettings:
     command: tuple[str, ...] | None = None  # exactly one of command / shell is set after resolve
     shell: str | None = None
     cwd: str = "."  # absolute after resolve
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # values may be credentials
     concurrency: int = 1
     worker_id: str = ""  # the hostname after resolve
     domain: str | None = None
