@@ -88,7 +88,8 @@ class Outbox:
             "saved_at": self._clock.now().timestamp(),
             "result": result.to_json(),
         }
-        path = self.directory / f"{_SAFE.sub('_', result.task_id)}.json"
+        # One file per (server, task): the same task id on two servers must not collide.
+        path = self.directory / f"{self._server}-{_SAFE.sub('_', result.task_id)}.json"
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp creates it 0600

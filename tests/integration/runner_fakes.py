@@ -1,0 +1,240 @@
+"""Small fakes for driving the runner: an in-memory Conductor, a lease engine, real child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from leasecore.errors import ConductorUnavailable
+from leasecore.lease import (
+    FenceAction,
+    FenceReason,
+    KillTree,
+    LeasePolicy,
+    LeaseState,
+    LeaseView,
+    TerminateTree,
+)
+from leasecore.models import Task, TaskResult, TaskStatus
+
+
+def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
+        threading.Event().wait(0.01)
+
+
+def make_task(task_id: str, task_type: str = "t", **kw: Any) -> Task:
+    return Task(
+        task_id=task_id,
+        workflow_id=f"wf-{task_id}",
+        task_type=task_type,
+        response_timeout_seconds=kw.pop("response_timeout_seconds", 30),
+        **kw,
+    )
+
+
+class FakeConductor:
+    """Tasks waiting per type, updates and logs recorded; ``fail_updates`` makes updates fail."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.queued: dict[str, list[Task]] = {}
+        self.updates: list[TaskResult] = []
+        self.logs: dict[str, list[str]] = {}
+        self.polls = 0
+        self.fail_updates = False
+        self.fail_polls = False
+
+    def add(self, *tasks: Task) -> None:
+        with self._cond:
+            for task in tasks:
+                self.queued.setdefault(task.task_type, []).append(task)
+            self._cond.notify_all()
+
+    def poll(
+        self,
+        task_type: str,
+        *,
+        count: int,
+        timeout_ms: int,
+        worker_id: str | None = None,
+        domain: str | None = None,
+    ) -> list[Task]:
+        with self._cond:
+            self.polls += 1
+            if self.fail_polls:
+                raise ConductorUnavailable("connection refused")
+            self._cond.wait_for(lambda: bool(self.queued.get(task_type)), timeout=timeout_ms / 1000)
+            waiting = self.queued.get(task_type, [])
+            got, self.queued[task_type] = waiting[:count], waiting[count:]
+            return got
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        if self.fail_updates:
+            raise ConductorUnavailable("connection refused")
+        with self._cond:
+            self.updates.append(result)
+
+    def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
+        with self._cond:
+            self.logs.setdefault(task_id, []).extend(text.split("\n"))
+
+    def statuses(self) -> dict[str, TaskStatus]:
+        with self._cond:
+            return {u.task_id: u.status for u in self.updates}
+
+
+@dataclass
+class FakeEngine:
+    """Records the runner's calls; fences on shutdown like the real engine (at once or at the deadline)."""
+
+    on_fence: Callable[[str, FenceAction], None]
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    reasons: dict[str, FenceReason] = field(default_factory=dict)
+    live: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        self.calls.append(("start", ""))
+
+    def stop(self) -> None:
+        self.calls.append(("stop", ""))
+
+    def track(self, task: Task, policy: LeasePolicy) -> None:
+        with self.lock:
+            self.calls.append(("track", task.task_id))
+            self.live.add(task.task_id)
+
+    def child_exited(self, task_id: str) -> None:
+        with self.lock:
+            self.calls.append(("child_exited", task_id))
+            self.live.discard(task_id)
+
+    def reported(self, task_id: str) -> None:
+        self.calls.append(("reported", task_id))
+
+    def fence(self, task_id: str, reason: FenceReason, *, kill: bool = False) -> None:
+        with self.lock:
+            self.reasons.setdefault(task_id, reason)
+        self.on_fence(task_id, KillTree(reason) if kill else TerminateTree(reason))
+
+    def shutdown(self, task_id: str | None, *, drain_deadline: float | None) -> None:
+        self.calls.append(("shutdown", str(drain_deadline)))
+
+        def fence_all() -> None:
+            for tid in list(self.live):
+                self.fence(tid, FenceReason.SHUTDOWN)
+
+        if drain_deadline is None:
+            fence_all()
+        else:
+            timer = threading.Timer(max(0.0, drain_deadline - time.monotonic()), fence_all)
+            timer.daemon = True
+            timer.start()
+
+    def fence_reason(self, task_id: str) -> FenceReason | None:
+        return self.reasons.get(task_id)
+
+    def view(self, task_id: str) -> LeaseView:
+        return LeaseView(
+            polled_at=0.0,
+            last_ack_at=None,
+            next_heartbeat_at=None,
+            lease_deadline=None,
+            hard_deadline=None,
+            exec_deadline=None,
+            consecutive_failures=0,
+            heartbeat_in_flight=False,
+            state=LeaseState.RUNNING,
+            fence_reason=None,
+        )
+
+    def names(self, task_id: str) -> list[str]:
+        return [name for name, tid in self.calls if tid == task_id]
+
+
+@dataclass(frozen=True)
+class FakeExit:
+    exit_code: int | None
+    signal: int | None
+
+
+class RealChild:
+    """A real process in its own session; tree = its process group."""
+
+    def __init__(self, argv: list[str], on_line: Callable[[str, str], None] | None) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self, on_line: Callable[[str, str], None] | None) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if on_line:
+                on_line("stdout", line.rstrip("\n"))
+        self.proc.stdout.close()
+
+    def wait(self, timeout: float | None) -> FakeExit | None:
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return FakeExit(code if code >= 0 else None, -code if code < 0 else None)
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def terminate_tree(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill_tree(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+class FakeSupervisor:
+    """Spawns ``sys.executable -c <spec>`` for real; the spec is the Python source."""
+
+    def __init__(self) -> None:
+        self.children: dict[str, RealChild] = {}
+
+    def spawn(
+        self, task: Task, spec: Any, *, worker_id: str, on_line: Callable[[str, str], None] | None = None
+    ) -> RealChild:
+        child = RealChild([sys.executable, "-c", str(spec)], on_line)
+        self.children[task.task_id] = child
+        return child
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.kill_tree()
+            child.proc.wait(10)
+
+
+def to_result(task: Task, exit_: Any, spec: Any, worker_id: str) -> TaskResult:
+    if exit_.exit_code == 0:
+        return TaskResult(task.task_id, task.workflow_id, TaskStatus.COMPLETED, worker_id=worker_id)
+    why = f"exit code {exit_.exit_code}" if exit_.exit_code is not None else f"signal {exit_.signal}"
+    return TaskResult(
+        task.task_id, task.workflow_id, TaskStatus.FAILED, reason_for_incompletion=why, worker_id=worker_id
+    )

@@ -1,0 +1,262 @@
+"""The runner's main loop with an in-memory Conductor and lease engine, and real child processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leasecore.lease import FenceReason, LeasePolicy
+from leasecore.models import Task, TaskStatus
+from leasecore.outbox import Outbox
+from leasecore.poller import PollSettings
+from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runner import Runner
+from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from tests.integration.runner_fakes import (
+    FakeConductor,
+    FakeEngine,
+    FakeSupervisor,
+    make_task,
+    to_result,
+    wait_until,
+)
+
+QUICK = "print('hello'); print('world')"
+SLEEP = "import time; print('started', flush=True); time.sleep({})"
+FAIL = "import sys; sys.exit(3)"
+
+
+class Harness:
+    def __init__(
+        self, spec: str, options: RunOptions, *, concurrency: int = 1, outbox: Outbox | None = None
+    ) -> None:
+        self.conductor = FakeConductor()
+        self.supervisor = FakeSupervisor()
+        self.engines: list[FakeEngine] = []
+        self.outbox = outbox
+        plan = TaskTypePlan(
+            poll=PollSettings("t", concurrency=concurrency, timeout_ms=200, worker_id="w1"),
+            spec=spec,
+            worker_id="w1",
+            make_policy=lambda task: LeasePolicy(response_timeout_seconds=30),
+            kill_grace_seconds=1.0,
+        )
+
+        def make_engine(on_fence):  # type: ignore[no-untyped-def]
+            engine = FakeEngine(on_fence)
+            self.engines.append(engine)
+            return engine
+
+        def make_reporter(done):  # type: ignore[no-untyped-def]
+            return Reporter(self.conductor, done, outbox=self.outbox, backoff_cap_seconds=0.2)
+
+        self.runner = Runner(
+            [plan],
+            conductor=self.conductor,
+            make_engine=make_engine,
+            supervisor=self.supervisor,
+            to_result=to_result,
+            options=options,
+            reporter=make_reporter,
+        )
+        self.outcome: RunOutcome | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def engine(self) -> FakeEngine:
+        return self.engines[0]
+
+    def _run(self) -> None:
+        self.outcome = self.runner.run()
+
+    def start(self) -> Harness:
+        self.thread.start()
+        return self
+
+    def finish(self, timeout: float = 60.0) -> RunOutcome:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the runner did not stop"
+        assert self.outcome is not None
+        return self.outcome
+
+
+@pytest.fixture
+def harnesses() -> Iterator[list[Harness]]:
+    made: list[Harness] = []
+    yield made
+    for h in made:
+        if h.thread.is_alive():
+            h.runner.request_stop(force=True)
+            h.thread.join(30)
+        h.supervisor.close()
+
+
+def test_once_runs_one_task_streams_its_output_and_reports_before_heartbeats_stop(
+    harnesses: list[Harness],
+) -> None:
+    h = Harness(QUICK, RunOptions(once=True))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"), make_task("b"))
+    outcome = h.start().finish()
+    assert outcome.started == 1 and outcome.statuses == (TaskStatus.COMPLETED,)
+    assert h.conductor.statuses() == {"a": TaskStatus.COMPLETED}
+    assert h.conductor.logs["a"] == ["hello", "world"]
+    assert h.engine.names("a") == ["track", "child_exited", "reported"]
+    assert h.engine.calls[-1] == ("stop", "")  # heartbeats stop last
+    assert [t.task_id for t in h.conductor.queued["t"]] == ["b"]  # --once took only one
+
+
+def test_once_with_nothing_to_do_ends_after_the_wait(harnesses: list[Harness]) -> None:
+    h = Harness(QUICK, RunOptions(once=True, once_wait_seconds=0.3))
+    harnesses.append(h)
+    started = time.monotonic()
+    outcome = h.start().finish()
+    assert outcome.started == 0
+    assert time.monotonic() - started < 20
+
+
+def test_a_failing_command_is_reported_failed(harnesses: list[Harness]) -> None:
+    h = Harness(FAIL, RunOptions(once=True))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    outcome = h.start().finish()
+    assert outcome.statuses == (TaskStatus.FAILED,)
+    assert h.conductor.updates[0].reason_for_incompletion == "exit code 3"
+
+
+def test_a_task_delivered_again_while_running_is_not_started_twice(harnesses: list[Harness]) -> None:
+    h = Harness(SLEEP.format(1.5), RunOptions(max_tasks=2), concurrency=2)
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="task a started")
+    h.conductor.add(make_task("a"))  # the server hands it out again
+    wait_until(lambda: not h.conductor.queued["t"], what="the duplicate polled")
+    h.conductor.add(make_task("b"))
+    outcome = h.finish()
+    assert sorted(h.supervisor.children) == ["a", "b"]
+    assert outcome.statuses == (TaskStatus.COMPLETED, TaskStatus.COMPLETED)
+    assert h.engine.names("a").count("track") == 1
+
+
+def test_concurrent_tasks_overlap(harnesses: list[Harness]) -> None:
+    h = Harness(SLEEP.format(2), RunOptions(max_tasks=3), concurrency=3)
+    harnesses.append(h)
+    h.conductor.add(make_task("a"), make_task("b"), make_task("c"))
+    started = time.monotonic()
+    outcome = h.start().finish()
+    assert outcome.statuses == (TaskStatus.COMPLETED,) * 3
+    assert time.monotonic() - started < 5.5  # three 2 s tasks one after the other would take 6 s
+
+
+def test_stop_terminates_children_and_reports_them_failed_for_a_prompt_retry(
+    harnesses: list[Harness],
+) -> None:
+    h = Harness(SLEEP.format(60), RunOptions(), concurrency=2)
+    harnesses.append(h)
+    h.conductor.add(make_task("a"), make_task("b"))
+    h.start()
+    wait_until(lambda: len(h.supervisor.children) == 2, what="both tasks started")
+    h.runner.request_stop()
+    outcome = h.finish()
+    assert outcome.statuses == (TaskStatus.FAILED, TaskStatus.FAILED)
+    assert {u.reason_for_incompletion for u in h.conductor.updates} == {"worker shutting down"}
+    assert all(c.proc.poll() is not None for c in h.supervisor.children.values())
+    for task_id in "ab":
+        assert h.engine.names(task_id) == ["track", "child_exited", "reported"]
+
+
+def test_drain_lets_a_running_task_finish(harnesses: list[Harness]) -> None:
+    h = Harness(SLEEP.format(1.5), RunOptions(drain=True, drain_timeout_seconds=60))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="task a started")
+    h.runner.request_stop()
+    outcome = h.finish()
+    assert outcome.statuses == (TaskStatus.COMPLETED,)
+
+
+def test_drain_timeout_then_terminates(harnesses: list[Harness]) -> None:
+    h = Harness(SLEEP.format(60), RunOptions(drain=True, drain_timeout_seconds=0.5))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="task a started")
+    h.runner.request_stop()
+    outcome = h.finish()
+    assert outcome.statuses == (TaskStatus.FAILED,)
+    assert h.conductor.updates[0].reason_for_incompletion == "worker shutting down"
+
+
+def test_lost_ownership_kills_the_tree_and_reports_nothing(harnesses: list[Harness]) -> None:
+    h = Harness(SLEEP.format(60), RunOptions(once=True))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="task a started")
+    h.engine.fence("a", FenceReason.OWNERSHIP_LOST, kill=True)
+    outcome = h.finish()
+    assert outcome.statuses == (None,)
+    assert h.conductor.updates == []
+    assert h.supervisor.children["a"].proc.returncode == -9
+    assert h.engine.names("a")[-1] == "reported"  # no more heartbeats for it either
+
+
+def test_an_undelivered_result_goes_to_the_outbox_and_is_delivered_later(
+    harnesses: list[Harness], tmp_path: Path
+) -> None:
+    outbox = Outbox(tmp_path / "outbox", server="http://x/api")
+    h = Harness(QUICK, RunOptions(once=True, report_retry_seconds=1.0), outbox=outbox)
+    harnesses.append(h)
+    h.conductor.fail_updates = True
+    h.conductor.add(make_task("a"))
+    outcome = h.start().finish()
+    assert outcome.statuses == (None,)
+    files = list((tmp_path / "outbox").glob("*.json"))
+    assert len(files) == 1 and files[0].stat().st_mode & 0o777 == 0o600
+    h.conductor.fail_updates = False
+    report = outbox.deliver(lambda r: h.conductor.update(r))
+    assert report.delivered == 1
+    assert h.conductor.statuses() == {"a": TaskStatus.COMPLETED}
+    assert not list((tmp_path / "outbox").glob("*.json"))
+
+
+def test_reporter_gives_up_on_4xx_without_saving(tmp_path: Path) -> None:
+    from leasecore.errors import ConductorNotFound
+
+    class Gone:
+        calls = 0
+
+        def update(self, result: object, *, timeout_seconds: float | None = None) -> None:
+            Gone.calls += 1
+            raise ConductorNotFound("404 task not found")
+
+    done: list[ReportOutcome] = []
+    outbox = Outbox(tmp_path / "o", server="http://x/api")
+    reporter = Reporter(Gone(), done.append, outbox=outbox)
+    reporter.submit(to_result(make_task("a"), type("E", (), {"exit_code": 0})(), None, "w"), retry_seconds=30)
+    reporter.close()
+    assert Gone.calls == 1
+    assert done[0].delivered is False and done[0].saved_to is None
+    assert outbox.entries() == []
+
+
+def test_saved_results_expire_and_foreign_servers_are_ignored(tmp_path: Path) -> None:
+    from leasecore.clock import FakeClock
+
+    clock = FakeClock()
+    task: Task = make_task("a")
+    result = to_result(task, type("E", (), {"exit_code": 0})(), None, "w")
+    Outbox(tmp_path, server="http://other/api", clock=clock).save(result)
+    mine = Outbox(tmp_path, server="http://x/api", clock=clock, max_age_seconds=60)
+    mine.save(result)
+    clock.advance(61)
+    sent: list[object] = []
+    assert mine.deliver(sent.append).dropped == 1
+    assert sent == []
+    assert len(Outbox(tmp_path, server="http://other/api", clock=clock).entries()) == 1
