@@ -1,0 +1,224 @@
+"""Linux process facts from /proc, and signals that cannot hit a recycled pid.
+
+Stdlib only and free of the rest of the package: the fork server imports it too. Every function
+tolerates processes that vanish while being read (they are simply left out).
+
+A pid is only ever signalled through a pidfd opened *before* re-checking the process's start time:
+once the pidfd is open it names that exact process, so a pid recycled between the /proc scan and the
+signal can never be hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+IS_LINUX = sys.platform.startswith("linux")
+
+# The variable every task tree carries (a random token per task): escapees that left the process
+# group and lost their parent are still recognised by it, by the fork server and by the leftover sweep.
+TREE_MARKER = "CONDUCTOR_RUN_TREE"
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as seen in /proc/<pid>/stat."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start_time: int  # clock ticks since boot: (pid, start_time) names one process for ever
+    state: str
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def read_stat(pid: int) -> ProcInfo | None:
+    """The process ``pid`` as /proc shows it now, or None when it is gone (or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain ") ": split at the last one.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return ProcInfo(
+        pid=pid,
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        sid=int(fields[3]),
+        start_time=int(fields[19]),
+        state=fields[0].decode("ascii", "replace"),
+    )
+
+
+def scan(uid: int | None = None) -> dict[int, ProcInfo]:
+    """Every process on the host (only those owned by ``uid``, default: ours), by pid."""
+    uid = os.getuid() if uid is None else uid
+    found: dict[int, ProcInfo] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        info = read_stat(int(name))
+        if info is not None:
+            found[info.pid] = info
+    return found
+
+
+def read_marker(pid: int) -> str | None:
+    """The value of ``TREE_MARKER`` in the environment ``pid`` was started with, if any."""
+    prefix = TREE_MARKER.encode() + b"="
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("ascii", "replace")
+    return None
+
+
+def descendants(procs: dict[int, ProcInfo], roots: Iterable[int]) -> set[int]:
+    """``roots`` (those present) plus every process whose parent chain reaches one of them."""
+    children: dict[int, list[int]] = {}
+    for info in procs.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    stack = [pid for pid in roots if pid in procs]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def tree_of(procs: dict[int, ProcInfo], leader: int, token: str | None) -> set[int]:
+    """The processes of one task tree: its session/group, its marked escapees, and their descendants.
+
+    ``leader`` is the task's direct child (it led a new session, so ``sid == pgid == leader`` for
+    every process that did not leave). The caller guarantees ``leader`` still names our task: either
+    it is an unreaped child of the caller, or its start time was checked by the leftover sweep.
+    The fork server passes only its own subtree as ``procs``.
+    """
+    pool = procs
+    roots = {info.pid for info in pool.values() if leader in (info.sid, info.pgid)}
+    roots.add(leader)
+    if token:
+        roots |= {pid for pid in pool if pid not in roots and read_marker(pid) == token}
+    return descendants(pool, roots)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's), from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(part) for part in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def subtree(root: int) -> dict[int, ProcInfo]:
+    """Every descendant of ``root`` (not ``root`` itself), by pid.
+
+    Walks the ``children`` files, so the cost follows the size of the subtree, not of the host: the
+    fork server calls this at every task exit. Falls back to a full scan when the kernel lacks
+    CONFIG_PROC_CHILDREN.
+    """
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        procs = scan()
+        return {pid: procs[pid] for pid in descendants(procs, [root]) if pid != root}
+    found: dict[int, ProcInfo] = {}
+    stack = children_of(root)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        info = read_stat(pid)
+        if info is None:
+            continue
+        found[pid] = info
+        stack.extend(children_of(pid))
+    return found
+
+
+def signal_verified(pid: int, start_time: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is still the process that started at ``start_time``."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False  # gone already (ESRCH) or no pidfd support: never guess
+    try:
+        info = read_stat(pid)
+        if info is None or info.start_time != start_time:
+            return False
+        signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except OSError:
+        return False  # it exited between the check and the signal: nothing to do
+    finally:
+        os.close(pidfd)
+
+
+def signal_all(procs: dict[int, ProcInfo], pids: Iterable[int], sig: int) -> int:
+    """Signal each of ``pids`` (as recorded in ``procs``) safely; return how many were signalled."""
+    sent = 0
+    for pid in pids:
+        info = procs.get(pid)
+        if info is not None and not info.is_zombie and signal_verified(pid, info.start_time, sig):
+            sent += 1
+    return sent
+
+
+def killpg_quietly(pgid: int, sig: int) -> None:
+    """``killpg`` that treats "no such group" as success (the group already died)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def live(procs: dict[int, ProcInfo], pids: Iterable[int]) -> Iterator[int]:
+    """The pids among ``pids`` that are running (not zombies)."""
+    return (pid for pid in pids if pid in procs and not procs[pid].is_zombie)
+
+
+def wait_gone(procs: dict[int, ProcInfo], pids: Iterable[int], timeout_seconds: float) -> bool:
+    """Wait (polling /proc) until none of ``pids`` runs any more; False if the timeout passed first."""
+    deadline = time.monotonic() + timeout_seconds
+    pending = {(pid, procs[pid].start_time) for pid in pids if pid in procs}
+    while True:
+        pending = {
+            (pid, start)
+            for pid, start in pending
+            if (info := read_stat(pid)) is not None and info.start_time == start and not info.is_zombie
+        }
+        if not pending:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -1,0 +1,327 @@
+"""The fork server: a small single-threaded process that is the parent of every task tree.
+
+Started once by :class:`~leasecore.process.supervisor.Supervisor` (``python -I -S -c ...`` with the
+control socket's fd as argument) and driven over that Unix stream socket. It
+
+- forks and execs each task command in a new session, with PR_SET_PDEATHSIG(SIGKILL) set in the child
+  (safe here: this process has one thread), stdin/stdout/stderr passed in over SCM_RIGHTS;
+- is a child subreaper (PR_SET_CHILD_SUBREAPER), so every descendant that escapes its group (setsid,
+  double fork) is re-parented here instead of to init;
+- detects exits with ``waitid(..., WNOWAIT)`` and reports them at once, but keeps the task's direct
+  child as a zombie until its whole tree is dead: the leader's pid (= the group and session id) cannot
+  be recycled while we hold it, so ``killpg`` can never hit a stranger;
+- kills a task's leftovers when its direct child exits ("the task's tree dies with the task"): TERM,
+  then KILL after the task's grace;
+- on EOF of the control socket (the runner died or closed it) kills every tree it holds, plus any
+  process that still descends from it, reaps everything and exits.
+
+It ignores SIGINT/SIGTERM/SIGHUP: a Ctrl-C or a service manager's TERM is for the runner, which decides
+how to stop (drain or kill). Only EOF or a "shutdown" request stops it.
+
+Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: ``spawn`` (with 3 fds:
+stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace). Events: ``ready``,
+``spawned``/``spawn_failed`` (id), ``exited`` (key, code, signal), ``gone`` (key).
+
+Imports are stdlib only and few: every task is forked from this process, and its size and start-up
+time are per-task overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from leasecore.process import _procfs
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_HEADER = struct.Struct(">I")
+_TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members need not be our children)
+_GIVE_UP_SECONDS = 10.0
+_RESET_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE", "SIGXFSZ", "SIGXFZ", "SIGCHLD", "SIGQUIT")
+
+
+def _prctl() -> Any:
+    if not _procfs.IS_LINUX:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl
+
+
+@dataclass
+class _Tree:
+    """One task's tree, held from spawn until every process of it is dead and reaped."""
+
+    key: str
+    pid: int
+    token: str
+    grace_seconds: float
+    exited: bool = False
+    term_sent: bool = False
+    kill_at: float | None = None
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send one framed JSON message (and, with the first bytes, ``fds``)."""
+    body = json.dumps(message).encode()
+    data = _HEADER.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
+    """Receive one framed message and the fds sent with it; None on EOF."""
+    header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, maxfds, socket.MSG_CMSG_CLOEXEC)
+    if not header:
+        return None
+    header += _recv_exactly(sock, _HEADER.size - len(header))
+    (length,) = _HEADER.unpack(header)
+    return json.loads(_recv_exactly(sock, length)), list(fds)
+
+
+def _recv_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks = []
+    while count > 0:
+        chunk = sock.recv(min(count, 1 << 20))
+        if not chunk:
+            raise EOFError("control socket closed mid-message")
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+class ForkServer:
+    """The event loop; see the module docstring."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pid = os.getpid()
+        self._prctl = _prctl()
+        self._trees: dict[str, _Tree] = {}
+        self._closing_kill_at: float | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+
+    def run(self) -> None:
+        """Serve until EOF or shutdown, then kill and reap everything and return."""
+        if self._prctl is not None:
+            self._prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._selector.register(self._sock, selectors.EVENT_READ)
+        send_frame(self._sock, {"op": "ready", "pid": self._pid})
+        while not self._done():
+            for key, _ in self._selector.select(self._timeout()):
+                if key.fileobj == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                elif not self._serve_one():
+                    self._begin_close(0.0)
+            self._reap()
+            self._tick()
+
+    # requests -------------------------------------------------------------------------------
+
+    def _serve_one(self) -> bool:
+        try:
+            frame = recv_frame(self._sock, maxfds=3)
+        except (OSError, EOFError, ValueError):
+            frame = None
+        if frame is None:
+            return False
+        message, fds = frame
+        op = message.get("op")
+        if op == "spawn":
+            self._spawn(message, fds)
+        elif op == "signal":
+            self._signal(message)
+        elif op == "shutdown":
+            self._begin_close(float(message.get("grace", 0.0)))
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing but syscalls until exec
+            os.close(err_r)
+            self._exec_child(req, fds, err_w)
+        os.close(err_w)
+        with os.fdopen(err_r, "rb") as pipe:
+            failure = pipe.read()  # EOF (CLOEXEC) means the exec succeeded
+        if failure:
+            os.waitpid(pid, 0)
+            errno_text, _, what = failure.decode(errors="replace").partition(":")
+            self._reply({"op": "spawn_failed", "id": req["id"], "errno": int(errno_text), "what": what})
+            return
+        tree = _Tree(req["key"], pid, req["token"], float(req["grace"]))
+        self._trees[tree.key] = tree
+        self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid})
+
+    def _exec_child(self, req: dict[str, Any], fds: list[int], err_w: int) -> None:
+        step = "setsid"
+        try:
+            os.setsid()
+            if self._prctl is not None:
+                step = "prctl"
+                self._prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != self._pid:  # we died before the prctl took effect
+                    os._exit(1)
+            for name in _RESET_SIGNALS:
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            step = "redirect"
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            os.closerange(3, err_w)
+            os.closerange(err_w + 1, os.sysconf("SC_OPEN_MAX"))
+            if req.get("cwd"):
+                step = "chdir"
+                os.chdir(req["cwd"])
+            step = "exec"
+            os.execve(req["path"], req["argv"], req["env"])
+        except BaseException as exc:  # anything at all: report it, never run parent code in the child
+            os.write(err_w, f"{getattr(exc, 'errno', 0) or 0}:{step}".encode())
+        finally:
+            os._exit(127)
+
+    def _signal(self, req: dict[str, Any]) -> None:
+        tree = self._trees.get(str(req.get("key")))
+        if tree is None:
+            return
+        now = time.monotonic()
+        if int(req["sig"]) == signal.SIGKILL:
+            tree.kill_at = now
+        else:
+            grace = req.get("grace")
+            deadline = now + float(tree.grace_seconds if grace is None else grace)
+            tree.kill_at = deadline if tree.kill_at is None else min(tree.kill_at, deadline)
+        self._signal_tree(tree, int(req["sig"]))
+
+    def _begin_close(self, grace_seconds: float) -> None:
+        now = time.monotonic()
+        self._closing_kill_at = now + grace_seconds
+        with contextlib.suppress(OSError, ValueError):
+            self._selector.unregister(self._sock)
+        for tree in self._trees.values():
+            tree.kill_at = min(tree.kill_at or self._closing_kill_at, self._closing_kill_at)
+            self._signal_tree(tree, signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL)
+
+    # killing and reaping ------------------------------------------------------------------------
+
+    def _members(self, tree: _Tree, procs: dict[int, _procfs.ProcInfo]) -> set[int]:
+        return set(_procfs.live(procs, _procfs.tree_of(procs, tree.pid, tree.token))) - {tree.pid}
+
+    def _signal_tree(self, tree: _Tree, sig: int) -> None:
+        # The leader is our unreaped child, so its pid still names its group: killpg is safe.
+        _procfs.killpg_quietly(tree.pid, sig)
+        if not tree.exited:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(tree.pid, sig)
+        procs = _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
+        members = self._members(tree, procs)
+        _procfs.signal_all(procs, members, sig)
+        if sig == signal.SIGTERM:  # a stopped process would never see its TERM
+            _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
+            _procfs.signal_all(procs, members, signal.SIGCONT)
+            tree.term_sent = True
+
+    def _reap(self) -> None:
+        held = set()
+        for tree in self._trees.values():
+            held.add(tree.pid)
+            if tree.exited:
+                continue
+            result = os.waitid(os.P_PID, tree.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if result is None:
+                continue
+            tree.exited = True
+            killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self._reply(
+                {
+                    "op": "exited",
+                    "key": tree.key,
+                    "pid": tree.pid,
+                    "code": None if killed else result.si_status,
+                    "signal": result.si_status if killed else None,
+                }
+            )
+        # Everything else that died here (adopted escapees) is reaped at once: no zombies.
+        for pid in _procfs.children_of(self._pid) if _procfs.IS_LINUX else []:
+            if pid not in held:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        busy = [tree for tree in self._trees.values() if tree.exited or tree.kill_at is not None]
+        if not busy and self._closing_kill_at is None:
+            return
+        procs = _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
+        for tree in busy:
+            members = self._members(tree, procs)
+            if tree.exited and not members:
+                os.waitpid(tree.pid, 0)  # a zombie already: returns at once
+                del self._trees[tree.key]
+                self._reply({"op": "gone", "key": tree.key})
+            elif tree.kill_at is not None and now >= tree.kill_at:
+                self._signal_tree(tree, signal.SIGKILL)
+            elif tree.exited and not tree.term_sent:  # "the task's tree dies with the task"
+                tree.kill_at = now + tree.grace_seconds
+                self._signal_tree(tree, signal.SIGTERM)
+        if self._closing_kill_at is not None and now >= self._closing_kill_at:
+            # Escapees that lost their marker belong to no known tree: at close they die too.
+            _procfs.signal_all(procs, _procfs.live(procs, procs), signal.SIGKILL)
+
+    def _timeout(self) -> float | None:
+        if any(t.exited or t.kill_at is not None for t in self._trees.values()):
+            return _TICK_SECONDS
+        if self._closing_kill_at is not None:
+            return _TICK_SECONDS
+        return None
+
+    def _done(self) -> bool:
+        if self._closing_kill_at is None:
+            return False
+        if time.monotonic() > self._closing_kill_at + _GIVE_UP_SECONDS:
+            return True  # something unkillable (D state): do not spin for ever
+        if self._trees:
+            return False
+        return not any(_procfs.live(procs := _procfs.subtree(self._pid), procs))
+
+    def _reply(self, message: dict[str, Any]) -> None:
+        if self._closing_kill_at is not None and self._sock.fileno() < 0:
+            return
+        with contextlib.suppress(OSError):
+            send_frame(self._sock, message)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``argv[0]`` is the inherited fd of the control socket."""
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    sock.set_inheritable(False)
+    ForkServer(sock).run()
+
+
+if __name__ == "__main__":
+    main()

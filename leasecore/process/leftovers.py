@@ -1,0 +1,144 @@
+"""The state directory's record of live task trees, and the sweep of trees a dead runner left.
+
+Each Supervisor keeps ``<state_dir>/processes-<runner pid>.json`` (0600, replaced atomically) listing
+the runner and fork server (pid + start time) and every task tree it holds (leader pid + start time,
+the tree's marker token, its temporary directory). Normally the fork server kills every tree when the
+runner dies; this record covers the case where both died (SIGKILL to both, OOM): the next
+``Supervisor.sweep_leftovers()`` finds the dead runner's record and kills what remains.
+
+A process is attributed to a recorded tree only on evidence that cannot be a stranger: it carries the
+tree's random marker token in its environment, or its session/group id is the recorded leader's pid
+while that pid is not held by a different process (Linux keeps a pid allocated as long as any process
+uses it as a session or group id, so such a process is from our session). Signals go through
+``_procfs.signal_verified`` (pidfd + start time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from leasecore.process import _procfs
+
+TMP_PREFIX = "conductor-run-task-"
+_SWEEP_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class TreeRecord:
+    """One task tree as recorded in the state directory."""
+
+    key: str
+    pid: int
+    start_time: int
+    token: str
+    tmpdir: str
+
+
+def _proc_id(pid: int) -> dict[str, int] | None:
+    info = _procfs.read_stat(pid)
+    return None if info is None else {"pid": pid, "start_time": info.start_time}
+
+
+def _is_alive(entry: dict[str, int] | None) -> bool:
+    if not entry:
+        return False
+    info = _procfs.read_stat(int(entry["pid"]))
+    return info is not None and not info.is_zombie and info.start_time == int(entry["start_time"])
+
+
+class StateRecord:
+    """Writes this runner's record file; a no-op without a state directory."""
+
+    def __init__(self, state_dir: Path | None, forkserver_pid: int) -> None:
+        self._path = None if state_dir is None else state_dir / f"processes-{os.getpid()}.json"
+        self._runner = _proc_id(os.getpid())
+        self._forkserver = _proc_id(forkserver_pid)
+        self._trees: dict[str, TreeRecord] = {}
+        if state_dir is not None:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def add(self, record: TreeRecord) -> None:
+        self._trees[record.key] = record
+        self._write()
+
+    def remove(self, key: str) -> None:
+        if self._trees.pop(key, None) is not None:
+            self._write()
+
+    def trees(self) -> list[TreeRecord]:
+        return list(self._trees.values())
+
+    def delete(self) -> None:
+        if self._path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._path.unlink()
+
+    def _write(self) -> None:
+        if self._path is None:
+            return
+        data = {
+            "runner": self._runner,
+            "forkserver": self._forkserver,
+            "trees": [asdict(tree) for tree in self._trees.values()],
+        }
+        fd, tmp = tempfile.mkstemp(prefix=".processes-", dir=self._path.parent)  # 0600
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self._path)
+
+
+def kill_trees(trees: list[TreeRecord]) -> set[int]:
+    """SIGKILL every process attributable to ``trees`` (see module docstring); return their pids."""
+    killed: set[int] = set()
+    for _ in range(_SWEEP_ROUNDS):
+        procs = _procfs.scan()
+        targets: set[int] = set()
+        for tree in trees:
+            leader = procs.get(tree.pid)
+            leader_is_ours = leader is None or leader.start_time == tree.start_time
+            roots = {p.pid for p in procs.values() if leader_is_ours and tree.pid in (p.sid, p.pgid)}
+            roots |= {pid for pid in procs if _procfs.read_marker(pid) == tree.token}
+            targets |= _procfs.descendants(procs, roots)
+        targets = set(_procfs.live(procs, targets)) - {os.getpid()}
+        if not targets:
+            break
+        _procfs.signal_all(procs, targets, signal.SIGKILL)
+        killed |= targets
+        _procfs.wait_gone(procs, targets, timeout_seconds=0.5)
+    return killed
+
+
+def remove_tmpdir(path: str) -> None:
+    """Remove a task's temporary directory, but only one we created (name prefix checked)."""
+    if path and Path(path).name.startswith(TMP_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep(state_dir: Path) -> set[int]:
+    """Kill the trees recorded by runners that are no longer alive; return the pids killed."""
+    killed: set[int] = set()
+    for path in sorted(state_dir.glob("processes-*.json")):
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _is_alive(data.get("runner")):
+            continue  # a live runner (maybe this one): its fork server owns those trees
+        forkserver = data.get("forkserver")
+        if _is_alive(forkserver) and forkserver is not None:
+            _procfs.signal_verified(int(forkserver["pid"]), int(forkserver["start_time"]), signal.SIGKILL)
+        trees = [TreeRecord(**tree) for tree in data.get("trees", [])]
+        killed |= kill_trees(trees)
+        for tree in trees:
+            remove_tmpdir(tree.tmpdir)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return killed

@@ -1,0 +1,90 @@
+"""From a child's exit to the task result Conductor gets (DESIGN.md §3). Pure.
+
+    exit 0                         -> COMPLETED
+    in spec.in_progress_exit_code  -> IN_PROGRESS, callbackAfterSeconds = spec.callback_after_seconds
+    in spec.terminal_exit_codes    -> FAILED_WITH_TERMINAL_ERROR "exit code 2: <last stderr line>"
+    any other exit code            -> FAILED "exit code 3: <last stderr line>"
+    killed by a signal             -> FAILED "killed by SIGKILL"
+    timed_out=True                 -> FAILED "exec timeout after 30s"
+    output file unusable           -> FAILED with the reason (when the exit alone meant success)
+
+outputData = the output-file object, then ``exitCode``, ``signal``, ``durationSeconds``,
+``stdoutTail``, ``stderrTail`` (these keys win over the file's), and ``outputError`` when set.
+Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT`` (checked when it is read), each tail by
+the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation threshold.
+"""
+
+from __future__ import annotations
+
+import signal as signal_module
+from typing import Any
+
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.spec import ChildExit, CommandSpec
+
+REASON_LIMIT = 500
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal_module.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _status_and_reason(exit: ChildExit, spec: CommandSpec, timed_out: bool) -> tuple[TaskStatus, str]:
+    if timed_out:
+        return TaskStatus.FAILED, f"exec timeout after {_seconds(spec.exec_timeout_seconds)}"
+    if exit.signal is not None:
+        return TaskStatus.FAILED, f"killed by {_signal_name(exit.signal)}"
+    code = exit.exit_code
+    if code == 0:
+        return TaskStatus.COMPLETED, ""
+    if code is not None and code == spec.in_progress_exit_code:
+        return TaskStatus.IN_PROGRESS, ""
+    last = _last_line(exit.stderr_tail)
+    reason = f"exit code {code}: {last}" if last else f"exit code {code} (nothing on stderr)"
+    if code in spec.terminal_exit_codes:
+        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
+    return TaskStatus.FAILED, reason
+
+
+def to_task_result(
+    task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
+) -> TaskResult:
+    """The update to send for ``task`` now that its child ended as ``exit``."""
+    status, reason = _status_and_reason(exit, spec, timed_out)
+    if exit.output_error and status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+        status, reason = TaskStatus.FAILED, exit.output_error
+    output: dict[str, Any] = dict(exit.output or {})
+    output.update(
+        exitCode=exit.exit_code,
+        signal=_signal_name(exit.signal) if exit.signal is not None else None,
+        durationSeconds=round(exit.duration_seconds, 3),
+        stdoutTail=exit.stdout_tail,
+        stderrTail=exit.stderr_tail,
+    )
+    if exit.output_error:
+        output["outputError"] = exit.output_error
+    if len(reason) > REASON_LIMIT:
+        reason = reason[: REASON_LIMIT - 3] + "..."
+    return TaskResult(
+        task_id=task.task_id,
+        workflow_id=task.workflow_id,
+        status=status,
+        output_data=output,
+        reason_for_incompletion=reason or None,
+        callback_after_seconds=spec.callback_after_seconds if status == TaskStatus.IN_PROGRESS else 0,
+        worker_id=worker_id,
+    )

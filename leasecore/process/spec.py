@@ -1,0 +1,144 @@
+"""What to run and what came of it: ``CommandSpec``, ``ChildExit``, and the child's environment.
+
+Pure: no processes, no files. ``build_child_env`` is the whole of DESIGN.md §3's environment contract.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from leasecore.errors import SpawnError
+from leasecore.models import Task
+from leasecore.process._procfs import TREE_MARKER
+
+# Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
+# over a quarter of the stack limit: input values are always in stdin and the input file, and only
+# the ones that fit these budgets are copied into CONDUCTOR_INPUT_<KEY> as well.
+INPUT_ENV_VALUE_LIMIT = 64 * 1024
+INPUT_ENV_TOTAL_LIMIT = 256 * 1024
+
+# Never handed to a child, whatever the configuration says (matched case-insensitively).
+CREDENTIAL_PATTERNS = ("CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*")
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """The command for one task type, and how its exit maps to a task status.
+
+    Exactly one of ``argv`` (run directly) or ``shell`` (run as ``/bin/sh -c SHELL``) is set.
+    ``env`` adds to (or overrides) the runner's environment; ``secret_env_names`` are extra names or
+    glob patterns removed from it, on top of ``CREDENTIAL_PATTERNS``. ``kill_grace_seconds`` is the
+    TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
+    (FenceReason.EXEC_TIMEOUT); here it only words the reason.
+    """
+
+    argv: tuple[str, ...] | None = None
+    shell: str | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    terminal_exit_codes: frozenset[int] = frozenset()
+    in_progress_exit_code: int | None = None
+    callback_after_seconds: int = 60
+    exec_timeout_seconds: float = 0.0
+    kill_grace_seconds: float = 10.0
+    secret_env_names: tuple[str, ...] = ()
+
+    def command_argv(self) -> list[str]:
+        """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
+        if (self.argv is None) == (self.shell is None):
+            raise SpawnError("give exactly one of a command (after --) or --shell")
+        if self.shell is not None:
+            return ["/bin/sh", "-c", self.shell]
+        if not self.argv:
+            raise SpawnError("the command is empty")
+        return list(self.argv)
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How a task's direct child ended, with bounded output tails and the output-file object.
+
+    Exactly one of ``exit_code`` / ``signal`` is set. ``output`` is the JSON object the child wrote
+    to CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could
+    not be used.
+    """
+
+    exit_code: int | None
+    signal: int | None
+    duration_seconds: float
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    output: Mapping[str, Any] | None = None
+    output_error: str | None = None
+
+
+def input_env_name(key: str) -> str:
+    """``CONDUCTOR_INPUT_<KEY>``: key upper-cased, every character outside [A-Z0-9_] becomes ``_``."""
+    return "CONDUCTOR_INPUT_" + re.sub(r"[^A-Z0-9_]", "_", key.upper())
+
+
+def _scalar_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return value
+    return None  # objects, arrays and null: read them from stdin or the input file
+
+
+def is_secret_name(name: str, extra_patterns: tuple[str, ...] = ()) -> bool:
+    """True when ``name`` matches a credential pattern (case-insensitive)."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, p.upper()) for p in (*CREDENTIAL_PATTERNS, *extra_patterns))
+
+
+def build_child_env(
+    base: Mapping[str, str],
+    spec: CommandSpec,
+    task: Task,
+    *,
+    worker_id: str,
+    input_file: str,
+    output_file: str,
+    tree_token: str,
+) -> dict[str, str]:
+    """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
+
+    Input values are copied as data (environment values), never into a command line.
+    """
+    merged = {**base, **spec.env}
+    env = {
+        name: value
+        for name, value in merged.items()
+        if not is_secret_name(name, spec.secret_env_names)
+        and not name.upper().startswith("CONDUCTOR_INPUT_")  # stale values from the runner's own env
+        and "\0" not in value
+    }
+    env.update(
+        CONDUCTOR_TASK_ID=task.task_id,
+        CONDUCTOR_WORKFLOW_ID=task.workflow_id,
+        CONDUCTOR_TASK_TYPE=task.task_type,
+        CONDUCTOR_TASK_REF_NAME=task.reference_name,
+        CONDUCTOR_RETRY_COUNT=str(task.retry_count),
+        CONDUCTOR_POLL_COUNT=str(task.poll_count),
+        CONDUCTOR_WORKER_ID=worker_id,
+        CONDUCTOR_INPUT_FILE=input_file,
+        CONDUCTOR_OUTPUT_FILE=output_file,
+    )
+    budget = INPUT_ENV_TOTAL_LIMIT
+    for key, value in task.input_data.items():
+        text = _scalar_text(value)
+        if text is None or "\0" in text or len(text.encode()) > INPUT_ENV_VALUE_LIMIT:
+            continue
+        budget -= len(text.encode())
+        if budget < 0:
+            break
+        env[input_env_name(str(key))] = text
+    env[TREE_MARKER] = tree_token
+    return env

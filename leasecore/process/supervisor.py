@@ -1,0 +1,429 @@
+"""The runner's side of process supervision: ``Supervisor`` (owns the fork server) and ``Child``.
+
+Threads: one event thread per Supervisor reads the fork server's messages (spawn replies, exits,
+"tree gone"); one output thread per child reads its stdout and stderr with a selector, feeds the
+bounded captures, calls ``on_line``, and on exit builds the ``ChildExit`` and removes the task's
+temporary files. Exit comes from the fork server's ``waitid``, never from pipe EOF: after the exit,
+the output thread drains the pipes for at most ``output_drain_seconds`` and then closes them, so a
+grandchild holding stdout cannot keep a finished task open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import leasecore
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ProcessError, SpawnError
+from leasecore.models import Task
+from leasecore.process import _procfs, leftovers
+from leasecore.process.forkserver import recv_frame, send_frame
+from leasecore.process.output import StreamCapture
+from leasecore.process.spec import ChildExit, CommandSpec, build_child_env
+from leasecore.process.taskfiles import TaskFiles
+
+log = logging.getLogger(__name__)
+
+LineSink = Callable[[str, str], None]
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from leasecore.process.forkserver import main; main(sys.argv[2:])"
+)
+_REPLY_TIMEOUT_SECONDS = 30.0
+_warned_not_linux = False
+
+
+def _resolve_executable(argv0: str, path_var: str, cwd: str) -> str:
+    if "/" in argv0:
+        return os.path.join(cwd, argv0)
+    for directory in path_var.split(os.pathsep):
+        candidate = os.path.join(cwd, directory or ".", argv0)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise SpawnError(f"command not found: {argv0!r} is not in the child's PATH")
+
+
+class Child:
+    """One running task command. Created by ``Supervisor.spawn``."""
+
+    def __init__(
+        self, supervisor: Supervisor, key: str, files: TaskFiles, on_line: LineSink | None, clock: Clock
+    ) -> None:
+        self.key = key
+        self.pid = 0
+        self.started_at = clock.monotonic()  # monotonic seconds (the Supervisor's clock)
+        self._supervisor = supervisor
+        self._files = files
+        self._on_line = on_line
+        self._clock = clock
+        self._exit_info: tuple[int | None, int | None, float] | None = None
+        self._exited = threading.Event()
+        self._done = threading.Event()
+        self._gone = threading.Event()
+        self._result: ChildExit | None = None
+        self._wake_r, self._wake_w = os.pipe()
+
+    def wait(self, timeout: float | None = None) -> ChildExit | None:
+        """The child's exit (tails and output file included), or None if ``timeout`` passed first."""
+        self._done.wait(timeout)
+        return self._result
+
+    def wait_gone(self, timeout: float | None = None) -> bool:
+        """Wait until every process of the task's tree is dead and reaped."""
+        return self._gone.wait(timeout)
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    def terminate_tree(self, grace_seconds: float | None = None) -> None:
+        """TERM the whole tree; the fork server KILLs what is left after the grace (default: the spec's)."""
+        self._supervisor._request(
+            {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds}
+        )
+
+    def kill_tree(self) -> None:
+        """KILL the whole tree now (the group and every escapee)."""
+        self._supervisor._request({"op": "signal", "key": self.key, "sig": signal.SIGKILL})
+
+    # called by the Supervisor's event thread --------------------------------------------------
+
+    def _on_exit(self, code: int | None, sig: int | None) -> None:
+        if self._exit_info is None:
+            self._exit_info = (code, sig, self._clock.monotonic())
+            self._exited.set()
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+
+    def _on_gone(self) -> None:
+        self._gone.set()
+
+    # the output thread -------------------------------------------------------------------------
+
+    def _start_output(self, out_r: int, err_r: int, drain_seconds: float) -> None:
+        thread = threading.Thread(
+            target=self._pump, args=(out_r, err_r, drain_seconds), name=f"output-{self.key}", daemon=True
+        )
+        thread.start()
+
+    def _emitter(self, stream: str) -> Callable[[str], None]:
+        sink = self._on_line
+
+        def emit(line: str) -> None:
+            if sink is None:
+                return
+            try:
+                sink(stream, line)
+            except Exception:  # a broken sink must not stop the reader (the child would block)
+                log.exception("on_line sink failed for task %s", self.key)
+
+        return emit
+
+    def _pump(self, out_r: int, err_r: int, drain_seconds: float) -> None:
+        captures = {
+            out_r: StreamCapture(self._emitter("stdout")),
+            err_r: StreamCapture(self._emitter("stderr")),
+        }
+        stdout, stderr = captures[out_r], captures[err_r]
+        open_fds = set(captures)
+        deadline: float | None = None
+        with selectors.DefaultSelector() as selector:
+            for fd in (out_r, err_r, self._wake_r):
+                selector.register(fd, selectors.EVENT_READ)
+            while open_fds:
+                if deadline is None and self._exited.is_set():
+                    deadline = self._clock_now() + drain_seconds
+                timeout = None if deadline is None else deadline - self._clock_now()
+                if timeout is not None and timeout <= 0:
+                    break  # the child is gone; whoever still holds the pipe does not hold the task
+                for key, _ in selector.select(timeout):
+                    fd = key.fd
+                    if fd == self._wake_r:
+                        os.read(fd, 64)
+                        continue
+                    data = os.read(fd, 65536)
+                    if data:
+                        captures[fd].feed(data)
+                    else:
+                        selector.unregister(fd)
+                        open_fds.discard(fd)
+        for fd in (out_r, err_r, self._wake_r, self._wake_w):
+            os.close(fd)
+        stdout.close()
+        stderr.close()
+        self._exited.wait()
+        self._finish(stdout.tail(), stderr.tail())
+
+    @staticmethod
+    def _clock_now() -> float:
+        # Real time on purpose: this bounds a real wait on pipes, not a lease decision.
+        return time.monotonic()
+
+    def _finish(self, stdout_tail: str, stderr_tail: str) -> None:
+        assert self._exit_info is not None
+        code, sig, ended_at = self._exit_info
+        output, output_error = self._files.read_output()
+        self._files.remove()
+        self._result = ChildExit(
+            exit_code=code,
+            signal=sig,
+            duration_seconds=max(0.0, ended_at - self.started_at),
+            stdout_tail=stdout_tail,
+            stderr_tail=stderr_tail,
+            output=output,
+            output_error=output_error,
+        )
+        self._done.set()
+
+
+class Supervisor:
+    """Starts the fork server and runs task commands through it.
+
+    >>> with Supervisor(state_dir) as supervisor:          # doctest: +SKIP
+    ...     supervisor.sweep_leftovers()
+    ...     child = supervisor.spawn(task, CommandSpec(argv=("sample_tasks/sleeper.sh",)), worker_id="w1")
+    ...     exit = child.wait()
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+        output_drain_seconds: float = 1.0,
+        tmp_dir: str | None = None,
+    ) -> None:
+        self._clock: Clock = clock or SystemClock()
+        self._environ = dict(os.environ if environ is None else environ)
+        self._state_dir = state_dir
+        self._drain_seconds = output_drain_seconds
+        self._tmp_dir = tmp_dir
+        self._children: dict[str, Child] = {}
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closing = False
+        self._lost = False
+        _warn_if_not_linux()
+        self._sock, self._process = self._start_forkserver()
+        self._record = leftovers.StateRecord(state_dir, self._process.pid)
+        self._events = threading.Thread(target=self._read_events, name="forkserver-events", daemon=True)
+        self._events.start()
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def forkserver_pid(self) -> int:
+        return self._process.pid
+
+    def sweep_leftovers(self) -> set[int]:
+        """Kill the trees recorded in the state directory by runners that died; return their pids."""
+        return set() if self._state_dir is None else leftovers.sweep(self._state_dir)
+
+    def spawn(
+        self, task: Task, spec: CommandSpec, *, worker_id: str, on_line: LineSink | None = None
+    ) -> Child:
+        """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
+
+        ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
+        child's output thread: it must return quickly (queue the line), or the child blocks on a full
+        pipe. Lines longer than 64 KiB arrive in pieces.
+        """
+        argv = spec.command_argv()
+        cwd = spec.cwd or os.getcwd()
+        if not os.path.isdir(cwd):
+            raise SpawnError(f"working directory {cwd!r} does not exist")
+        files = TaskFiles.create(task, parent=self._tmp_dir)
+        token = secrets.token_hex(16)
+        env = build_child_env(
+            self._environ, spec, task, worker_id=worker_id, input_file=files.input_path,
+            output_file=files.output_path, tree_token=token,
+        )  # fmt: skip
+        try:
+            path = _resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+        except SpawnError:
+            files.remove()
+            raise
+        key = f"t{next(self._ids)}"
+        child = Child(self, key, files, on_line, self._clock)
+        with self._cond:
+            self._children[key] = child
+        request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
+                   "token": token, "grace": spec.kill_grace_seconds}  # fmt: skip
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stdin = files.open_stdin()
+        try:
+            reply = self._call(request, [stdin, out_w, err_w])
+        finally:
+            for fd in (stdin, out_w, err_w):
+                os.close(fd)
+        if reply.get("op") != "spawned":
+            for fd in (out_r, err_r, child._wake_r, child._wake_w):
+                os.close(fd)
+            files.remove()
+            with self._cond:
+                self._children.pop(key, None)
+            raise SpawnError(_spawn_failure(argv[0], reply))
+        child.pid = int(reply["pid"])
+        child._start_output(out_r, err_r, self._drain_seconds)
+        info = _procfs.read_stat(child.pid)
+        record = leftovers.TreeRecord(key, child.pid, info.start_time if info else 0, token, files.directory)
+        with self._cond:
+            if not child._gone.is_set():
+                self._record.add(record)
+        return child
+
+    def close(self, grace_seconds: float = 0.0) -> None:
+        """Kill every tree still held (TERM, KILL after ``grace_seconds``), stop the fork server."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+        with contextlib.suppress(ProcessError):
+            self._request({"op": "shutdown", "grace": grace_seconds})
+        try:
+            self._process.wait(timeout=grace_seconds + 15.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+            leftovers.kill_trees(self._record.trees())
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._events.join(timeout=10.0)
+        self._sock.close()
+        for child in list(self._children.values()):
+            child.wait(timeout=self._drain_seconds + 5.0)
+        self._record.delete()
+
+    # fork server plumbing -----------------------------------------------------------------------
+
+    def _start_forkserver(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        root = str(Path(leasecore.__file__).resolve().parent.parent)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _BOOT, root, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                env={},  # the fork server needs nothing from the runner's environment (credentials!)
+            )  # fmt: skip
+        except OSError as exc:
+            ours.close()
+            raise ProcessError(f"could not start the fork server: {exc.strerror}") from exc
+        finally:
+            theirs.close()
+        ours.settimeout(_REPLY_TIMEOUT_SECONDS)
+        try:
+            frame = recv_frame(ours)
+        except (OSError, EOFError, ValueError) as exc:
+            frame = None
+            log.debug("fork server handshake failed: %s", exc)
+        if frame is None or frame[0].get("op") != "ready":
+            process.kill()
+            process.wait()
+            ours.close()
+            raise ProcessError("the fork server did not start (see its error output above)")
+        ours.settimeout(None)
+        return ours, process
+
+    def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        try:
+            with self._send_lock:
+                send_frame(self._sock, message, fds)
+        except OSError as exc:
+            raise ProcessError("the fork server is gone") from exc
+
+    def _call(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        message["id"] = request_id
+        self._request(message, fds)
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: request_id in self._replies or self._lost, timeout=_REPLY_TIMEOUT_SECONDS
+            ):
+                raise ProcessError("the fork server did not answer a spawn request")
+            return self._replies.pop(
+                request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
+            )
+
+    def _read_events(self) -> None:
+        while True:
+            try:
+                frame = recv_frame(self._sock)
+            except (OSError, EOFError, ValueError):
+                frame = None
+            if frame is None:
+                break
+            self._dispatch(frame[0])
+        self._on_forkserver_lost()
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        op = event.get("op")
+        with self._cond:
+            if op in ("spawned", "spawn_failed"):
+                self._replies[int(event["id"])] = event
+                self._cond.notify_all()
+                return
+            child = self._children.get(str(event.get("key")))
+            if child is None:
+                return
+            if op == "exited":
+                child._on_exit(event.get("code"), event.get("signal"))
+            elif op == "gone":
+                child._on_gone()
+                self._record.remove(child.key)
+                self._children.pop(child.key, None)
+
+    def _on_forkserver_lost(self) -> None:
+        # EOF: either close() ended it, or it died. Its direct children died with it (PDEATHSIG); the
+        # rest of each tree is found by session/group id and marker token, exactly as a sweep would.
+        with self._cond:
+            self._lost = True
+            self._cond.notify_all()
+            children = list(self._children.values())
+            records = self._record.trees()
+        if not self._closing:
+            log.error("the fork server died; killing every task tree it held")
+        leftovers.kill_trees(records)
+        with self._cond:
+            for child in children:
+                child._on_exit(None, signal.SIGKILL)
+                child._on_gone()
+                self._record.remove(child.key)
+            self._children.clear()
+
+
+def _spawn_failure(argv0: str, reply: dict[str, Any]) -> str:
+    errno_value = int(reply.get("errno") or 0)
+    why = os.strerror(errno_value) if errno_value else "unknown error"
+    return f"cannot start {argv0!r}: {why} (while doing {reply.get('what', '?')})"
+
+
+def _warn_if_not_linux() -> None:
+    global _warned_not_linux
+    if not _procfs.IS_LINUX and not _warned_not_linux:
+        _warned_not_linux = True
+        log.warning(
+            "not Linux: task trees are killed by process group only; descendants that leave the group "
+            "and children of a killed runner may survive"
+        )

@@ -1,0 +1,94 @@
+"""A task's private files: the input file (also the child's stdin) and the output file.
+
+Each task gets its own directory (0700, under the system temp dir) holding ``input.json`` (0600) and
+an empty ``output.json`` (0600) for the child to fill; the directory is removed once the child is
+done. Reading the output file is bounded and never follows a symlink or blocks on a FIFO the child
+may have put there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from leasecore.models import Task
+from leasecore.process.leftovers import TMP_PREFIX, remove_tmpdir
+
+# The output object is capped so that outputData stays well under Conductor's 3 MB threshold, measured
+# on the re-serialised JSON (escapes can grow text up to 6x).
+OUTPUT_FILE_LIMIT = 1024 * 1024
+_JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """Paths of one task's private files."""
+
+    directory: str
+    input_path: str
+    output_path: str
+
+    @classmethod
+    def create(cls, task: Task, *, parent: str | None = None) -> TaskFiles:
+        """Make the directory and both files; the input file holds ``task.input_data`` as JSON."""
+        directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
+        files = cls(directory, os.path.join(directory, "input.json"), os.path.join(directory, "output.json"))
+        try:
+            body = json.dumps(dict(task.input_data), ensure_ascii=False).encode()
+            _write_private(files.input_path, body)
+            _write_private(files.output_path, b"")
+        except BaseException:
+            files.remove()
+            raise
+        return files
+
+    def open_stdin(self) -> int:
+        """A fresh read-only fd on the input file (its own offset), to become the child's stdin."""
+        return os.open(self.input_path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read_output(self) -> tuple[dict[str, Any] | None, str | None]:
+        """``(object, None)``, ``(None, None)`` when nothing was written, or ``(None, reason)``."""
+        return read_output_file(self.output_path)
+
+    def remove(self) -> None:
+        remove_tmpdir(self.directory)
+
+
+def _write_private(path: str, body: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+
+
+def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Read and check the JSON object a child left in ``path`` (see ``TaskFiles.read_output``)."""
+    name = "CONDUCTOR_OUTPUT_FILE"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{name} could not be read: {exc.strerror}"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None, f"{name} is not a regular file"
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(OUTPUT_FILE_LIMIT + 1)
+    if len(data) > OUTPUT_FILE_LIMIT:
+        return None, f"{name} is too large (over {OUTPUT_FILE_LIMIT} bytes); write big results elsewhere"
+    if not data.strip():
+        return None, None
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        return None, f"{name} is not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+        return None, f"{name} must hold a JSON object, not {kind}"
+    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT:
+        return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT} bytes)"
+    return value, None

@@ -1,0 +1,109 @@
+"""Helpers shared by the process-supervision tests (real children from sample_tasks/)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from leasecore.models import Task
+from leasecore.process import CommandSpec, Supervisor
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "sample_tasks"
+
+
+def sample(name: str) -> tuple[str, ...]:
+    """argv running one of sample_tasks/ (Python ones with this interpreter)."""
+    path = str(SAMPLES / name)
+    return (sys.executable, path) if name.endswith(".py") else (path,)
+
+
+def make_task(input_data: Mapping[str, Any] | None = None, **fields: Any) -> Task:
+    defaults: dict[str, Any] = {"task_id": "task-1", "workflow_id": "wf-1", "task_type": "demo"}
+    defaults.update(fields)
+    return Task(input_data=dict(input_data or {}), **defaults)
+
+
+def spec(*argv: str, **fields: Any) -> CommandSpec:
+    return CommandSpec(argv=tuple(argv), **fields)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_seconds: float, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or the deadline passes; return its last value."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(interval)
+
+
+def alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (is_running also guards against pid reuse)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def processes_with_marker(token: str | None = None) -> list[psutil.Process]:
+    """Processes of ours carrying a CONDUCTOR_RUN_TREE marker (optionally a given token)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != os.getuid():
+                continue
+            value = proc.environ().get("CONDUCTOR_RUN_TREE")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if value is not None and (token is None or value == token):
+            found.append(proc)
+    return found
+
+
+def zombies_of(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    result = []
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                result.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return result
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)})
+    try:
+        yield sup
+    finally:
+        sup.close()
+
+
+class Lines:
+    """An on_line sink that records (stream, line) pairs, thread-safely enough for list.append."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def __call__(self, stream: str, line: str) -> None:
+        self.items.append((stream, line))
+
+    def find(self, stream: str, prefix: str) -> str | None:
+        for s, line in list(self.items):
+            if s == stream and line.startswith(prefix):
+                return line
+        return None
