@@ -123,6 +123,7 @@ def run_watch(
         redirect_stdout=False,
         redirect_stderr=False,
     ) as live:
+        live.refresh()  # show the first state now, not at the first tick
         while not stop.wait(reload_seconds):
             latest[0] = load()
             if not auto_refresh:

@@ -1,0 +1,473 @@
+"""``conductor-run status``: pure rendering at a fixed ``now``, the command, and a real publisher process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+import typer
+from rich.console import Console, RenderableType
+from typer.testing import CliRunner
+
+from cli import exitcodes, status
+from cli.render import format_duration, format_relative, render_status, render_task, render_view
+from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState
+from leasecore.statefile import (
+    ProcessState,
+    SnapshotRecord,
+    StatePublisher,
+    probe_process,
+    runner_info_for_this_process,
+)
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+TASK_ID = "7f3c1a2e-1111-4222-8333-444455556666"
+GOLDEN = Path(__file__).parent / "golden"  # expected renders, reviewed by eye
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def a_task(**changes: object) -> TaskSnapshot:
+    fields: dict[str, object] = {
+        "task_id": TASK_ID,
+        "workflow_id": "9b2d0c11-aaaa-4bbb-8ccc-dddddddddddd",
+        "task_type": "encode_video",
+        "state": TaskState.RUNNING,
+        "started_at": at(-125),
+        "child_pid": 31337,
+        "last_ack_at": at(-3.2),
+        "next_heartbeat_at": at(4.8),
+        "lease_deadline_at": at(6.8),
+        "lease_timeout_seconds": 10.0,
+        "hard_deadline_at": at(3300),
+        "recent_output": ("frame 1/500", "frame 120/500 (24%)"),
+    }
+    fields.update(changes)
+    return TaskSnapshot(**fields)  # type: ignore[arg-type]
+
+
+def a_record(
+    *tasks: TaskSnapshot, pid: int = 4242, stale_reason: str | None = None, server: ServerHealth | None = None
+) -> SnapshotRecord:
+    runner = RunnerInfo(pid, "host-a", "http://localhost:8080/api", started_at=at(-3720))
+    snapshot = RunnerSnapshot(runner, server or ServerHealth(last_ok_at=at(-0.4)), tasks, updated_at=at(-0.3))
+    path = Path(f"/state/runner-{pid}.json")
+    return SnapshotRecord(path, pid, snapshot, stale_reason, stale_reason is not None)
+
+
+def to_text(renderable: RenderableType, width: int = 140, *, colour: bool = False) -> str:
+    console = Console(
+        file=StringIO(), width=width, force_terminal=colour, color_system="standard" if colour else None
+    )
+    console.print(renderable)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    return "\n".join(line.rstrip() for line in out.splitlines())
+
+
+# --- pure rendering ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [(0.04, "0.0s"), (3.25, "3.2s"), (-59.9, "59.9s"), (125, "2m05s"), (3720, "1h02m"), (99999, "1d03h")],
+)
+def test_format_duration(seconds: float, expected: str) -> None:
+    assert format_duration(seconds) == expected
+
+
+@pytest.mark.parametrize(
+    ("moment", "expected"), [(at(-3.2), "3.2s ago"), (at(1.1), "in 1.1s"), (at(0.01), "now"), (None, "-")]
+)
+def test_format_relative(moment: datetime | None, expected: str) -> None:
+    assert format_relative(moment, NOW) == expected
+
+
+def test_no_runners_is_one_clear_line() -> None:
+    text = to_text(render_status([], NOW, state_dir=Path("/run/user/1000/conductor-run")))
+    assert text == "No conductor-run runners on this host (state directory /run/user/1000/conductor-run)."
+
+
+def test_the_host_view_shows_runners_and_their_tasks() -> None:
+    live = a_record(
+        a_task(),
+        a_task(
+            task_id="a1b2c3d4-9999",
+            workflow_id="wf-2",
+            started_at=at(-40),
+            child_pid=31340,
+            last_ack_at=at(-9),
+            next_heartbeat_at=at(-1.5),
+            lease_deadline_at=at(1),
+            consecutive_failures=2,
+            hard_deadline_at=None,
+            recent_output=(),
+        ),
+    )
+    dead = a_record(a_task(), pid=17, stale_reason="runner process is gone")
+    assert to_text(render_status([live, dead], NOW)) + "\n" == (GOLDEN / "status_host.txt").read_text()
+
+
+def test_server_trouble_is_shown_on_the_runner_line() -> None:
+    server = ServerHealth(last_ok_at=at(-30), consecutive_failures=4, backoff_seconds=8)
+    text = to_text(render_status([a_record(server=server)], NOW))
+    assert "server unreachable: 4 failed calls, retry in 8.0s, last ok 30.0s ago" in text
+    assert "no tasks in flight" in text
+
+
+def test_lease_health_is_coloured() -> None:
+    records = [
+        a_record(
+            a_task(),
+            a_task(task_id="t2", consecutive_failures=1),
+            a_task(task_id="t3", state=TaskState.TERMINATING),
+        ),
+        a_record(a_task(task_id="t4"), pid=17, stale_reason="runner process is gone"),
+    ]
+    text = to_text(render_status(records, NOW), width=200, colour=True)
+    assert "\x1b[32mhealthy" in text
+    assert "\x1b[33mat risk" in text
+    assert "\x1b[1;31mfencing" in text
+    assert "\x1b[31mstale" in text
+
+
+def test_untrusted_text_is_neither_markup_nor_terminal_control() -> None:
+    task = a_task(task_type="[bold]x[/bold]", recent_output=("[red]boom[/red] \x1b[2J\x07done",))
+    text = to_text(render_task(a_record(task), task, NOW), width=100, colour=True)
+    assert "[bold]x[/bold]" in text
+    assert "[red]boom[/red]" in text
+    assert "\x1b[2J" not in text and "\x07" not in text
+    assert "\ufffd[2J\ufffddone" in text
+
+
+def test_the_task_view_shows_full_ids_times_and_recent_output() -> None:
+    task = a_task(consecutive_failures=1)
+    text = to_text(render_task(a_record(task), task, NOW), width=100)
+    assert text.splitlines()[:3] == [
+        f"task            {TASK_ID}",
+        "workflow        9b2d0c11-aaaa-4bbb-8ccc-dddddddddddd",
+        "type            encode_video",
+    ]
+    assert "last heartbeat  3.2s ago (11:59:56 UTC)" in text
+    assert "lease ends      in 6.8s (12:00:06 UTC)" in text
+    assert "lease           at risk" in text
+    assert text.endswith("recent output (2 lines):\n  frame 1/500\n  frame 120/500 (24%)")
+
+
+def test_the_task_view_of_a_stale_runner_says_so() -> None:
+    record = a_record(a_task(), stale_reason="no update for 12.0s")
+    text = to_text(render_view([record], NOW, task_id="7f3c"), width=100)
+    assert "runner state    STALE (no update for 12.0s)" in text
+    assert "lease           stale" in text
+
+
+def test_task_lookup_reports_unknown_and_ambiguous_ids() -> None:
+    record = a_record(a_task(), a_task(task_id="7f3c9999"))
+    assert to_text(render_view([record], NOW, task_id="zzz")) == "No task zzz on this host."
+    assert "is ambiguous" in to_text(render_view([record], NOW, task_id="7f3c"))
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """A root so that ``status`` stays a subcommand, as in the real app."""
+
+    status.register(app)
+    return app
+
+
+def invoke(app: typer.Typer, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["status", *args], env={"COLUMNS": "160"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def publish_here(state: Path, *tasks: TaskSnapshot) -> StatePublisher:
+    runner = runner_info_for_this_process(worker_id="host-a", server_url="http://u:pw@localhost:8080/api")
+    publisher = StatePublisher(state, runner)
+    publisher.publish(tasks, server=ServerHealth(last_ok_at=datetime.now(UTC)))
+    return publisher
+
+
+def live_task(**changes: object) -> TaskSnapshot:
+    now = datetime.now(UTC)
+    fields: dict[str, object] = {
+        "started_at": now,
+        "next_heartbeat_at": now + timedelta(seconds=48),
+        "lease_deadline_at": now + timedelta(seconds=60),
+    }
+    fields.update(changes)
+    return a_task(**fields)
+
+
+def test_status_without_runners(app: typer.Typer, tmp_path: Path) -> None:
+    code, out, _ = invoke(app, "--state-dir", str(tmp_path / "none"))
+    assert code == exitcodes.OK
+    assert out == f"No conductor-run runners on this host (state directory {tmp_path / 'none'}).\n"
+
+
+def test_status_reads_the_default_state_dir_from_the_environment(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_here(tmp_path, live_task())
+    monkeypatch.setenv("CONDUCTOR_RUN_STATE_DIR", str(tmp_path))
+    code, out, _ = invoke(app)
+    assert code == exitcodes.OK
+    assert f"runner {os.getpid()}  worker host-a  server http://localhost:8080/api" in out
+    assert "pw" not in out
+
+
+def test_status_json(app: typer.Typer, tmp_path: Path) -> None:
+    publish_here(tmp_path, live_task())
+    code, out, _ = invoke(app, "--json", "--state-dir", str(tmp_path))
+    assert code == exitcodes.OK
+    doc = json.loads(out)
+    [runner] = doc["runners"]
+    assert runner["stale"] is False
+    assert runner["runner"]["server_url"] == "http://localhost:8080/api"
+    assert runner["tasks"][0]["task_id"] == TASK_ID
+    assert runner["tasks"][0]["health"] == "healthy"
+
+
+def test_status_task_id(app: typer.Typer, tmp_path: Path) -> None:
+    publish_here(tmp_path, live_task())
+    code, out, _ = invoke(app, TASK_ID[:8], "--state-dir", str(tmp_path))
+    assert code == exitcodes.OK
+    assert f"task            {TASK_ID}" in out
+    assert "frame 120/500 (24%)" in out
+    code, out, _ = invoke(app, TASK_ID, "--json", "--state-dir", str(tmp_path))
+    assert code == exitcodes.OK
+    assert json.loads(out)["tasks"][0]["recent_output"] == ["frame 1/500", "frame 120/500 (24%)"]
+
+
+def test_status_of_an_unknown_task(app: typer.Typer, tmp_path: Path) -> None:
+    publish_here(tmp_path, live_task())
+    code, out, _ = invoke(app, "nope", "--state-dir", str(tmp_path))
+    assert code == exitcodes.NOT_FOUND
+    assert out == "No task nope on this host.\n"
+    code, out, _ = invoke(app, "nope", "--json", "--state-dir", str(tmp_path))
+    assert code == exitcodes.NOT_FOUND
+    assert json.loads(out)["tasks"] == []
+
+
+def test_an_insecure_state_dir_is_a_config_error_not_a_traceback(app: typer.Typer, tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)
+    code, out, err = invoke(app, "--state-dir", str(tmp_path))
+    assert code == exitcodes.CONFIG
+    assert out == ""
+    assert err.startswith(f"error: state directory {tmp_path} is writable by group or others")
+    assert "Traceback" not in err
+
+
+def test_watch_and_json_do_not_combine(app: typer.Typer, tmp_path: Path) -> None:
+    code, _, err = invoke(app, "--watch", "--json", "--state-dir", str(tmp_path))
+    assert code == exitcodes.USAGE
+    assert "cannot be combined" in err
+
+
+def test_watch_without_a_terminal_prints_once(app: typer.Typer, tmp_path: Path) -> None:
+    publish_here(tmp_path, live_task())
+    code, out, _ = invoke(app, "--watch", "--state-dir", str(tmp_path))
+    assert code == exitcodes.OK
+    assert out.count(f"runner {os.getpid()}") == 1
+
+
+def test_prune_deletes_snapshots_of_dead_runners(app: typer.Typer, tmp_path: Path) -> None:
+    publish_here(tmp_path, live_task())
+    pid = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+        ).stdout
+    )
+    runner = RunnerInfo(pid, "gone", "http://h/api", started_at=datetime.now(UTC))
+    StatePublisher(tmp_path, runner).publish([], server=ServerHealth())
+    code, out, _ = invoke(app, "--prune", "--state-dir", str(tmp_path))
+    assert code == exitcodes.OK
+    assert out.startswith("Removed 1 stale snapshot file(s).\n")
+    assert not (tmp_path / f"runner-{pid}.json").exists()
+    assert (tmp_path / f"runner-{os.getpid()}.json").exists()
+
+
+def test_run_watch_rerenders_as_snapshots_change() -> None:
+    # Given a loader that yields a runner from its second call on and stops the view on its third
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def load() -> list[SnapshotRecord]:
+        calls.append(1)
+        if len(calls) >= 3:
+            stop.set()
+        return [] if len(calls) == 1 else [a_record(a_task())]
+
+    console = Console(file=StringIO(), width=140, force_terminal=True, color_system=None)
+    status.run_watch(
+        console,
+        load,
+        lambda: NOW,
+        task_id=None,
+        state_dir=Path("/s"),
+        stop=stop,
+        reload_seconds=0.001,
+        auto_refresh=False,
+    )
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "No conductor-run runners on this host (state directory /s)." in out
+    assert "runner 4242  worker host-a" in out
+    assert len(calls) == 3
+
+
+# --- a real publishing process, read by the real command -----------------------------------------
+
+PUBLISHER_SCRIPT = """
+import sys, time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from leasecore.snapshot import OutputTail, ServerHealth, TaskSnapshot, TaskState
+from leasecore.statefile import StatePublisher, runner_info_for_this_process
+
+info = runner_info_for_this_process(worker_id="script", server_url="http://bob:s3cret@127.0.0.1:9/api")
+publisher = StatePublisher(Path(sys.argv[1]), info)
+started = datetime.now(UTC)
+tail = OutputTail()
+i = 0
+while True:
+    i += 1
+    tail.append(f"line {i}")
+    now = datetime.now(UTC)
+    task = TaskSnapshot("task-xyz", "wf-xyz", "demo", TaskState.RUNNING, started, child_pid=None,
+                        last_ack_at=now, next_heartbeat_at=now + timedelta(seconds=8),
+                        lease_deadline_at=now + timedelta(seconds=10), lease_timeout_seconds=10.0,
+                        recent_output=tail.lines())
+    publisher.publish([task], server=ServerHealth(last_ok_at=now))
+    time.sleep(0.05)
+"""
+
+
+def run_status(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--state-dir", str(state), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def publisher_process(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER_SCRIPT, str(tmp_path)])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_a_real_publisher_process_is_live_then_stale_once_killed(
+    tmp_path: Path, publisher_process: subprocess.Popen[bytes]
+) -> None:
+    snapshot_file = tmp_path / f"runner-{publisher_process.pid}.json"
+    wait_until(snapshot_file.exists)
+
+    live = run_status(tmp_path, "--json")
+    assert live.returncode == 0, live.stderr
+    [runner] = json.loads(live.stdout)["runners"]
+    assert runner["stale"] is False
+    assert runner["pid"] == publisher_process.pid
+    assert runner["runner"]["server_url"] == "http://127.0.0.1:9/api"
+    assert runner["tasks"][0]["task_id"] == "task-xyz"
+    assert runner["tasks"][0]["health"] == "healthy"
+    assert runner["tasks"][0]["last_output_line"].startswith("line ")
+    assert "s3cret" not in snapshot_file.read_text()
+
+    publisher_process.kill()  # SIGKILL: the file stays behind, the process is a zombie until reaped
+    wait_until(lambda: probe_process(publisher_process.pid, None) is ProcessState.GONE)
+    dead = run_status(tmp_path, "--json")
+    [runner] = json.loads(dead.stdout)["runners"]
+    assert runner["stale"] is True
+    assert runner["stale_reason"] == "runner process is gone"
+    assert runner["tasks"][0]["health"] == "stale"
+
+    publisher_process.wait(timeout=30)
+    human = run_status(tmp_path)
+    assert f"runner {publisher_process.pid}  STALE (runner process is gone)" in human.stdout
+
+    pruned = run_status(tmp_path, "--prune")
+    assert pruned.returncode == 0
+    assert pruned.stdout.startswith("Removed 1 stale snapshot file(s).")
+    assert not snapshot_file.exists()
+
+
+def test_watch_on_a_terminal_refreshes_until_ctrl_c(
+    tmp_path: Path, publisher_process: subprocess.Popen[bytes]
+) -> None:
+    wait_until((tmp_path / f"runner-{publisher_process.pid}.json").exists)
+    main_fd, child_fd = pty.openpty()
+    env = {**os.environ, "COLUMNS": "160", "LINES": "40", "TERM": "xterm"}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "cli", "status", "--watch", "--state-dir", str(tmp_path)],
+        stdin=child_fd,
+        stdout=child_fd,
+        stderr=child_fd,
+        env=env,
+        close_fds=True,
+    )
+    os.close(child_fd)
+    seen = bytearray()
+
+    def read_some() -> None:
+        ready, _, _ = select.select([main_fd], [], [], 0.1)
+        if ready:
+            with contextlib.suppress(OSError):  # EIO once the child side is closed
+                seen.extend(os.read(main_fd, 65536))
+
+    try:
+        # The output line changes every 50 ms: two different ones means the view refreshed.
+        def refreshed() -> bool:
+            read_some()
+            return len(set(re_lines(seen))) >= 2
+
+        wait_until(refreshed)
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=30) == 0
+        read_some()
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)
+        os.close(main_fd)
+    text = seen.decode(errors="replace")
+    assert "Traceback" not in text
+    assert "Aborted" not in text
+
+
+def re_lines(data: bytearray) -> list[str]:
+    import re
+
+    return re.findall(r"line \d+", data.decode(errors="replace"))
