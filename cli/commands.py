@@ -8,6 +8,7 @@ import typer
 def register_all(app: typer.Typer) -> None:
     """Register every command module on ``app``."""
     # One line per command module, e.g.:  from cli import server; server.register(app)
+    from cli import server; server.register(app)  # noqa: E702, I001
     from cli import status; status.register(app)  # noqa: E702, I001
     from cli import init; init.register(app)  # noqa: E702, I001
     from cli import config; config.register(app)  # noqa: E702, I001

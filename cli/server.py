@@ -1,0 +1,91 @@
+"""``conductor-run server``: run the embedded Conductor-compatible server in the foreground."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import sys
+
+import typer
+
+from cli import exitcodes
+from leasecore.errors import ConfigError
+from leasecore.server import EmbeddedServer
+from leasecore.signals import capture_signals
+
+HELP = (
+    "Run the embedded, in-memory Conductor-compatible server (for trying things out and for tests).\n\n"
+    "NOT for production: state lives in memory and is lost on exit. It implements what a worker and a "
+    "test harness use: task and workflow definitions (SIMPLE tasks in sequence), start / get / terminate "
+    "/ decide, poll and batch long-poll, update, extendLease, logs, poll data, health, optional token "
+    "auth.\n\n"
+    "Timing: --sweep-mode ideal (default) checks every timeout promptly at its deadline; coarse imitates "
+    "the real SQLite-backed Conductor server, where later re-checks of a workflow come 60-120 s late.\n\n"
+    "Prints the API base URL (http://HOST:PORT/api) on stdout once listening; Ctrl-C or SIGTERM stops it."
+)
+
+
+def server(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to bind; 0 picks a free one."),
+    auth_key: str | None = typer.Option(
+        None, "--auth-key", help="Enable token auth: the keyId clients exchange at POST /api/token."
+    ),
+    auth_secret: str | None = typer.Option(
+        None, "--auth-secret", help="The keySecret that goes with --auth-key.", show_default=False
+    ),
+    token_ttl: float = typer.Option(
+        3600.0, "--token-ttl", min=0.001, help="Seconds before an issued token expires (EXPIRED_TOKEN)."
+    ),
+    sweep_mode: str = typer.Option(
+        "ideal", "--sweep-mode", help="Timeout checks: 'ideal' (prompt) or 'coarse' (like the real server)."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every request to stderr."),
+) -> None:
+    if sweep_mode not in ("ideal", "coarse"):
+        _fail(f"--sweep-mode must be 'ideal' or 'coarse', not {sweep_mode!r}", exitcodes.USAGE)
+    if (auth_key is None) != (auth_secret is None):
+        _fail("--auth-key and --auth-secret go together: give both or neither", exitcodes.USAGE)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    srv = EmbeddedServer(
+        host,
+        port,
+        auth_key=auth_key,
+        auth_secret=auth_secret,
+        token_ttl_seconds=token_ttl,
+        sweep_mode="coarse" if sweep_mode == "coarse" else "ideal",
+        log=log if verbose else None,
+    )
+    # The handler only records (SimpleQueue.put is reentrant); the main thread acts.
+    signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def on_signal(signum: int, _count: int) -> None:
+        signals.put(signum)
+
+    try:
+        srv.start()
+    except ConfigError as exc:
+        _fail(str(exc), exitcodes.CONFIG)
+    try:
+        with capture_signals(on_signal):
+            typer.echo(srv.url)
+            mode = "auth on" if auth_key else "no auth"
+            log(
+                f"embedded Conductor server listening on {srv.url} ({mode}, {sweep_mode} sweep); Ctrl-C stops"
+            )
+            signum = signals.get()
+    finally:
+        srv.stop()
+    raise typer.Exit(exitcodes.SIGINT if signum == signal.SIGINT else exitcodes.SIGTERM)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"conductor-run server: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("server", help=HELP)(server)
