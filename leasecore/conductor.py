@@ -1,0 +1,589 @@
+"""The Conductor HTTP client: the one place that speaks HTTP to the server (CONDUCTOR_PROTOCOL.md).
+
+Owns: URLs, headers, per-attempt timeouts, token auth (through :mod:`leasecore.auth`) and the
+translation of every ``requests`` error and HTTP status into the project's exception tree. Does not
+own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
+
+Error translation happens in one place, :func:`translate_errors` plus :func:`error_for_status`:
+
+    network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
+    404                           -> ConductorNotFound
+    401/403 (after one refresh)   -> ConductorAuthError
+    other 4xx, 3xx                -> ConductorRejected
+    a 2xx we cannot parse         -> ConductorProtocolError
+
+Each carries method, path, status code and a short body excerpt with any credential redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+from urllib.parse import quote, urlsplit
+
+import requests
+import requests.adapters
+import requests.exceptions as rexc
+import urllib3.exceptions
+from urllib3.util import Timeout as Urllib3Timeout
+
+from leasecore import __version__
+from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import (
+    ConductorAuthError,
+    ConductorError,
+    ConductorNotFound,
+    ConductorProtocolError,
+    ConductorRejected,
+    ConductorRunError,
+    ConductorUnavailable,
+    ConfigError,
+)
+from leasecore.models import Task, TaskResult, TaskStatus
+
+__all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
+
+log = logging.getLogger(__name__)
+
+EXCERPT_CHARS = 200
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
+POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
+JSON = "application/json"
+TEXT_OR_JSON = "text/plain, application/json"  # POST /api/tasks answers text/plain (§3)
+_TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
+
+# requests' exception classes, most specific first, with what each means for a caller.
+_REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], ...] = (
+    (rexc.JSONDecodeError, ConductorProtocolError, "unparseable JSON"),
+    (rexc.InvalidJSONError, ConductorRejected, "request body is not valid JSON"),
+    (rexc.InvalidURL, ConductorRejected, "invalid URL"),
+    (rexc.MissingSchema, ConductorRejected, "invalid URL"),
+    (rexc.InvalidSchema, ConductorRejected, "invalid URL"),
+    (rexc.URLRequired, ConductorRejected, "invalid URL"),
+    (rexc.InvalidHeader, ConductorRejected, "invalid header"),
+    (rexc.TooManyRedirects, ConductorProtocolError, "too many redirects"),
+    (rexc.Timeout, ConductorUnavailable, "timed out"),
+    (rexc.ConnectionError, ConductorUnavailable, "connection failed"),
+    (rexc.ChunkedEncodingError, ConductorUnavailable, "connection broke mid-answer"),
+    (rexc.ContentDecodingError, ConductorUnavailable, "connection broke mid-answer"),
+    (rexc.RetryError, ConductorUnavailable, "connection failed"),
+    # Anything else requests raises (or warns, under -W error) is a failed attempt: retryable, and the
+    # lease deadline bounds how long a caller keeps trying.
+    (rexc.RequestException, ConductorUnavailable, "request failed"),
+    (rexc.RequestsWarning, ConductorUnavailable, "request failed"),
+    (urllib3.exceptions.HTTPError, ConductorUnavailable, "request failed"),
+    (OSError, ConductorUnavailable, "connection failed"),
+)
+
+
+@contextmanager
+def translate_errors(method: str, path: str) -> Iterator[None]:
+    """Turn any ``requests``/``urllib3``/socket error raised inside into the project's tree."""
+    try:
+        yield
+    except ConductorRunError:
+        raise
+    except (rexc.RequestException, rexc.RequestsWarning, urllib3.exceptions.HTTPError, OSError) as exc:
+        for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
+            if isinstance(exc, library_type):
+                raise error_type(
+                    f"{method} {path}: {what} ({type(exc).__name__}: {_short(str(exc))})",
+                    method=method,
+                    path=path,
+                ) from exc
+        raise  # pragma: no cover - unreachable: the table ends with every caught base class
+
+
+def error_for_status(
+    method: str, path: str, status_code: int, body: bytes, *, secrets: Sequence[str] = ()
+) -> ConductorError | None:
+    """The error an HTTP status means (``None`` for 2xx), with a redacted body excerpt."""
+    if 200 <= status_code < 300:
+        return None
+    excerpt = excerpt_of(body, secrets)
+    kinds: list[tuple[bool, type[ConductorError], str]] = [
+        (status_code == 404, ConductorNotFound, "not found"),
+        (status_code in (401, 403), ConductorAuthError, "not authorized"),
+        (status_code >= 500, ConductorUnavailable, "server error"),
+        (300 <= status_code < 400, ConductorRejected, "unexpected redirect (is the server URL right?)"),
+    ]
+    error_type, what = next(((t, w) for hit, t, w in kinds if hit), (ConductorRejected, "rejected"))
+    return error_type(
+        f"{method} {path} -> HTTP {status_code} {what}: {excerpt}"
+        if excerpt
+        else f"{method} {path} -> HTTP {status_code} {what}",
+        method=method,
+        path=path,
+        status_code=status_code,
+        body_excerpt=excerpt,
+    )
+
+
+def excerpt_of(body: bytes, secrets: Sequence[str] = ()) -> str:
+    """At most 200 characters of ``body``, whitespace collapsed, every secret replaced by ``***``."""
+    text = body[: 16 * EXCERPT_CHARS].decode("utf-8", errors="replace")
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return _short(text)
+
+
+def _short(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A completed HTTP exchange: status and body, read in full within the attempt's deadline."""
+
+    method: str
+    path: str
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON; a 2xx body that is not JSON is a :class:`ConductorProtocolError`."""
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConductorProtocolError(
+                f"{self.method} {self.path}: answer is not JSON",
+                method=self.method,
+                path=self.path,
+                status_code=self.status_code,
+                body_excerpt=excerpt_of(self.body),
+            ) from exc
+
+
+def _segment(value: str) -> str:
+    """One URL path segment; task ids and types are data, never URL syntax."""
+    return quote(value, safe="")
+
+
+class ConductorClient:
+    """Typed calls to a Conductor server; thread-safe, one instance shared by every thread.
+
+    ``timeout_seconds`` (constructor default, or per call) bounds one attempt: connect, the answer and
+    its body, and any token refresh the attempt needs. Every call raises only
+    :class:`~leasecore.errors.ConductorError` subclasses.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://localhost:8080/api",
+        *,
+        auth_key: str | None = None,
+        auth_secret: str | None = None,
+        session: requests.Session | None = None,
+        timeout_seconds: float = 10.0,
+        clock: Clock | None = None,
+        user_agent: str | None = None,
+        token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
+        pool_maxsize: int = POOL_MAXSIZE,
+    ) -> None:
+        self.base_url = _check_base_url(base_url)
+        self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
+        if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
+            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout_seconds!r}")
+        self._timeout_seconds = timeout_seconds
+        self._clock: Clock = clock or SystemClock()
+        self._user_agent = user_agent or f"conductor-run/{__version__}"
+        self._owns_session = session is None
+        self._session = session or _new_session(pool_maxsize)
+        key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
+        if bool(key) != bool(secret):
+            missing = "auth_secret" if key else "auth_key"
+            raise ConfigError(
+                f"{missing} is missing: give both the auth key and secret, or neither", key=missing
+            )
+        self._key_id = key
+        self._key_secret = secret
+        self._auth: TokenManager | None = None
+        if key:
+            self._auth = TokenManager(self._fetch_token, clock=self._clock, ttl_seconds=token_ttl_seconds)
+
+    def __repr__(self) -> str:
+        return f"ConductorClient(base_url={self.base_url!r}, auth={'on' if self._auth else 'off'})"
+
+    @property
+    def auth(self) -> TokenManager | None:
+        """The token manager, when credentials were given."""
+        return self._auth
+
+    def close(self) -> None:
+        """Release pooled connections (only of a session this client created)."""
+        if self._owns_session:
+            self._session.close()
+
+    def __enter__(self) -> ConductorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- worker calls -------------------------------------------------------------------------------
+
+    def poll(
+        self,
+        task_type: str,
+        *,
+        count: int,
+        timeout_ms: int,
+        worker_id: str | None = None,
+        domain: str | None = None,
+    ) -> list[Task]:
+        """Batch long poll; ``[]`` when nothing came within ``timeout_ms`` (200 ``[]`` or 204)."""
+        params: dict[str, str | int] = {"count": count, "timeout": timeout_ms}
+        if worker_id:
+            params["workerid"] = worker_id
+        if domain:  # an empty domain names another queue (§2): omit it
+            params["domain"] = domain
+        budget = max(0, timeout_ms) / 1000.0 + self._timeout_seconds  # the server holds the call
+        reply = self.request(
+            "GET", f"/tasks/poll/batch/{_segment(task_type)}", params=params, timeout_seconds=budget
+        )
+        if reply.status_code == 204 or not reply.body.strip():
+            return []
+        items = reply.json()
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            _protocol_error(reply, "expected a JSON list of tasks")
+        return [Task.from_json(item) for item in items]
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        """Report a result with v1 ``POST /api/tasks`` (never update-v2: it claims another task)."""
+        self.request(
+            "POST", "/tasks", json_body=result.to_json(), accept=TEXT_OR_JSON, timeout_seconds=timeout_seconds
+        )
+
+    def extend_lease(
+        self,
+        task_id: str,
+        workflow_id: str,
+        *,
+        worker_id: str | None = None,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        """Heartbeat: reset the task's response-timeout window (``extendLease: true``, §3)."""
+        body: dict[str, Any] = {
+            "taskId": task_id,
+            "workflowInstanceId": workflow_id,
+            "status": TaskStatus.IN_PROGRESS.value,
+            "extendLease": True,
+        }
+        if worker_id:
+            body["workerId"] = worker_id
+        self.request("POST", "/tasks", json_body=body, accept=TEXT_OR_JSON, timeout_seconds=timeout_seconds)
+
+    def get_task(self, task_id: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
+        """The task as the server has it; :class:`ConductorNotFound` when it is gone."""
+        reply = self.request("GET", f"/tasks/{_segment(task_id)}", timeout_seconds=timeout_seconds)
+        data = reply.json()
+        if not isinstance(data, dict):
+            _protocol_error(reply, "expected a JSON object")
+        return data
+
+    def get_task_status(self, task_id: str, *, timeout_seconds: float | None = None) -> TaskStatus | None:
+        """The task's status on the server, or ``None`` when the server does not know the task."""
+        try:
+            data = self.get_task(task_id, timeout_seconds=timeout_seconds)
+        except ConductorNotFound:
+            return None
+        try:
+            return TaskStatus(str(data.get("status")))
+        except ValueError:
+            raise ConductorProtocolError(
+                f"GET /tasks/{task_id}: unknown task status {str(data.get('status'))[:40]!r}",
+                method="GET",
+                path=f"/tasks/{task_id}",
+            ) from None
+
+    def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
+        """Append one execution-log line (raw ``text/plain`` body, §6)."""
+        self.request(
+            "POST", f"/tasks/{_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds
+        )
+
+    def health(self, *, timeout_seconds: float | None = None) -> bool:
+        """``GET /health``: True when healthy, False when the server answers but not healthily.
+
+        Raises :class:`ConductorUnavailable` when the server cannot be reached at all.
+        """
+        try:
+            reply = self.request("GET", "/health", root=True, timeout_seconds=timeout_seconds)
+        except ConductorUnavailable as exc:
+            if exc.status_code is None:
+                raise
+            return False
+        except ConductorRejected:
+            return False
+        try:
+            data = json.loads(reply.body) if reply.body.strip() else {}
+        except ValueError:
+            return True
+        return not (isinstance(data, dict) and data.get("healthy") is False)
+
+    # -- transport ----------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json_body: Any = None,
+        text_body: str | None = None,
+        accept: str = JSON,
+        timeout_seconds: float | None = None,
+        root: bool = False,
+    ) -> Reply:
+        """One call to ``{base_url}{path}`` (``root=True``: the server root), errors translated.
+
+        A 2xx comes back as a :class:`Reply`; anything else raises. With auth, a rejected token is
+        refreshed and the request sent once more, within the same deadline.
+        """
+        budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = self._clock.monotonic() + budget
+        url = (self.root_url if root else self.base_url) + path
+        headers = {"User-Agent": self._user_agent, "Accept": accept}
+        data: bytes | None = None
+        if json_body is not None:
+            headers["Content-Type"] = JSON
+            data = json.dumps(json_body).encode("utf-8")
+        elif text_body is not None:
+            headers["Content-Type"] = "text/plain; charset=utf-8"
+            data = text_body.encode("utf-8")
+        token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
+        reply = self._send(method, path, url, params, data, _with_token(headers, token), deadline)
+        if token is not None and self._auth is not None and _is_token_rejection(reply):
+            token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
+            reply = self._send(method, path, url, params, data, _with_token(headers, token), deadline)
+        error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
+        if error is not None:
+            if isinstance(error, ConductorAuthError) and not self._auth:
+                error.args = (f"{error} (the server wants credentials: set CONDUCTOR_AUTH_KEY/SECRET)",)
+            raise error
+        return reply
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        url: str,
+        params: Mapping[str, str | int] | None,
+        data: bytes | None,
+        headers: Mapping[str, str],
+        deadline: float,
+    ) -> Reply:
+        remaining = self._remaining(deadline, method, path)
+        # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
+        # below against the same deadline, so no attempt outlives it by more than one socket read.
+        timeout = cast(Any, Urllib3Timeout(total=remaining))
+        with translate_errors(method, path):
+            response = self._session.request(
+                method,
+                url,
+                params=params,
+                data=data,
+                headers=dict(headers),
+                timeout=timeout,
+                stream=True,
+                allow_redirects=False,
+            )
+            try:
+                body = self._read_body(response, method, path, deadline)
+            finally:
+                response.close()
+        return Reply(method=method, path=path, status_code=response.status_code, body=body)
+
+    def _read_body(self, response: requests.Response, method: str, path: str, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_content(chunk_size=64 * 1024):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ConductorProtocolError(
+                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes",
+                    method=method,
+                    path=path,
+                    status_code=response.status_code,
+                )
+            if self._clock.monotonic() > deadline:
+                raise ConductorUnavailable(
+                    f"{method} {path}: timed out reading the answer",
+                    method=method,
+                    path=path,
+                    status_code=None,
+                )
+        return b"".join(chunks)
+
+    def _remaining(self, deadline: float, method: str, path: str) -> float:
+        remaining = deadline - self._clock.monotonic()
+        if remaining <= 0:
+            raise ConductorUnavailable(
+                f"{method} {path}: no time left for the attempt", method=method, path=path
+            )
+        return remaining
+
+    def _secrets(self) -> tuple[str, ...]:
+        known = self._auth.known_tokens() if self._auth else ()
+        return (*known, self._key_secret) if self._key_secret else known
+
+    def _fetch_token(self, timeout_seconds: float) -> str | None:
+        """``POST {base}/token`` -> the token; ``None`` when the server has no such endpoint (OSS)."""
+        method, path = "POST", "/token"
+        deadline = self._clock.monotonic() + timeout_seconds
+        body = json.dumps({"keyId": self._key_id, "keySecret": self._key_secret}).encode("utf-8")
+        headers = {"User-Agent": self._user_agent, "Accept": JSON, "Content-Type": JSON}
+        reply = self._send(method, path, self.base_url + path, None, body, headers, deadline)
+        if reply.status_code in (404, 405):
+            return None
+        error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
+        if isinstance(error, ConductorRejected) and reply.status_code in (400, 401, 403):
+            raise ConductorAuthError(
+                f"the server refused the auth key and secret (HTTP {reply.status_code})",
+                method=method,
+                path=path,
+                status_code=reply.status_code,
+                body_excerpt=error.body_excerpt,
+            )
+        if error is not None:
+            raise error
+        try:
+            token = json.loads(reply.body).get("token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise ConductorProtocolError(
+                "POST /token: answer has no token", method=method, path=path, status_code=reply.status_code
+            )
+        return token
+
+
+def _with_token(headers: Mapping[str, str], token: str | None) -> dict[str, str]:
+    return {**headers, "X-Authorization": token} if token else dict(headers)
+
+
+def _is_token_rejection(reply: Reply) -> bool:
+    """401, or 403 naming an expired/invalid token: worth one refresh-and-retry (§8)."""
+    if reply.status_code == 401:
+        return True
+    if reply.status_code != 403:
+        return False
+    try:
+        data = json.loads(reply.body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
+
+
+def _protocol_error(reply: Reply, what: str) -> NoReturn:
+    raise ConductorProtocolError(
+        f"{reply.method} {reply.path}: {what}",
+        method=reply.method,
+        path=reply.path,
+        status_code=reply.status_code,
+        body_excerpt=excerpt_of(reply.body),
+    )
+
+
+def _check_base_url(base_url: str) -> str:
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"server URL must look like http://host:8080/api, not {base_url!r}", key="server.url"
+        )
+    return base_url.strip().rstrip("/")
+
+
+def _new_session(pool_maxsize: int) -> requests.Session:
+    session = requests.Session()
+    # One pool per host, big enough that every thread sharing the client can hold a connection
+    # (a pool too small makes urllib3 warn "Connection pool is full" and drop connections).
+    # max_retries=0: retrying is the caller's decision.
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_maxsize, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class ConductorAdmin:
+    """Calls a harness or the demo needs beyond the worker protocol (§7)."""
+
+    def __init__(self, client: ConductorClient) -> None:
+        self._client = client
+
+    def register_task_defs(self, task_defs: Sequence[Mapping[str, Any]]) -> None:
+        """Create or update task definitions (``POST /api/metadata/taskdefs``)."""
+        self._client.request("POST", "/metadata/taskdefs", json_body=[dict(d) for d in task_defs])
+
+    def register_workflow(self, workflow_def: Mapping[str, Any], *, overwrite: bool = False) -> None:
+        """Register a workflow definition; with ``overwrite``, replace an existing name+version."""
+        if not overwrite:
+            self._client.request("POST", "/metadata/workflow", json_body=dict(workflow_def))
+            return
+        try:
+            self._client.request(
+                "POST", "/metadata/workflow", params={"overwrite": "true"}, json_body=dict(workflow_def)
+            )
+        except ConductorRejected as exc:
+            if exc.status_code != 409:  # servers before 3.32 ignore ?overwrite=: update with PUT
+                raise
+            self._client.request("PUT", "/metadata/workflow", json_body=[dict(workflow_def)])
+
+    def start_workflow(self, name: str, input_data: Mapping[str, Any], *, version: int | None = None) -> str:
+        """Start a workflow; returns its id (the server answers ``text/plain``)."""
+        params: dict[str, str | int] = {} if version is None else {"version": version}
+        reply = self._client.request(
+            "POST",
+            f"/workflow/{_segment(name)}",
+            params=params,
+            json_body=dict(input_data),
+            accept=TEXT_OR_JSON,
+        )
+        workflow_id = reply.text.strip().strip('"')
+        if not workflow_id:
+            _protocol_error(reply, "no workflow id in the answer")
+        return workflow_id
+
+    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        """The workflow with its tasks."""
+        reply = self._client.request(
+            "GET", f"/workflow/{_segment(workflow_id)}", params={"includeTasks": "true"}
+        )
+        data = reply.json()
+        if not isinstance(data, dict):
+            _protocol_error(reply, "expected a JSON object")
+        return data
+
+    def terminate_workflow(self, workflow_id: str, reason: str) -> None:
+        """Terminate: its non-terminal tasks become CANCELED."""
+        self._client.request(
+            "DELETE", f"/workflow/{_segment(workflow_id)}", params={"reason": reason}, accept=TEXT_OR_JSON
+        )
+
+    def decide(self, workflow_id: str) -> None:
+        """Force a synchronous evaluation (runs the timeout checks now)."""
+        self._client.request("PUT", f"/workflow/decide/{_segment(workflow_id)}", accept=TEXT_OR_JSON)
+
+    def get_logs(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's execution logs, oldest first; ``[]`` when there are none (204)."""
+        reply = self._client.request("GET", f"/tasks/{_segment(task_id)}/log")
+        if reply.status_code == 204 or not reply.body.strip():
+            return []
+        data = reply.json()
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            _protocol_error(reply, "expected a JSON list of log entries")
+        return data
