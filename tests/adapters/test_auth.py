@@ -279,7 +279,7 @@ def token_server() -> Iterator[tuple[TokenServer, ScriptedServer]]:
 def test_token_is_sent_on_every_call_but_not_to_the_token_endpoint(
     token_server: tuple[TokenServer, ScriptedServer],
 ) -> None:
-    logic, srv = token_server
+    _, srv = token_server
     with ConductorClient(srv.url + "/api", auth_key=KEY_ID, auth_secret=KEY_SECRET) as client:
         assert client.get_task_status("t1") == "IN_PROGRESS"
         client.get_task("t1")
@@ -343,9 +343,9 @@ def test_bad_credentials_are_an_auth_error_without_the_secret() -> None:
     with (
         ScriptedServer(echo_secret) as srv,
         ConductorClient(srv.url + "/api", auth_key=KEY_ID, auth_secret=KEY_SECRET) as client,
+        pytest.raises(ConductorAuthError) as info,
     ):
-        with pytest.raises(ConductorAuthError) as info:
-            client.get_task("t1")
+        client.get_task("t1")
     error = info.value
     for text in (str(error), repr(error), error.body_excerpt or "", repr(client)):
         assert KEY_SECRET not in text
