@@ -23,7 +23,6 @@ JSON layout (schema version 1), one file per runner, ``<state_dir>/runner-<pid>.
 from __future__ import annotations
 
 import re
-import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -292,20 +291,22 @@ class RunnerSnapshot:
 
 
 class OutputTail:
-    """The last :data:`MAX_OUTPUT_LINES` lines of a child's output, each cut short; thread-safe."""
+    """The last :data:`MAX_OUTPUT_LINES` lines of a child's output, each cut short.
+
+    Safe to feed from the child's reader threads while the runner reads it, without a lock (the core
+    does not import ``threading``): ``deque.append`` with a ``maxlen`` is one atomic C call, and
+    ``tuple(deque)`` copies inside C without releasing the GIL, so it never sees a half-made append.
+    """
 
     def __init__(self, max_lines: int = MAX_OUTPUT_LINES, max_chars: int = MAX_LINE_CHARS) -> None:
         self._lines: deque[str] = deque(maxlen=max_lines)
         self._max_chars = max_chars
-        self._lock = threading.Lock()
 
     def append(self, line: str) -> None:
-        with self._lock:
-            self._lines.append(line.rstrip("\r\n")[: self._max_chars])
+        self._lines.append(line.rstrip("\r\n")[: self._max_chars])
 
     def lines(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(self._lines)
+        return tuple(self._lines)
 
 
 def lease_health(task: TaskSnapshot, now: datetime, *, runner_stale: bool = False) -> LeaseHealth:
