@@ -6,6 +6,7 @@ also in $CONDUCTOR_INPUT_<KEY>. The JSON object written to $CONDUCTOR_OUTPUT_FIL
 task's outputData (plus exitCode, durationSeconds and output tails added by conductor-run).
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -18,8 +19,11 @@ from_env = {
     for name, value in os.environ.items()
     if name.startswith("CONDUCTOR_INPUT_") and name != "CONDUCTOR_INPUT_FILE"
 }
+canonical = json.dumps(from_stdin, sort_keys=True).encode()
 output = {
-    "stdin": from_stdin,
+    # The input itself only when small: the output object is capped (1 MiB) to stay under 3 MB.
+    "stdin": from_stdin if len(canonical) < 64 * 1024 else "(large: see stdin_sha256)",
+    "stdin_sha256": hashlib.sha256(canonical).hexdigest(),
     "file_matches_stdin": from_file == from_stdin,
     "env": from_env,
     "task_id": os.environ["CONDUCTOR_TASK_ID"],

@@ -11,6 +11,7 @@ grandchild holding stdout cannot keep a finished task open.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -416,6 +417,8 @@ class Supervisor:
 def _spawn_failure(argv0: str, reply: dict[str, Any]) -> str:
     errno_value = int(reply.get("errno") or 0)
     why = os.strerror(errno_value) if errno_value else "unknown error"
+    if errno_value == errno.ENOEXEC:
+        why += "; a script needs a #! line"
     return f"cannot start {argv0!r}: {why} (while doing {reply.get('what', '?')})"
 
 

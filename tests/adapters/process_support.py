@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from leasecore.models import Task
 from leasecore.process import CommandSpec, Supervisor
@@ -84,8 +83,8 @@ def zombies_of(pid: int) -> list[psutil.Process]:
     return result
 
 
-@pytest.fixture
-def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+def running_supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    """Body of each test module's ``supervisor`` fixture: a Supervisor with a minimal environment."""
     sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)})
     try:
         yield sup

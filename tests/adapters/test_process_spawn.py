@@ -1,0 +1,191 @@
+"""Spawning real children: the child's interface, hostile input, output, spawn errors, cleanup."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leasecore.errors import SpawnError
+from leasecore.models import TaskStatus
+from leasecore.process import CommandSpec, Supervisor, to_task_result
+
+from .process_support import Lines, make_task, running_supervisor, sample, spec, wait_until
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    yield from running_supervisor(tmp_path)
+
+
+HOSTILE = {
+    "subst": "$(touch pwned-subst)",
+    "backticks": "`touch pwned-tick`",
+    "quotes": 'it\'s "quoted" ; touch pwned-semi',
+    "newlines": "line1\nline2\n; touch pwned-nl",
+    "glob": "* ?",
+    "big": "B" * (1024 * 1024),
+}
+
+
+def test_child_sees_input_on_stdin_file_and_env(supervisor: Supervisor, tmp_path: Path) -> None:
+    task = make_task({"name": "Ada", "count": 3, "nested": {"a": [1, 2]}})
+    child = supervisor.spawn(task, spec(*sample("echo_input.py"), cwd=str(tmp_path)), worker_id="w1")
+    exit = child.wait(30)
+    assert exit is not None and exit.exit_code == 0, exit
+    assert exit.output is not None
+    assert exit.output["stdin"] == {"name": "Ada", "count": 3, "nested": {"a": [1, 2]}}
+    assert exit.output["file_matches_stdin"] is True
+    assert exit.output["env"] == {"CONDUCTOR_INPUT_NAME": "Ada", "CONDUCTOR_INPUT_COUNT": "3"}
+    assert exit.output["task_id"] == "task-1"
+    assert exit.stdout_tail == "echoed 3 input keys"
+
+
+def test_hostile_input_is_data_never_code(tmp_path: Path) -> None:
+    environ = {"PATH": os.environ["PATH"], "CONDUCTOR_AUTH_KEY": "key", "CONDUCTOR_AUTH_SECRET": "secret"}
+    with Supervisor(None, environ=environ) as sup:
+        task = make_task(HOSTILE)
+        # A shell command that expands the inputs, quoted, as a careful script would.
+        shell = 'printf "%s" "$CONDUCTOR_INPUT_SUBST" "$CONDUCTOR_INPUT_BACKTICKS"; cat >/dev/null'
+        shelled = sup.spawn(task, CommandSpec(shell=shell, cwd=str(tmp_path)), worker_id="w")
+        echoed = sup.spawn(task, spec(*sample("echo_input.py"), cwd=str(tmp_path)), worker_id="w")
+        shell_exit, echo_exit = shelled.wait(30), echoed.wait(30)
+    assert shell_exit is not None and shell_exit.exit_code == 0
+    assert shell_exit.stdout_tail == HOSTILE["subst"] + HOSTILE["backticks"]
+    assert echo_exit is not None and echo_exit.output is not None
+    canonical = json.dumps(HOSTILE, sort_keys=True).encode()
+    assert echo_exit.output["stdin_sha256"] == hashlib.sha256(canonical).hexdigest()  # 1 MB included
+    assert echo_exit.output["file_matches_stdin"] is True
+    env = echo_exit.output["env"]
+    for key in ("subst", "backticks", "quotes", "newlines", "glob"):
+        assert env[f"CONDUCTOR_INPUT_{key.upper()}"] == HOSTILE[key]
+    assert "CONDUCTOR_INPUT_BIG" not in env  # too big for exec's limits: stdin / file only
+    assert echo_exit.output["auth_vars"] == []
+    assert list(tmp_path.iterdir()) == []  # nothing was executed: no pwned-* files
+
+
+def test_exit_codes_map_to_statuses(supervisor: Supervisor) -> None:
+    command = CommandSpec(argv=sample("failer.sh"), terminal_exit_codes=frozenset({2}))
+    results = {}
+    for code in (0, 2, 3):
+        task = make_task({"code": code})
+        exit = supervisor.spawn(task, command, worker_id="w").wait(30)
+        assert exit is not None
+        results[code] = to_task_result(task, exit, command, worker_id="w")
+    assert results[0].status == TaskStatus.COMPLETED
+    assert results[2].status == TaskStatus.FAILED_WITH_TERMINAL_ERROR
+    assert results[3].status == TaskStatus.FAILED
+    assert results[3].reason_for_incompletion == "exit code 3: could not reach the widget service"
+    assert results[3].output_data["stdoutTail"] == "working..."
+
+
+def test_in_progress_exit_code(supervisor: Supervisor) -> None:
+    command = CommandSpec(argv=sample("in_progress.sh"), in_progress_exit_code=10, callback_after_seconds=5)
+    early, late = make_task({"polls": 2}, poll_count=1), make_task({"polls": 2}, poll_count=2)
+    first = supervisor.spawn(early, command, worker_id="w").wait(30)
+    second = supervisor.spawn(late, command, worker_id="w").wait(30)
+    assert first is not None and second is not None
+    yielded = to_task_result(early, first, command, worker_id="w")
+    assert (yielded.status, yielded.callback_after_seconds) == (TaskStatus.IN_PROGRESS, 5)
+    done = to_task_result(late, second, command, worker_id="w")
+    assert done.status == TaskStatus.COMPLETED and done.output_data["ready"] is True
+
+
+def test_invalid_output_file_fails_the_task(supervisor: Supervisor) -> None:
+    command = CommandSpec(shell='echo "[1, 2" > "$CONDUCTOR_OUTPUT_FILE"')
+    task = make_task()
+    exit = supervisor.spawn(task, command, worker_id="w").wait(30)
+    assert exit is not None and exit.exit_code == 0 and exit.output is None
+    result = to_task_result(task, exit, command, worker_id="w")
+    assert result.status == TaskStatus.FAILED
+    assert result.reason_for_incompletion is not None
+    assert result.reason_for_incompletion.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON")
+
+
+def test_lines_stream_to_the_sink_while_the_child_runs(supervisor: Supervisor) -> None:
+    lines = Lines()
+    command = CommandSpec(shell="echo one; echo two >&2; read -r _ < /dev/null; sleep 30")
+    child = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines)
+    try:
+        assert wait_until(lambda: ("stdout", "one") in lines.items and ("stderr", "two") in lines.items, 15)
+        assert not child.exited
+    finally:
+        child.kill_tree()
+    exit = child.wait(30)
+    assert exit is not None and exit.stdout_tail == "one" and exit.stderr_tail == "two"
+
+
+def test_temporary_files_are_private_and_removed(supervisor: Supervisor) -> None:
+    command = CommandSpec(
+        shell='stat -c "%a" "$(dirname "$CONDUCTOR_INPUT_FILE")" "$CONDUCTOR_INPUT_FILE"'
+        ' "$CONDUCTOR_OUTPUT_FILE"; echo "$CONDUCTOR_INPUT_FILE"'
+    )
+    exit = supervisor.spawn(make_task({"a": 1}), command, worker_id="w").wait(30)
+    assert exit is not None
+    modes_and_path = exit.stdout_tail.splitlines()
+    assert modes_and_path[:3] == ["700", "600", "600"]
+    assert not Path(modes_and_path[3]).exists()
+    assert not Path(modes_and_path[3]).parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (CommandSpec(argv=("no-such-command-xyz",)), "command not found"),
+        (CommandSpec(argv=("./script-without-shebang",)), "Exec format error.*#!"),
+        (CommandSpec(argv=("true",), cwd="/no/such/dir"), "does not exist"),
+        (CommandSpec(), "exactly one"),
+    ],
+)
+def test_spawn_errors_are_clear(
+    supervisor: Supervisor,
+    command: CommandSpec,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = tmp_path / "script-without-shebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*"))
+    with pytest.raises(SpawnError, match=message):
+        supervisor.spawn(make_task(), command, worker_id="w")
+    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*")) <= before
+
+
+def test_a_300mb_flood_without_newlines_keeps_memory_bounded(supervisor: Supervisor) -> None:
+    counts = {"stdout": 0, "stderr": 0}
+    longest = [0]
+
+    def count(stream: str, line: str) -> None:  # keeps nothing: only the runner's memory is measured
+        counts[stream] += 1
+        longest[0] = max(longest[0], len(line))
+
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    exit = supervisor.spawn(make_task(), spec(*sample("flooder.py")), worker_id="w", on_line=count).wait(240)
+    assert exit is not None and exit.exit_code == 0, exit
+    rss_growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    assert rss_growth_kib < 50 * 1024, f"runner grew by {rss_growth_kib} KiB for a 300 MB flood"
+    assert len(exit.stdout_tail) <= 64 * 1024
+    assert exit.stderr_tail.endswith("flood done")
+    assert counts["stdout"] == 300 * 1024 * 1024 // (64 * 1024)
+    assert longest[0] == 64 * 1024
+    print(f"300 MB flood read in {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def test_json_output_stays_small(supervisor: Supervisor) -> None:
+    command = CommandSpec(shell='yes "a line of output" | head -c 5000000; yes err | head -c 3000000 >&2')
+    task = make_task()
+    exit = supervisor.spawn(task, command, worker_id="w").wait(60)
+    assert exit is not None
+    body = json.dumps(to_task_result(task, exit, command, worker_id="w").to_json())
+    assert len(body) < 300 * 1024

@@ -1,0 +1,162 @@
+"""Owning the whole tree: TERM -> grace -> KILL, escapees, no zombies, exit not held by pipes."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from leasecore.models import TaskStatus
+from leasecore.process import CommandSpec, Supervisor, to_task_result
+
+from .process_support import (
+    Lines,
+    alive,
+    make_task,
+    processes_with_marker,
+    running_supervisor,
+    sample,
+    wait_until,
+    zombies_of,
+)
+
+SLACK_SECONDS = 0.5  # the guarantee: every process gone within grace + 0.5 s
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    yield from running_supervisor(tmp_path)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _escapee_pid(lines: Lines) -> int:
+    assert wait_until(lambda: lines.find("stdout", "daemon ") is not None, 30)
+    line = lines.find("stdout", "daemon ")
+    assert line is not None
+    return int(line.split()[1])
+
+
+def test_terminate_stops_a_sleeper_at_once(supervisor: Supervisor) -> None:
+    child = supervisor.spawn(
+        make_task({"seconds": 300}), CommandSpec(argv=sample("sleeper.sh")), worker_id="w"
+    )
+    assert wait_until(lambda: len(_tree(child.pid)) >= 2, 15)  # sh + sleep
+    tree = _tree(child.pid)
+    started = time.monotonic()
+    child.terminate_tree(grace_seconds=10)
+    exit = child.wait(15)
+    assert exit is not None and exit.signal == signal.SIGTERM
+    assert wait_until(lambda: not any(alive(p) for p in tree), 5)
+    assert time.monotonic() - started < 5  # well before the 10 s grace: TERM was enough
+    result = to_task_result(make_task(), exit, CommandSpec(argv=("x",)), worker_id="w")
+    assert (result.status, result.reason_for_incompletion) == (TaskStatus.FAILED, "killed by SIGTERM")
+
+
+def test_term_ignorer_is_killed_after_the_grace(supervisor: Supervisor) -> None:
+    grace = 1.5
+    lines = Lines()
+    child = supervisor.spawn(
+        make_task(), CommandSpec(argv=sample("term_ignorer.sh")), worker_id="w", on_line=lines
+    )
+    assert wait_until(lambda: lines.find("stdout", "ignoring TERM") is not None, 15)
+    assert wait_until(lambda: len(_tree(child.pid)) >= 2, 15)
+    tree = _tree(child.pid)
+    started = time.monotonic()
+    child.terminate_tree(grace_seconds=grace)
+    assert wait_until(lambda: not any(alive(p) for p in tree), grace + SLACK_SECONDS)
+    elapsed = time.monotonic() - started
+    assert elapsed >= grace - 0.1, "killed before the grace ran out"
+    exit = child.wait(10)
+    assert exit is not None and exit.signal == signal.SIGKILL
+
+
+def test_escapee_that_left_the_group_is_killed_with_the_tree(supervisor: Supervisor) -> None:
+    lines = Lines()
+    command = CommandSpec(argv=sample("daemonizer.py"), kill_grace_seconds=1.0)
+    child = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines)
+    daemon = psutil.Process(_escapee_pid(lines))
+    assert daemon.ppid() == supervisor.forkserver_pid  # adopted by the subreaper
+    assert daemon.pid != child.pid and daemon.pid not in {p.pid for p in _tree(child.pid)}
+    tree = [*_tree(child.pid), daemon]
+    child.kill_tree()
+    assert wait_until(lambda: not any(alive(p) for p in tree), SLACK_SECONDS + 0.5)
+    assert child.wait_gone(10)
+    assert zombies_of(supervisor.forkserver_pid) == []
+
+
+def test_the_tree_dies_with_the_task_when_it_exits_normally(supervisor: Supervisor) -> None:
+    lines = Lines()
+    command = CommandSpec(argv=sample("daemonizer.py"), kill_grace_seconds=1.0)
+    child = supervisor.spawn(make_task({"then": "exit"}), command, worker_id="w", on_line=lines)
+    exit = child.wait(30)
+    assert exit is not None and exit.exit_code == 0 and exit.output is not None
+    daemon_pid = int(exit.output["daemon_pid"])
+    assert child.wait_gone(1.0 + SLACK_SECONDS + 5)
+    assert not psutil.pid_exists(daemon_pid) or not alive(psutil.Process(daemon_pid))
+    assert zombies_of(supervisor.forkserver_pid) == []
+
+
+def test_a_grandchild_holding_stdout_does_not_keep_the_task_open(supervisor: Supervisor) -> None:
+    started = time.monotonic()
+    command = CommandSpec(argv=sample("grandchild_holds_stdout.sh"), kill_grace_seconds=1.0)
+    child = supervisor.spawn(make_task(), command, worker_id="w")
+    exit = child.wait(30)
+    assert exit is not None and exit.exit_code == 0
+    assert time.monotonic() - started < 10  # not the grandchild's 300 s
+    assert exit.stdout_tail.startswith("started a grandchild: ")
+    grandchild_pid = int(exit.stdout_tail.split(": ")[1])
+    assert child.wait_gone(15)
+    assert not psutil.pid_exists(grandchild_pid) or not alive(psutil.Process(grandchild_pid))
+
+
+def test_no_zombies_after_many_short_tasks(supervisor: Supervisor) -> None:
+    command = CommandSpec(shell="true & true & (sleep 0.01 &) ; exit 0", kill_grace_seconds=1.0)
+    children = [supervisor.spawn(make_task(), command, worker_id="w") for _ in range(20)]
+    for child in children:
+        assert child.wait(30) is not None
+        assert child.wait_gone(15)
+    assert wait_until(lambda: zombies_of(supervisor.forkserver_pid) == [], 5)
+    assert psutil.Process(supervisor.forkserver_pid).children() == []
+
+
+def test_close_kills_every_tree_still_held(tmp_path: object) -> None:
+    sup = Supervisor(None)
+    lines = Lines()
+    children = [
+        sup.spawn(make_task(), CommandSpec(argv=sample("term_ignorer.sh")), worker_id="w"),
+        sup.spawn(make_task(), CommandSpec(argv=sample("daemonizer.py")), worker_id="w", on_line=lines),
+    ]
+    daemon = psutil.Process(_escapee_pid(lines))
+    tree = [daemon, *(p for c in children for p in _tree(c.pid))]
+    forkserver = psutil.Process(sup.forkserver_pid)
+    sup.close(grace_seconds=0.5)
+    assert wait_until(lambda: not any(alive(p) for p in tree), 0.5 + SLACK_SECONDS)
+    assert not alive(forkserver)
+    for child in children:
+        exit = child.wait(5)
+        assert exit is not None and exit.signal in (signal.SIGTERM, signal.SIGKILL)
+
+
+def test_marker_token_is_unique_per_task(supervisor: Supervisor) -> None:
+    first = supervisor.spawn(make_task(), CommandSpec(argv=sample("sleeper.sh")), worker_id="w")
+    second = supervisor.spawn(make_task(), CommandSpec(argv=sample("sleeper.sh")), worker_id="w")
+    try:
+
+        def both_marked() -> bool:
+            return {first.pid, second.pid} <= {p.pid for p in processes_with_marker()}
+
+        assert wait_until(both_marked, 15)
+        tokens = {p.pid: p.environ()["CONDUCTOR_RUN_TREE"] for p in processes_with_marker()}
+        assert tokens[first.pid] != tokens[second.pid]
+    finally:
+        first.kill_tree()
+        second.kill_tree()
+    assert first.wait_gone(10) and second.wait_gone(10)
