@@ -191,6 +191,9 @@ class Runner:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
             # keeps the lease; starting a second copy would run one task twice at once.
             log.warning("task %s delivered again while it runs here: not starting it twice", task.task_id)
+            entry = self._tasks[task.task_id]
+            if entry.tracked and entry.policy is not None:  # the new poll reset the server's clock
+                self._engine.track(task, entry.policy, polled_at=polled_at)
             self._pollers[plan.poll.task_type].release()
             self._budget.give_back(1)
             return
@@ -202,7 +205,7 @@ class Runner:
             self._report(entry, _failed(task, plan, SHUTDOWN_REASON))
             return
         entry.policy = plan.make_policy(task)
-        self._engine.track(task, entry.policy)
+        self._engine.track(task, entry.policy, polled_at=polled_at)
         entry.tracked = True
         try:
             entry.child = self._supervisor.spawn(
@@ -214,6 +217,7 @@ class Runner:
             self._logs.close(task.task_id)
             self._report(entry, _failed(task, plan, f"could not start the command: {exc}"))
             return
+        self._engine.child_started(task.task_id)
         log.info("task %s (%s, workflow %s) started: pid %d", task.task_id, task.task_type,
                  task.workflow_id, entry.child.pid)
         threading.Thread(target=self._wait_child, args=(task.task_id, entry.child),
@@ -345,6 +349,7 @@ class Runner:
         self._forced = True
         log.warning("second signal: killing every task now")
         self._reporter.hurry()
+        self._engine.shutdown(None, force=True)
         self._kill_all()
 
     def _kill_all(self) -> None:

@@ -111,10 +111,13 @@ class FakeEngine:
     def stop(self) -> None:
         self.calls.append(("stop", ""))
 
-    def track(self, task: Task, policy: LeasePolicy) -> None:
+    def track(self, task: Task, policy: LeasePolicy, *, polled_at: float | None = None) -> None:
         with self.lock:
             self.calls.append(("track", task.task_id))
             self.live.add(task.task_id)
+
+    def child_started(self, task_id: str) -> None:
+        self.calls.append(("child_started", task_id))
 
     def child_exited(self, task_id: str) -> None:
         with self.lock:
@@ -129,7 +132,9 @@ class FakeEngine:
             self.reasons.setdefault(task_id, reason)
         self.on_fence(task_id, KillTree(reason) if kill else TerminateTree(reason))
 
-    def shutdown(self, task_id: str | None, *, drain_deadline: float | None) -> None:
+    def shutdown(
+        self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
+    ) -> None:
         self.calls.append(("shutdown", str(drain_deadline)))
 
         def fence_all() -> None:

@@ -105,7 +105,7 @@ def test_once_runs_one_task_streams_its_output_and_reports_before_heartbeats_sto
     assert outcome.started == 1 and outcome.statuses == (TaskStatus.COMPLETED,)
     assert h.conductor.statuses() == {"a": TaskStatus.COMPLETED}
     assert h.conductor.logs["a"] == ["hello", "world"]
-    assert h.engine.names("a") == ["track", "child_exited", "reported"]
+    assert h.engine.names("a") == ["track", "child_started", "child_exited", "reported"]
     assert h.engine.calls[-1] == ("stop", "")  # heartbeats stop last
     assert [t.task_id for t in h.conductor.queued["t"]] == ["b"]  # --once took only one
 
@@ -140,7 +140,7 @@ def test_a_task_delivered_again_while_running_is_not_started_twice(harnesses: li
     outcome = h.finish()
     assert sorted(h.supervisor.children) == ["a", "b"]
     assert outcome.statuses == (TaskStatus.COMPLETED, TaskStatus.COMPLETED)
-    assert h.engine.names("a").count("track") == 1
+    assert h.engine.names("a").count("child_started") == 1  # one child; the re-poll only refreshed the lease
 
 
 def test_concurrent_tasks_overlap(harnesses: list[Harness]) -> None:
@@ -167,7 +167,7 @@ def test_stop_terminates_children_and_reports_them_failed_for_a_prompt_retry(
     assert {u.reason_for_incompletion for u in h.conductor.updates} == {"worker shutting down"}
     assert all(c.proc.poll() is not None for c in h.supervisor.children.values())
     for task_id in "ab":
-        assert h.engine.names(task_id) == ["track", "child_exited", "reported"]
+        assert h.engine.names(task_id) == ["track", "child_started", "child_exited", "reported"]
 
 
 def test_drain_lets_a_running_task_finish(harnesses: list[Harness]) -> None:

@@ -1,0 +1,147 @@
+"""Build the real collaborators from a resolved configuration and run the worker.
+
+The one place that knows every adapter's constructor: ``ConductorClient``, ``Supervisor``,
+``LeaseEngine``, ``StatePublisher``, the outbox. The CLI calls ``run_worker``; errors of the tree
+propagate (a server unreachable at start raises ``ConductorUnavailable`` before anything runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from leasecore.conductor import ConductorClient
+from leasecore.config import ResolvedConfig, TaskSettings
+from leasecore.errors import ConductorUnavailable
+from leasecore.heartbeat import LeaseEngine
+from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.models import Task, TaskResult
+from leasecore.outbox import Outbox
+from leasecore.poller import PollSettings
+from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runner import Runner
+from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.snapshot import redact_url
+from leasecore.statefile import (
+    StatePublisher,
+    default_state_dir,
+    ensure_state_dir,
+    runner_info_for_this_process,
+)
+
+log = logging.getLogger("conductor_run.worker")
+
+STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
+
+
+def plan_for(task: TaskSettings) -> TaskTypePlan:
+    """What the runner needs for one ``[[task]]``."""
+    spec = CommandSpec(
+        argv=tuple(task.command) if task.command is not None else None,
+        shell=task.shell,
+        cwd=task.cwd,
+        env=dict(task.env),
+        terminal_exit_codes=frozenset(task.terminal_exit_codes),
+        in_progress_exit_code=task.in_progress_exit_code,
+        callback_after_seconds=task.callback_after_seconds,
+        exec_timeout_seconds=task.exec_timeout,
+        kill_grace_seconds=task.kill_grace,
+    )
+    make_policy: Callable[[Task], LeasePolicy] = functools.partial(
+        LeasePolicy.from_task,
+        heartbeat_timeout_seconds=task.heartbeat_timeout,
+        lease_extend_enabled=task.lease_extend_enabled,
+        kill_grace_seconds=task.kill_grace,
+        exec_timeout_seconds=task.exec_timeout,
+        ownership_check_interval_seconds=task.ownership_check_interval,
+    )
+    poll = PollSettings(
+        task_type=task.type,
+        concurrency=task.concurrency,
+        timeout_ms=task.poll_timeout,
+        worker_id=task.worker_id,
+        domain=task.domain,
+        paused=task.paused,
+        interval_seconds=task.poll_interval / 1000.0,
+    )
+    return TaskTypePlan(
+        poll=poll,
+        spec=spec,
+        worker_id=task.worker_id,
+        make_policy=make_policy,
+        kill_grace_seconds=task.kill_grace,
+    )
+
+
+def options_for(config: ResolvedConfig) -> RunOptions:
+    r = config.runner
+    return RunOptions(
+        once=r.once, max_tasks=r.max_tasks, drain=r.drain, drain_timeout_seconds=r.drain_timeout
+    )
+
+
+def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str) -> TaskResult:
+    return to_task_result(task, exit_, spec, worker_id=worker_id)
+
+
+def run_worker(config: ResolvedConfig, *, environ: Mapping[str, str]) -> RunOutcome:
+    """Check the server, deliver saved results, sweep leftovers, then serve until stopped."""
+    server = config.server
+    client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
+    try:
+        if not client.health(timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS):
+            raise ConductorUnavailable("the server's health check failed")
+        state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
+        outbox = Outbox(state_dir / "outbox", server=server.url)
+        report = outbox.deliver(lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS))
+        if report.delivered or report.dropped:
+            log.info(
+                "saved results: %d delivered, %d dropped, %d kept",
+                report.delivered,
+                report.dropped,
+                report.kept,
+            )
+        plans = [plan_for(task) for task in config.tasks]
+        supervisor = Supervisor(state_dir)
+        try:
+            supervisor.sweep_leftovers()
+            publisher = StatePublisher(
+                state_dir,
+                runner_info_for_this_process(
+                    worker_id=plans[0].worker_id,
+                    server_url=server.url,
+                    task_types=[p.poll.task_type for p in plans],
+                ),
+            )
+
+            def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
+                return LeaseEngine(client, on_fence)
+
+            def make_reporter(done: Callable[[ReportOutcome], None]) -> Reporter:
+                return Reporter(client, done, outbox=outbox)
+
+            runner = Runner(
+                plans,
+                conductor=client,
+                make_engine=make_engine,
+                supervisor=supervisor,
+                to_result=_to_result,
+                options=options_for(config),
+                status=publisher,
+                reporter=make_reporter,
+            )
+            log.info(
+                "serving %s on %s as %s",
+                ", ".join(p.poll.task_type for p in plans),
+                redact_url(server.url),
+                plans[0].worker_id,
+            )
+            return runner.run()
+        finally:
+            supervisor.close()
+    finally:
+        client.close()
