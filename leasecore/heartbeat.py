@@ -1,0 +1,417 @@
+"""The lease engine: every lease of this process on one timer thread plus a bounded pool of senders.
+
+Owns the ``Lease`` objects (``leasecore.lease``), carries out their actions and feeds the outcomes
+back. It must not touch processes: fencing is handed to the runner through ``on_fence``. It talks to
+the server only through ``LeasePort`` (``ConductorClient`` satisfies it).
+
+Threads and locking:
+
+* one timer thread sleeps on a ``Condition`` until the earliest wake-up in a heap of
+  ``(when, task)`` entries; whoever makes a wake-up earlier notifies it. No polling loop.
+* a pool of sender threads (``senders`` at start, growing up to ``max_senders`` while every sender is
+  busy) runs ``SendHeartbeat`` / ``CheckOwnership`` so that one hanging request never delays the other
+  leases. A lease never has two of its own heartbeats in flight (the state machine forbids it).
+  Requests waiting for a sender show up in ``metrics()`` (``queued``, ``oldest_queued_seconds``).
+* every ``Lease`` is touched only under the one engine lock; ``on_fence`` is called outside it, from
+  the timer thread, a sender thread or the caller of ``shutdown``. It must be quick and must not call
+  back into the engine synchronously (putting the fence on the runner's queue is the intended use).
+
+Usage, as the runner drives it::
+
+    engine = LeaseEngine(client, on_fence=lambda task_id, action: events.put((task_id, action)))
+    engine.start()
+    engine.track(task, LeasePolicy.from_task(task), polled_at=poll_sent_at)  # per polled task
+    child = supervisor.spawn(task, spec, worker_id=worker_id)
+    engine.child_started(task.task_id)            # the exec timeout counts from here
+    ...                                           # TerminateTree/KillTree arrive through on_fence
+    engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
+    if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
+        client.update(result)                     # retried as needed: the lease stays alive
+    engine.reported(task.task_id)                 # heartbeats stop; the engine forgets the task
+    ...
+    engine.shutdown(None, drain_deadline=None)    # first signal (or drain_deadline=monotonic time)
+    engine.shutdown(None, force=True)             # second signal: KillTree now
+    engine.stop()                                 # last, after every report
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import logging
+import math
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ConductorError, ConductorNotFound
+from leasecore.lease import (
+    Action,
+    CheckOwnership,
+    FenceAction,
+    FenceReason,
+    Lease,
+    LeasePolicy,
+    LeaseView,
+    SendHeartbeat,
+)
+from leasecore.models import Task, TaskStatus
+
+__all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
+
+log = logging.getLogger(__name__)
+
+_LATENESS_SAMPLES = 10_000
+
+
+class LeasePort(Protocol):
+    """The two server calls the engine makes (raising only ``leasecore.errors`` types)."""
+
+    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
+        """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
+        ...
+
+    def get_task_status(self, task_id: str, *, timeout_seconds: float) -> TaskStatus | None:
+        """The task's status on the server; None for a 404."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """How the engine keeps up; ``queued`` > 0 for long means the sender pool is saturated."""
+
+    tracked: int
+    senders: int
+    busy_senders: int
+    queued: int
+    oldest_queued_seconds: float
+    saturated_waits: int  # requests that had to queue with every sender busy and the pool at max
+    heartbeats_sent: int
+    heartbeat_lateness_p99_seconds: float  # from due time to the port call, recent beats
+    heartbeat_lateness_max_seconds: float
+
+
+@dataclass
+class _Entry:
+    task: Task
+    lease: Lease
+    wake_at: float | None = None
+
+
+@dataclass(frozen=True)
+class _Job:
+    task_id: str
+    workflow_id: str
+    action: SendHeartbeat | CheckOwnership
+    min_attempt_seconds: float
+    queued_at: float
+
+
+Fences = list[tuple[str, FenceAction]]
+
+
+class LeaseEngine:
+    """Runs every task's lease: heartbeats, ownership checks and fence timing."""
+
+    def __init__(
+        self,
+        port: LeasePort,
+        on_fence: Callable[[str, FenceAction], None],
+        *,
+        clock: Clock | None = None,
+        senders: int = 8,
+        max_senders: int = 64,
+        random_source: Callable[[], float] = random.random,
+    ) -> None:
+        if not 1 <= senders <= max_senders:
+            raise ValueError(f"need 1 <= senders ({senders}) <= max_senders ({max_senders})")
+        self._port = port
+        self._on_fence = on_fence
+        self._clock: Clock = clock or SystemClock()
+        self._senders, self._max_senders = senders, max_senders
+        self._random = random_source
+        self._lock = threading.Lock()
+        self._timer_cv = threading.Condition(self._lock)
+        self._work_cv = threading.Condition(self._lock)
+        self._entries: dict[str, _Entry] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._timer_target = -math.inf  # what the timer sleeps until (-inf: it is awake)
+        self._queue: deque[_Job] = deque()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+        self._started = self._stopping = False
+        self._saturated_waits = self._heartbeats_sent = 0
+        self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the timer thread and the first ``senders`` sender threads."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError("the lease engine was already started")
+            self._started = True
+            self._spawn_locked(self._timer_loop, "lease-timer")
+            for _ in range(self._senders):
+                self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
+
+    def stop(self, timeout_seconds: float | None = None) -> None:
+        """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
+        with self._lock:
+            self._stopping = True
+            self._queue.clear()
+            self._timer_cv.notify_all()
+            self._work_cv.notify_all()
+            threads = list(self._threads)
+        deadline = None if timeout_seconds is None else self._clock.monotonic() + timeout_seconds
+        for thread in threads:
+            left = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
+            thread.join(left)
+        alive = [t.name for t in threads if t.is_alive()]
+        if alive:
+            log.warning("lease engine stopped with threads still busy: %s", ", ".join(alive))
+
+    # ----- events from the runner ----------------------------------------------------------------
+
+    def track(self, task: Task, policy: LeasePolicy, *, polled_at: float | None = None) -> None:
+        """Start the lease of a polled task (``polled_at``: the poll's send time, default now).
+
+        Tracking a task that is already tracked (the server delivered it again) keeps the running
+        lease and counts the new poll as an ack: the poll reset the server's updateTime.
+        """
+        fences: Fences = []
+        with self._lock:
+            now = self._clock.monotonic()
+            at = now if polled_at is None else min(polled_at, now)
+            entry = self._entries.get(task.task_id)
+            if entry is None:
+                entry = _Entry(task, Lease(policy, at, random=self._random))
+                self._entries[task.task_id] = entry
+                actions = entry.lease.on_tick(now)
+            else:
+                actions = entry.lease.on_redelivered(now, at)
+            fences = self._apply_locked(entry, actions)
+        self._deliver(fences)
+
+    def child_started(self, task_id: str) -> None:
+        """The child runs: its exec timeout counts from now."""
+        self._event(task_id, lambda lease, now: lease.on_child_started(now))
+
+    def child_exited(self, task_id: str) -> None:
+        """The child is dead: no more fencing, but heartbeats go on until ``reported``."""
+        self._event(task_id, lambda lease, now: lease.on_child_exited(now))
+
+    def reported(self, task_id: str) -> None:
+        """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
+
+        (A sender that had already taken this task's beat off the queue may still send it; the
+        server ignores extendLease for a terminal task.)
+        """
+        with self._lock:
+            entry = self._entries.pop(task_id, None)
+            if entry is not None:
+                entry.lease.on_reported(self._clock.monotonic())
+
+    def shutdown(
+        self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
+    ) -> None:
+        """Fence one task (or all, for None) for SHUTDOWN: now, at ``drain_deadline``, or KILL now (force)."""
+        fences: Fences = []
+        with self._lock:
+            now = self._clock.monotonic()
+            entries = list(self._entries.values()) if task_id is None else [self._entries[task_id]]
+            for entry in entries:
+                if force:
+                    actions = entry.lease.on_force_shutdown(now)
+                else:
+                    actions = entry.lease.on_shutdown(now, drain_deadline)
+                fences += self._apply_locked(entry, actions)
+        self._deliver(fences)
+
+    # ----- queries -------------------------------------------------------------------------------
+
+    def fence_reason(self, task_id: str) -> FenceReason | None:
+        """Why the task's tree was fenced (None: it was not). KeyError for an unknown task."""
+        with self._lock:
+            return self._entries[task_id].lease.fence_reason
+
+    def view(self, task_id: str) -> LeaseView:
+        """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
+        with self._lock:
+            return self._entries[task_id].lease.view()
+
+    def views(self) -> dict[str, LeaseView]:
+        """Snapshots of every tracked lease."""
+        with self._lock:
+            return {task_id: entry.lease.view() for task_id, entry in self._entries.items()}
+
+    def metrics(self) -> EngineMetrics:
+        """Pool load and heartbeat lateness."""
+        with self._lock:
+            now = self._clock.monotonic()
+            lateness = sorted(self._lateness)
+            return EngineMetrics(
+                tracked=len(self._entries),
+                senders=len(self._threads) - (1 if self._started else 0),
+                busy_senders=len(self._threads) - (1 if self._started else 0) - self._idle,
+                queued=len(self._queue),
+                oldest_queued_seconds=now - self._queue[0].queued_at if self._queue else 0.0,
+                saturated_waits=self._saturated_waits,
+                heartbeats_sent=self._heartbeats_sent,
+                heartbeat_lateness_p99_seconds=lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
+                heartbeat_lateness_max_seconds=lateness[-1] if lateness else 0.0,
+            )
+
+    # ----- internals: under the lock -------------------------------------------------------------
+
+    def _event(self, task_id: str, apply: Callable[[Lease, float], list[Action]]) -> None:
+        fences: Fences = []
+        with self._lock:
+            entry = self._entries.get(task_id)
+            if entry is not None:
+                fences = self._apply_locked(entry, apply(entry.lease, self._clock.monotonic()))
+        self._deliver(fences)
+
+    def _apply_locked(self, entry: _Entry, actions: Iterable[Action]) -> Fences:
+        fences: Fences = []
+        for action in actions:
+            if isinstance(action, SendHeartbeat | CheckOwnership):
+                self._enqueue_locked(entry, action)
+            else:
+                fences.append((entry.task.task_id, action))
+        wake = entry.lease.next_wakeup()
+        if wake != entry.wake_at:
+            entry.wake_at = wake
+            if wake is not None:
+                heapq.heappush(self._heap, (wake, next(self._seq), entry.task.task_id))
+                if wake < self._timer_target:
+                    self._timer_cv.notify()
+        return fences
+
+    def _enqueue_locked(self, entry: _Entry, action: SendHeartbeat | CheckOwnership) -> None:
+        job = _Job(
+            entry.task.task_id,
+            entry.task.workflow_id,
+            action,
+            entry.lease.policy.min_attempt_seconds,
+            self._clock.monotonic(),
+        )
+        self._queue.append(job)
+        if len(self._queue) <= self._idle:
+            self._work_cv.notify()
+        elif self._started and not self._stopping and len(self._threads) - 1 < self._max_senders:
+            self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
+        else:
+            self._saturated_waits += 1
+            self._work_cv.notify()
+
+    def _spawn_locked(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _fire_due_locked(self) -> Fences:
+        now = self._clock.monotonic()
+        fences: Fences = []
+        while self._heap and self._heap[0][0] <= now:
+            when, _, task_id = heapq.heappop(self._heap)
+            entry = self._entries.get(task_id)
+            if entry is None or entry.wake_at != when:
+                continue  # superseded by a later reschedule, or forgotten
+            entry.wake_at = None
+            fences += self._apply_locked(entry, entry.lease.on_tick(now))
+        if len(self._heap) > 4 * len(self._entries) + 64:  # drop superseded entries now and then
+            self._heap = [(e.wake_at, next(self._seq), k) for k, e in self._entries.items() if e.wake_at]
+            heapq.heapify(self._heap)
+        return fences
+
+    # ----- threads -------------------------------------------------------------------------------
+
+    def _timer_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._timer_target = -math.inf
+                fences = self._fire_due_locked()
+                if not fences:
+                    if self._stopping:
+                        return
+                    self._timer_target = self._heap[0][0] if self._heap else math.inf
+                    wait = self._timer_target - self._clock.monotonic()
+                    self._timer_cv.wait(None if wait == math.inf else max(0.0, wait))
+                    continue
+            self._deliver(fences)
+
+    def _sender_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._stopping:
+                    self._idle += 1
+                    self._work_cv.wait()
+                    self._idle -= 1
+                if self._stopping:
+                    return
+                job = self._queue.popleft()
+                if job.task_id not in self._entries:
+                    continue  # reported meanwhile: never send it
+            if isinstance(job.action, SendHeartbeat):
+                self._deliver(self._send_heartbeat(job, job.action))
+            else:
+                self._deliver(self._check_ownership(job, job.action))
+
+    def _send_heartbeat(self, job: _Job, action: SendHeartbeat) -> Fences:
+        sent_at = self._clock.monotonic()
+        timeout = min(action.timeout_seconds, action.expires_at - sent_at)
+        outcome: Callable[[Lease, float], list[Action]]
+        if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
+            outcome = Lease.on_heartbeat_failed
+        else:
+            with self._lock:
+                self._heartbeats_sent += 1
+                self._lateness.append(sent_at - action.due_at)
+            try:
+                self._port.extend_lease(job.task_id, job.workflow_id, timeout_seconds=timeout)
+                outcome = functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at)
+            except ConductorNotFound:
+                log.warning("task %s: the server no longer knows it (404 on a heartbeat)", job.task_id)
+                outcome = Lease.on_heartbeat_not_found
+            except ConductorError as exc:
+                log.warning("task %s: heartbeat failed: %s", job.task_id, exc)
+                outcome = Lease.on_heartbeat_failed
+            except Exception:  # a bug in the port must not leave the lease waiting forever
+                log.exception("task %s: heartbeat raised unexpectedly", job.task_id)
+                outcome = Lease.on_heartbeat_failed
+        return self._outcome(job.task_id, outcome)
+
+    def _check_ownership(self, job: _Job, action: CheckOwnership) -> Fences:
+        started = self._clock.monotonic()
+        timeout = min(action.timeout_seconds, action.expires_at - started)
+        outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
+        if timeout >= job.min_attempt_seconds:
+            try:
+                status = self._port.get_task_status(job.task_id, timeout_seconds=timeout)
+                outcome = functools.partial(Lease.on_ownership, status=status)
+            except ConductorError as exc:
+                log.warning("task %s: ownership check failed: %s", job.task_id, exc)
+            except Exception:
+                log.exception("task %s: ownership check raised unexpectedly", job.task_id)
+        return self._outcome(job.task_id, outcome)
+
+    def _outcome(self, task_id: str, outcome: Callable[[Lease, float], list[Action]]) -> Fences:
+        with self._lock:
+            entry = self._entries.get(task_id)
+            if entry is None:
+                return []
+            return self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
+
+    def _deliver(self, fences: Fences) -> None:
+        for task_id, action in fences:
+            try:
+                self._on_fence(task_id, action)
+            except Exception:  # the runner's bug must not stop the timer: log it, fence the rest
+                log.exception("task %s: on_fence(%s) failed", task_id, action)

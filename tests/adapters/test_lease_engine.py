@@ -1,0 +1,401 @@
+"""The threaded lease engine with a scriptable fake LeasePort, on the real clock.
+
+Timing assertions carry generous margins (the machine is a loaded 2-core box): the goal is well under
+100 ms, the assertions allow several hundred. Waits are condition waits with deadlines, never sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.errors import ConductorNotFound, ConductorUnavailable
+from leasecore.heartbeat import LeaseEngine
+from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, LeaseState, TerminateTree
+from leasecore.models import Task, TaskStatus
+from leasecore.server import EmbeddedServer
+
+MARGIN = 0.5  # seconds: what "on time" may be off by on a loaded machine
+
+
+class FakePort:
+    """A LeasePort whose answers are scripted per task; records every call with its time."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.beats: dict[str, list[float]] = defaultdict(list)
+        self.beat_timeouts: dict[str, list[float]] = defaultdict(list)
+        self.checks: dict[str, list[float]] = defaultdict(list)
+        self.beat_mode: dict[str, str] = {}  # ok | fail | 404 | hang | stuck
+        self.status: dict[str, TaskStatus | None] = {}
+        self.release = threading.Event()  # frees "stuck" calls
+
+    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
+        now = time.monotonic()
+        with self.cv:
+            self.beats[task_id].append(now)
+            self.beat_timeouts[task_id].append(timeout_seconds)
+            mode = self.beat_mode.get(task_id, "ok")
+            self.cv.notify_all()
+        if mode == "hang":  # a server that never answers: the client times out
+            self.release.wait(timeout_seconds)
+            raise ConductorUnavailable("read timed out")
+        if mode == "stuck":  # a broken client that ignores its own timeout
+            self.release.wait()
+            raise ConductorUnavailable("finally gave up")
+        if mode == "fail":
+            raise ConductorUnavailable("connection refused")
+        if mode == "404":
+            raise ConductorNotFound("No such task found by id", status_code=404)
+
+    def get_task_status(self, task_id: str, *, timeout_seconds: float) -> TaskStatus | None:
+        with self.cv:
+            self.checks[task_id].append(time.monotonic())
+            self.cv.notify_all()
+            return self.status.get(task_id, TaskStatus.IN_PROGRESS)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        with self.cv:
+            assert self.cv.wait_for(predicate, timeout), "condition not reached in time"
+
+
+class Fences:
+    """Records on_fence callbacks with their times."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.calls: list[tuple[float, str, FenceAction]] = []
+
+    def __call__(self, task_id: str, action: FenceAction) -> None:
+        with self.cv:
+            self.calls.append((time.monotonic(), task_id, action))
+            self.cv.notify_all()
+
+    def of(self, task_id: str) -> list[tuple[float, FenceAction]]:
+        with self.cv:
+            return [(t, a) for t, k, a in self.calls if k == task_id]
+
+    def wait_for(self, count: int, task_id: str, timeout: float) -> list[tuple[float, FenceAction]]:
+        with self.cv:
+            assert self.cv.wait_for(lambda: len(self.of(task_id)) >= count, timeout), self.calls
+            return self.of(task_id)
+
+
+def task(n: int | str) -> Task:
+    return Task(task_id=f"t{n}", workflow_id=f"w{n}", task_type="demo", response_timeout_seconds=2)
+
+
+def policy(r: float = 2.0, **kwargs: object) -> LeasePolicy:
+    values: dict[str, object] = {"ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 1.0}
+    values.update(kwargs)
+    return LeasePolicy(response_timeout_seconds=r, **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def port() -> FakePort:
+    return FakePort()
+
+
+@pytest.fixture
+def fences() -> Fences:
+    return Fences()
+
+
+@pytest.fixture
+def engine(port: FakePort, fences: Fences) -> Iterator[LeaseEngine]:
+    eng = LeaseEngine(port, fences, senders=4, max_senders=16)
+    eng.start()
+    yield eng
+    port.release.set()
+    eng.stop(timeout_seconds=30)
+
+
+def lateness(calls: list[float], polled_at: float, interval: float) -> list[float]:
+    """How late each beat was: acks are immediate, so each is due ``interval`` after the previous."""
+    due = [polled_at, *calls[:-1]]
+    return [call - (prev + interval) for call, prev in zip(calls, due, strict=True)]
+
+
+@pytest.mark.slow
+def test_1000_leases_at_r_2s_are_heartbeated_on_time(port: FakePort, fences: Fences) -> None:
+    # Given 1000 leases with R=2 s (a beat every 1.6 s) polled over the last 1.6 s, ownership checks on
+    engine = LeaseEngine(port, fences, senders=8)
+    engine.start()
+    try:
+        start = time.monotonic()
+        polled = {}
+        rng = random.Random(7)
+        for n in range(1000):
+            polled[f"t{n}"] = start - rng.uniform(0, 1.6)
+            engine.track(
+                task(n), policy(2.0, ownership_check_interval_seconds=5.0), polled_at=polled[f"t{n}"]
+            )
+        # When every lease has beaten three times (a few seconds of real time)
+        port.wait_for(lambda: all(len(port.beats[k]) >= 3 for k in polled), timeout=60)
+        metrics = engine.metrics()
+    finally:
+        engine.stop(timeout_seconds=30)
+    # Then no beat was early, p99 lateness (due -> port call) is far under the lease's margin
+    late = [x for k, t0 in polled.items() for x in lateness(port.beats[k][:3], t0, 1.6)]
+    p99 = statistics.quantiles(late, n=100)[98]
+    print(f"\nlateness over {len(late)} beats: p50 {statistics.median(late) * 1000:.1f} ms, "
+          f"p99 {p99 * 1000:.1f} ms, max {max(late) * 1000:.1f} ms; engine p99 "
+          f"{metrics.heartbeat_lateness_p99_seconds * 1000:.1f} ms")  # fmt: skip
+    # The fake stamps a call a little after the engine took its send time (which the next due time
+    # counts from), so a beat can *look* early by that gap; the engine's own figure is exact.
+    assert min(late) > -0.05
+    assert p99 < 0.25, f"p99 heartbeat lateness {p99 * 1000:.0f} ms"
+    assert metrics.heartbeat_lateness_p99_seconds < 0.25
+    assert metrics.heartbeats_sent >= 3000
+    assert fences.calls == []  # nobody lost a lease
+    assert sum(len(v) for v in port.checks.values()) > 0  # ownership checks ran alongside
+
+
+def test_a_hanging_request_for_one_task_does_not_delay_the_others(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given one task whose heartbeat call never returns (a client ignoring its timeout), and 20 others
+    port.beat_mode["t-stuck"] = "stuck"
+    t0 = time.monotonic()
+    engine.track(task("-stuck"), policy(2.0, kill_grace_seconds=0.5), polled_at=t0)
+    for n in range(20):
+        engine.track(task(n), policy(2.0), polled_at=t0)
+    # When the others beat twice more while the stuck call still hangs
+    port.wait_for(lambda: all(len(port.beats[f"t{n}"]) >= 3 for n in range(20)), timeout=30)
+    # Then each of them beat on time
+    for n in range(20):
+        assert max(lateness(port.beats[f"t{n}"][:3], t0, 1.6)) < MARGIN
+    # And the stuck task was fenced at its deadline (poll + 2 s) although its call still hangs
+    (t_term, term), (t_kill, kill) = fences.wait_for(2, "t-stuck", timeout=10)[:2]
+    assert (term, kill) == (TerminateTree(FenceReason.LEASE_EXPIRED), KillTree(FenceReason.LEASE_EXPIRED))
+    assert 2.0 - 0.01 <= t_term - t0 < 2.0 + MARGIN
+    assert 2.5 - 0.01 <= t_kill - t0 < 2.5 + MARGIN
+    assert len(port.beats["t-stuck"]) == 1  # never two beats in flight for one task
+    assert port.beat_timeouts["t-stuck"][0] <= 0.4 + 1e-6  # bounded by the time left on the lease
+
+
+def test_failing_heartbeats_fence_at_the_deadline_then_kill_after_the_grace(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given a task (R=3 s, grace 0.5 s) whose server is down
+    port.beat_mode["t1"] = "fail"
+    t0 = time.monotonic()
+    engine.track(task(1), policy(3.0, kill_grace_seconds=0.5), polled_at=t0)
+    # When the lease runs out
+    (t_term, term), (t_kill, kill) = fences.wait_for(2, "t1", timeout=10)
+    # Then: beat at 2.4 s, retries at 3.4 s would be too late; TERM at 3 s, KILL at 3.5 s
+    assert term == TerminateTree(FenceReason.LEASE_EXPIRED) and kill == KillTree(FenceReason.LEASE_EXPIRED)
+    assert 3.0 - 0.01 <= t_term - t0 < 3.0 + MARGIN
+    assert 3.5 - 0.01 <= t_kill - t0 < 3.5 + MARGIN
+    assert engine.view("t1").consecutive_failures == 1
+    assert engine.fence_reason("t1") is FenceReason.LEASE_EXPIRED
+
+
+def test_a_hanging_server_is_timed_out_by_the_client_and_retried(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given R=10 s: the beat at 8 s gets a 2 s timeout and the server never answers
+    port.beat_mode["t1"] = "hang"
+    t0 = time.monotonic() - 7.5  # polled 7.5 s ago: the first beat is due in 0.5 s
+    engine.track(task(1), policy(10.0, kill_grace_seconds=0.2), polled_at=t0)
+    # When the lease runs out
+    fences.wait_for(1, "t1", timeout=10)
+    # Then the first attempt had (about) 2 s, the retry 1 s after it failed only what was left
+    timeouts = port.beat_timeouts["t1"]
+    assert len(timeouts) == 1 or timeouts[1] < timeouts[0]
+    assert timeouts[0] == pytest.approx(2.0, abs=0.1)
+
+
+def test_a_404_on_a_heartbeat_fences_for_ownership_lost_at_once(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    port.beat_mode["t1"] = "404"
+    t0 = time.monotonic()
+    engine.track(task(1), policy(2.0), polled_at=t0)
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+    assert t_term - port.beats["t1"][0] < MARGIN
+    assert engine.fence_reason("t1") is FenceReason.OWNERSHIP_LOST
+
+
+def test_a_cancelled_task_is_fenced_by_the_ownership_check(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given checks every 0.3 s and a task the server reports as CANCELED (its heartbeats still "work")
+    port.status["t1"] = TaskStatus.CANCELED
+    engine.track(task(1), policy(30.0, ownership_check_interval_seconds=0.3))
+    # Then it is terminated right after the first check
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+    assert t_term - port.checks["t1"][0] < MARGIN
+
+
+def test_after_reported_no_more_heartbeats(engine: LeaseEngine, port: FakePort) -> None:
+    # Given a task that beat once, then exited and was reported
+    engine.track(task(1), policy(1.5), polled_at=time.monotonic() - 1.1)  # first beat now
+    engine.track(task(2), policy(1.5), polled_at=time.monotonic() - 1.1)
+    port.wait_for(lambda: len(port.beats["t1"]) >= 1, timeout=10)
+    engine.child_exited("t1")
+    engine.reported("t1")
+    # When another task beats twice more (t1's next beat would have been due in between)
+    port.wait_for(lambda: len(port.beats["t2"]) >= 3, timeout=10)
+    # Then t1 got no further beat, and the engine forgot it
+    assert len(port.beats["t1"]) == 1
+    with pytest.raises(KeyError):
+        engine.view("t1")
+
+
+def test_heartbeats_continue_after_the_child_exits_until_reported(
+    engine: LeaseEngine, port: FakePort
+) -> None:
+    t0 = time.monotonic()
+    engine.track(task(1), policy(1.5), polled_at=t0)
+    engine.child_exited("t1")
+    port.wait_for(lambda: len(port.beats["t1"]) >= 2, timeout=10)
+    assert engine.view("t1").state is LeaseState.REPORTING
+
+
+def test_shutdown_terminates_now_and_a_forced_shutdown_kills(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    engine.track(task(1), policy(30.0, kill_grace_seconds=20.0))
+    engine.track(task(2), policy(30.0, kill_grace_seconds=20.0))
+    engine.shutdown(None)
+    assert [a for _, a in fences.of("t1")] == [TerminateTree(FenceReason.SHUTDOWN)]
+    engine.shutdown(None, force=True)
+    assert [a for _, a in fences.of("t2")] == [
+        TerminateTree(FenceReason.SHUTDOWN),
+        KillTree(FenceReason.SHUTDOWN),
+    ]
+
+
+def test_a_drain_fences_at_the_drain_deadline(engine: LeaseEngine, fences: Fences) -> None:
+    now = time.monotonic()
+    engine.track(task(1), policy(30.0))
+    engine.shutdown("t1", drain_deadline=now + 0.5)
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.SHUTDOWN)
+    assert 0.5 - 0.01 <= t_term - now < 0.5 + MARGIN
+
+
+def test_the_exec_timeout_counts_from_child_started(engine: LeaseEngine, fences: Fences) -> None:
+    engine.track(task(1), policy(30.0, exec_timeout_seconds=0.6))
+    started = time.monotonic()
+    engine.child_started("t1")
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.EXEC_TIMEOUT)
+    assert 0.6 - 0.01 <= t_term - started < 0.6 + MARGIN
+
+
+def test_a_redelivered_task_keeps_its_lease_and_the_poll_counts_as_an_ack(engine: LeaseEngine) -> None:
+    t0 = time.monotonic()
+    engine.track(task(1), policy(30.0), polled_at=t0 - 5)
+    engine.track(task(1), policy(30.0), polled_at=t0)
+    view = engine.view("t1")
+    assert view.polled_at == t0 - 5
+    assert view.lease_deadline == pytest.approx(t0 + 30)
+
+
+def test_a_saturated_pool_is_visible_in_the_metrics(port: FakePort, fences: Fences) -> None:
+    # Given a pool of one sender that is stuck in a call
+    engine = LeaseEngine(port, fences, senders=1, max_senders=1)
+    engine.start()
+    try:
+        port.beat_mode["t0"] = "stuck"
+        now = time.monotonic()
+        engine.track(task(0), policy(30.0), polled_at=now - 24)  # beat due at once
+        port.wait_for(lambda: len(port.beats["t0"]) == 1, timeout=10)
+        # When another task's beat comes due
+        engine.track(task(1), policy(30.0), polled_at=now - 24)
+        # Then it waits in the queue, and the metrics say so
+        metrics = engine.metrics()
+        assert (metrics.senders, metrics.busy_senders, metrics.queued) == (1, 1, 1)
+        assert metrics.saturated_waits >= 1
+        assert engine.view("t1").heartbeat_in_flight
+        # And once the stuck call ends, the queued beat goes out
+        port.release.set()
+        port.wait_for(lambda: len(port.beats["t1"]) == 1, timeout=10)
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+
+
+def test_stop_joins_every_thread(port: FakePort, fences: Fences) -> None:
+    engine = LeaseEngine(port, fences, senders=3)
+    engine.start()
+    for n in range(5):
+        engine.track(task(n), policy(1.5), polled_at=time.monotonic() - 1.0)
+    port.wait_for(lambda: all(port.beats[f"t{n}"] for n in range(5)), timeout=10)
+    engine.stop(timeout_seconds=30)
+    assert [t for t in threading.enumerate() if t.name.startswith("lease-")] == []
+
+
+def test_an_on_fence_that_raises_does_not_stop_the_engine(port: FakePort) -> None:
+    # Given a runner callback that fails for t1
+    seen: list[str] = []
+    cv = threading.Condition()
+
+    def on_fence(task_id: str, action: FenceAction) -> None:
+        with cv:
+            seen.append(task_id)
+            cv.notify_all()
+        if task_id == "t1":
+            raise RuntimeError("runner bug")
+
+    engine = LeaseEngine(port, on_fence, senders=1)
+    engine.start()
+    try:
+        engine.track(task(1), policy(30.0, lease_extend_enabled=False, heartbeat_timeout_seconds=0.2))
+        engine.track(task(2), policy(30.0, lease_extend_enabled=False, heartbeat_timeout_seconds=0.4))
+        # Then t2 is still fenced after t1's callback blew up
+        with cv:
+            assert cv.wait_for(lambda: "t2" in seen, timeout=10)
+    finally:
+        engine.stop(timeout_seconds=30)
+
+
+def test_against_the_embedded_server_heartbeats_keep_a_task_past_r_and_a_terminate_fences_it(
+    fences: Fences,
+) -> None:
+    # Given the embedded server on 127.0.0.1 and a task with R=2 s, polled by us
+    with EmbeddedServer() as server, ConductorClient(server.url, timeout_seconds=5) as client:
+        admin = ConductorAdmin(client)
+        admin.register_task_defs([{"name": "lease_demo", "responseTimeoutSeconds": 2, "retryCount": 0}])
+        admin.register_workflow(
+            {
+                "name": "lease_wf",
+                "version": 1,
+                "schemaVersion": 2,
+                "tasks": [{"name": "lease_demo", "taskReferenceName": "a", "type": "SIMPLE"}],
+            }
+        )
+        workflow_id = admin.start_workflow("lease_wf", {})
+        polled_at = time.monotonic()
+        [polled] = client.poll("lease_demo", count=1, timeout_ms=1000)
+        engine = LeaseEngine(client, fences, senders=2)
+        engine.start()
+        try:
+            engine.track(polled, LeasePolicy.from_task(polled, ownership_check_interval_seconds=0.5))
+            # When 2.5 R pass (the server's decider would have timed the task out without beats)
+            deadline = polled_at + 5.0
+            with fences.cv:
+                fences.cv.wait_for(lambda: bool(fences.calls), timeout=max(0.0, deadline - time.monotonic()))
+            # Then it is still IN_PROGRESS, nothing was fenced, and the lease was extended
+            assert fences.calls == []
+            assert client.get_task_status(polled.task_id, timeout_seconds=5) is TaskStatus.IN_PROGRESS
+            view = engine.view(polled.task_id)
+            assert view.last_ack_at is not None and view.consecutive_failures == 0
+            # When the workflow is terminated (the task becomes CANCELED; heartbeats still get 200)
+            admin.terminate_workflow(workflow_id, "test")
+            # Then an ownership check notices and the tree is fenced, with nothing to report
+            [(_, term)] = fences.wait_for(1, polled.task_id, timeout=10)[:1]
+            assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+        finally:
+            engine.stop(timeout_seconds=30)
