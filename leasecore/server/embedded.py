@@ -114,6 +114,11 @@ class EmbeddedServer:
     def running(self) -> bool:
         return self._httpd is not None
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections being served right now (0 when stopped)."""
+        return self._httpd.open_connections if self._httpd is not None else 0
+
     # ------------------------------------------------------------------------------------ test hooks
 
     def expire_tokens(self) -> None:

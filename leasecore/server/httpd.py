@@ -447,6 +447,11 @@ class _HTTPServer(ThreadingHTTPServer):
             self._connections.discard(request)
         super().shutdown_request(request)
 
+    @property
+    def open_connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connections)
+
     def close_connections(self) -> None:
         """Cut every open keep-alive connection, so a stopped server really stops answering."""
         with self._connections_lock:

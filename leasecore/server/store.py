@@ -812,7 +812,9 @@ class Store:
                     raise ApiError(404, f"No such task found by id: {task_id}")
                 if not task.terminal:
                     task.update_time = now
-                    self._reschedule(self._workflows[task.workflow_id], now)
+                    if self.sweep_mode == "ideal":
+                        # The real server leaves its decider queue alone here; "coarse" does too.
+                        self._reschedule(self._workflows[task.workflow_id], now)
                 return task_id, None
             wf = self._workflows.get(workflow_id)
             if wf is None:
@@ -843,6 +845,12 @@ class Store:
                 task.status = status
                 task.end_time = now
                 self._queue(task.queue_name).remove(task.task_id)
+                if status in ("FAILED", "FAILED_WITH_TERMINAL_ERROR"):
+                    # Recorded when a worker reports the failure (retried or not), never for timeouts.
+                    if task.ref_name not in wf.failed_refs:
+                        wf.failed_refs.append(task.ref_name)
+                    if task.task_type not in wf.failed_task_names:
+                        wf.failed_task_names.append(task.task_type)
             task.update_time = now
             wf.update_time = now
             if logs:
@@ -1102,10 +1110,6 @@ class Store:
     def _fail_workflow(
         self, wf: WorkflowRecord, task: TaskRecord, status: str, reason: str, now: float
     ) -> None:
-        if task.ref_name not in wf.failed_refs:
-            wf.failed_refs.append(task.ref_name)
-        if task.task_type not in wf.failed_task_names:
-            wf.failed_task_names.append(task.task_type)
         wf.output = copy.deepcopy(task.output_data)
         self._end_workflow(wf, status, reason, now)
 

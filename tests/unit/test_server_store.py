@@ -1,0 +1,356 @@
+"""The embedded server's store and decider, driven directly with a FakeClock: no sockets, no sleeping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from leasecore.clock import FakeClock
+from leasecore.server.store import ApiError, Store, resolve_expressions
+
+
+def _store(mode: str = "ideal") -> tuple[Store, FakeClock]:
+    clock = FakeClock()
+    return Store(clock=clock, sweep_mode="coarse" if mode == "coarse" else "ideal"), clock
+
+
+def _setup(store: Store, **td: Any) -> str:
+    body = {"name": "t", "responseTimeoutSeconds": 10, "retryCount": 0, "retryDelaySeconds": 0}
+    body.update(td)
+    store.register_task_defs([body])
+    store.register_workflow_def(
+        {"name": "w", "tasks": [{"name": "t", "taskReferenceName": "a"}]}, overwrite=True
+    )
+    return store.start_workflow("w", {})
+
+
+def _poll(store: Store, worker: str = "w1") -> dict[str, Any]:
+    got = store.poll("t", timeout_ms=0, worker_id=worker)
+    assert len(got) == 1
+    return got[0]
+
+
+def _status(store: Store, task_id: str) -> str:
+    status: str = store.get_task(task_id)["status"]
+    return status
+
+
+def _lease(store: Store, task: dict[str, Any]) -> None:
+    store.update_task(
+        {"taskId": task["taskId"], "workflowInstanceId": task["workflowInstanceId"], "extendLease": True}
+    )
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def test_response_timeout_fires_exactly_at_r_after_the_last_update() -> None:
+    store, clock = _store()
+    wf_id = _setup(store, responseTimeoutSeconds=10)
+    task = _poll(store)
+    assert store.next_due() == pytest.approx(clock.monotonic() + 10)
+    clock.advance(9.999)
+    assert store.run_due() == 0
+    assert _status(store, task["taskId"]) == "IN_PROGRESS"
+    clock.advance(0.001)
+    assert store.run_due() == 1
+    stored = store.get_task(task["taskId"])
+    assert stored["status"] == "TIMED_OUT"
+    assert stored["reasonForIncompletion"] == (
+        f"responseTimeout: 10 exceeded for the taskId: {task['taskId']} with Task Definition: t"
+    )
+    assert store.get_workflow(wf_id)["status"] == "TIMED_OUT"
+    assert store.next_due() is None
+
+
+def test_extend_lease_moves_the_deadline_and_nothing_else() -> None:
+    store, clock = _store()
+    _setup(store, responseTimeoutSeconds=10)
+    task = _poll(store)
+    clock.advance(8)
+    _lease(store, task)
+    assert store.next_due() == pytest.approx(clock.monotonic() + 10)
+    clock.advance(8)
+    assert store.run_due() == 0
+    after = store.get_task(task["taskId"])
+    assert after["status"] == "IN_PROGRESS"
+    assert after["pollCount"] == 1
+    assert after["updateTime"] == task["updateTime"] + 8000
+
+
+def test_epoch_fields_follow_the_injected_clock() -> None:
+    store, clock = _store()
+    _setup(store)
+    clock.advance(2.5)
+    task = _poll(store)
+    assert task["startTime"] - task["scheduledTime"] == 2500
+    assert task["updateTime"] == task["startTime"]
+
+
+def test_in_progress_with_callback_requeues_after_the_delay() -> None:
+    store, clock = _store()
+    _setup(store)
+    task = _poll(store)
+    store.update_task(
+        {
+            "taskId": task["taskId"],
+            "workflowInstanceId": task["workflowInstanceId"],
+            "status": "IN_PROGRESS",
+            "callbackAfterSeconds": 5,
+        }
+    )
+    assert _status(store, task["taskId"]) == "SCHEDULED"
+    clock.advance(4.9)
+    assert store.poll("t", timeout_ms=0) == []
+    clock.advance(0.1)
+    again = _poll(store, "w2")
+    assert again["taskId"] == task["taskId"]
+    assert again["pollCount"] == 2
+    assert again["startTime"] == task["startTime"]
+
+
+@pytest.mark.parametrize(
+    ("logic", "expected_delays"),
+    [("FIXED", [4, 4, 4]), ("LINEAR_BACKOFF", [8, 16, 24]), ("EXPONENTIAL_BACKOFF", [4, 8, 16])],
+)
+def test_retry_delays(logic: str, expected_delays: list[int]) -> None:
+    store, clock = _store()
+    _setup(store, retryCount=3, retryDelaySeconds=4, retryLogic=logic, backoffScaleFactor=2)
+    for delay in expected_delays:
+        task = _poll(store)
+        store.update_task(
+            {"taskId": task["taskId"], "workflowInstanceId": task["workflowInstanceId"], "status": "FAILED"}
+        )
+        clock.advance(delay - 0.01)
+        assert store.poll("t", timeout_ms=0) == []
+        clock.advance(0.01)
+
+
+def test_retry_copies_identity_and_resets_attempt_fields() -> None:
+    store, clock = _store()
+    wf_id = _setup(store, retryCount=1, responseTimeoutSeconds=3)
+    task = _poll(store)
+    clock.advance(3)
+    store.run_due()
+    retry = store.get_workflow(wf_id)["tasks"][1]
+    assert retry["status"] == "SCHEDULED"
+    assert retry["retryCount"] == 1
+    assert retry["retriedTaskId"] == task["taskId"]
+    assert retry["pollCount"] == 0
+    assert retry["startTime"] == 0
+    assert "workerId" not in retry
+    assert store.get_task(task["taskId"])["retried"] is True
+
+
+def test_timeout_policy_alert_only_does_not_rearm_forever() -> None:
+    store, clock = _store()
+    _setup(store, responseTimeoutSeconds=5, timeoutSeconds=5, timeoutPolicy="ALERT_ONLY")
+    task = _poll(store)
+    clock.advance(4)
+    _lease(store, task)
+    clock.advance(1)
+    assert store.run_due() == 1  # the task timeout: alert only
+    assert _status(store, task["taskId"]) == "IN_PROGRESS"
+    assert store.next_due() == pytest.approx(clock.monotonic() + 4)  # only the response timeout is left
+
+
+def test_poll_timeout_counts_from_scheduling() -> None:
+    store, clock = _store()
+    wf_id = _setup(store, pollTimeoutSeconds=3)
+    clock.advance(3)
+    store.run_due()
+    assert store.get_workflow(wf_id)["status"] == "TIMED_OUT"
+
+
+def test_total_timeout_spans_retries_and_stops_them() -> None:
+    store, clock = _store()
+    wf_id = _setup(
+        store, retryCount=5, totalTimeoutSeconds=10, responseTimeoutSeconds=4, timeoutPolicy="RETRY"
+    )
+    _poll(store)
+    clock.advance(4)
+    store.run_due()  # response timeout: retry 1
+    _poll(store)
+    clock.advance(4)
+    store.run_due()  # response timeout: retry 2
+    _poll(store)
+    clock.advance(2)
+    store.run_due()  # total timeout: no retry afterwards
+    wf = store.get_workflow(wf_id)
+    assert wf["status"] == "TIMED_OUT"
+    assert [t["status"] for t in wf["tasks"]] == ["TIMED_OUT"] * 3
+
+
+def test_workflow_timeout_seconds() -> None:
+    store, clock = _store()
+    store.register_workflow_def(
+        {
+            "name": "wt",
+            "timeoutSeconds": 7,
+            "timeoutPolicy": "TIME_OUT_WF",
+            "tasks": [{"name": "t", "taskReferenceName": "a"}],
+        }
+    )
+    wf_id = store.start_workflow("wt", {})
+    clock.advance(7)
+    store.run_due()
+    wf = store.get_workflow(wf_id)
+    assert wf["status"] == "TIMED_OUT"
+    assert wf["tasks"][0]["status"] == "CANCELED"
+
+
+def test_optional_task_failure_lets_the_workflow_continue() -> None:
+    store, _ = _store()
+    store.register_workflow_def(
+        {
+            "name": "opt",
+            "tasks": [
+                {
+                    "name": "t",
+                    "taskReferenceName": "a",
+                    "optional": True,
+                    "taskDefinition": {"name": "t", "retryCount": 0},
+                },
+                {"name": "u", "taskReferenceName": "b"},
+            ],
+        }
+    )
+    wf_id = store.start_workflow("opt", {})
+    task = _poll(store)
+    store.update_task({"taskId": task["taskId"], "workflowInstanceId": wf_id, "status": "FAILED"})
+    assert store.get_task(task["taskId"])["status"] == "COMPLETED_WITH_ERRORS"
+    assert len(store.poll("u", timeout_ms=0)) == 1
+
+
+# ---------------------------------------------------------------------------------------------- coarse mode
+
+
+def test_coarse_mode_first_check_on_time_later_ones_60_to_120_s_late() -> None:
+    store, clock = _store("coarse")
+    wf_id = _setup(store, responseTimeoutSeconds=10)
+    task = _poll(store)
+    t0 = clock.monotonic()
+    assert store.next_due() == pytest.approx(t0 + 10)  # the first check is on time
+    clock.advance(5)
+    _lease(store, task)  # the worker heartbeats at +5, then dies
+    assert store.next_due() == pytest.approx(t0 + 10)  # still the first, on-time visit ...
+    clock.advance(5)
+    assert store.run_due() == 1  # ... which sees the fresh heartbeat and re-arms
+    assert _status(store, task["taskId"]) == "IN_PROGRESS"
+    requested = t0 + 15
+    due = store.next_due()
+    assert due is not None
+    assert requested + 60 < due <= requested + 120
+    clock.advance(due - clock.monotonic() - 0.01)
+    store.run_due()
+    assert _status(store, task["taskId"]) == "IN_PROGRESS"  # the ideal deadline passed long ago
+    clock.advance(0.01)
+    store.run_due()
+    assert _status(store, task["taskId"]) == "TIMED_OUT"
+    assert store.get_workflow(wf_id)["status"] == "TIMED_OUT"
+
+
+def test_explicit_decide_is_immediate_in_coarse_mode() -> None:
+    store, clock = _store("coarse")
+    wf_id = _setup(store, responseTimeoutSeconds=10)
+    task = _poll(store)
+    clock.advance(5)
+    _lease(store, task)
+    clock.advance(5)
+    store.run_due()
+    clock.advance(5)
+    store.decide(wf_id)
+    assert _status(store, task["taskId"]) == "TIMED_OUT"
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+def test_update_rules_in_order() -> None:
+    store, _ = _store()
+    wf_id = _setup(store)
+    task = _poll(store)
+    with pytest.raises(ApiError) as bad:
+        store.update_task({"taskId": "", "workflowInstanceId": wf_id, "status": "COMPLETED"})
+    assert bad.value.status == 400
+    with pytest.raises(ApiError) as missing_wf:
+        store.update_task({"taskId": task["taskId"], "workflowInstanceId": "nope", "status": "COMPLETED"})
+    assert missing_wf.value.status == 404
+    assert "workflow" in missing_wf.value.message
+    with pytest.raises(ApiError) as bad_enum:
+        store.update_task({"taskId": task["taskId"], "workflowInstanceId": wf_id, "status": "TIMED_OUT"})
+    assert bad_enum.value.status == 500
+    with pytest.raises(ApiError) as no_status:
+        store.update_task({"taskId": task["taskId"], "workflowInstanceId": wf_id})
+    assert no_status.value.status == 500
+    assert (
+        store.update_task(
+            {
+                "taskId": task["taskId"],
+                "workflowInstanceId": wf_id,
+                "status": "COMPLETED",
+                "logs": [{"log": str(i)} for i in range(15)],
+            }
+        )
+        == task["taskId"]
+    )
+    assert len(store.get_logs(task["taskId"])) == 10
+
+
+def test_long_poll_over_five_seconds_is_rejected() -> None:
+    store, _ = _store()
+    with pytest.raises(ApiError) as err:
+        store.poll("t", timeout_ms=5001)
+    assert err.value.status == 400
+
+
+def test_task_def_validation_collects_every_error() -> None:
+    store, _ = _store()
+    with pytest.raises(ApiError) as err:
+        store.register_task_defs([{"name": "", "retryCount": -1, "responseTimeoutSeconds": 0}])
+    assert err.value.status == 400
+    assert err.value.validation_errors is not None
+    assert len(err.value.validation_errors) == 3
+
+
+def test_workflow_defs_of_non_simple_tasks_are_refused() -> None:
+    store, _ = _store()
+    with pytest.raises(ApiError) as err:
+        store.register_workflow_def(
+            {"name": "x", "tasks": [{"name": "h", "taskReferenceName": "h", "type": "HTTP"}]}
+        )
+    assert err.value.status == 400
+
+
+def test_task_to_domain_uses_the_first_active_domain() -> None:
+    store, clock = _store()
+    store.register_workflow_def({"name": "d", "tasks": [{"name": "t", "taskReferenceName": "a"}]})
+    store.poll("t", timeout_ms=0, domain="live")  # a worker polls "live"
+    wf1 = store.start_workflow("d", {}, task_to_domain={"t": "dead,live"})
+    assert store.get_workflow(wf1)["tasks"][0]["domain"] == "live"
+    wf2 = store.start_workflow("d", {}, task_to_domain={"*": "dead,NO_DOMAIN"})
+    assert "domain" not in store.get_workflow(wf2)["tasks"][0]
+    clock.advance(11)  # "live" is no longer active: the last entry wins
+    wf3 = store.start_workflow("d", {}, task_to_domain={"t": "live,other"})
+    assert store.get_workflow(wf3)["tasks"][0]["domain"] == "other"
+
+
+def test_expressions() -> None:
+    ctx = {"workflow": {"input": {"a": {"b": [1, 2]}, "s": "x"}}, "ref": {"output": {"y": True}}}
+    template = {
+        "whole": "${workflow.input.a}",
+        "nested": "${workflow.input.a.b.1}",
+        "text": "s=${workflow.input.s} y=${ref.output.y}",
+        "missing": "${ref.output.nope}",
+        "list": ["${ref.output.y}", 3],
+        "plain": "no expression",
+    }
+    assert resolve_expressions(template, ctx) == {
+        "whole": {"b": [1, 2]},
+        "nested": 2,
+        "text": "s=x y=true",
+        "missing": None,
+        "list": [True, 3],
+        "plain": "no expression",
+    }
