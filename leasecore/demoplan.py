@@ -1,0 +1,471 @@
+"""The demo's script and its judge, pure: scenes, what each must show, and whether it did.
+
+``conductor-run demo`` plays three scenes against the embedded server (``leasecore.demo`` does the
+I/O). Each scene samples the world several times a second into an :class:`Observation` (the server's
+view of the task, the runner's snapshot, which processes of the task's tree still live); a
+:class:`SceneTracker` turns the samples into a timeline of :class:`Event` s, decides when the
+server goes silent (scene 3), and finally judges the scene: every claim becomes a :class:`Check`
+that passed or failed, with the numbers that prove it. No clock, no I/O: times are scene seconds
+carried by the observations, so the judge is tested with made-up timelines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "Check",
+    "DemoSettings",
+    "Event",
+    "Observation",
+    "Scene",
+    "SceneKind",
+    "SceneTracker",
+    "Verdict",
+    "runner_config",
+    "standard_scenes",
+    "task_defs_for",
+]
+
+TASK_TYPE = "demo_long_job"  # the task in sample_tasks/demo_workflow.json and demo_taskdefs.json
+
+# Slack on the timing claims: a loaded machine samples late, never early.
+LATE_SLACK_SECONDS = 3.0
+EARLY_SLACK_SECONDS = 1.0
+
+
+class SceneKind(StrEnum):
+    HEARTBEATS = "heartbeats"  # lease extension on: a task several times longer than R completes
+    NO_LEASE = "no_lease"  # lease extension off: the server times the task out, the tree is killed
+    FENCED = "fenced"  # the server goes silent: the tree is killed at the lease deadline
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Numbers shared by every scene."""
+
+    response_timeout_seconds: int = 2  # R, the task def's responseTimeoutSeconds
+    kill_grace_seconds: float = 2.0
+    ownership_check_interval_seconds: float = 1.0
+    poll_timeout_ms: int = 500
+
+
+@dataclass(frozen=True)
+class Scene:
+    kind: SceneKind
+    title: str
+    claim: str
+    task_seconds: int  # how long the sample task would run if left alone
+    expect_task_status: str
+    expect_workflow_status: str
+    expect_runner_exit: int
+    budget_seconds: float  # the scene is cut short (and fails) after this long
+    silence_after_heartbeats: int = 0  # FENCED: the server goes silent after this many heartbeats
+
+
+def standard_scenes(settings: DemoSettings, *, completed_exit: int, fenced_exit: int) -> tuple[Scene, ...]:
+    """The three scenes; exit codes come from the caller (they belong to the CLI)."""
+    r = settings.response_timeout_seconds
+    return (
+        Scene(
+            kind=SceneKind.HEARTBEATS,
+            title="1. Heartbeats keep a long task alive",
+            claim=(
+                f"responseTimeoutSeconds is {r}s but the task runs {4 * r - 1}s: extendLease heartbeats "
+                "keep its lease, and it completes"
+            ),
+            task_seconds=4 * r - 1,
+            expect_task_status="COMPLETED",
+            expect_workflow_status="COMPLETED",
+            expect_runner_exit=completed_exit,
+            budget_seconds=20 + 4 * r,
+        ),
+        Scene(
+            kind=SceneKind.NO_LEASE,
+            title="2. The same task without heartbeats",
+            claim=(
+                f"with lease extension off the server times the task out after {r}s, and the runner "
+                "kills the child's tree as soon as it sees that"
+            ),
+            task_seconds=6 * r,
+            expect_task_status="TIMED_OUT",
+            expect_workflow_status="TIMED_OUT",
+            expect_runner_exit=fenced_exit,
+            budget_seconds=20 + 4 * r,
+        ),
+        Scene(
+            kind=SceneKind.FENCED,
+            title="3. A fenced kill: the server goes silent",
+            claim=(
+                "heartbeats flow, then the server stops answering: the runner kills the whole tree at "
+                f"the lease deadline (last acknowledged heartbeat + {r}s), before the server can hand "
+                "the task to anyone else"
+            ),
+            task_seconds=8 * r,
+            expect_task_status="TIMED_OUT",
+            expect_workflow_status="TIMED_OUT",
+            expect_runner_exit=fenced_exit,
+            budget_seconds=25 + 4 * r,
+            silence_after_heartbeats=2,
+        ),
+    )
+
+
+def runner_config(
+    scene: Scene, settings: DemoSettings, *, server_url: str, command: Sequence[str], worker_id: str
+) -> dict[str, Any]:
+    """The ``conductor.toml`` content the scene's runner reads (written with tomli-w by the caller)."""
+    task: dict[str, Any] = {
+        "type": TASK_TYPE,
+        "command": list(command),
+        "worker_id": worker_id,
+        "lease_extend_enabled": scene.kind is not SceneKind.NO_LEASE,
+        "kill_grace": settings.kill_grace_seconds,
+        "ownership_check_interval": settings.ownership_check_interval_seconds,
+        "poll_timeout": settings.poll_timeout_ms,
+        "poll_interval": 100,
+    }
+    if scene.kind is SceneKind.NO_LEASE:
+        # No heartbeats, and no deadline of our own before the server's: the server decides (TIMED_OUT)
+        # and the runner learns it from its ownership check, as a worker without lease fencing would.
+        task["heartbeat_timeout"] = float(max(30, 10 * settings.response_timeout_seconds))
+    return {"server": {"url": server_url}, "task": [task]}
+
+
+def task_defs_for(task_defs: Sequence[dict[str, Any]], settings: DemoSettings) -> list[dict[str, Any]]:
+    """The sample task defs with the demo's R (the file says 2 s too; this keeps them in step)."""
+    out = []
+    for td in task_defs:
+        copy = dict(td)
+        if copy.get("name") == TASK_TYPE:
+            copy["responseTimeoutSeconds"] = settings.response_timeout_seconds
+        out.append(copy)
+    return out
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The world at scene time ``at`` (seconds since the scene's runner was started)."""
+
+    at: float
+    runner_pid: int | None = None
+    task_status: str | None = None  # the server's task status; None before the workflow scheduled it
+    workflow_status: str | None = None
+    poll_count: int = 0
+    updated_at: float | None = None  # the server's updateTime, in scene seconds
+    reason: str | None = None  # the server's reasonForIncompletion
+    runner_state: str | None = None  # from the runner's status snapshot
+    lease_deadline_at: float | None = None  # the runner's lease deadline, in scene seconds
+    fence_reason: str | None = None
+    last_output: str | None = None
+    tree: tuple[int, ...] = ()  # pids of the task's tree seen so far (child, helper)
+    tree_alive: int = 0  # how many of them still live
+    silent: bool = False  # the relay between runner and server holds everything back
+    runner_exit: int | None = None  # the runner's exit code once it has exited
+    runner_said: tuple[str, ...] = ()  # the runner's warnings logged since the previous sample
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    text: str
+    kind: str = "info"  # info | good | warn | bad
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scene: Scene
+    checks: tuple[Check, ...]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+_TERMINAL = frozenset(
+    {"COMPLETED", "COMPLETED_WITH_ERRORS", "FAILED", "FAILED_WITH_TERMINAL_ERROR", "TIMED_OUT", "CANCELED",
+     "SKIPPED"}
+)
+_WORKFLOW_TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED"})
+
+
+@dataclass
+class SceneTracker:
+    """Folds observations into facts and events; says when to go silent, resume and stop; judges."""
+
+    scene: Scene
+    settings: DemoSettings
+    latest: Observation | None = None
+    polled_at: float | None = None
+    heartbeats: list[float] = field(default_factory=list)  # server updateTimes moved by extendLease
+    max_poll_count: int = 0
+    child_seen_at: float | None = None
+    tree_seen: int = 0
+    tree_dead_at: float | None = None
+    silenced_at: float | None = None
+    resumed_at: float | None = None
+    fence_seen: str | None = None
+    server_terminal_at: float | None = None  # when the server's task became terminal (its endTime)
+    task_status: str | None = None
+    workflow_status: str | None = None
+    reason: str | None = None
+    runner_exit: int | None = None
+    runner_exit_at: float | None = None
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def r(self) -> float:
+        return float(self.settings.response_timeout_seconds)
+
+    # ------------------------------------------------------------------------------ folding
+
+    def observe(self, obs: Observation, *, ended_at: float | None = None) -> list[Event]:
+        """Fold one sample in; return the events it revealed (also appended to ``events``).
+
+        ``ended_at``: the server's endTime of a terminal task, in scene seconds, when known.
+        """
+        prev = self.latest
+        new: list[Event] = []
+
+        def say(text: str, kind: str = "info") -> None:
+            new.append(Event(obs.at, text, kind))
+
+        if prev is None and obs.runner_pid is not None:
+            say(f"runner started (pid {obs.runner_pid}); the workflow's task waits in the queue")
+        self.max_poll_count = max(self.max_poll_count, obs.poll_count)
+        if obs.task_status == "IN_PROGRESS" and self.polled_at is None:
+            self.polled_at = obs.updated_at if obs.updated_at is not None else obs.at
+            say(f"the runner polled the task (pollCount {obs.poll_count}): IN_PROGRESS, and the server "
+                f"now expects a sign of life within R = {self.r:g}s")
+        elif (
+            prev is not None
+            and prev.task_status == "IN_PROGRESS"
+            and obs.task_status == "IN_PROGRESS"
+            and obs.poll_count == prev.poll_count
+            and obs.updated_at is not None
+            and prev.updated_at is not None
+            and obs.updated_at > prev.updated_at
+        ):
+            self.heartbeats.append(obs.updated_at)
+            say(f"heartbeat {len(self.heartbeats)}: extendLease acknowledged; the server now waits until "
+                f"+{obs.updated_at + self.r:.1f}s", "good")
+        if obs.poll_count > 1 and (prev is None or prev.poll_count < obs.poll_count):
+            say(f"the task was handed out again (pollCount {obs.poll_count})", "bad")
+
+        if obs.tree and self.child_seen_at is None:
+            self.child_seen_at = obs.at
+            pids = ", ".join(str(p) for p in obs.tree)
+            say(f"child started: its tree is pids {pids} (the script and a helper grandchild)")
+        self.tree_seen = max(self.tree_seen, len(obs.tree))
+        if obs.last_output and (prev is None or obs.last_output != prev.last_output):
+            say(f"child says: {obs.last_output}")
+
+        if obs.silent and self.silenced_at is None:
+            self.silenced_at = obs.at
+            last = self.last_heartbeat_at
+            where = ""
+            if last is not None:
+                where = f"; last heartbeat at +{last:.1f}s, so the lease ends at +{last + self.r:.1f}s"
+            say(f"the server goes silent: requests get no answer{where}", "warn")
+        if not obs.silent and self.silenced_at is not None and self.resumed_at is None:
+            self.resumed_at = obs.at
+            say("the server answers again (the runner may now deliver its late report)")
+
+        for line in obs.runner_said:
+            say(f"runner log: {line}", "warn")
+
+        if obs.fence_reason and self.fence_seen is None:
+            self.fence_seen = obs.fence_reason
+            say(f"the runner fences the tree: {obs.fence_reason.replace('_', ' ')}", "warn")
+
+        if self.tree_seen and obs.tree_alive == 0 and self.tree_dead_at is None:
+            self.tree_dead_at = obs.at
+            say(f"the whole tree is gone ({self.tree_seen} processes)", "good")
+
+        if obs.task_status in _TERMINAL and self.server_terminal_at is None:
+            self.server_terminal_at = ended_at if ended_at is not None else obs.at
+            self.task_status = obs.task_status
+            self.reason = obs.reason
+            kind = "good" if obs.task_status == "COMPLETED" else "warn"
+            say(f"server: task {obs.task_status}" + (f" ({_short(obs.reason)})" if obs.reason else ""), kind)
+        if obs.workflow_status in _WORKFLOW_TERMINAL and self.workflow_status is None:
+            self.workflow_status = obs.workflow_status
+            say(f"server: workflow {obs.workflow_status}")
+
+        if obs.runner_exit is not None and self.runner_exit is None:
+            self.runner_exit = obs.runner_exit
+            self.runner_exit_at = obs.at
+            say(f"runner exited with code {obs.runner_exit}")
+
+        self.latest = obs
+        self.events.extend(new)
+        return new
+
+    # ------------------------------------------------------------------------------ decisions
+
+    @property
+    def last_heartbeat_at(self) -> float | None:
+        """Server time of the last sign of life: the newest heartbeat, else the poll."""
+        return self.heartbeats[-1] if self.heartbeats else self.polled_at
+
+    def wants_silence(self) -> bool:
+        return (
+            self.scene.kind is SceneKind.FENCED
+            and self.silenced_at is None
+            and len(self.heartbeats) >= self.scene.silence_after_heartbeats
+            and self.tree_dead_at is None
+        )
+
+    def wants_resume(self) -> bool:
+        """Scene 3 resumes once the tree is dead and the server has timed the task out."""
+        return (
+            self.silenced_at is not None
+            and self.resumed_at is None
+            and self.tree_dead_at is not None
+            and self.server_terminal_at is not None
+        )
+
+    def finished(self) -> bool:
+        """Everything the scene waits for has happened."""
+        tree_done = self.tree_seen > 0 and self.tree_dead_at is not None
+        return (
+            tree_done
+            and self.runner_exit is not None
+            and self.task_status is not None
+            and self.workflow_status is not None
+        )
+
+    # ------------------------------------------------------------------------------ the judge
+
+    def verdict(self, *, cut_short: bool = False) -> Verdict:
+        scene = self.scene
+        r = self.r
+        checks: list[Check] = []
+
+        def check(ok: bool, text: str) -> None:
+            checks.append(Check(bool(ok), text))
+
+        if cut_short:
+            check(False, f"the scene did not finish within {scene.budget_seconds:g}s")
+        check(self.polled_at is not None, "the runner polled the task")
+        check(
+            self.task_status == scene.expect_task_status,
+            f"the server's task status is {self.task_status or 'still open'} "
+            f"(expected {scene.expect_task_status})",
+        )
+        check(
+            self.workflow_status == scene.expect_workflow_status,
+            f"the workflow is {self.workflow_status or 'still running'} "
+            f"(expected {scene.expect_workflow_status})",
+        )
+        check(self.max_poll_count <= 1, f"the task was handed out once (pollCount {self.max_poll_count})")
+        check(
+            self.tree_seen >= 2 and self.tree_dead_at is not None,
+            f"no process of the task's tree is left ({self.tree_seen} seen, "
+            f"{(self.latest.tree_alive if self.latest else 0)} alive)",
+        )
+        check(
+            self.runner_exit == scene.expect_runner_exit,
+            f"the runner exited with code {self.runner_exit} (expected {scene.expect_runner_exit})",
+        )
+        polled = self.polled_at
+        if scene.kind is SceneKind.HEARTBEATS:
+            lived = _nan(self.server_terminal_at) - _nan(polled)
+            check(
+                len(self.heartbeats) >= 2,
+                f"{len(self.heartbeats)} heartbeats moved the server's updateTime",
+            )
+            check(
+                lived >= 2 * r,
+                f"the task stayed IN_PROGRESS for {_secs(lived)} = {lived / r:.1f} x R without timing out",
+            )
+            summary = (
+                f"{len(self.heartbeats)} heartbeats kept a {scene.task_seconds}s task alive with R = {r:g}s: "
+                f"{self.task_status or 'not finished'}"
+            )
+        elif scene.kind is SceneKind.NO_LEASE:
+            timed_out_after = _nan(self.server_terminal_at) - _nan(polled)
+            check(not self.heartbeats, f"no heartbeat was sent ({len(self.heartbeats)} seen)")
+            check(
+                timed_out_after >= r - EARLY_SLACK_SECONDS,
+                f"the server timed the task out {_secs(timed_out_after)} after the poll (R = {r:g}s)",
+            )
+            self._check_killed_early(check)
+            limit = self.settings.ownership_check_interval_seconds + self.settings.kill_grace_seconds
+            dead_after = _nan(self.tree_dead_at) - _nan(self.server_terminal_at)
+            check(
+                dead_after <= limit + LATE_SLACK_SECONDS,
+                f"the tree was gone {_secs(dead_after)} after the timeout "
+                f"(ownership check every {self.settings.ownership_check_interval_seconds:g}s)",
+            )
+            summary = (
+                f"no heartbeats: the server timed the task out after {_secs(timed_out_after)}, and the "
+                f"runner killed the tree {_secs(dead_after)} later"
+            )
+        else:
+            last = self.last_heartbeat_at
+            deadline = _nan(last) + r
+            dead = _nan(self.tree_dead_at)
+            check(
+                len(self.heartbeats) >= scene.silence_after_heartbeats,
+                f"{len(self.heartbeats)} heartbeats flowed before the server went silent",
+            )
+            check(self.silenced_at is not None, "the server went silent")
+            check(
+                self.silenced_at is not None and dead >= self.silenced_at,
+                "the tree lived on while the lease was valid",
+            )
+            check(
+                deadline - EARLY_SLACK_SECONDS <= dead <= deadline + self.settings.kill_grace_seconds
+                + LATE_SLACK_SECONDS,
+                f"the tree was gone at +{_num(dead)}s; lease deadline +{_num(deadline)}s "
+                f"(last acknowledged heartbeat +{_num(last)}s + R)",
+            )
+            self._check_killed_early(check)
+            server_at = _nan(self.server_terminal_at)
+            summary = (
+                f"silent server: the tree was gone at +{_num(dead)}s, the lease deadline was "
+                f"+{_num(deadline)}s, the server timed the task out at +{_num(server_at)}s"
+            )
+        return Verdict(scene, tuple(checks), summary)
+
+    def _check_killed_early(self, check: Callable[[bool, str], None]) -> None:
+        natural_end = _nan(self.polled_at) + self.scene.task_seconds
+        dead = _nan(self.tree_dead_at)
+        check(
+            dead < natural_end - EARLY_SLACK_SECONDS,
+            f"the child was killed, not finished: gone at +{_num(dead)}s, it would have run "
+            f"until +{_num(natural_end)}s",
+        )
+
+
+def _nan(value: float | None) -> float:
+    """An unknown time as NaN: every comparison with it is False, so its check fails."""
+    return math.nan if value is None else value
+
+
+def _num(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "?"
+    return f"{value:.1f}"
+
+
+def _secs(value: float) -> str:
+    return "?" if math.isnan(value) else f"{value:.1f}s"
+
+
+def _short(text: str, limit: int = 90) -> str:
+    text = text.split(" for the taskId")[0]  # the server's timeout reason repeats ids shown elsewhere
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
