@@ -40,6 +40,11 @@ class Answer:
 Responder = Callable[[Seen], Answer]
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the default 5 overflows when 16 client threads connect at once
+
+
 class ScriptedServer:
     """Threaded HTTP server whose answers come from ``responder``; records what it saw."""
 
@@ -81,8 +86,7 @@ class ScriptedServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
