@@ -318,7 +318,8 @@ class ConductorClient:
     def health(self, *, timeout_seconds: float | None = None) -> bool:
         """``GET /health``: True when healthy, False when the server answers but not healthily.
 
-        Raises :class:`ConductorUnavailable` when the server cannot be reached at all.
+        Raises :class:`ConductorUnavailable` when the server cannot be reached at all, and
+        :class:`ConductorAuthError` when it refuses the credentials.
         """
         try:
             reply = self.request("GET", "/health", root=True, timeout_seconds=timeout_seconds)
@@ -326,6 +327,8 @@ class ConductorClient:
             if exc.status_code is None:
                 raise
             return False
+        except ConductorAuthError:
+            raise  # refused credentials are not "unhealthy": the caller must say so
         except ConductorRejected:
             return False
         try:

@@ -390,3 +390,18 @@ def test_no_secret_or_token_in_logs(
     for text in (caplog.text, str(info.value), repr(info.value), repr(client)):
         assert KEY_SECRET not in text
         assert "tok-" not in text
+
+
+def test_health_reports_refused_credentials_as_an_auth_error() -> None:
+    # At start the runner checks health first: bad credentials must not read as "server unhealthy".
+    def refuse(req: Seen) -> Answer:
+        if req.path == "/api/token":
+            return Answer(401, b'{"error": "INVALID_CREDENTIALS"}')
+        return Answer(200, b'{"healthy": true}')
+
+    with (
+        ScriptedServer(refuse) as srv,
+        ConductorClient(srv.url + "/api", auth_key=KEY_ID, auth_secret=KEY_SECRET) as client,
+        pytest.raises(ConductorAuthError, match="refused the auth key"),
+    ):
+        client.health()
