@@ -1,0 +1,157 @@
+"""Helpers for driving the real ``conductor-run run`` process against a Conductor server.
+
+Shared by the end-to-end tests against the embedded server (``test_runner_e2e.py``) and against the
+real Conductor OSS server (``test_real_server_e2e.py``): the server only needs a ``url``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from leasecore.conductor import ConductorAdmin, ConductorClient
+
+ROOT = Path(__file__).resolve().parents[2]
+SLEEPER = str(ROOT / "sample_tasks" / "sleeper.sh")
+FAILER = str(ROOT / "sample_tasks" / "failer.sh")
+
+
+class HasUrl(Protocol):
+    """A running Conductor server: ``EmbeddedServer`` or ``tests.realserver.RealConductorServer``."""
+
+    @property
+    def url(self) -> str: ...
+
+
+def wait_until(predicate: Callable[[], Any], timeout_seconds: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
+        time.sleep(0.05)  # polling interval of a condition wait, not a wait for something
+
+
+class World:
+    """One server (embedded or real), a task type with a short R, and the runner processes."""
+
+    def __init__(self, tmp_path: Path, server: HasUrl) -> None:
+        self.tmp = tmp_path
+        self.server = server
+        self.client = ConductorClient(server.url)
+        self.admin = ConductorAdmin(self.client)
+        self.task_type = f"job_{uuid.uuid4().hex[:8]}"
+        self.state_dir = tmp_path / "state"
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: dict[int, Path] = {}
+
+    def stderr(self, proc: subprocess.Popen[str]) -> str:
+        return self.logs[proc.pid].read_text()
+
+    def finish(self, proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str]:
+        proc.wait(timeout=timeout)
+        return proc.returncode, self.stderr(proc)
+
+    def define(self, *, response_timeout: int = 2, retry_count: int = 0) -> None:
+        self.admin.register_task_defs(
+            [
+                {
+                    "name": self.task_type,
+                    "responseTimeoutSeconds": response_timeout,
+                    "retryCount": retry_count,
+                    "retryDelaySeconds": 0,
+                    "timeoutSeconds": 0,
+                    "timeoutPolicy": "TIME_OUT_WF",
+                }
+            ]
+        )
+        self.admin.register_workflow(
+            {
+                "name": f"wf_{self.task_type}",
+                "version": 1,
+                "schemaVersion": 2,
+                "tasks": [
+                    {
+                        "name": self.task_type,
+                        "taskReferenceName": "step",
+                        "type": "SIMPLE",
+                        "inputParameters": {k: f"${{workflow.input.{k}}}" for k in ("seconds", "code")},
+                    }
+                ],
+            }
+        )
+
+    def start_workflow(self, **input_data: Any) -> str:
+        return self.admin.start_workflow(f"wf_{self.task_type}", input_data)
+
+    def task_of(self, workflow_id: str) -> dict[str, Any]:
+        tasks = self.admin.get_workflow(workflow_id).get("tasks") or [{}]
+        return dict(tasks[-1])
+
+    def workflow_status(self, workflow_id: str) -> str:
+        return str(self.admin.get_workflow(workflow_id)["status"])
+
+    def run(
+        self, *args: str, url: str | None = None, command: list[str] | None = None
+    ) -> subprocess.Popen[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "--server",
+            url or self.server.url,
+            "--task-type",
+            self.task_type,
+            "--state-dir",
+            str(self.state_dir),
+            "--poll-timeout",
+            "500",
+            *args,
+            "--",
+            *(command or ["/bin/sh", SLEEPER]),
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
+        log_path = self.tmp / f"runner-{len(self.procs)}.log"
+        with open(log_path, "w") as log_file:  # stderr to a file: readable while the runner runs
+            proc = subprocess.Popen(
+                argv, cwd=self.tmp, env=env, stdout=subprocess.DEVNULL, stderr=log_file, text=True
+            )
+        self.procs.append(proc)
+        self.logs[proc.pid] = log_path
+        return proc
+
+    def child_pids(self) -> list[int]:
+        pids = []
+        for path in self.state_dir.glob("runner-*.json"):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            pids += [t["child_pid"] for t in doc.get("tasks", []) if t.get("child_pid")]
+        return pids
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+        self.client.close()
+
+
+def gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
