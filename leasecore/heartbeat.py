@@ -221,7 +221,10 @@ class LeaseEngine:
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
     ) -> None:
-        """Fence one task (or all, for None) for SHUTDOWN: now, at ``drain_deadline``, or KILL now (force)."""
+        """Fence one task (or all, for None) for SHUTDOWN: now, at ``drain_deadline``, or KILL now (force).
+
+        KeyError for an unknown task id.
+        """
         fences: Fences = []
         with self._lock:
             now = self._clock.monotonic()
@@ -307,9 +310,8 @@ class LeaseEngine:
             self._work_cv.notify()
         elif self._started and not self._stopping and len(self._threads) - 1 < self._max_senders:
             self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
-        else:
+        elif self._started:
             self._saturated_waits += 1
-            self._work_cv.notify()
 
     def _spawn_locked(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

@@ -18,10 +18,11 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   so a child still running after that may run next to its retry.
 * An HTTP attempt never outlives the lease: its timeout is ``min(http cap, deadline - now)`` and no
   attempt starts with less than ``min_attempt_seconds`` left.
-* Fencing at the deadline is unconditional. An ack *processed* after the deadline is recorded but does
-  not cancel the fence, even if its beat was sent in time: by then the server may already have timed
-  the task out. So the tree is never fenced while the lease is confirmed (deadline in the future), and
-  is terminated at the deadline and killed at deadline + ``kill_grace_seconds`` if it still lives.
+* Fencing at the deadline is unconditional. An ack *processed* after the deadline is ignored (it
+  cannot cancel the fence or move the deadline), even if its beat was sent in time: by then the server
+  may already have timed the task out. So the tree is never fenced while the lease is confirmed
+  (deadline in the future), and is terminated at the deadline and killed at deadline +
+  ``kill_grace_seconds`` if it still lives.
   An expired lease stays expired (no more beats or checks), also after the child has exited.
 * Ownership is checked every ``ownership_check_interval_seconds`` (and right after the first failed beat
   of a streak); a terminal status or a 404 (also a 404 on a heartbeat) fences with OWNERSHIP_LOST at
@@ -208,7 +209,7 @@ class LeaseView:
     """A snapshot of one lease for the status display (monotonic seconds; None = not applicable)."""
 
     polled_at: float
-    last_ack_at: float | None
+    last_ack_at: float  # send time of the newest acknowledged heartbeat, or the poll
     next_heartbeat_at: float | None
     lease_deadline: float | None
     hard_deadline: float | None
@@ -236,7 +237,6 @@ class Lease:
         self._interval = policy.heartbeat_interval_seconds
         self._polled_at = self._now = polled_at
         self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
-        self._last_ack_at: float | None = None
         self._failures = 0
         self._beat_in_flight = self._check_in_flight = False
         self._next_beat_at = polled_at + self._interval if self._interval else _NEVER
@@ -322,7 +322,7 @@ class Lease:
         beat = self._beat_due_at()
         return LeaseView(
             polled_at=self._polled_at,
-            last_ack_at=self._last_ack_at,
+            last_ack_at=self._acked_sent_at,
             next_heartbeat_at=beat,
             lease_deadline=_finite(self.lease_deadline),
             hard_deadline=_finite(self._hard_deadline()),
@@ -437,8 +437,9 @@ class Lease:
         return self._now
 
     def _record_ack(self, sent_at: float) -> None:
+        if self._expired:
+            return  # too late: the deadline (and what the display shows) stays where it passed
         self._acked_sent_at = max(self._acked_sent_at, sent_at)
-        self._last_ack_at = sent_at if self._last_ack_at is None else max(self._last_ack_at, sent_at)
         if self._interval is not None:
             self._next_beat_at = self._acked_sent_at + self._interval
 

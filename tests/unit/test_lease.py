@@ -272,7 +272,8 @@ def test_an_ack_processed_after_the_deadline_does_not_cancel_the_fence() -> None
     h.at(30)
     assert h.fences()[-1] == (T0 + 12, KillTree(FenceReason.LEASE_EXPIRED))
     assert len(h.beats()) == 1
-    assert h.lease.view().last_ack_at == T0 + 8  # recorded for display all the same
+    assert h.lease.view().lease_deadline == T0 + 10  # the late ack did not move the deadline
+    assert h.lease.view().last_ack_at == T0
 
 
 def test_the_kill_is_never_later_than_deadline_plus_grace_even_after_a_late_tick() -> None:
@@ -571,7 +572,7 @@ def test_states_run_from_running_to_done() -> None:
 OUTCOMES = st.sampled_from(["ok", "fail", "404", "late"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     r=st.floats(1.5, 30.0),
     grace=st.floats(0.0, 5.0),
