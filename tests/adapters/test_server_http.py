@@ -151,7 +151,7 @@ def test_many_concurrent_long_polls_each_get_a_distinct_task(server: EmbeddedSer
         with requests.Session() as http:
             r = http.get(
                 f"{api.url}/tasks/poll/batch/{task_type}",
-                params={"count": 1, "timeout": 5000, "workerid": f"w{i}"},
+                params={"count": "1", "timeout": "5000", "workerid": f"w{i}"},
                 timeout=30,
             )
             assert r.status_code == 200
