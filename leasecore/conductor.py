@@ -1,18 +1,9 @@
 """The Conductor HTTP client: the one place that speaks HTTP to the server (CONDUCTOR_PROTOCOL.md).
 
-Owns: URLs, headers, per-attempt timeouts, token auth (through :mod:`leasecore.auth`) and the
-translation of every ``requests`` error and HTTP status into the project's exception tree. Does not
-own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
-
-Error translation happens in one place, :func:`translate_errors` plus :func:`error_for_status`:
-
-    network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
-    404                           -> ConductorNotFound
-    401/403 (after one refresh)   -> ConductorAuthError
-    other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse         -> ConductorProtocolError
-
-Each carries method, path, status code and a short body excerpt with any credential redacted.
+Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). Every
+``requests`` error and HTTP status is translated into the project's exception tree in one place,
+:mod:`leasecore.conductor_http`. Does not own: retries, sleeps, lease decisions (callers decide what a
+failure means), printing.
 """
 
 from __future__ import annotations
@@ -20,29 +11,31 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NoReturn, cast
-from urllib.parse import quote, urlsplit
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import requests
-import requests.adapters
-import requests.exceptions as rexc
-import urllib3.exceptions
 from urllib3.util import Timeout as Urllib3Timeout
 
 from leasecore import __version__
 from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
 from leasecore.clock import Clock, SystemClock
+from leasecore.conductor_http import (
+    JSON,
+    TEXT_OR_JSON,
+    Reply,
+    error_for_status,
+    new_session,
+    path_segment,
+    protocol_error,
+    translate_errors,
+)
 from leasecore.errors import (
     ConductorAuthError,
-    ConductorError,
     ConductorNotFound,
     ConductorProtocolError,
     ConductorRejected,
-    ConductorRunError,
     ConductorUnavailable,
     ConfigError,
 )
@@ -52,124 +45,9 @@ __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "tr
 
 log = logging.getLogger(__name__)
 
-EXCERPT_CHARS = 200
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
 POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
-JSON = "application/json"
-TEXT_OR_JSON = "text/plain, application/json"  # POST /api/tasks answers text/plain (§3)
 _TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
-
-# requests' exception classes, most specific first, with what each means for a caller.
-_REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], ...] = (
-    (rexc.JSONDecodeError, ConductorProtocolError, "unparseable JSON"),
-    (rexc.InvalidJSONError, ConductorRejected, "request body is not valid JSON"),
-    (rexc.InvalidURL, ConductorRejected, "invalid URL"),
-    (rexc.MissingSchema, ConductorRejected, "invalid URL"),
-    (rexc.InvalidSchema, ConductorRejected, "invalid URL"),
-    (rexc.URLRequired, ConductorRejected, "invalid URL"),
-    (rexc.InvalidHeader, ConductorRejected, "invalid header"),
-    (rexc.TooManyRedirects, ConductorProtocolError, "too many redirects"),
-    (rexc.Timeout, ConductorUnavailable, "timed out"),
-    (rexc.ConnectionError, ConductorUnavailable, "connection failed"),
-    (rexc.ChunkedEncodingError, ConductorUnavailable, "connection broke mid-answer"),
-    (rexc.ContentDecodingError, ConductorUnavailable, "connection broke mid-answer"),
-    (rexc.RetryError, ConductorUnavailable, "connection failed"),
-    # Anything else requests raises (or warns, under -W error) is a failed attempt: retryable, and the
-    # lease deadline bounds how long a caller keeps trying.
-    (rexc.RequestException, ConductorUnavailable, "request failed"),
-    (rexc.RequestsWarning, ConductorUnavailable, "request failed"),
-    (urllib3.exceptions.HTTPError, ConductorUnavailable, "request failed"),
-    (OSError, ConductorUnavailable, "connection failed"),
-)
-
-
-@contextmanager
-def translate_errors(method: str, path: str) -> Iterator[None]:
-    """Turn any ``requests``/``urllib3``/socket error raised inside into the project's tree."""
-    try:
-        yield
-    except ConductorRunError:
-        raise
-    except (rexc.RequestException, rexc.RequestsWarning, urllib3.exceptions.HTTPError, OSError) as exc:
-        for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
-            if isinstance(exc, library_type):
-                raise error_type(
-                    f"{method} {path}: {what} ({type(exc).__name__}: {_short(str(exc))})",
-                    method=method,
-                    path=path,
-                ) from exc
-        raise  # pragma: no cover - unreachable: the table ends with every caught base class
-
-
-def error_for_status(
-    method: str, path: str, status_code: int, body: bytes, *, secrets: Sequence[str] = ()
-) -> ConductorError | None:
-    """The error an HTTP status means (``None`` for 2xx), with a redacted body excerpt."""
-    if 200 <= status_code < 300:
-        return None
-    excerpt = excerpt_of(body, secrets)
-    kinds: list[tuple[bool, type[ConductorError], str]] = [
-        (status_code == 404, ConductorNotFound, "not found"),
-        (status_code in (401, 403), ConductorAuthError, "not authorized"),
-        (status_code >= 500, ConductorUnavailable, "server error"),
-        (300 <= status_code < 400, ConductorRejected, "unexpected redirect (is the server URL right?)"),
-    ]
-    error_type, what = next(((t, w) for hit, t, w in kinds if hit), (ConductorRejected, "rejected"))
-    return error_type(
-        f"{method} {path} -> HTTP {status_code} {what}: {excerpt}"
-        if excerpt
-        else f"{method} {path} -> HTTP {status_code} {what}",
-        method=method,
-        path=path,
-        status_code=status_code,
-        body_excerpt=excerpt,
-    )
-
-
-def excerpt_of(body: bytes, secrets: Sequence[str] = ()) -> str:
-    """At most 200 characters of ``body``, whitespace collapsed, every secret replaced by ``***``."""
-    text = body[: 16 * EXCERPT_CHARS].decode("utf-8", errors="replace")
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return _short(text)
-
-
-def _short(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip()
-    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A completed HTTP exchange: status and body, read in full within the attempt's deadline."""
-
-    method: str
-    path: str
-    status_code: int
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        """The body as JSON; a 2xx body that is not JSON is a :class:`ConductorProtocolError`."""
-        try:
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ConductorProtocolError(
-                f"{self.method} {self.path}: answer is not JSON",
-                method=self.method,
-                path=self.path,
-                status_code=self.status_code,
-                body_excerpt=excerpt_of(self.body),
-            ) from exc
-
-
-def _segment(value: str) -> str:
-    """One URL path segment; task ids and types are data, never URL syntax."""
-    return quote(value, safe="")
 
 
 class ConductorClient:
@@ -201,7 +79,7 @@ class ConductorClient:
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
         self._owns_session = session is None
-        self._session = session or _new_session(pool_maxsize)
+        self._session = session or new_session(pool_maxsize)
         key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
         if bool(key) != bool(secret):
             missing = "auth_secret" if key else "auth_key"
@@ -252,13 +130,13 @@ class ConductorClient:
             params["domain"] = domain
         budget = max(0, timeout_ms) / 1000.0 + self._timeout_seconds  # the server holds the call
         reply = self.request(
-            "GET", f"/tasks/poll/batch/{_segment(task_type)}", params=params, timeout_seconds=budget
+            "GET", f"/tasks/poll/batch/{path_segment(task_type)}", params=params, timeout_seconds=budget
         )
         if reply.status_code == 204 or not reply.body.strip():
             return []
         items = reply.json()
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-            _protocol_error(reply, "expected a JSON list of tasks")
+            protocol_error(reply, "expected a JSON list of tasks")
         return [Task.from_json(item) for item in items]
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
@@ -288,10 +166,10 @@ class ConductorClient:
 
     def get_task(self, task_id: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
         """The task as the server has it; :class:`ConductorNotFound` when it is gone."""
-        reply = self.request("GET", f"/tasks/{_segment(task_id)}", timeout_seconds=timeout_seconds)
+        reply = self.request("GET", f"/tasks/{path_segment(task_id)}", timeout_seconds=timeout_seconds)
         data = reply.json()
         if not isinstance(data, dict):
-            _protocol_error(reply, "expected a JSON object")
+            protocol_error(reply, "expected a JSON object")
         return data
 
     def get_task_status(self, task_id: str, *, timeout_seconds: float | None = None) -> TaskStatus | None:
@@ -312,7 +190,7 @@ class ConductorClient:
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         """Append one execution-log line (raw ``text/plain`` body, §6)."""
         self.request(
-            "POST", f"/tasks/{_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds
+            "POST", f"/tasks/{path_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds
         )
 
     def health(self, *, timeout_seconds: float | None = None) -> bool:
@@ -492,16 +370,6 @@ def _is_token_rejection(reply: Reply) -> bool:
     return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
 
 
-def _protocol_error(reply: Reply, what: str) -> NoReturn:
-    raise ConductorProtocolError(
-        f"{reply.method} {reply.path}: {what}",
-        method=reply.method,
-        path=reply.path,
-        status_code=reply.status_code,
-        body_excerpt=excerpt_of(reply.body),
-    )
-
-
 def _check_base_url(base_url: str) -> str:
     parts = urlsplit(base_url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -509,17 +377,6 @@ def _check_base_url(base_url: str) -> str:
             f"server URL must look like http://host:8080/api, not {base_url!r}", key="server.url"
         )
     return base_url.strip().rstrip("/")
-
-
-def _new_session(pool_maxsize: int) -> requests.Session:
-    session = requests.Session()
-    # One pool per host, big enough that every thread sharing the client can hold a connection
-    # (a pool too small makes urllib3 warn "Connection pool is full" and drop connections).
-    # max_retries=0: retrying is the caller's decision.
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_maxsize, max_retries=0)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
 
 
 class ConductorAdmin:
@@ -551,42 +408,42 @@ class ConductorAdmin:
         params: dict[str, str | int] = {} if version is None else {"version": version}
         reply = self._client.request(
             "POST",
-            f"/workflow/{_segment(name)}",
+            f"/workflow/{path_segment(name)}",
             params=params,
             json_body=dict(input_data),
             accept=TEXT_OR_JSON,
         )
         workflow_id = reply.text.strip().strip('"')
         if not workflow_id:
-            _protocol_error(reply, "no workflow id in the answer")
+            protocol_error(reply, "no workflow id in the answer")
         return workflow_id
 
     def get_workflow(self, workflow_id: str) -> dict[str, Any]:
         """The workflow with its tasks."""
         reply = self._client.request(
-            "GET", f"/workflow/{_segment(workflow_id)}", params={"includeTasks": "true"}
+            "GET", f"/workflow/{path_segment(workflow_id)}", params={"includeTasks": "true"}
         )
         data = reply.json()
         if not isinstance(data, dict):
-            _protocol_error(reply, "expected a JSON object")
+            protocol_error(reply, "expected a JSON object")
         return data
 
     def terminate_workflow(self, workflow_id: str, reason: str) -> None:
         """Terminate: its non-terminal tasks become CANCELED."""
         self._client.request(
-            "DELETE", f"/workflow/{_segment(workflow_id)}", params={"reason": reason}, accept=TEXT_OR_JSON
+            "DELETE", f"/workflow/{path_segment(workflow_id)}", params={"reason": reason}, accept=TEXT_OR_JSON
         )
 
     def decide(self, workflow_id: str) -> None:
         """Force a synchronous evaluation (runs the timeout checks now)."""
-        self._client.request("PUT", f"/workflow/decide/{_segment(workflow_id)}", accept=TEXT_OR_JSON)
+        self._client.request("PUT", f"/workflow/decide/{path_segment(workflow_id)}", accept=TEXT_OR_JSON)
 
     def get_logs(self, task_id: str) -> list[dict[str, Any]]:
         """The task's execution logs, oldest first; ``[]`` when there are none (204)."""
-        reply = self._client.request("GET", f"/tasks/{_segment(task_id)}/log")
+        reply = self._client.request("GET", f"/tasks/{path_segment(task_id)}/log")
         if reply.status_code == 204 or not reply.body.strip():
             return []
         data = reply.json()
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-            _protocol_error(reply, "expected a JSON list of log entries")
+            protocol_error(reply, "expected a JSON list of log entries")
         return data

@@ -1,0 +1,189 @@
+"""HTTP plumbing of the Conductor client: error translation, replies, the pooled session.
+
+Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
+:func:`error_for_status` (HTTP statuses):
+
+    network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
+    404                           -> ConductorNotFound
+    401/403 (after one refresh)   -> ConductorAuthError
+    other 4xx, 3xx                -> ConductorRejected
+    a 2xx we cannot parse         -> ConductorProtocolError
+
+Each carries method, path, status code and a short body excerpt with any credential redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import requests
+import requests.adapters
+import requests.exceptions as rexc
+import urllib3.exceptions
+
+from leasecore.errors import (
+    ConductorAuthError,
+    ConductorError,
+    ConductorNotFound,
+    ConductorProtocolError,
+    ConductorRejected,
+    ConductorRunError,
+    ConductorUnavailable,
+)
+
+__all__ = [
+    "JSON",
+    "TEXT_OR_JSON",
+    "Reply",
+    "error_for_status",
+    "excerpt_of",
+    "new_session",
+    "path_segment",
+    "protocol_error",
+    "translate_errors",
+]
+
+EXCERPT_CHARS = 200
+JSON = "application/json"
+TEXT_OR_JSON = "text/plain, application/json"  # POST /api/tasks answers text/plain (§3)
+
+# requests' exception classes, most specific first, with what each means for a caller.
+_REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], ...] = (
+    (rexc.JSONDecodeError, ConductorProtocolError, "unparseable JSON"),
+    (rexc.InvalidJSONError, ConductorRejected, "request body is not valid JSON"),
+    (rexc.InvalidURL, ConductorRejected, "invalid URL"),
+    (rexc.MissingSchema, ConductorRejected, "invalid URL"),
+    (rexc.InvalidSchema, ConductorRejected, "invalid URL"),
+    (rexc.URLRequired, ConductorRejected, "invalid URL"),
+    (rexc.InvalidHeader, ConductorRejected, "invalid header"),
+    (rexc.TooManyRedirects, ConductorProtocolError, "too many redirects"),
+    (rexc.Timeout, ConductorUnavailable, "timed out"),
+    (rexc.ConnectionError, ConductorUnavailable, "connection failed"),
+    (rexc.ChunkedEncodingError, ConductorUnavailable, "connection broke mid-answer"),
+    (rexc.ContentDecodingError, ConductorUnavailable, "connection broke mid-answer"),
+    (rexc.RetryError, ConductorUnavailable, "connection failed"),
+    # Anything else requests raises (or warns, under -W error) is a failed attempt: retryable, and the
+    # lease deadline bounds how long a caller keeps trying.
+    (rexc.RequestException, ConductorUnavailable, "request failed"),
+    (rexc.RequestsWarning, ConductorUnavailable, "request failed"),
+    (urllib3.exceptions.HTTPError, ConductorUnavailable, "request failed"),
+    (OSError, ConductorUnavailable, "connection failed"),
+)
+
+
+@contextmanager
+def translate_errors(method: str, path: str) -> Iterator[None]:
+    """Turn any ``requests``/``urllib3``/socket error raised inside into the project's tree."""
+    try:
+        yield
+    except ConductorRunError:
+        raise
+    except (rexc.RequestException, rexc.RequestsWarning, urllib3.exceptions.HTTPError, OSError) as exc:
+        for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
+            if isinstance(exc, library_type):
+                raise error_type(
+                    f"{method} {path}: {what} ({type(exc).__name__}: {_short(str(exc))})",
+                    method=method,
+                    path=path,
+                ) from exc
+        raise  # pragma: no cover - unreachable: the table ends with every caught base class
+
+
+def error_for_status(
+    method: str, path: str, status_code: int, body: bytes, *, secrets: Sequence[str] = ()
+) -> ConductorError | None:
+    """The error an HTTP status means (``None`` for 2xx), with a redacted body excerpt."""
+    if 200 <= status_code < 300:
+        return None
+    excerpt = excerpt_of(body, secrets)
+    kinds: list[tuple[bool, type[ConductorError], str]] = [
+        (status_code == 404, ConductorNotFound, "not found"),
+        (status_code in (401, 403), ConductorAuthError, "not authorized"),
+        (status_code >= 500, ConductorUnavailable, "server error"),
+        (300 <= status_code < 400, ConductorRejected, "unexpected redirect (is the server URL right?)"),
+    ]
+    error_type, what = next(((t, w) for hit, t, w in kinds if hit), (ConductorRejected, "rejected"))
+    return error_type(
+        f"{method} {path} -> HTTP {status_code} {what}: {excerpt}"
+        if excerpt
+        else f"{method} {path} -> HTTP {status_code} {what}",
+        method=method,
+        path=path,
+        status_code=status_code,
+        body_excerpt=excerpt,
+    )
+
+
+def excerpt_of(body: bytes, secrets: Sequence[str] = ()) -> str:
+    """At most 200 characters of ``body``, whitespace collapsed, every secret replaced by ``***``."""
+    text = body[: 16 * EXCERPT_CHARS].decode("utf-8", errors="replace")
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return _short(text)
+
+
+def _short(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip()
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A completed HTTP exchange: status and body, read in full within the attempt's deadline."""
+
+    method: str
+    path: str
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON; a 2xx body that is not JSON is a :class:`ConductorProtocolError`."""
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConductorProtocolError(
+                f"{self.method} {self.path}: answer is not JSON",
+                method=self.method,
+                path=self.path,
+                status_code=self.status_code,
+                body_excerpt=excerpt_of(self.body),
+            ) from exc
+
+
+def path_segment(value: str) -> str:
+    """One URL path segment; task ids and types are data, never URL syntax."""
+    return quote(value, safe="")
+
+
+def protocol_error(reply: Reply, what: str) -> NoReturn:
+    """Raise: a 2xx ``reply`` whose body does not have the shape the protocol promises."""
+    raise ConductorProtocolError(
+        f"{reply.method} {reply.path}: {what}",
+        method=reply.method,
+        path=reply.path,
+        status_code=reply.status_code,
+        body_excerpt=excerpt_of(reply.body),
+    )
+
+
+def new_session(pool_maxsize: int) -> requests.Session:
+    """A session with one keep-alive pool per host, sized for ``pool_maxsize`` threads, no retries."""
+    session = requests.Session()
+    # One pool per host, big enough that every thread sharing the client can hold a connection
+    # (a pool too small makes urllib3 warn "Connection pool is full" and drop connections).
+    # max_retries=0: retrying is the caller's decision.
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_maxsize, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
