@@ -403,7 +403,7 @@ class ConductorAdmin:
                 raise
             self._client.request("PUT", "/metadata/workflow", json_body=[dict(workflow_def)])
 
-    def start_workflow(self, name: str, input_data: Mapping[str, Any], *, version: int | None = None) -> str:
+    def start_workflow(self, name: str, input_data: Mapping[str, Any], version: int | None = None) -> str:
         """Start a workflow; returns its id (the server answers ``text/plain``)."""
         params: dict[str, str | int] = {} if version is None else {"version": version}
         reply = self._client.request(
