@@ -13,3 +13,4 @@ def register_all(app: typer.Typer) -> None:
     from cli import init; init.register(app)  # noqa: E702, I001
     from cli import config; config.register(app)  # noqa: E702, I001
     from cli import run; run.register(app)  # noqa: E702, I001
+    from cli import demo; demo.register(app)  # noqa: E702, I001
