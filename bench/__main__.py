@@ -1,0 +1,172 @@
+"""``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
+
+Not part of the test suite. See bench/README.md for what is measured and how. Sizes are flags; the
+default run is bounded (about 10 minutes on a 2-core machine), ``--quick`` takes a minute or two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import footprint, heartbeat, kill, report, throughput
+from bench.harness import WORKER_KINDS, BenchServer
+
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    """``40x2,1000x10`` -> [(40, 2), (1000, 10)]: leases x R seconds."""
+    out = []
+    for item in text.split(","):
+        leases, r = item.lower().split("x")
+        out.append((int(leases), int(r)))
+    return out
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a minute or two")
+    p.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections (repeatable)")
+    p.add_argument("--workers", default=",".join(WORKER_KINDS), help="comma list of workers to compare")
+    p.add_argument("--tasks", type=int, help="throughput: tasks per run (default 1000; quick 200)")
+    p.add_argument("--concurrency", type=int, help="throughput: concurrency (default 4)")
+    p.add_argument("--rounds", type=int, help="throughput: alternating rounds (default 3; quick 1)")
+    p.add_argument(
+        "--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,40x10,1000x2,1000x10)"
+    )
+    p.add_argument("--kill-grace", type=float, default=2.0, help="kill: kill_grace seconds (default 2)")
+    p.add_argument("--kill-trials", type=int, help="kill: trials per measure (default 2; quick 1)")
+    p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
+    p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.tasks = args.tasks or (200 if q else 1000)
+    args.concurrency = args.concurrency or 4
+    args.rounds = args.rounds or (1 if q else 3)
+    args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (40, 10), (1000, 2), (1000, 10)])
+    args.kill_trials = args.kill_trials or (1 if q else 2)
+    args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
+    args.print_mb = args.print_mb or (50 if q else 300)
+    return args
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gb": psutil.virtual_memory().total / 1e9,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("conductor-run", "conductor-python", "psutil", "requests"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    kinds = [k for k in args.workers.split(",") if k]
+    sections = args.only or list(SECTIONS)
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command_line": shlex.join(["python", "-m", "bench", *argv]),
+        "machine": machine(),
+        "versions": versions(),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "errors": [],
+        "notes": [],
+    }
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="conductor-run-bench-") as tmp:
+        workdir = Path(tmp)
+        srv = BenchServer(workdir / "server.log")
+        log(f"server at {srv.url} (pid {srv.pid}); work dir {workdir}")
+        try:
+            for section in sections:
+                try:
+                    if section == "throughput":
+                        results[section] = throughput.run(
+                            srv,
+                            workdir,
+                            kinds,
+                            tasks=args.tasks,
+                            concurrency=args.concurrency,
+                            rounds=args.rounds,
+                            log=log,
+                        )
+                    elif section == "heartbeat":
+                        hb_kinds = [k for k in kinds if k != "floor"]  # the floor sends no heartbeats
+                        results[section] = heartbeat.run(srv, workdir, hb_kinds, configs=args.leases, log=log)
+                    elif section == "kill":
+                        results[section] = kill.run(
+                            srv,
+                            workdir,
+                            kill_grace=args.kill_grace,
+                            trials=args.kill_trials,
+                            shutdown_tasks=4,
+                            log=log,
+                        )
+                    elif section == "footprint":
+                        fp_kinds = [k for k in kinds if k != "floor"]
+                        results[section] = footprint.run(
+                            srv,
+                            workdir,
+                            fp_kinds,
+                            idle_seconds=args.idle_seconds,
+                            warmup=5.0,
+                            print_mb=args.print_mb,
+                            log=log,
+                        )
+                except Exception as exc:  # one broken section must not lose the others' figures
+                    log(f"{section} failed: {exc}")
+                    traceback.print_exc()
+                    results["errors"].append(f"{section}: {type(exc).__name__}: {exc}")
+        finally:
+            srv.close()
+    results["wall_seconds"] = time.monotonic() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    (args.out / "latest.md").write_text(report.render(results))
+    log(f"wrote {args.out / 'latest.md'} and latest.json")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

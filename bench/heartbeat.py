@@ -1,0 +1,76 @@
+"""Heartbeat precision: gaps between consecutive lease confirmations with L leases in flight.
+
+L workflows of a task type with ``responseTimeoutSeconds`` = R are queued; the worker runs them at
+concurrency L, each child a ``sleep`` of ``hold`` x R, so every lease needs several heartbeats. The
+server records each confirmation (the claim by poll, then every accepted ``extendLease``); a gap is the
+time between two consecutive confirmations of one task, up to its final update. The server's timeout
+checks are exact (embedded server, "ideal" sweep), so a gap beyond R is a lease the server takes back:
+"lost" = tasks the server set TIMED_OUT while the worker still ran them (all children outlive R).
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+from bench.harness import BenchServer, WorkerConfig, running_worker
+from bench.stats import confirmation_gaps, summary
+
+HOLD_FACTOR = 3.2  # children live 3.2 x R: about four heartbeats each at 0.8 x R
+
+
+def one_run(srv: BenchServer, workdir: Path, kind: str, leases: int, r_seconds: int) -> dict[str, Any]:
+    task_type = f"hb_{kind.replace('-', '_')}_{leases}_{r_seconds}"
+    srv.define(task_type, response_timeout_seconds=r_seconds)
+    task_ids = srv.task_ids(srv.start(task_type, leases))
+    hold = HOLD_FACTOR * r_seconds
+    cfg = WorkerConfig(
+        kind=kind,
+        url=srv.url,
+        task_type=task_type,
+        concurrency=leases,
+        command=["sleep", f"{hold:g}"],
+        state_dir=workdir / "state",
+    )
+    with running_worker(cfg, workdir / f"{task_type}.log") as worker:
+        # conductor-run reports nothing for a task the server took back: settled = reported or ended.
+        srv.wait_settled(
+            task_ids, timeout_seconds=hold + 120 + leases * 0.1, worker=worker, interval_seconds=1.0
+        )
+    marks = srv.marks(task_ids)
+    gaps: list[float] = []
+    for t in task_ids:
+        finals = [when for when, status in marks["updates"][t] if status != "IN_PROGRESS"]
+        gaps += confirmation_gaps(marks["claims"][t], marks["leases"][t], min(finals) if finals else None)
+    claims = [min(c) for c in marks["claims"].values() if c]
+    statuses = collections.Counter(str(s) for s in marks["statuses"].values())
+    target = 0.8 * r_seconds + 0.05
+    return {
+        "kind": kind,
+        "leases": leases,
+        "r_seconds": r_seconds,
+        "hold_seconds": hold,
+        "gaps_seconds": summary(gaps),
+        "gaps_over_target": sum(1 for g in gaps if g > target),
+        "target_p99_seconds": target,
+        "lost": statuses.get("TIMED_OUT", 0),
+        "statuses": dict(statuses),
+        "claim_spread_seconds": (max(claims) - min(claims)) if claims else None,
+    }
+
+
+def run(
+    srv: BenchServer, workdir: Path, kinds: list[str], *, configs: list[tuple[int, int]], log: Any
+) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for leases, r_seconds in configs:
+        for kind in kinds:
+            result = one_run(srv, workdir, kind, leases, r_seconds)
+            g = result["gaps_seconds"]
+            log(
+                f"heartbeat {kind} L={leases} R={r_seconds}s: p50 {g['p50']} p99 {g['p99']} "
+                f"max {g['max']} lost {result['lost']} {result['statuses']}"
+            )
+            runs.append(result)
+    return {"hold_factor": HOLD_FACTOR, "runs": runs}

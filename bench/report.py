@@ -1,0 +1,217 @@
+"""The Markdown report, written from the JSON results alone (pure: no measuring, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(value: Any, digits: int = 3, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) rows for the issue's targets, from whatever sections ran."""
+    rows: list[tuple[str, str, str]] = []
+    tp = results.get("throughput")
+    if tp:
+        r = tp["ratios"]
+        cf, sc = r.get("conductor_run_over_floor"), r.get("sdk_over_conductor_run")
+        rows.append(
+            (
+                "conductor-run time <= 1.2 x floor",
+                f"{_f(cf, 2)} x",
+                _verdict(None if cf is None else cf <= 1.2),
+            )
+        )
+        rows.append(
+            (
+                "conductor-run throughput >= 2 x SDK",
+                f"{_f(sc, 2)} x",
+                _verdict(None if sc is None else sc >= 2.0),
+            )
+        )
+    hb = results.get("heartbeat")
+    if hb:
+        big = [r for r in hb["runs"] if r["kind"] == "conductor-run"]
+        top = max((r["leases"] for r in big), default=None)
+        for r in big:
+            if r["leases"] != top:
+                continue
+            p99 = r["gaps_seconds"]["p99"]
+            ok = p99 is not None and p99 <= r["target_p99_seconds"] and r["lost"] == 0
+            rows.append(
+                (
+                    f"p99 gap <= 0.8 R + 50 ms, none lost ({r['leases']} leases, R = {r['r_seconds']} s)",
+                    f"p99 {_f(p99)} s (target {_f(r['target_p99_seconds'])}), lost {r['lost']}",
+                    _verdict(ok),
+                )
+            )
+    kl = results.get("kill")
+    if kl:
+        for r in kl["lease_deadline"]:
+            lat = r["latency_seconds"]
+            rows.append(
+                (
+                    f"kill at lease deadline <= kill_grace + 200 ms ({r['mode']})",
+                    f"{_f(lat)} s (target {_f(r['target_seconds'])})",
+                    _verdict(None if lat is None else lat <= r["target_seconds"]),
+                )
+            )
+    fp = results.get("footprint")
+    if fp:
+        for r in fp["idle"]:
+            if r["kind"] != "conductor-run":
+                continue
+            rows.append(("idle CPU < 1 %", f"{_f(r['cpu_percent'], 2)} %", _verdict(r["cpu_percent"] < 1.0)))
+            rows.append(
+                ("idle RSS < 60 MB", f"{_f(r['rss_max_mb'], 1)} MB", _verdict(r["rss_max_mb"] < 60.0))
+            )
+    return rows
+
+
+def render(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    out = [
+        "# conductor-run benchmark report",
+        "",
+        f"Run {results['started_at']} ({_f(results['wall_seconds'], 0)} s), "
+        f"command: `{results['command_line']}`",
+        "",
+        f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['physical_cores']} physical), "
+        f"{_f(m['memory_gb'], 1)} GB, {m['os']}; load average at start {m['load_average_at_start']}. "
+        f"Python {m['python']}; conductor-run {results['versions']['conductor-run']}, "
+        f"conductor-python {results['versions']['conductor-python']}, "
+        f"psutil {results['versions']['psutil']}.",
+        "",
+        "All three workers run as separate processes against the embedded server, itself in its own process. "
+        "Figures are what was measured on this (shared) machine in this run; see bench/README.md for "
+        "exactly what each number counts.",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+    ]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in targets(results)]
+    if results.get("notes"):
+        out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
+    out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
+    out += _kill(results.get("kill")) + _footprint(results.get("footprint"))
+    if results.get("errors"):
+        out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
+    return "\n".join(out) + "\n"
+
+
+def _throughput(tp: dict[str, Any] | None) -> list[str]:
+    if not tp:
+        return []
+    out = [
+        "",
+        "## Throughput",
+        "",
+        f"{tp['tasks']} tasks running `true` at concurrency {tp['concurrency']}, {tp['rounds']} alternating "
+        "rounds; time = first claim to last final update, on the server's clock.",
+        "",
+        "| worker | median s | median tasks/s | every round (s) |",
+        "|---|---|---|---|",
+    ]
+    for kind, med in tp["median_seconds"].items():
+        rounds = ", ".join(_f(r["seconds"], 2) for r in tp["runs"] if r["kind"] == kind)
+        out.append(f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} |")
+    r = tp["ratios"]
+    out += [
+        "",
+        f"conductor-run / floor (time): {_f(r['conductor_run_over_floor'], 2)}; "
+        f"SDK / conductor-run (time, = conductor-run's throughput advantage): "
+        f"{_f(r['sdk_over_conductor_run'], 2)}.",
+    ]
+    return out
+
+
+def _heartbeat(hb: dict[str, Any] | None) -> list[str]:
+    if not hb:
+        return []
+    out = [
+        "",
+        "## Heartbeat precision",
+        "",
+        f"Children live {hb['hold_factor']} x R; a gap = time between consecutive lease confirmations "
+        "(claim, then each accepted extendLease) of one task, as the server saw them. Lost = TIMED_OUT "
+        "by the server while the child was still running.",
+        "",
+        "| worker | leases | R (s) | gaps | p50 (s) | p99 (s) | max (s) | target p99 (s) | lost | statuses |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in hb["runs"]:
+        g = r["gaps_seconds"]
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        out.append(
+            f"| {r['kind']} | {r['leases']} | {r['r_seconds']} | {g['count']} | {_f(g['p50'])} | "
+            f"{_f(g['p99'])} | {_f(g['max'])} | {_f(r['target_p99_seconds'])} | {r['lost']} | {statuses} |"
+        )
+    return out
+
+
+def _kill(kl: dict[str, Any] | None) -> list[str]:
+    if not kl:
+        return []
+    out = [
+        "",
+        "## Kill and shutdown latency (conductor-run)",
+        "",
+        f"Task tree: shell + grandchild + setsid escapee. R = heartbeat timeout = "
+        f"{kl['heartbeat_timeout_seconds']} s, kill_grace = {kl['kill_grace_seconds']} s.",
+        "",
+        "| measure | tree | latency (s) |",
+        "|---|---|---|",
+    ]
+    for r in kl["lease_deadline"]:
+        out.append(
+            f"| lease deadline (server silenced) -> tree gone | {r['mode']} | {_f(r['latency_seconds'])} |"
+        )
+    for r in kl["termination"]:
+        out.append(f"| workflow terminated -> tree gone | {r['mode']} | {_f(r['latency_seconds'])} |")
+    for r in kl["shutdown"]:
+        out.append(f"| SIGTERM -> {r['tasks']} trees gone | {r['mode']} | {_f(r['trees_gone_seconds'])} |")
+        out.append(
+            f"| SIGTERM -> runner exited ({r['reported_failed']}/{r['tasks']} reported FAILED) | "
+            f"{r['mode']} | {_f(r['exit_seconds'])} |"
+        )
+    return out
+
+
+def _footprint(fp: dict[str, Any] | None) -> list[str]:
+    if not fp:
+        return []
+    out = [
+        "",
+        "## Footprint",
+        "",
+        f"Idle: {fp['idle_seconds']:.0f} s of long polling an empty queue. CPU in % of one core; RSS summed "
+        "over the worker's own (Python) processes, task children excluded.",
+        "",
+        "| worker | processes | idle CPU % | idle RSS max (MB) |",
+        "|---|---|---|---|",
+    ]
+    for r in fp["idle"]:
+        out.append(
+            f"| {r['kind']} | {r['processes']} | {_f(r['cpu_percent'], 2)} | {_f(r['rss_max_mb'], 1)} |"
+        )
+    out += [
+        "",
+        f"A child printing {fp['print_mb']} MB of 64-byte lines:",
+        "",
+        "| worker | peak RSS (MB) | seconds | task status |",
+        "|---|---|---|---|",
+    ]
+    for r in fp["printing"]:
+        out.append(f"| {r['kind']} | {_f(r['rss_peak_mb'], 1)} | {_f(r['seconds'], 1)} | {r['status']} |")
+    return out
