@@ -158,6 +158,7 @@ def test_1000_leases_at_r_2s_are_heartbeated_on_time(port: FakePort, fences: Fen
     assert sum(len(v) for v in port.checks.values()) > 0  # ownership checks ran alongside
 
 
+@pytest.mark.slow
 def test_a_hanging_request_for_one_task_does_not_delay_the_others(
     engine: LeaseEngine, port: FakePort, fences: Fences
 ) -> None:

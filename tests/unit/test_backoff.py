@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leasecore.backoff import Backoff
@@ -70,6 +70,7 @@ def test_attempt_numbers_and_random_values_are_checked() -> None:
         backoff.delay(1, 1.0)
 
 
+@settings(max_examples=50)
 @given(
     initial=st.floats(0.01, 10),
     multiplier=st.floats(1, 4),
