@@ -329,7 +329,8 @@ class LeaseEngine:
             entry.wake_at = None
             fences += self._apply_locked(entry, entry.lease.on_tick(now))
         if len(self._heap) > 4 * len(self._entries) + 64:  # drop superseded entries now and then
-            self._heap = [(e.wake_at, next(self._seq), k) for k, e in self._entries.items() if e.wake_at]
+            live = [(e.wake_at, k) for k, e in self._entries.items() if e.wake_at is not None]
+            self._heap = [(when, next(self._seq), k) for when, k in live]
             heapq.heapify(self._heap)
         return fences
 
