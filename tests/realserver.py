@@ -375,15 +375,18 @@ class RealConductorServer:
                 self.wait_healthy()
                 return
             except _PortTaken:
-                self.stop()
+                self.stop(graceful=False)
                 self.proc = None
                 if attempt == port_attempts:
                     raise RealServerUnavailable(
                         f"the Conductor server could not bind a free port in {port_attempts} attempts"
                     ) from None
-            except BaseException:
-                self.keep_dir = True  # the log stays for a post-mortem; its path is in the message
-                self.stop()
+            except BaseException as exc:
+                # The log stays for a post-mortem; its path is in the message.
+                self.keep_dir = self.keep_dir or isinstance(exc, RealServerUnavailable)
+                # A JVM still booting defers SIGTERM until Spring has started (~20-40 s); its fresh
+                # database holds nothing worth a clean shutdown.
+                self.stop(graceful=False)
                 raise
 
     def launch(self) -> None:
@@ -449,9 +452,16 @@ class RealConductorServer:
         finally:
             session.close()
 
-    def stop(self) -> None:
-        """TERM the server's process group, KILL it after the grace period; idempotent."""
+    def stop(self, *, graceful: bool = True) -> None:
+        """TERM the server's process group, KILL it after the grace period; idempotent.
+
+        ``graceful=False`` sends KILL at once.
+        """
         proc = self.proc
+        if proc is not None and proc.poll() is None and not graceful:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=KILL_WAIT_SECONDS)
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
