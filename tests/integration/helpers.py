@@ -32,7 +32,18 @@ class HasUrl(Protocol):
     def url(self) -> str: ...
 
 
-def wait_until(predicate: Callable[[], Any], timeout_seconds: float = 30.0, what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_seconds: float = 30.0,
+    what: str = "condition",
+    *,
+    interval_seconds: float = 0.05,
+) -> Any:
+    """Return the predicate's first truthy value; fail after ``timeout_seconds``.
+
+    ``interval_seconds`` paces predicates that cost something (e.g. one that asks the real server to
+    decide the workflow each time).
+    """
     deadline = time.monotonic() + timeout_seconds
     while True:
         value = predicate()
@@ -40,7 +51,7 @@ def wait_until(predicate: Callable[[], Any], timeout_seconds: float = 30.0, what
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        time.sleep(0.05)  # polling interval of a condition wait, not a wait for something
+        time.sleep(interval_seconds)  # polling interval of a condition wait, not a wait for something
 
 
 class World:

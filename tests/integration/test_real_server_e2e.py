@@ -1,0 +1,250 @@
+"""End to end: the real ``conductor-run run`` process against the REAL Conductor OSS server.
+
+The same story as ``test_runner_e2e.py`` (embedded server), told where it matters most. The real server
+(SQLite) sweeps coarsely: after its first on-time check it may re-check a workflow 60-120 s late
+(CONDUCTOR_PROTOCOL.md §4). So these tests never wait for the sweeper: they call
+``PUT /api/workflow/decide/{id}``, which runs the response-timeout check *now*. A decide that finds
+the task still IN_PROGRESS long after R is what proves the heartbeats work; a decide that times out an
+unextended task is what gives the runner something to notice.
+
+Every process of a task's tree carries ``CONDUCTOR_TASK_ID`` in its environment (escapees that left the
+process group too), which is how these tests find the whole tree and check that none of it survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from cli import exitcodes
+from leasecore.config import TaskSettings
+from leasecore.errors import ConductorError
+from tests.faultproxy import FaultProxy
+from tests.integration.helpers import World, wait_until
+from tests.realserver import RealConductorServer
+
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+
+OWNERSHIP_CHECK_SECONDS = TaskSettings.ownership_check_interval  # the runner's default (5 s)
+KILL_GRACE_SECONDS = 2.0
+# Room for a loaded 2-core machine shared with a JVM: process start, HTTP round trips, scheduling.
+SLACK_SECONDS = 8.0
+DECIDE_EVERY_SECONDS = 0.5  # pace of the decide calls: each one is real work for the server
+
+
+def task_processes(task_id: str) -> list[psutil.Process]:
+    """Every live (non-zombie) process of this user whose environment says it belongs to ``task_id``."""
+    uid = os.getuid()
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != uid:
+                continue
+            if proc.environ().get("CONDUCTOR_TASK_ID") != task_id:
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+class RealWorld(World):
+    """``World`` on the shared real server, tracking workflows and task processes for cleanup."""
+
+    def __init__(self, tmp_path: Path, server: RealConductorServer) -> None:
+        super().__init__(tmp_path, server)
+        self.workflows: list[str] = []
+        self.seen: list[psutil.Process] = []
+
+    def start_workflow(self, **input_data: Any) -> str:
+        workflow_id = super().start_workflow(**input_data)
+        self.workflows.append(workflow_id)
+        return workflow_id
+
+    def task_id_of_running(self, workflow_id: str) -> str:
+        """The task id once the runner has polled it and started its child."""
+        wait_until(self.child_pids, what="the child to start")
+        return str(self.task_of(workflow_id)["taskId"])
+
+    def tree(self, task_id: str, *, at_least: int) -> list[psutil.Process]:
+        """Wait for ``at_least`` live processes in the task's tree; remember them for cleanup."""
+        procs: list[psutil.Process] = wait_until(
+            lambda: (found if len(found := task_processes(task_id)) >= at_least else None),
+            what=f"{at_least} processes in the tree of task {task_id}",
+        )
+        self.seen.extend(procs)
+        return procs
+
+    def decide_and_get_task(self, workflow_id: str) -> dict[str, Any]:
+        """Force the server's timeout checks now, then read the task back."""
+        self.admin.decide(workflow_id)
+        return self.task_of(workflow_id)
+
+    def close(self) -> None:
+        try:
+            super().close()  # SIGKILLs any runner still alive: its fork server then kills the trees
+        finally:
+            for proc in self.seen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()  # psutil checks the create time: never a recycled pid
+            for workflow_id in self.workflows:  # keep the shared server's sweeper free of our leftovers
+                with contextlib.suppress(ConductorError):
+                    if self.workflow_status(workflow_id) == "RUNNING":
+                        self.admin.terminate_workflow(workflow_id, "test cleanup")
+            self.client.close()
+
+
+def all_dead(procs: list[psutil.Process]) -> bool:
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+@pytest.fixture
+def world(tmp_path: Path, real_server: RealConductorServer) -> Iterator[RealWorld]:
+    w = RealWorld(tmp_path, real_server)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def test_heartbeats_keep_a_task_alive_for_several_response_timeouts(world: RealWorld) -> None:
+    r_seconds, task_seconds = 3, 10  # more than 3 x R; heartbeats every 0.8 x R = 2.4 s
+    world.define(response_timeout=r_seconds)
+    wf = world.start_workflow(seconds=task_seconds)
+    proc = world.run("--once")
+    decided_past_r = 0
+
+    def runner_done() -> bool:
+        nonlocal decided_past_r
+        task = world.decide_and_get_task(wf)
+        assert task.get("status") != "TIMED_OUT", f"the server timed the task out: {task}"
+        started_ms = task.get("startTime") or 0
+        if task.get("status") == "IN_PROGRESS" and started_ms and time.time() * 1000 > started_ms + (
+            r_seconds + 1
+        ) * 1000:
+            decided_past_r += 1  # a response-timeout check that would have fired without heartbeats
+        return proc.poll() is not None
+
+    wait_until(runner_done, task_seconds + 60, "the runner to finish the task",
+               interval_seconds=DECIDE_EVERY_SECONDS)
+    code, err = world.finish(proc)
+    assert code == exitcodes.OK, err
+    assert decided_past_r >= 3, f"only {decided_past_r} decide(s) ran while the task outlived R"
+    workflow = world.admin.get_workflow(wf)
+    assert workflow["status"] == "COMPLETED"
+    [task] = workflow["tasks"]  # one attempt: never timed out, never retried
+    assert task["status"] == "COMPLETED" and task["pollCount"] == 1
+    assert task["outputData"]["slept"] == task_seconds
+    assert task["endTime"] - task["startTime"] >= task_seconds * 1000 > 3 * r_seconds * 1000
+    # The child's output was streamed to the task's execution log (POST /api/tasks/{id}/log).
+    wait_until(
+        lambda: any(f"sleeping {task_seconds}s" in e["log"] for e in world.admin.get_logs(task["taskId"])),
+        what="the child's output in the task log",
+        interval_seconds=DECIDE_EVERY_SECONDS,
+    )
+
+
+def test_without_lease_extension_the_server_times_the_task_out_and_the_runner_kills_the_tree(
+    world: RealWorld,
+) -> None:
+    r_seconds = 2
+    world.define(response_timeout=r_seconds)
+    wf = world.start_workflow(seconds=120)
+    # A heartbeat timeout far past R keeps the runner's own lease deadline out of the way: what kills
+    # the tree here must be the ownership check seeing TIMED_OUT on the server.
+    proc = world.run(
+        "--no-lease-extend", "--heartbeat-timeout", "120", "--kill-grace", str(KILL_GRACE_SECONDS)
+    )
+    task_id = world.task_id_of_running(wf)
+    tree = world.tree(task_id, at_least=2)  # sh and its sleep
+
+    timed_out = wait_until(
+        lambda: (t if (t := world.decide_and_get_task(wf))["status"] == "TIMED_OUT" else None),
+        r_seconds + 30,
+        "the server to time the unextended task out",
+        interval_seconds=DECIDE_EVERY_SECONDS,
+    )
+    timed_out_at = time.monotonic()
+    assert "responseTimeout" in timed_out["reasonForIncompletion"]
+    limit = OWNERSHIP_CHECK_SECONDS + KILL_GRACE_SECONDS + SLACK_SECONDS
+    wait_until(lambda: all_dead(tree) and not task_processes(task_id), limit, "the tree to be killed")
+    assert time.monotonic() - timed_out_at < limit
+    wait_until(lambda: "no longer ours" in world.stderr(proc), what="the runner to log the lost task")
+    assert proc.poll() is None  # the runner keeps serving
+    proc.send_signal(signal.SIGTERM)
+    code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+    assert f"task {task_id}: child exited; reporting" not in err  # nothing reported for a lost task
+    assert world.task_of(wf)["status"] == "TIMED_OUT"
+    assert world.workflow_status(wf) == "TIMED_OUT"
+
+
+def test_terminating_the_workflow_kills_the_whole_tree_and_the_task_stays_canceled(world: RealWorld) -> None:
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    # A grandchild in the child's process group, and one that left it (setsid): both must die.
+    command = ["/bin/sh", "-c", "sleep 300 & setsid sleep 300 & wait"]
+    proc = world.run("--kill-grace", str(KILL_GRACE_SECONDS), command=command)
+    task_id = world.task_id_of_running(wf)
+    tree = world.tree(task_id, at_least=3)
+    assert len({os.getsid(p.pid) for p in tree}) == 2, "expected a grandchild outside the child's session"
+
+    world.admin.terminate_workflow(wf, "changed my mind")
+    terminated_at = time.monotonic()
+    limit = OWNERSHIP_CHECK_SECONDS + KILL_GRACE_SECONDS + SLACK_SECONDS
+    wait_until(lambda: all_dead(tree) and not task_processes(task_id), limit, "the tree to be killed")
+    assert time.monotonic() - terminated_at < limit
+    wait_until(lambda: "no longer ours" in world.stderr(proc), what="the runner to log the lost task")
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+    task = world.decide_and_get_task(wf)
+    assert task["status"] == "CANCELED", task
+    assert world.workflow_status(wf) == "TERMINATED"
+
+
+def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: RealWorld) -> None:
+    r_seconds = 3
+    world.define(response_timeout=r_seconds)
+    wf = world.start_workflow(seconds=120)
+    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
+    with FaultProxy(host, int(port)) as proxy:
+        proc = world.run("--kill-grace", str(KILL_GRACE_SECONDS), url=proxy.url_for("/api"))
+        task_id = world.task_id_of_running(wf)
+        tree = world.tree(task_id, at_least=2)
+        silenced_at = time.monotonic()
+        proxy.set_mode("blackhole")
+        # The lease deadline is at most R after the last acknowledged heartbeat, i.e. before
+        # silenced_at + R; TERM kills sleeper.sh at once, KILL follows after the grace anyway.
+        limit = r_seconds + KILL_GRACE_SECONDS + SLACK_SECONDS
+        wait_until(lambda: all_dead(tree) and not task_processes(task_id), limit, "the tree to be fenced")
+        assert time.monotonic() - silenced_at < limit
+        proxy.set_mode("pass")
+        proc.send_signal(signal.SIGTERM)
+        code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+    assert "lease expired" in err
+    # Whatever the runner's best-effort FAILED achieved, the task is over on the server: never COMPLETED.
+    status = wait_until(
+        lambda: (s if (s := world.decide_and_get_task(wf)["status"]) in {"TIMED_OUT", "FAILED"} else None),
+        r_seconds + 30,
+        "the server to end the task",
+        interval_seconds=DECIDE_EVERY_SECONDS,
+    )
+    assert world.workflow_status(wf) == {"TIMED_OUT": "TIMED_OUT", "FAILED": "FAILED"}[status]
