@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.stats import median
+
 
 def _f(value: Any, digits: int = 3, unit: str = "") -> str:
     if value is None:
@@ -118,14 +120,22 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         "## Throughput",
         "",
         f"{tp['tasks']} tasks running `true` at concurrency {tp['concurrency']}, {tp['rounds']} alternating "
-        "rounds; time = first claim to last final update, on the server's clock.",
+        "rounds; time = first claim to last final update, on the server's clock. CPU columns are "
+        "diagnostics (medians): the server process's CPU during the run, and the worker's own processes' "
+        "CPU including their start-up, per task.",
         "",
-        "| worker | median s | median tasks/s | every round (s) |",
-        "|---|---|---|---|",
+        "| worker | median s | median tasks/s | every round (s) | server CPU ms/task | worker CPU ms/task |",
+        "|---|---|---|---|---|---|",
     ]
     for kind, med in tp["median_seconds"].items():
-        rounds = ", ".join(_f(r["seconds"], 2) for r in tp["runs"] if r["kind"] == kind)
-        out.append(f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} |")
+        mine = [r for r in tp["runs"] if r["kind"] == kind]
+        rounds = ", ".join(_f(r["seconds"], 2) for r in mine)
+        server = median([r["server_cpu_ms_per_task"] for r in mine if "server_cpu_ms_per_task" in r])
+        worker = median([r["worker_cpu_ms_per_task"] for r in mine if "worker_cpu_ms_per_task" in r])
+        out.append(
+            f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} | "
+            f"{_f(server, 2)} | {_f(worker, 2)} |"
+        )
     r = tp["ratios"]
     out += [
         "",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import BenchServer, WorkerConfig, running_worker
+from bench.measure import cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
 
@@ -30,8 +31,11 @@ def one_run(
         command=["true"],
         state_dir=workdir / "state",
     )
+    server_cpu0 = cpu_seconds(worker_processes(srv.pid))
     with running_worker(cfg, workdir / f"{task_type}.log") as worker:
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
+        worker_cpu = cpu_seconds(worker_processes(worker.pid))
+    server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0
     marks = srv.marks(task_ids)
     first_claim = min(min(c) for c in marks["claims"].values() if c)
     last_report = max(max(t for t, s in u if s != "IN_PROGRESS") for u in marks["updates"].values() if u)
@@ -43,6 +47,9 @@ def one_run(
         "seconds": seconds,
         "tasks_per_second": tasks / seconds,
         "statuses": dict(statuses),
+        # Diagnostics: where the CPU went. The worker's figure includes its start-up.
+        "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
+        "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
     }
 
 
@@ -56,7 +63,8 @@ def run(
             result = one_run(srv, workdir, kind, round_no, tasks, concurrency)
             log(
                 f"throughput round {round_no + 1}/{rounds} {kind}: {result['seconds']:.2f} s "
-                f"({result['tasks_per_second']:.0f} tasks/s) {result['statuses']}"
+                f"({result['tasks_per_second']:.0f} tasks/s) {result['statuses']}; CPU ms/task: server "
+                f"{result['server_cpu_ms_per_task']:.2f}, worker {result['worker_cpu_ms_per_task']:.2f}"
             )
             runs.append(result)
     medians = {k: median([r["seconds"] for r in runs if r["kind"] == k]) for k in kinds}

@@ -1,0 +1,105 @@
+"""The bench's pure parts: percentiles, lease-confirmation gaps, ratios and the report's verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.report import render, targets
+from bench.stats import confirmation_gaps, percentile, ratio, summary
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == pytest.approx(4.96)
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_summary_of_nothing_is_all_none() -> None:
+    assert summary([]) == {"count": 0, "p50": None, "p99": None, "max": None}
+
+
+def test_gaps_count_the_claim_and_ignore_confirmations_after_the_final_update() -> None:
+    # Given a claim at 10, heartbeats at 11.6, 13.2 and a late one at 20 after the report at 14
+    gaps = confirmation_gaps([10.0], [13.2, 11.6, 20.0], end=14.0)
+    # Then only the two gaps while the task was ours count
+    assert gaps == pytest.approx([1.6, 1.6])
+
+
+def test_a_redelivery_claim_is_a_confirmation_too() -> None:
+    assert confirmation_gaps([0.0, 1.0], [2.5], end=None) == pytest.approx([1.0, 1.5])
+
+
+def test_ratio_of_missing_figures_is_none() -> None:
+    assert ratio(None, 2.0) is None
+    assert ratio(3.0, 0.0) is None
+    assert ratio(3.0, 2.0) == pytest.approx(1.5)
+
+
+def _results() -> dict[str, object]:
+    return {
+        "started_at": "2026-01-01T00:00:00Z",
+        "wall_seconds": 1.0,
+        "command_line": "python -m bench",
+        "machine": {
+            "cpu_model": "cpu",
+            "cores": 2,
+            "physical_cores": 2,
+            "memory_gb": 4.0,
+            "os": "Linux",
+            "python": "3.11",
+            "load_average_at_start": [0.1, 0.1, 0.1],
+        },
+        "versions": {"conductor-run": "0.1.0", "conductor-python": "2.0.0", "psutil": "7"},
+        "throughput": {
+            "tasks": 10,
+            "concurrency": 2,
+            "rounds": 1,
+            "runs": [
+                {"kind": "conductor-run", "seconds": 1.1},
+                {"kind": "floor", "seconds": 1.0},
+                {"kind": "sdk", "seconds": 1.5},
+            ],
+            "median_seconds": {"conductor-run": 1.1, "floor": 1.0, "sdk": 1.5},
+            "median_tasks_per_second": {"conductor-run": 9.1, "floor": 10.0, "sdk": 6.7},
+            "ratios": {"conductor_run_over_floor": 1.1, "sdk_over_conductor_run": 1.5 / 1.1},
+        },
+        "heartbeat": {
+            "hold_factor": 3.2,
+            "runs": [
+                {
+                    "kind": "conductor-run",
+                    "leases": 1000,
+                    "r_seconds": 2,
+                    "target_p99_seconds": 1.65,
+                    "gaps_seconds": {"count": 3, "p50": 1.6, "p99": 1.61, "max": 1.62},
+                    "lost": 0,
+                    "statuses": {"COMPLETED": 1000},
+                },
+                {
+                    "kind": "conductor-run",
+                    "leases": 40,
+                    "r_seconds": 2,
+                    "target_p99_seconds": 1.65,
+                    "gaps_seconds": {"count": 3, "p50": 1.6, "p99": 1.9, "max": 1.9},
+                    "lost": 1,
+                    "statuses": {"TIMED_OUT": 1},
+                },
+            ],
+        },
+    }
+
+
+def test_targets_say_met_or_missed_from_the_figures() -> None:
+    rows = {name: verdict for name, _, verdict in targets(_results())}
+    assert rows["conductor-run time <= 1.2 x floor"] == "met"
+    assert rows["conductor-run throughput >= 2 x SDK"] == "**missed**"
+    # Only the largest lease count is held to the target.
+    assert [v for n, v in rows.items() if n.startswith("p99 gap")] == ["met"]
+
+
+def test_report_renders_sections_that_ran_only() -> None:
+    text = render(_results())
+    assert "## Throughput" in text and "## Heartbeat precision" in text
+    assert "## Footprint" not in text
+    assert "| conductor-run | 1.10 |" in text
