@@ -78,6 +78,7 @@ class RunnerSettings:
     drain: bool = False
     drain_timeout: float = 60.0
     once: bool = False
+    once_wait: float = 30.0  # --once: seconds to wait for a task (a cron slot's worth of patience)
     max_tasks: int | None = None  # None: no limit
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 

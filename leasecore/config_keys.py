@@ -247,6 +247,15 @@ KEYS: dict[str, KeySpec] = {
         ),
         _key("once", "runner", check_bool, "run one task, then exit", flag="--once", in_file=False),
         _key(
+            "once_wait",
+            "runner",
+            seconds(positive=True),
+            "--once: seconds to wait for a task before exiting 6",
+            flag="--once-wait",
+            in_file=False,
+            **_F,
+        ),
+        _key(
             "max_tasks",
             "runner",
             int_range(1),

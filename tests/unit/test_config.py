@@ -176,9 +176,10 @@ def test_runner_key_types() -> None:
         "CONDUCTOR_RUN_DRAIN_TIMEOUT": "30",
         "CONDUCTOR_RUN_LOG_FORMAT": "json",
     }
-    runner = _resolve(BASE, environ, {"once": True, "max_tasks": 3}).runner
+    runner = _resolve(BASE, environ, {"once": True, "max_tasks": 3, "once_wait": 2}).runner
     assert (runner.drain, runner.drain_timeout, runner.log_format) == (True, 30.0, "json")
-    assert (runner.once, runner.max_tasks) == (True, 3)
+    assert (runner.once, runner.max_tasks, runner.once_wait) == (True, 3, 2.0)
+    assert _resolve(BASE, {}, {}).runner.once_wait == 30.0
 
 
 # --- environment spellings ---------------------------------------------------------------------------
@@ -285,6 +286,7 @@ def test_unknown_boolean_word_is_an_error_unlike_the_sdks() -> None:
         (BASE, {}, {"poll_timeout": 9000}, ["poll_timeout", "flag --poll-timeout", "5000"]),
         (BASE, {}, {"terminal_exit_codes": [300]}, ["terminal_exit_codes", "flag --terminal-exit-code"]),
         (BASE, {}, {"max_tasks": 0}, ["max_tasks", "flag --max-tasks"]),
+        (BASE, {}, {"once_wait": 0.0}, ["once_wait", "flag --once-wait", "> 0"]),
     ],
 )
 def test_bad_values_name_key_source_and_what_is_allowed(
