@@ -101,6 +101,9 @@ def run(
         None, "--terminal-exit-code", help="Exit code meaning FAILED_WITH_TERMINAL_ERROR (repeatable)."
     ),
     once: bool | None = typer.Option(None, "--once", help="Run one task, then exit (6: none came)."),
+    once_wait: float | None = typer.Option(
+        None, "--once-wait", help="--once: seconds to wait for a task before exiting 6 (default 30)."
+    ),
     max_tasks: int | None = typer.Option(None, "--max-tasks", help="Exit after this many tasks."),
     drain: bool | None = typer.Option(None, "--drain", help="On a signal, let running tasks finish."),
     drain_timeout: float | None = typer.Option(None, "--drain-timeout", help="Max seconds to drain."),
@@ -114,7 +117,8 @@ def run(
         "concurrency": concurrency, "worker_id": worker_id, "domain": domain,
         "lease_extend_enabled": lease_extend, "heartbeat_timeout": heartbeat_timeout,
         "kill_grace": kill_grace, "exec_timeout": exec_timeout,
-        "terminal_exit_codes": terminal_exit_code, "once": once, "max_tasks": max_tasks,
+        "terminal_exit_codes": terminal_exit_code, "once": once, "once_wait": once_wait,
+        "max_tasks": max_tasks,
         "drain": drain, "drain_timeout": drain_timeout, "poll_timeout": poll_timeout,
         "state_dir": state_dir, "log_format": log_format,
     }
@@ -138,13 +142,22 @@ def serve(resolved: ResolvedConfig) -> int:
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     except ConductorAuthError as exc:
-        raise _fail(f"the server refused our credentials at {url}: {exc}",
+        raise _fail(f"the server at {url} refused our credentials: {exc}. {_credentials_hint(resolved)}",
                     exitcodes.UNREACHABLE) from None
     except ConductorError as exc:
         raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE) from None
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED) from None
     return exit_code_for(outcome, once=resolved.runner.once)
+
+
+def _credentials_hint(resolved: ResolvedConfig) -> str:
+    """Where the credentials came from (never their values)."""
+    if resolved.server.auth_key is None:
+        return "No credentials are configured: set CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET."
+    source = resolved.server.sources.get("auth_key")
+    where = f" (the key came from {source})" if source is not None else ""
+    return f"Check CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET{where}."
 
 
 def register(app: typer.Typer) -> None:

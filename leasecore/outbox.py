@@ -3,8 +3,9 @@
 One private file per task under ``<state_dir>/outbox/`` (directory 0700, files 0600: outputs are
 the task's data). A file records which server it was meant for (a hash of the URL, so no credential
 in a URL reaches the disk) and when it was saved; it is dropped once delivered, when the server
-answers 4xx (404: the task or workflow is gone), or after ``max_age_seconds`` (24 h by default: by
-then the server has long timed the task out and retried it).
+answers 4xx (404: the task or workflow is gone; not 401/403, which only refuse our credentials), or
+after ``max_age_seconds`` (24 h by default: by then the server has long timed the task out and
+retried it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorError, ConductorRejected
+from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.models import TaskResult, TaskStatus
 
 log = logging.getLogger("conductor_run.outbox")
@@ -116,12 +117,20 @@ class Outbox:
                 path.unlink(missing_ok=True)
         return sorted(found, key=lambda e: e.saved_at)
 
-    def deliver(self, update: Callable[[TaskResult], None]) -> DeliveryReport:
-        """Send every saved result with ``update``; keeps them only while the server is unreachable."""
+    def deliver(
+        self, update: Callable[[TaskResult], None], *, stop: Callable[[], bool] = lambda: False
+    ) -> DeliveryReport:
+        """Send every saved result with ``update``; keeps them only while the server is unreachable.
+
+        ``stop()`` is asked before each result: True keeps the rest for the next start (a signal).
+        """
         delivered = dropped = kept = 0
         now = self._clock.now().timestamp()
         pending = self.entries()
         for i, entry in enumerate(pending):
+            if stop():
+                kept = len(pending) - i
+                break
             task_id = entry.result.task_id
             if now - entry.saved_at > self.max_age_seconds:
                 log.warning("dropping the saved result of task %s: older than %.0f s", task_id,
@@ -131,6 +140,10 @@ class Outbox:
                 continue
             try:
                 update(entry.result)
+            except ConductorAuthError as exc:  # our credentials, not the result: keep it for later
+                log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)
+                kept = len(pending) - i
+                break
             except ConductorRejected as exc:  # 4xx, 404 included: it will never be accepted
                 log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id, exc)
                 entry.path.unlink(missing_ok=True)

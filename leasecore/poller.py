@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorError
+from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.models import Task
-from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
+from leasecore.polling import BackoffPolicy, FailureKind, PollBackoff, Reachability
 
 log = logging.getLogger("conductor_run.poll")
 
@@ -68,6 +68,15 @@ class PollSettings:
     domain: str | None = None
     paused: bool = False
     interval_seconds: float = 0.1  # pause after an empty poll (doubling while polls stay empty)
+
+
+def failure_kind(exc: ConductorError) -> FailureKind:
+    """How a failed poll is reported: refused credentials and other rejections are not "unreachable"."""
+    if isinstance(exc, ConductorAuthError):
+        return "auth"
+    if isinstance(exc, ConductorRejected):
+        return "rejected"
+    return "unreachable"
 
 
 class Poller:
@@ -163,7 +172,7 @@ class Poller:
             )
         except ConductorError as exc:
             self._unreserve(count)
-            self._note(self.reachability.on_failure(str(exc)))
+            self._note(self.reachability.on_failure(str(exc), failure_kind(exc)))
             self.backoff_seconds = self._backoff.on_error()
             self._stop.wait(self.backoff_seconds)
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -63,21 +64,43 @@ class PollBackoff:
         return delay * (1.0 - self.policy.jitter * self._rand())
 
 
+FailureKind = Literal["unreachable", "auth", "rejected"]
+
+_FAILURE_LINES: dict[str, str] = {
+    "unreachable": "server unreachable: {error} (will keep retrying)",
+    "auth": "the server refused our credentials: {error} (check CONDUCTOR_AUTH_KEY and "
+    "CONDUCTOR_AUTH_SECRET; will keep retrying)",
+    "rejected": "the server rejected the poll: {error} (will keep retrying)",
+}
+_RECOVERY_LINES: dict[str, str] = {
+    "unreachable": "server reachable again",
+    "auth": "the server accepts our credentials again",
+    "rejected": "the server accepts the poll again",
+}
+
+
 @dataclass(frozen=True)
 class Reachability:
-    """What the poller last knew about the server: one log line per change, not per failure."""
+    """What the poller last knew about the server: one log line per change of state, not per failure.
+
+    The states are: reachable, or failing for one ``kind`` of reason: ``unreachable`` (network,
+    timeout, 5xx), ``auth`` (401/403: our credentials were refused) or ``rejected`` (another 4xx).
+    A failure of another kind than the current one is a change, and says so.
+    """
 
     reachable: bool = True
     last_error: str | None = None
+    kind: FailureKind | None = None  # why it fails, while not reachable
 
     def on_success(self) -> tuple[Reachability, str | None]:
         """Returns the new state and the line to log, if the state changed."""
         if self.reachable:
             return self, None
-        return Reachability(True, None), "server reachable again"
+        return Reachability(), _RECOVERY_LINES[self.kind or "unreachable"]
 
-    def on_failure(self, error: str) -> tuple[Reachability, str | None]:
+    def on_failure(self, error: str, kind: FailureKind = "unreachable") -> tuple[Reachability, str | None]:
         """Returns the new state and the line to log, if the state changed."""
-        if not self.reachable:
-            return Reachability(False, error), None
-        return Reachability(False, error), f"server unreachable: {error} (will keep retrying)"
+        new = Reachability(False, error, kind)
+        if not self.reachable and self.kind == kind:
+            return new, None
+        return new, _FAILURE_LINES[kind].format(error=error)

@@ -1,6 +1,7 @@
 """Deliver final results (``POST /api/tasks``) with retries while they can still matter.
 
-A result is retried on ``ConductorUnavailable`` with capped backoff until its deadline (the runner
+A result is retried on ``ConductorUnavailable`` (and on ``ConductorAuthError``: refused credentials
+say nothing about the result) with capped backoff until its deadline (the runner
 keeps the task's heartbeats going meanwhile, so the server keeps waiting for it). A 4xx is final:
 404 means the task or workflow is gone. A result still undelivered at its deadline is saved to the
 outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the runner enqueues
@@ -18,7 +19,12 @@ from pathlib import Path
 from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorError, ConductorProtocolError, ConductorRejected
+from leasecore.errors import (
+    ConductorAuthError,
+    ConductorError,
+    ConductorProtocolError,
+    ConductorRejected,
+)
 from leasecore.models import TaskResult
 from leasecore.outbox import Outbox
 
@@ -96,18 +102,32 @@ class Reporter:
                 log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
                 return ReportOutcome(result.task_id, delivered=True)
             except ConductorRejected as exc:
-                log.warning("task %s: the server rejected the result (%s); not retrying",
-                            result.task_id, exc)
-                return ReportOutcome(result.task_id, delivered=False, error=str(exc))
-            except ConductorError as exc:
-                left = deadline - self._clock.monotonic()
-                if self._hurry.is_set() or left <= delay:
-                    return self._give_up(result, exc, attempt)
-                if attempt == 1:
-                    log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)",
-                                result.task_id, result.status.value, exc, left)
-                self._hurry.wait(delay)
+                if not isinstance(exc, ConductorAuthError):
+                    log.warning("task %s: the server rejected the result (%s); not retrying",
+                                result.task_id, exc)
+                    return ReportOutcome(result.task_id, delivered=False, error=str(exc))
+                # Refused credentials (rotated, expired) say nothing about the result: retry it, and
+                # keep it in the outbox at the deadline rather than drop it.
+                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay)) is not None:
+                    return outcome
                 delay = min(self._cap, delay * 2)
+            except ConductorError as exc:
+                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay)) is not None:
+                    return outcome
+                delay = min(self._cap, delay * 2)
+
+    def _retry_or_give_up(
+        self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float
+    ) -> ReportOutcome | None:
+        """Wait ``delay`` before the next attempt (None), or give up when there is no time left."""
+        left = deadline - self._clock.monotonic()
+        if self._hurry.is_set() or left <= delay:
+            return self._give_up(result, exc, attempt)
+        if attempt == 1:
+            log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)",
+                        result.task_id, result.status.value, exc, left)
+        self._hurry.wait(delay)
+        return None
 
     def _give_up(self, result: TaskResult, exc: ConductorError, attempts: int) -> ReportOutcome:
         saved: Path | None = None

@@ -14,13 +14,14 @@ tree at once and stops waiting between report retries (undelivered results go to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
@@ -53,10 +54,20 @@ from leasecore.signals import capture_signals
 log = logging.getLogger("conductor_run.runner")
 
 SHUTDOWN_REASON = "worker shutting down"
-_POLLER_JOIN_SLACK_SECONDS = 15.0  # a long poll in flight at shutdown ends within its timeout + this
+# A long poll in flight when a stop starts is waited for up to its poll timeout (<= 5 s) + this, so
+# that a task it brings can be handed straight back; a poll stuck past that (a server that accepted
+# the connection but does not answer) is abandoned rather than allowed to delay the exit.
+_POLLER_JOIN_SLACK_SECONDS = 0.5
 _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
 
-ToResult = Callable[[Task, Any, Any, str], TaskResult]  # (task, ChildExit, CommandSpec, worker_id)
+
+
+class ToResult(Protocol):
+    """``leasecore.process.to_task_result`` as the runner calls it (``exit_``: a ChildExit)."""
+
+    def __call__(
+        self, task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
+    ) -> TaskResult: ...
 
 
 class Runner:
@@ -111,9 +122,18 @@ class Runner:
         """Stop as a signal would, without the signal (thread-safe; for tests and embedding)."""
         self._events.put(ShutdownRequested(force=force))
 
-    def run(self) -> RunOutcome:
-        """Serve until stopped; returns how the run ended. A task's failure is never raised."""
-        with capture_signals(self._on_signal):
+    def handle_signal(self, signum: int, count: int) -> None:
+        """A signal handler's whole job: enqueue (``SimpleQueue.put`` is reentrant). ``count`` > 1: force."""
+        self._events.put(ShutdownRequested(force=count > 1, signum=signum))
+
+    def run(self, *, install_signal_handlers: bool = True) -> RunOutcome:
+        """Serve until stopped; returns how the run ended. A task's failure is never raised.
+
+        ``install_signal_handlers=False``: the caller routes signals to ``handle_signal`` itself (it
+        keeps them captured over its own setup and cleanup, see ``leasecore.worker``).
+        """
+        handlers = capture_signals(self.handle_signal) if install_signal_handlers else None
+        with handlers or contextlib.nullcontext():
             self._engine.start()
             self._logs.start()
             try:
@@ -125,10 +145,6 @@ class Runner:
         return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses))
 
     # ------------------------------------------------------------------ other threads -> queue
-
-    def _on_signal(self, signum: int, count: int) -> None:
-        # Runs inside a signal handler: only enqueue (SimpleQueue.put is reentrant).
-        self._events.put(ShutdownRequested(force=count > 1, signum=signum))
 
     def _on_polled(self, task: Task, polled_at: float) -> None:
         self._events.put(TaskPolled(task, polled_at))
@@ -161,9 +177,14 @@ class Runner:
         if self._tasks:
             return False
         if self._stopping_since is not None:
+            if self._pollers_alive == 0:
+                return True
             longest_poll = max(p.poll.timeout_ms for p in self._plans.values()) / 1000.0
-            late = self._clock.monotonic() - self._stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS
-            return self._pollers_alive == 0 or late
+            if self._clock.monotonic() - self._stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS:
+                log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
+                            "brings now is retried by the server after its response timeout)")
+                return True
+            return False
         limit = self._task_limit()
         if (limit is not None and len(self._statuses) >= limit) or self._pollers_alive == 0:
             self._begin_stop(None, reason="no more work to do")
@@ -266,8 +287,11 @@ class Runner:
         task, plan = entry.task, entry.plan
         if exit_ is None:
             return _failed(task, plan, "lost track of the child process")
-        result = self._to_result(task, exit_, plan.spec, plan.worker_id)
-        reason = fence_text(entry.fence, task, entry)
+        # An exec timeout is the process layer's own wording ("exec timeout after Ns"), with the
+        # child's output kept; any other fence overrides the status and reason.
+        timed_out = entry.fence is FenceReason.EXEC_TIMEOUT
+        result = self._to_result(task, exit_, plan.spec, plan.worker_id, timed_out=timed_out)
+        reason = None if timed_out else fence_text(entry.fence, task, entry)
         if reason is None:
             return result
         return dataclasses.replace(result, status=TaskStatus.FAILED, reason_for_incompletion=reason,
@@ -378,17 +402,21 @@ class Runner:
         # then the heartbeats: the engine stops last so no task loses its lease while reported.
         self._stop_polling.set()
         self._logs.stop(timeout_seconds=5.0)
+        self._handle_late_events()  # a task from a poll that ended with the loop goes straight back
         self._reporter.close()
-        while True:  # reports finished after the loop ended still stop their heartbeats
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(event, ReportDone):
-                self._on_reported(event.outcome)
+        self._handle_late_events()  # reports finished after the loop ended still stop their heartbeats
         self._engine.stop()
         if self._status is not None:
             self._status.remove()
+
+    def _handle_late_events(self) -> None:
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(event, TaskPolled | ReportDone):
+                self._handle(event)
 
     # ------------------------------------------------------------------ status
 

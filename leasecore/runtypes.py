@@ -142,7 +142,7 @@ class RunOptions:
     max_tasks: int | None = None
     drain: bool = False
     drain_timeout_seconds: float = 300.0
-    once_wait_seconds: float = 5.0  # --once: how long to wait for a task before giving up
+    once_wait_seconds: float = 30.0  # --once: how long to wait for a task before giving up (--once-wait)
     report_retry_seconds: float = 60.0  # retry a final update this long (heartbeats go on meanwhile)
     shutdown_report_retry_seconds: float = 10.0  # ... but no longer than this once stopping
     status_interval_seconds: float = 1.0

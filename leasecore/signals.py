@@ -47,3 +47,28 @@ def capture_signals(
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class SignalRelay:
+    """An ``on_signal`` for ``capture_signals`` whose target can change while the handlers stay installed.
+
+    The worker keeps its handlers from the first line of setup to the last line of cleanup, so a
+    signal never kills the process half-way (children and status files left behind). Before the
+    runner exists and after it returned, signals are only recorded (``first``, ``count``); while it
+    runs they go to ``target`` (the runner's ``handle_signal``), counted from the first one, so the
+    second signal of the process is always the "force" one. Handler-safe: it only assigns attributes
+    and calls ``target``, which must be reentrant (``SimpleQueue.put``).
+    """
+
+    def __init__(self) -> None:
+        self.first: int | None = None  # the first signal received, if any
+        self.count = 0
+        self.target: Callable[[int, int], None] | None = None
+
+    def __call__(self, signum: int, count: int) -> None:
+        self.count = count
+        if self.first is None:
+            self.first = signum
+        target = self.target
+        if target is not None:
+            target(signum, count)

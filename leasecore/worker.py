@@ -7,6 +7,7 @@ propagate (a server unreachable at start raises ``ConductorUnavailable`` before 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.runner import Runner
 from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.signals import SignalRelay, capture_signals
 from leasecore.snapshot import redact_url
 from leasecore.statefile import (
     StatePublisher,
@@ -50,6 +52,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         callback_after_seconds=task.callback_after_seconds,
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
+        secret_env_names=tuple(task.secrets),  # stripped from the child's environment
     )
     make_policy: Callable[[Task], LeasePolicy] = functools.partial(
         LeasePolicy.from_task,
@@ -80,68 +83,109 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
 def options_for(config: ResolvedConfig) -> RunOptions:
     r = config.runner
     return RunOptions(
-        once=r.once, max_tasks=r.max_tasks, drain=r.drain, drain_timeout_seconds=r.drain_timeout
+        once=r.once,
+        max_tasks=r.max_tasks,
+        drain=r.drain,
+        drain_timeout_seconds=r.drain_timeout,
+        once_wait_seconds=r.once_wait,
     )
 
 
-def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str) -> TaskResult:
-    return to_task_result(task, exit_, spec, worker_id=worker_id)
+def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False) -> TaskResult:
+    return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
+
+
+def check_server(client: ConductorClient) -> None:
+    """At start: the server answers, and accepts our credentials when we have some.
+
+    ``/health`` needs no auth, so with credentials configured the token is fetched too: a refused
+    key or secret is ``ConductorAuthError`` here (exit 4) instead of a poll loop that never works.
+    (A server without a token endpoint, Conductor OSS, means "no auth": the credentials go unused.)
+    """
+    if not client.health(timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS):
+        raise ConductorUnavailable("the server's health check failed")
+    if client.auth is not None:
+        client.auth.current(STARTUP_CHECK_TIMEOUT_SECONDS)
 
 
 def run_worker(config: ResolvedConfig, *, environ: Mapping[str, str]) -> RunOutcome:
-    """Check the server, deliver saved results, sweep leftovers, then serve until stopped."""
+    """Check the server, deliver saved results, sweep leftovers, then serve until stopped.
+
+    Signals are captured for the whole call, setup and cleanup included (``SignalRelay``): one that
+    arrives during setup ends the run before any task is polled; during the run it goes to the runner
+    (the second one forces); after it, cleanup (killing whatever the supervisor still holds) still
+    runs to the end. The returned outcome carries the first signal, whenever it came.
+    """
+    relay = SignalRelay()
+    with capture_signals(relay):
+        outcome = _serve(config, environ, relay)
+    if outcome.signum is None and relay.first is not None:
+        outcome = dataclasses.replace(outcome, signum=relay.first)
+    return outcome
+
+
+def _serve(config: ResolvedConfig, environ: Mapping[str, str], relay: SignalRelay) -> RunOutcome:
     server = config.server
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
     try:
-        if not client.health(timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS):
-            raise ConductorUnavailable("the server's health check failed")
+        check_server(client)
         state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        report = outbox.deliver(lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS))
-        if report.delivered or report.dropped:
-            log.info(
-                "saved results: %d delivered, %d dropped, %d kept",
-                report.delivered,
-                report.dropped,
-                report.kept,
-            )
-        plans = [plan_for(task) for task in config.tasks]
+        _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
         supervisor = Supervisor(state_dir)
         try:
             supervisor.sweep_leftovers()
-            publisher = StatePublisher(
-                state_dir,
-                runner_info_for_this_process(
-                    worker_id=plans[0].worker_id,
-                    server_url=server.url,
-                    task_types=[p.poll.task_type for p in plans],
-                ),
-            )
-
-            def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-                return LeaseEngine(client, on_fence)
-
-            def make_reporter(done: Callable[[ReportOutcome], None]) -> Reporter:
-                return Reporter(client, done, outbox=outbox)
-
-            runner = Runner(
-                plans,
-                conductor=client,
-                make_engine=make_engine,
-                supervisor=supervisor,
-                to_result=_to_result,
-                options=options_for(config),
-                status=publisher,
-                reporter=make_reporter,
-            )
-            log.info(
-                "serving %s on %s as %s",
-                ", ".join(p.poll.task_type for p in plans),
-                redact_url(server.url),
-                plans[0].worker_id,
-            )
-            return runner.run()
+            runner = _make_runner(config, client, supervisor, outbox, state_dir)
+            relay.target = runner.handle_signal
+            if relay.first is not None:  # stopped during setup: nothing was polled yet
+                return RunOutcome(signum=relay.first)
+            log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
+                     redact_url(server.url), config.tasks[0].worker_id)
+            try:
+                return runner.run(install_signal_handlers=False)
+            finally:
+                relay.target = None  # every child is dead and reported: later signals are recorded
         finally:
-            supervisor.close()
+            supervisor.close()  # kills whatever it still holds (a task's leftover descendants)
     finally:
         client.close()
+
+
+def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool]) -> None:
+    report = outbox.deliver(
+        lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop
+    )
+    if report.delivered or report.dropped:
+        log.info("saved results: %d delivered, %d dropped, %d kept", report.delivered, report.dropped,
+                 report.kept)
+
+
+def _make_runner(
+    config: ResolvedConfig, client: ConductorClient, supervisor: Supervisor, outbox: Outbox, state_dir: Path
+) -> Runner:
+    plans = [plan_for(task) for task in config.tasks]
+    publisher = StatePublisher(
+        state_dir,
+        runner_info_for_this_process(
+            worker_id=plans[0].worker_id,
+            server_url=config.server.url,
+            task_types=[p.poll.task_type for p in plans],
+        ),
+    )
+
+    def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
+        return LeaseEngine(client, on_fence)
+
+    def make_reporter(done: Callable[[ReportOutcome], None]) -> Reporter:
+        return Reporter(client, done, outbox=outbox)
+
+    return Runner(
+        plans,
+        conductor=client,
+        make_engine=make_engine,
+        supervisor=supervisor,
+        to_result=_to_result,
+        options=options_for(config),
+        status=publisher,
+        reporter=make_reporter,
+    )

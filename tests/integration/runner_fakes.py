@@ -55,6 +55,8 @@ class FakeConductor:
         self.polls = 0
         self.fail_updates = False
         self.fail_polls = False
+        self.poll_error: Exception | None = None  # raised by every poll while set
+        self.stuck = threading.Event()  # set: polls hang (past their timeout) until it is cleared
 
     def add(self, *tasks: Task) -> None:
         with self._cond:
@@ -75,6 +77,10 @@ class FakeConductor:
             self.polls += 1
             if self.fail_polls:
                 raise ConductorUnavailable("connection refused")
+            if self.poll_error is not None:
+                raise self.poll_error
+            while self.stuck.is_set():  # a server that accepted the poll and never answers
+                self._cond.wait(0.05)
             self._cond.wait_for(lambda: bool(self.queued.get(task_type)), timeout=timeout_ms / 1000)
             waiting = self.queued.get(task_type, [])
             got, self.queued[task_type] = waiting[:count], waiting[count:]
@@ -236,7 +242,10 @@ class FakeSupervisor:
             child.proc.wait(10)
 
 
-def to_result(task: Task, exit_: Any, spec: Any, worker_id: str) -> TaskResult:
+def to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False) -> TaskResult:
+    if timed_out:
+        return TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                          reason_for_incompletion="timed out", worker_id=worker_id)
     if exit_.exit_code == 0:
         return TaskResult(task.task_id, task.workflow_id, TaskStatus.COMPLETED, worker_id=worker_id)
     why = f"exit code {exit_.exit_code}" if exit_.exit_code is not None else f"signal {exit_.signal}"

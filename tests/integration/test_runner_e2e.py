@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cli import exitcodes
+from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.models import TaskResult, TaskStatus
+from leasecore.outbox import Outbox
 from leasecore.server import EmbeddedServer
 from tests.faultproxy import FaultProxy
-from tests.integration.helpers import FAILER, World, gone, wait_until
+from tests.integration.helpers import FAILER, ROOT, World, gone, wait_until
+
+TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +55,11 @@ def test_once_exit_codes_for_failed_and_for_nothing(world: World) -> None:
     world.start_workflow(code=3)
     code, err = world.finish(world.run("--once", command=["/bin/sh", FAILER]))
     assert code == exitcodes.TASK_FAILED, err
-    code, err = world.finish(world.run("--once"))
+    started = time.monotonic()
+    code, err = world.finish(world.run("--once", "--once-wait", "1"))
     assert code == exitcodes.NO_TASK, err
+    assert "--once: no task within 1 s" in err
+    assert time.monotonic() - started < 1 + 15  # the wait, plus start-up and shutdown under load
 
 
 def test_server_unreachable_at_start_is_a_clear_error(world: World) -> None:
@@ -141,7 +155,148 @@ def test_an_undelivered_result_is_delivered_on_the_next_start(world: World) -> N
         assert list((world.state_dir / "outbox").glob("*.json"))
         assert world.workflow_status(wf) == "RUNNING"
         proxy.set_mode("pass")
-        code, err = world.finish(world.run("--once", url=proxy.url_for("/api")))
+        code, err = world.finish(world.run("--once", "--once-wait", "1", url=proxy.url_for("/api")))
     assert code == exitcodes.NO_TASK, err
     assert world.workflow_status(wf) == "COMPLETED"
     assert not list((world.state_dir / "outbox").glob("*.json"))
+
+
+# ---------------------------------------------------------------- issue #6: the runner's loose ends
+
+KEY, SECRET = "e2e-key-id", "e2e-secret-never-printed"
+WRITE_ENV_NAMES = (
+    "import json, os\n"
+    "with open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w') as f:\n"
+    "    json.dump({'names': sorted(os.environ)}, f)\n"
+)
+
+
+def run_with_env(world: World, env: dict[str, str], *args: str, command: list[str]) -> subprocess.Popen[str]:
+    """``World.run`` with extra environment for the runner (which World.run strips of CONDUCTOR_*)."""
+    argv = [sys.executable, "-m", "cli", "run", "--server", world.server.url, "--task-type", world.task_type,
+            "--state-dir", str(world.state_dir), "--poll-timeout", "500", *args, "--", *command]
+    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
+    log_path = world.tmp / f"runner-{len(world.procs)}.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(argv, cwd=world.tmp, env=base | env, stdout=subprocess.DEVNULL,
+                                stderr=log_file, text=True)
+    world.procs.append(proc)
+    world.logs[proc.pid] = log_path
+    return proc
+
+
+@pytest.fixture
+def auth_world(tmp_path: Path) -> Iterator[World]:
+    with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
+        w = World(tmp_path, server)
+        w.client.close()
+        w.client = ConductorClient(server.url, auth_key=KEY, auth_secret=SECRET)
+        w.admin = ConductorAdmin(w.client)
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+def test_secrets_and_credentials_never_reach_the_child(auth_world: World) -> None:
+    world = auth_world
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    config = world.tmp / "conductor.toml"
+    config.write_text('[worker]\nsecrets = ["MY_TOKEN"]\n')
+    env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET, "MY_TOKEN": "tok-123456",
+           "PLAIN_VAR": "visible"}
+    proc = run_with_env(world, env, "--config", str(config), "--once",
+                        command=[sys.executable, "-c", WRITE_ENV_NAMES])
+    code, err = world.finish(proc)
+    assert code == exitcodes.OK, err
+    names = world.task_of(wf)["outputData"]["names"]
+    assert "PLAIN_VAR" in names  # the environment does reach the child...
+    assert not {"MY_TOKEN", "CONDUCTOR_AUTH_KEY", "CONDUCTOR_AUTH_SECRET"} & set(names)  # ...minus these
+    assert SECRET not in err and "tok-123456" not in err
+
+
+def test_refused_credentials_at_start_are_exit_4_naming_the_variable(auth_world: World) -> None:
+    wrong = "wrong-secret-never-printed"
+    proc = run_with_env(auth_world, {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": wrong}, "--once",
+                        command=["/bin/true"])
+    code, err = auth_world.finish(proc)
+    assert code == exitcodes.UNREACHABLE, err
+    assert "refused our credentials" in err and "CONDUCTOR_AUTH_KEY" in err
+    assert wrong not in err and "Traceback" not in err
+
+
+def test_refused_credentials_during_the_run_are_logged_as_such_once(auth_world: World) -> None:
+    # No credentials: /health needs none, so the run starts, and every poll gets 401.
+    proc = run_with_env(auth_world, {}, command=["/bin/true"])
+    wait_until(lambda: "refused our credentials" in auth_world.stderr(proc), what="the refusal logged")
+    proc.send_signal(signal.SIGTERM)
+    code, err = auth_world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+    assert err.count("refused our credentials") == 1 and "CONDUCTOR_AUTH_KEY" in err
+    assert "unreachable" not in err
+
+
+def test_an_exec_timeout_fails_the_task_with_its_reason_and_kills_the_tree(world: World) -> None:
+    world.define(response_timeout=30)
+    wf = world.start_workflow(seconds=60)
+    proc = world.run("--once", "--exec-timeout", "1", "--kill-grace", "1")
+    (pid,) = wait_until(world.child_pids, what="the child to start")
+    tree = [pid]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree += [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    code, err = world.finish(proc)
+    assert code == exitcodes.TASK_FAILED, err
+    task = world.task_of(wf)
+    assert task["status"] == "FAILED" and task["reasonForIncompletion"] == "exec timeout after 1s"
+    assert all(gone(p) for p in tree)
+
+
+def test_a_signal_during_setup_ends_the_run_cleanly_and_keeps_saved_results(world: World) -> None:
+    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
+    with FaultProxy(host, int(port)) as proxy:
+        url = proxy.url_for("/api")
+        outbox = Outbox(world.state_dir / "outbox", server=url)
+        for i in range(6):  # results of tasks the server does not know: each is dropped on a 404
+            outbox.save(TaskResult(f"unknown-{i}", "wf", TaskStatus.COMPLETED))
+        world.state_dir.chmod(0o700)  # the runner wants its state directory private
+        proxy.set_mode("latency", latency_seconds=0.7)  # each call at start takes over a second
+        proc = world.run("--once", url=url)
+        wait_until(lambda: "dropping the saved result" in world.stderr(proc), what="the first delivery")
+        proc.send_signal(signal.SIGTERM)
+        code, err = world.finish(proc, timeout=30)
+    assert code == exitcodes.SIGTERM, err  # not a raw -15: the handlers were installed
+    assert "serving" not in err  # stopped before polling
+    assert len(list((world.state_dir / "outbox").glob("*.json"))) >= 3  # the rest kept for next time
+
+
+def test_a_stuck_long_poll_does_not_delay_the_exit_past_its_timeout(world: World) -> None:
+    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
+    with FaultProxy(host, int(port)) as proxy:
+        proc = world.run("--poll-timeout", "5000", url=proxy.url_for("/api"))
+        wait_until(lambda: "serving" in world.stderr(proc), what="the runner to poll")
+        proxy.set_mode("blackhole")  # the poll in flight (or the next one) never gets an answer
+        stop_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code, err = world.finish(proc, timeout=30)
+        elapsed = time.monotonic() - stop_at
+    assert code == exitcodes.SIGTERM, err
+    # The poll timeout (5 s) + 0.5 s, not the poll's HTTP timeout (5 s + 10 s); margin for load.
+    assert elapsed < 5 + 0.5 + 3.5, err
+
+
+def test_sigterm_latency_is_within_kill_grace_plus_the_poll_timeout(world: World) -> None:
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    proc = world.run("--poll-timeout", "5000", "--kill-grace", "2", "--concurrency", "2",
+                     command=["/bin/sh", TERM_IGNORER])
+    (pid,) = wait_until(world.child_pids, what="the child to start")
+    wait_until(lambda: "ignoring TERM" in json.dumps(world.admin.get_logs(world.task_of(wf)["taskId"])),
+               what="the child to ignore TERM")
+    stop_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, err = world.finish(proc, timeout=30)
+    assert code == exitcodes.SIGTERM, err
+    assert time.monotonic() - stop_at < 2 + 5 + 3  # kill grace + poll timeout + margin for load
+    assert gone(pid)
+    assert world.task_of(wf)["reasonForIncompletion"] == "worker shutting down"

@@ -260,3 +260,126 @@ def test_saved_results_expire_and_foreign_servers_are_ignored(tmp_path: Path) ->
     assert mine.deliver(sent.append).dropped == 1
     assert sent == []
     assert len(Outbox(tmp_path, server="http://other/api", clock=clock).entries()) == 1
+
+
+def test_an_exec_timeout_fence_is_reported_as_a_timeout(harnesses: list[Harness]) -> None:
+    # The process layer words it ("exec timeout after Ns"): the runner must say timed_out=True.
+    h = Harness(SLEEP.format(60), RunOptions(once=True))
+    harnesses.append(h)
+    h.conductor.add(make_task("a"))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="task a started")
+    h.engine.fence("a", FenceReason.EXEC_TIMEOUT)
+    outcome = h.finish()
+    assert outcome.statuses == (TaskStatus.FAILED,)
+    assert h.conductor.updates[0].reason_for_incompletion == "timed out"  # the fake's timed_out wording
+
+
+def test_a_poll_stuck_past_its_timeout_does_not_hold_up_the_stop(harnesses: list[Harness]) -> None:
+    h = Harness(QUICK, RunOptions())  # polls time out after 0.2 s
+    harnesses.append(h)
+    h.conductor.stuck.set()
+    h.start()
+    wait_until(lambda: h.conductor.polls >= 1, what="a poll in flight")
+    stop_at = time.monotonic()
+    h.runner.request_stop()
+    outcome = h.finish(timeout=30)
+    # Bounded by the poll timeout + 0.5 s slack, not by the poll's HTTP timeout; margin for load.
+    assert time.monotonic() - stop_at < 0.2 + 0.5 + 3.0
+    assert outcome.started == 0
+    h.conductor.stuck.clear()
+
+
+def test_a_task_from_a_late_poll_is_handed_straight_back(harnesses: list[Harness]) -> None:
+    h = Harness(QUICK, RunOptions())
+    harnesses.append(h)
+    h.conductor.stuck.set()
+    h.start()
+    wait_until(lambda: h.conductor.polls >= 1, what="a poll in flight")
+    h.runner.request_stop()
+    h.conductor.add(make_task("late"))
+    h.conductor.stuck.clear()  # the stuck poll returns the task (maybe after the loop ended)
+    outcome = h.finish(timeout=30)
+    assert h.supervisor.children == {}  # never started
+    assert [(u.task_id, u.reason_for_incompletion) for u in h.conductor.updates] in (
+        [],  # the poll ended after the runner stopped waiting for it: the server retries the task
+        [("late", "worker shutting down")],
+    )
+    assert outcome.statuses in ((), (TaskStatus.FAILED,))
+
+
+def test_refused_credentials_are_logged_once_and_polls_back_off(caplog: pytest.LogCaptureFixture) -> None:
+    from leasecore.errors import ConductorAuthError
+    from leasecore.poller import Poller, WorkBudget
+
+    conductor = FakeConductor()
+    conductor.poll_error = ConductorAuthError("HTTP 401 INVALID_TOKEN")
+    stop = threading.Event()
+    poller = Poller(conductor, PollSettings("t", timeout_ms=100), lambda task, at: None,
+                    budget=WorkBudget(None), stop=stop)
+    caplog.set_level("INFO", logger="conductor_run.poll")
+    started = time.monotonic()
+    poller.start()
+    try:
+        wait_until(lambda: conductor.polls >= 3, what="three refused polls")
+    finally:
+        stop.set()
+        poller.wake()
+        assert poller.join(10)
+    # Backoff: at least 0.25 s + 0.5 s (the worst jitter draws) before the third poll.
+    assert time.monotonic() - started >= 0.7
+    lines = [r.getMessage() for r in caplog.records if r.name == "conductor_run.poll"]
+    assert len(lines) == 1, lines
+    assert "refused our credentials" in lines[0] and "CONDUCTOR_AUTH_KEY" in lines[0]
+    assert "unreachable" not in lines[0]
+    assert poller.reachability.kind == "auth"
+
+
+def test_a_result_refused_for_credentials_is_retried_then_kept(tmp_path: Path) -> None:
+    from leasecore.errors import ConductorAuthError
+
+    class Refusing:
+        calls = 0
+
+        def update(self, result: object, *, timeout_seconds: float | None = None) -> None:
+            Refusing.calls += 1
+            raise ConductorAuthError("HTTP 401")
+
+    done: list[ReportOutcome] = []
+    outbox = Outbox(tmp_path / "o", server="http://x/api")
+    reporter = Reporter(Refusing(), done.append, outbox=outbox, backoff_cap_seconds=0.2)
+    result = to_result(make_task("a"), type("E", (), {"exit_code": 0})(), None, "w")
+    reporter.submit(result, retry_seconds=1.5)
+    reporter.close()
+    assert Refusing.calls >= 2  # retried, unlike a 404
+    assert done[0].delivered is False and done[0].saved_to is not None
+    assert [e.result.task_id for e in outbox.entries()] == ["a"]
+
+
+def test_the_outbox_keeps_results_on_refused_credentials_and_on_stop(tmp_path: Path) -> None:
+    from leasecore.errors import ConductorAuthError
+
+    outbox = Outbox(tmp_path, server="http://x/api")
+    for task_id in "abc":
+        outbox.save(to_result(make_task(task_id), type("E", (), {"exit_code": 0})(), None, "w"))
+
+    def refuse(result: object) -> None:
+        raise ConductorAuthError("HTTP 401")
+
+    assert outbox.deliver(refuse).kept == 3
+    sent: list[object] = []
+    report = outbox.deliver(sent.append, stop=lambda: len(sent) == 1)  # a signal after the first
+    assert (report.delivered, report.kept, len(outbox.entries())) == (1, 2, 2)
+
+
+def test_the_signal_relay_records_until_a_target_is_set_and_forwards_the_count() -> None:
+    from leasecore.signals import SignalRelay
+
+    relay = SignalRelay()
+    relay(15, 1)  # during setup: recorded only
+    got: list[tuple[int, int]] = []
+    relay.target = lambda signum, count: got.append((signum, count))
+    relay(2, 2)
+    relay.target = None
+    relay(1, 3)  # after the run: recorded only
+    assert (relay.first, relay.count, got) == (15, 3, [(2, 2)])

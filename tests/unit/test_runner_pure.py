@@ -8,8 +8,16 @@ import pytest
 
 from cli import exitcodes
 from cli.run import exit_code_for
+from leasecore.errors import (
+    ConductorAuthError,
+    ConductorError,
+    ConductorNotFound,
+    ConductorRejected,
+    ConductorUnavailable,
+)
 from leasecore.logsink import LogBuffer
 from leasecore.models import TaskStatus
+from leasecore.poller import failure_kind
 from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
 from leasecore.runtypes import RunOutcome
 
@@ -60,6 +68,45 @@ def test_reachability_logs_once_per_change_not_once_per_failure() -> None:
         None,
         "server unreachable: connection refused (will keep retrying)",
     ]
+
+
+def test_refused_credentials_are_logged_as_such_once_per_change_of_state() -> None:
+    # Given a server that first refuses our credentials, then is down, then refuses them again:
+    state = Reachability()
+    lines = []
+    for kind in ["auth", "auth", "unreachable", "unreachable", "auth", "auth", None]:
+        if kind is None:
+            state, line = state.on_success()
+        else:
+            state, line = state.on_failure("HTTP 401", kind)  # type: ignore[arg-type]
+        lines.append(line)
+    # Then one line per change, and a refusal never reads "unreachable".
+    refused = ("the server refused our credentials: HTTP 401 (check CONDUCTOR_AUTH_KEY and "
+               "CONDUCTOR_AUTH_SECRET; will keep retrying)")
+    assert lines == [
+        refused,
+        None,
+        "server unreachable: HTTP 401 (will keep retrying)",
+        None,
+        refused,
+        None,
+        "the server accepts our credentials again",
+    ]
+    assert state.reachable and state.kind is None
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (ConductorAuthError("401"), "auth"),
+        (ConductorNotFound("404"), "rejected"),
+        (ConductorRejected("400"), "rejected"),
+        (ConductorUnavailable("refused"), "unreachable"),
+        (ConductorError("other"), "unreachable"),
+    ],
+)
+def test_poll_failures_are_classified(error: ConductorError, kind: str) -> None:
+    assert failure_kind(error) == kind
 
 
 def test_log_buffer_cuts_batches_by_lines_and_bytes() -> None:
