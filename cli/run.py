@@ -16,8 +16,10 @@ import time
 from typing import Any
 
 import typer
+from rich.console import Console
 
 from cli import exitcodes
+from cli.runview import ConsoleLogHandler, LiveView, wants_live_view
 from leasecore.config import ResolvedConfig, load_config
 from leasecore.errors import (
     ConductorAuthError,
@@ -58,9 +60,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, ensure_ascii=False)
 
 
-def configure_logging(log_format: str) -> None:
-    """Plain lines (or JSON lines) on stderr, for every conductor_run.* logger."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(log_format: str, console: Console | None = None) -> None:
+    """Plain lines (or JSON lines) on stderr, for every conductor_run.* logger.
+
+    With ``console`` (a live view shares the terminal) the lines go through it, above the view.
+    """
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    if console is not None:
+        handler = ConsoleLogHandler(console)
     formatter: logging.Formatter
     if log_format == "json":
         formatter = JsonFormatter()
@@ -126,19 +133,25 @@ def run(
         resolved = load_config(overrides, os.environ, os.getcwd())
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
-    configure_logging(resolved.runner.log_format)
+    console = Console(stderr=True)
+    view = LiveView(console) if wants_live_view(console, resolved.runner.log_format) else None
+    configure_logging(resolved.runner.log_format, console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
-    raise typer.Exit(serve(resolved))
+    raise typer.Exit(serve(resolved, view))
 
 
-def serve(resolved: ResolvedConfig) -> int:
+def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
     """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code."""
     from leasecore.worker import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
     try:
-        outcome = run_worker(resolved, environ=os.environ)
+        if view is None:
+            outcome = run_worker(resolved, environ=os.environ)
+        else:
+            with view.showing():
+                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     except ConductorAuthError as exc:

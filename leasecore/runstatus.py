@@ -8,7 +8,7 @@ the lease engine's views and the pollers' health into the frozen snapshot values
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -18,8 +18,16 @@ from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskStatus
 from leasecore.poller import Poller
-from leasecore.runtypes import ChildPort, TaskTypePlan
-from leasecore.snapshot import OutputTail, ServerHealth, TaskSnapshot, TaskState, wall_time
+from leasecore.runtypes import ChildPort, StatusPort, TaskTypePlan
+from leasecore.snapshot import (
+    OutputTail,
+    RunnerInfo,
+    RunnerSnapshot,
+    ServerHealth,
+    TaskSnapshot,
+    TaskState,
+    wall_time,
+)
 
 
 class Phase(Enum):
@@ -92,3 +100,27 @@ def server_health(pollers: Iterable[Poller]) -> ServerHealth:
         backoff_seconds=max((p.backoff_seconds for p in polled), default=0.0),
         last_error=failing[0].reachability.last_error if failing else None,
     )
+
+
+class StatusTee:
+    """A ``StatusPort`` that hands every snapshot to ``on_snapshot`` too (the CLI's live view).
+
+    ``on_snapshot`` runs on the runner's main thread at every publish (at least once a second): it
+    must be quick (store the value; render elsewhere).
+    """
+
+    def __init__(
+        self, inner: StatusPort, runner: RunnerInfo, on_snapshot: Callable[[RunnerSnapshot], None],
+        *, clock: Clock,
+    ) -> None:
+        self._inner = inner
+        self._runner = runner
+        self._on_snapshot = on_snapshot
+        self._clock = clock
+
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
+        self._on_snapshot(RunnerSnapshot(self._runner, server, tuple(tasks), updated_at=self._clock.now()))
+        return self._inner.publish(tasks, server=server)
+
+    def remove(self) -> None:
+        self._inner.remove()

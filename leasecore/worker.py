@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable
@@ -25,9 +26,10 @@ from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.runner import Runner
-from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runstatus import StatusTee
+from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
 from leasecore.signals import SignalRelay, capture_signals
-from leasecore.snapshot import redact_url
+from leasecore.snapshot import RunnerSnapshot, redact_url
 from leasecore.statefile import (
     StatePublisher,
     default_state_dir,
@@ -108,23 +110,34 @@ def check_server(client: ConductorClient) -> None:
         client.auth.current(STARTUP_CHECK_TIMEOUT_SECONDS)
 
 
-def run_worker(config: ResolvedConfig, *, environ: Mapping[str, str]) -> RunOutcome:
+def run_worker(
+    config: ResolvedConfig,
+    *,
+    environ: Mapping[str, str],
+    on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
+) -> RunOutcome:
     """Check the server, deliver saved results, sweep leftovers, then serve until stopped.
 
     Signals are captured for the whole call, setup and cleanup included (``SignalRelay``): one that
     arrives during setup ends the run before any task is polled; during the run it goes to the runner
     (the second one forces); after it, cleanup (killing whatever the supervisor still holds) still
     runs to the end. The returned outcome carries the first signal, whenever it came.
+    ``on_snapshot`` gets the runner's status snapshot in memory at every publish (a live view).
     """
     relay = SignalRelay()
     with capture_signals(relay):
-        outcome = _serve(config, environ, relay)
+        outcome = _serve(config, environ, relay, on_snapshot)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
     return outcome
 
 
-def _serve(config: ResolvedConfig, environ: Mapping[str, str], relay: SignalRelay) -> RunOutcome:
+def _serve(
+    config: ResolvedConfig,
+    environ: Mapping[str, str],
+    relay: SignalRelay,
+    on_snapshot: Callable[[RunnerSnapshot], None] | None,
+) -> RunOutcome:
     server = config.server
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
     try:
@@ -135,7 +148,7 @@ def _serve(config: ResolvedConfig, environ: Mapping[str, str], relay: SignalRela
         supervisor = Supervisor(state_dir)
         try:
             supervisor.sweep_leftovers()
-            runner = _make_runner(config, client, supervisor, outbox, state_dir)
+            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -161,17 +174,22 @@ def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[]
 
 
 def _make_runner(
-    config: ResolvedConfig, client: ConductorClient, supervisor: Supervisor, outbox: Outbox, state_dir: Path
+    config: ResolvedConfig,
+    client: ConductorClient,
+    supervisor: Supervisor,
+    outbox: Outbox,
+    state_dir: Path,
+    on_snapshot: Callable[[RunnerSnapshot], None] | None,
 ) -> Runner:
     plans = [plan_for(task) for task in config.tasks]
-    publisher = StatePublisher(
-        state_dir,
-        runner_info_for_this_process(
-            worker_id=plans[0].worker_id,
-            server_url=config.server.url,
-            task_types=[p.poll.task_type for p in plans],
-        ),
+    info = runner_info_for_this_process(
+        worker_id=plans[0].worker_id,
+        server_url=config.server.url,
+        task_types=[p.poll.task_type for p in plans],
     )
+    status: StatusPort = StatePublisher(state_dir, info)
+    if on_snapshot is not None:
+        status = StatusTee(status, info, on_snapshot, clock=SystemClock())
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
         return LeaseEngine(client, on_fence)
@@ -186,6 +204,6 @@ def _make_runner(
         supervisor=supervisor,
         to_result=_to_result,
         options=options_for(config),
-        status=publisher,
+        status=status,
         reporter=make_reporter,
     )
