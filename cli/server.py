@@ -79,7 +79,8 @@ def server(
             signum = signals.get()
     finally:
         srv.stop()
-    raise typer.Exit(exitcodes.SIGINT if signum == signal.SIGINT else exitcodes.SIGTERM)
+    codes = {signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGHUP}
+    raise typer.Exit(codes.get(signal.Signals(signum), exitcodes.SIGTERM))
 
 
 def _fail(message: str, code: int) -> None:

@@ -45,7 +45,12 @@ def _url(proc: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("sig", "code"), [(signal.SIGTERM, exitcodes.SIGTERM), (signal.SIGINT, exitcodes.SIGINT)]
+    ("sig", "code"),
+    [
+        (signal.SIGTERM, exitcodes.SIGTERM),
+        (signal.SIGINT, exitcodes.SIGINT),
+        (signal.SIGHUP, exitcodes.SIGHUP),
+    ],
 )
 def test_serves_until_a_signal_then_exits_with_its_code(
     proc_factory: list[subprocess.Popen[str]], sig: signal.Signals, code: int
