@@ -39,7 +39,7 @@ from leasecore.errors import (
     ConductorUnavailable,
     ConfigError,
 )
-from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 
 __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
 
@@ -174,18 +174,31 @@ class ConductorClient:
 
     def get_task_status(self, task_id: str, *, timeout_seconds: float | None = None) -> TaskStatus | None:
         """The task's status on the server, or ``None`` when the server does not know the task."""
+        ownership = self.get_task_ownership(task_id, timeout_seconds=timeout_seconds)
+        return None if ownership is None else ownership.status
+
+    def get_task_ownership(
+        self, task_id: str, *, timeout_seconds: float | None = None
+    ) -> TaskOwnership | None:
+        """Status, pollCount and workerId of the task on the server; ``None`` when it is unknown (404)."""
         try:
             data = self.get_task(task_id, timeout_seconds=timeout_seconds)
         except ConductorNotFound:
             return None
         try:
-            return TaskStatus(str(data.get("status")))
+            status = TaskStatus(str(data.get("status")))
         except ValueError:
             raise ConductorProtocolError(
                 f"GET /tasks/{task_id}: unknown task status {str(data.get('status'))[:40]!r}",
                 method="GET",
                 path=f"/tasks/{task_id}",
             ) from None
+        worker_id = data.get("workerId")
+        return TaskOwnership(
+            status=status,
+            poll_count=_int_or_zero(data.get("pollCount")),
+            worker_id=worker_id if isinstance(worker_id, str) and worker_id else None,
+        )
 
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         """Append one execution-log line (raw ``text/plain`` body, §6)."""
@@ -351,6 +364,13 @@ class ConductorClient:
                 "POST /token: answer has no token", method=method, path=path, status_code=reply.status_code
             )
         return token
+
+
+def _int_or_zero(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _with_token(headers: Mapping[str, str], token: str | None) -> dict[str, str]:

@@ -64,6 +64,11 @@ class Task:
     domain: str | None = None
     worker_id: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Server timestamps (epoch ms, 0 = not given): startTime is set by the first poll and kept across
+    # re-deliveries; updateTime is the poll's own time. timeoutSeconds counts from startTime + delay.
+    start_time_ms: int = 0
+    update_time_ms: int = 0
+    start_delay_seconds: int = 0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Task:
@@ -86,7 +91,35 @@ class Task:
             domain=data.get("domain") or None,
             worker_id=data.get("workerId") or None,
             raw=dict(data),
+            start_time_ms=_int(data.get("startTime")),
+            update_time_ms=_int(data.get("updateTime")),
+            start_delay_seconds=_int(data.get("startDelayInSeconds")),
         )
+
+    @property
+    def server_elapsed_seconds(self) -> float:
+        """Seconds of ``timeoutSeconds`` the server had already counted when it handed us the task.
+
+        ``updateTime - (startTime + startDelay)``, both stamped by the server's own clock at the poll,
+        so no clock skew between us and the server enters. 0 when either timestamp is missing.
+        """
+        if self.start_time_ms <= 0 or self.update_time_ms <= 0:
+            return 0.0
+        elapsed_ms = self.update_time_ms - self.start_time_ms - 1000 * self.start_delay_seconds
+        return max(0.0, elapsed_ms / 1000.0)
+
+
+@dataclass(frozen=True)
+class TaskOwnership:
+    """Who holds a task now, as ``GET /api/tasks/{id}`` says: what an ownership check compares.
+
+    ``poll_count`` goes up by one on every poll of the task id (0: not given); ``worker_id`` is the
+    last poller's id (for messages only: runners on one host share the default id).
+    """
+
+    status: TaskStatus
+    poll_count: int = 0
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True)
