@@ -15,6 +15,10 @@ Threads and locking:
 * every ``Lease`` is touched only under the one engine lock; ``on_fence`` is called outside it, from
   the timer thread, a sender thread or the caller of ``shutdown``. It must be quick and must not call
   back into the engine synchronously (putting the fence on the runner's queue is the intended use).
+* a task's final update excludes its heartbeats (DESIGN.md §4: none after the final update): a sender
+  marks the beat it takes off the queue as calling in the same locked step, ``begin_final_update``
+  withdraws queued beats and waits (bounded) for a calling one to return, and the lease starts no beat
+  until ``final_update_failed`` or ``reported``.
 
 Usage, as the runner drives it::
 
@@ -26,7 +30,12 @@ Usage, as the runner drives it::
     ...                                           # TerminateTree/KillTree arrive through on_fence
     engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
     if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
-        client.update(result)                     # retried as needed: the lease stays alive
+        engine.begin_final_update(task.task_id)   # no heartbeat of this task overlaps the update
+        try:
+            client.update(result)                 # (the reporter retries: ``FinalUpdates`` does this)
+        except ConductorError:
+            engine.final_update_failed(task.task_id)  # beat again until the next attempt
+            raise
     engine.reported(task.task_id)                 # heartbeats stop; the engine forgets the task
     ...
     engine.shutdown(None, drain_deadline=None)    # first signal (or drain_deadline=monotonic time)
@@ -60,13 +69,15 @@ from leasecore.lease import (
     LeaseView,
     SendHeartbeat,
 )
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskResult
 
-__all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
+__all__ = ["EngineMetrics", "FinalUpdates", "LeaseEngine", "LeasePort"]
 
 log = logging.getLogger(__name__)
 
 _LATENESS_SAMPLES = 10_000
+# begin_final_update waits for a beat in flight up to that call's own timeout plus this much.
+_FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
 
 
 class LeasePort(Protocol):
@@ -76,8 +87,8 @@ class LeasePort(Protocol):
         """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
         ...
 
-    def get_task_status(self, task_id: str, *, timeout_seconds: float) -> TaskStatus | None:
-        """The task's status on the server; None for a 404."""
+    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
+        """GET /api/tasks/{id}: the task's status, pollCount and workerId; None for a 404."""
         ...
 
 
@@ -101,6 +112,7 @@ class _Entry:
     task: Task
     lease: Lease
     wake_at: float | None = None
+    beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,7 @@ class LeaseEngine:
         self._lock = threading.Lock()
         self._timer_cv = threading.Condition(self._lock)
         self._work_cv = threading.Condition(self._lock)
+        self._beat_done_cv = threading.Condition(self._lock)  # a heartbeat call returned
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -183,7 +196,8 @@ class LeaseEngine:
         """Start the lease of a polled task (``polled_at``: the poll's send time, default now).
 
         Tracking a task that is already tracked (the server delivered it again) keeps the running
-        lease and counts the new poll as an ack: the poll reset the server's updateTime.
+        lease and counts the new poll as an ack: the poll reset the server's updateTime, and the new
+        pollCount is ours (an ownership check then does not take it for someone else's poll).
         """
         fences: Fences = []
         with self._lock:
@@ -191,11 +205,11 @@ class LeaseEngine:
             at = now if polled_at is None else min(polled_at, now)
             entry = self._entries.get(task.task_id)
             if entry is None:
-                entry = _Entry(task, Lease(policy, at, random=self._random))
+                entry = _Entry(task, Lease(policy, at, poll_count=task.poll_count, random=self._random))
                 self._entries[task.task_id] = entry
                 actions = entry.lease.on_tick(now)
             else:
-                actions = entry.lease.on_redelivered(now, at)
+                actions = entry.lease.on_redelivered(now, at, task.poll_count)
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
 
@@ -207,11 +221,50 @@ class LeaseEngine:
         """The child is dead: no more fencing, but heartbeats go on until ``reported``."""
         self._event(task_id, lambda lease, now: lease.on_child_exited(now))
 
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
+        """The final update of ``task_id`` is about to be sent: exclude its heartbeats.
+
+        From here no heartbeat (or ownership check) of the task starts; queued ones are withdrawn, and
+        a heartbeat call in flight is waited for, up to ``timeout_seconds`` (default: that call's
+        own timeout + 1 s). True when no heartbeat call is in flight on return (always, for a task the
+        engine does not know); False when the wait ran out (a port that ignores its timeout). Follow
+        it with ``reported`` once the update is acknowledged, or ``final_update_failed``.
+        """
+        with self._lock:
+            entry = self._entries.get(task_id)
+            if entry is None:
+                return True
+            now = self._clock.monotonic()
+            actions = entry.lease.on_final_update_started(now)
+            queued = len(self._queue)
+            self._queue = deque(
+                j for j in self._queue if not (j.task_id == task_id and isinstance(j.action, SendHeartbeat))
+            )
+            if len(self._queue) != queued:
+                actions += entry.lease.on_heartbeat_withdrawn(now)
+            fences = self._apply_locked(entry, actions)
+        self._deliver(fences)
+        with self._lock:
+            if entry.beat_calling_until is None:
+                return True
+            if timeout_seconds is None:
+                until = entry.beat_calling_until + _FINAL_UPDATE_WAIT_SLACK_SECONDS
+                timeout_seconds = max(0.0, until - self._clock.monotonic())
+            if self._beat_done_cv.wait_for(lambda: entry.beat_calling_until is None, timeout_seconds):
+                return True
+        log.warning("task %s: a heartbeat call is still in flight past its timeout; sending the final "
+                    "update anyway", task_id)  # fmt: skip
+        return False
+
+    def final_update_failed(self, task_id: str) -> None:
+        """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now)."""
+        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now))
+
     def reported(self, task_id: str) -> None:
         """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
 
-        (A sender that had already taken this task's beat off the queue may still send it; the
-        server ignores extendLease for a terminal task.)
+        Call ``begin_final_update`` before sending the update: it also waits out a heartbeat call
+        already in flight, so none overlaps the update or follows it.
         """
         with self._lock:
             entry = self._entries.pop(task_id, None)
@@ -360,10 +413,24 @@ class LeaseEngine:
                 if self._stopping:
                     return
                 job = self._queue.popleft()
-                if job.task_id not in self._entries:
+                entry = self._entries.get(job.task_id)
+                if entry is None:
                     continue  # reported meanwhile: never send it
+                if isinstance(job.action, SendHeartbeat):
+                    # Marked in the same locked step as the pop: begin_final_update sees every beat
+                    # either still queued (and withdraws it) or calling (and waits for it).
+                    started = self._clock.monotonic()
+                    entry.beat_calling_until = started + max(
+                        0.0, min(job.action.timeout_seconds, job.action.expires_at - started)
+                    )
             if isinstance(job.action, SendHeartbeat):
-                self._deliver(self._send_heartbeat(job, job.action))
+                try:
+                    fences = self._send_heartbeat(job, job.action)
+                finally:
+                    with self._lock:
+                        entry.beat_calling_until = None
+                        self._beat_done_cv.notify_all()
+                self._deliver(fences)
             else:
                 self._deliver(self._check_ownership(job, job.action))
 
@@ -397,20 +464,27 @@ class LeaseEngine:
         outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
         if timeout >= job.min_attempt_seconds:
             try:
-                status = self._port.get_task_status(job.task_id, timeout_seconds=timeout)
-                outcome = functools.partial(Lease.on_ownership, status=status)
+                ownership = self._port.get_task_ownership(job.task_id, timeout_seconds=timeout)
+                outcome = functools.partial(Lease.on_ownership, ownership=ownership)
             except ConductorError as exc:
                 log.warning("task %s: ownership check failed: %s", job.task_id, exc)
             except Exception:
                 log.exception("task %s: ownership check raised unexpectedly", job.task_id)
-        return self._outcome(job.task_id, outcome)
+        return self._outcome(job.task_id, outcome, log_loss=True)
 
-    def _outcome(self, task_id: str, outcome: Callable[[Lease, float], list[Action]]) -> Fences:
+    def _outcome(
+        self, task_id: str, outcome: Callable[[Lease, float], list[Action]], *, log_loss: bool = False
+    ) -> Fences:
         with self._lock:
             entry = self._entries.get(task_id)
             if entry is None:
                 return []
-            return self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
+            known = entry.lease.lost_reason
+            fences = self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
+            why = entry.lease.lost_reason
+        if log_loss and why is not None and known is None:
+            log.warning("task %s: no longer ours: %s", task_id, why)
+        return fences
 
     def _deliver(self, fences: Fences) -> None:
         for task_id, action in fences:
@@ -418,3 +492,42 @@ class LeaseEngine:
                 self._on_fence(task_id, action)
             except Exception:  # the runner's bug must not stop the timer: log it, fence the rest
                 log.exception("task %s: on_fence(%s) failed", task_id, action)
+
+
+class _UpdateCall(Protocol):
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
+
+
+class FinalUpdates:
+    """The reporter's update port: each attempt of a final update excludes that task's heartbeats.
+
+    Wraps the client's ``update``: ``begin_final_update`` before each attempt, ``reported`` once it is
+    acknowledged, ``final_update_failed`` when it raises (the reporter may retry: the task beats again
+    meanwhile, so its lease outlives a slow report). The engine is attached once it exists (the runner
+    makes it), so both can be built without an order between them::
+
+        updates = FinalUpdates(client)
+        make_engine = lambda on_fence: updates.attach(LeaseEngine(client, on_fence))
+        make_reporter = lambda done: Reporter(updates, done)
+    """
+
+    def __init__(self, port: _UpdateCall, engine: LeaseEngine | None = None) -> None:
+        self._port = port
+        self._engine = engine
+
+    def attach(self, engine: LeaseEngine) -> LeaseEngine:
+        """Use ``engine`` from now on; returns it (for a factory's one-liner)."""
+        self._engine = engine
+        return engine
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        engine = self._engine
+        if engine is None:
+            raise RuntimeError("FinalUpdates.update before attach(): no lease engine to exclude")
+        engine.begin_final_update(result.task_id)
+        try:
+            self._port.update(result, timeout_seconds=timeout_seconds)
+        except BaseException:
+            engine.final_update_failed(result.task_id)
+            raise
+        engine.reported(result.task_id)

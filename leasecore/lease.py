@@ -25,12 +25,26 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   ``kill_grace_seconds`` if it still lives.
   An expired lease stays expired (no more beats or checks), also after the child has exited.
 * Ownership is checked every ``ownership_check_interval_seconds`` (and right after the first failed beat
-  of a streak); a terminal status or a 404 (also a 404 on a heartbeat) fences with OWNERSHIP_LOST at
-  once, and that reason means: report nothing. A failed check changes nothing; the next one follows.
-* ``hard_timeout_seconds`` (the task's ``timeoutSeconds``) counts from the poll and cannot be extended;
-  ``exec_timeout_seconds`` counts from ``on_child_started`` (from the poll if that never comes).
+  of a streak) by reading the task back (``TaskOwnership``: status, pollCount, workerId). The task is
+  no longer ours (fence with OWNERSHIP_LOST, which means: report nothing) on a 404 (also a 404 on a
+  heartbeat), a terminal status, SCHEDULED (re-queued: a bare IN_PROGRESS update or an admin requeue;
+  it will be handed out again), or IN_PROGRESS with a pollCount above the newest one we hold (someone
+  polled it again; pollCount grows by one per poll). A re-delivery to us raises the pollCount we hold
+  (``on_redelivered``); since that delivery may still be on its way to the runner when a check sees
+  it, a higher pollCount is confirmed by one more check ``redelivery_grace_seconds`` later before it
+  fences. workerId is not compared (runners on one host share the default id). A failed check
+  changes nothing; the next one follows.
+* ``hard_timeout_seconds`` (the task's ``timeoutSeconds``) counts, like the server's check, from the
+  task's ``startTime``, which survives re-deliveries: hard deadline = poll + timeoutSeconds -
+  ``hard_elapsed_seconds``, the time the server had already counted at the poll (updateTime -
+  startTime of the polled task, both from the server's clock, so no clock skew enters). Heartbeats
+  cannot extend it. ``exec_timeout_seconds`` counts from ``on_child_started`` (else the poll).
 * After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
   ``on_reported`` (the final update may need retries). After ``on_reported`` no action is ever returned.
+* The final update and the heartbeats of a task never overlap: from ``on_final_update_started`` no
+  heartbeat or ownership check is started (a check answered meanwhile is ignored: our own update
+  changes the status); ``on_final_update_failed`` resumes them (an overdue beat goes out at once) so
+  the lease outlives a slow report; ``on_reported`` ends the lease.
 * R = 0 (no response timeout) with no explicit heartbeat timeout means no lease deadline at all.
 """
 
@@ -43,7 +57,7 @@ from enum import StrEnum
 
 from leasecore.backoff import Backoff
 from leasecore.errors import ConfigError
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskStatus
 
 __all__ = [
     "Action",
@@ -57,6 +71,7 @@ __all__ = [
     "LeaseView",
     "SendHeartbeat",
     "TerminateTree",
+    "ownership_lost_reason",
 ]
 
 _NEVER = math.inf
@@ -143,15 +158,18 @@ class LeasePolicy:
     ownership_check_interval_seconds: float = 5.0  # 0: never check
     kill_grace_seconds: float = 10.0
     hard_timeout_seconds: float = 0.0
+    hard_elapsed_seconds: float = 0.0  # of hard_timeout_seconds, already counted by the server at the poll
     exec_timeout_seconds: float = 0.0
     http_timeout_seconds: float = 10.0
     min_attempt_seconds: float = 0.1
+    redelivery_grace_seconds: float = 1.0  # a higher pollCount is confirmed this much later (0: at once)
 
     def __post_init__(self) -> None:
         for name in (
             "response_timeout_seconds", "min_heartbeat_interval_seconds",
             "ownership_check_interval_seconds", "kill_grace_seconds", "hard_timeout_seconds",
-            "exec_timeout_seconds", "min_attempt_seconds",
+            "hard_elapsed_seconds", "exec_timeout_seconds", "min_attempt_seconds",
+            "redelivery_grace_seconds",
         ):  # fmt: skip
             _positive_or_zero(name, getattr(self, name))
         if self.heartbeat_timeout_seconds is not None:
@@ -173,13 +191,18 @@ class LeasePolicy:
         ownership_check_interval_seconds: float = 5.0,
         http_timeout_seconds: float = 10.0,
     ) -> LeasePolicy:
-        """The policy for a polled task: R and the hard ceiling from the task, the rest from config."""
+        """The policy for a polled task: R and the hard ceiling from the task, the rest from config.
+
+        The hard ceiling keeps the time the server had already counted towards it (an earlier delivery
+        of the same task id), measured with the server's own timestamps.
+        """
         return cls(
             response_timeout_seconds=task.response_timeout_seconds,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             lease_extend_enabled=lease_extend_enabled,
             kill_grace_seconds=kill_grace_seconds,
             hard_timeout_seconds=task.timeout_seconds,
+            hard_elapsed_seconds=task.server_elapsed_seconds if task.timeout_seconds > 0 else 0.0,
             exec_timeout_seconds=exec_timeout_seconds,
             ownership_check_interval_seconds=ownership_check_interval_seconds,
             http_timeout_seconds=http_timeout_seconds,
@@ -228,12 +251,44 @@ def _no_jitter() -> float:
     return 0.0
 
 
+def ownership_lost_reason(ownership: TaskOwnership | None, held_poll_count: int) -> str | None:
+    """Why the task read back is no longer ours (None: still ours). ``held_poll_count`` 0: unknown."""
+    if ownership is None:
+        return "the server no longer knows the task (404)"
+    if ownership.status.is_terminal:
+        return f"the task is {ownership.status.value} on the server"
+    if ownership.status is TaskStatus.SCHEDULED:
+        return "the task was re-queued (SCHEDULED) and will be handed out again"
+    if held_poll_count > 0 and ownership.poll_count > held_poll_count:
+        by = f" by worker {ownership.worker_id!r}" if ownership.worker_id else ""
+        return f"the task was polled again{by} (pollCount {ownership.poll_count}, ours {held_poll_count})"
+    return None
+
+
+def _repolled_count(ownership: TaskOwnership | None, held_poll_count: int) -> int | None:
+    """The higher pollCount of a task someone polled again while IN_PROGRESS (None: not that case)."""
+    if ownership is None or ownership.status is not TaskStatus.IN_PROGRESS or held_poll_count <= 0:
+        return None
+    return ownership.poll_count if ownership.poll_count > held_poll_count else None
+
+
 class Lease:
     """The lease of one task, from its poll to its final report. Not thread-safe."""
 
-    def __init__(self, policy: LeasePolicy, polled_at: float, *, random: Callable[[], float] = _no_jitter):
+    def __init__(
+        self,
+        policy: LeasePolicy,
+        polled_at: float,
+        *,
+        poll_count: int = 0,
+        random: Callable[[], float] = _no_jitter,
+    ):
         self.policy = policy
         self._random = random
+        self._poll_count = poll_count  # the newest pollCount delivered to us (0: unknown, never compared)
+        self._unconfirmed_poll_count: int | None = None  # a higher pollCount seen once, to be confirmed
+        self._lost_reason: str | None = None
+        self._final_update = False  # a final update is in flight: no heartbeat or check may start
         self._interval = policy.heartbeat_interval_seconds
         self._polled_at = self._now = polled_at
         self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
@@ -258,7 +313,7 @@ class Lease:
 
     def _hard_deadline(self) -> float:
         hard = self.policy.hard_timeout_seconds
-        return self._polled_at + hard if hard > 0 else _NEVER
+        return self._polled_at + hard - self.policy.hard_elapsed_seconds if hard > 0 else _NEVER
 
     def _exec_deadline(self) -> float:
         limit = self.policy.exec_timeout_seconds
@@ -267,7 +322,9 @@ class Lease:
 
     def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:
         """When an attempt planned for ``planned`` may start, or None if it may not."""
-        if self._reported or in_flight or self._expired or self._fence_reason in _FINAL_FENCES:
+        if self._reported or self._final_update or in_flight or self._expired:
+            return None
+        if self._fence_reason in _FINAL_FENCES:
             return None
         if planned == _NEVER:
             return None
@@ -291,6 +348,16 @@ class Lease:
     def fence_reason(self) -> FenceReason | None:
         """Why the tree was fenced (None: it was not); OWNERSHIP_LOST means report nothing."""
         return self._fence_reason
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why an ownership check found the task no longer ours, for the log (None: it did not)."""
+        return self._lost_reason
+
+    @property
+    def poll_count(self) -> int:
+        """The newest pollCount delivered to us (0: unknown)."""
+        return self._poll_count
 
     @property
     def state(self) -> LeaseState:
@@ -366,13 +433,27 @@ class Lease:
         self._beat_in_flight = False
         return actions + self._fence(now, FenceReason.OWNERSHIP_LOST) + self._advance(now)
 
-    def on_ownership(self, now: float, status: TaskStatus | None) -> list[Action]:
-        """An ownership check answered ``status`` (None: 404)."""
+    def on_ownership(self, now: float, ownership: TaskOwnership | None) -> list[Action]:
+        """An ownership check read the task back (None: 404); see the module docstring's rules."""
         now = self._enter(now)
         actions = self._advance(now)
         self._check_in_flight = False
         self._next_check_at = now + self.policy.ownership_check_interval_seconds
-        if status is None or status.is_terminal:
+        if self._final_update or self._reported:
+            return actions + self._advance(now)  # our own update is changing the status: proves nothing
+        why = ownership_lost_reason(ownership, self._poll_count)
+        grace = self.policy.redelivery_grace_seconds
+        repolled = _repolled_count(ownership, self._poll_count)
+        if repolled is not None and grace > 0 and self._unconfirmed_poll_count is None:
+            # Maybe a re-delivery to us that is still on its way to the runner: give it the grace to
+            # arrive (``on_redelivered``), then look again.
+            self._unconfirmed_poll_count = repolled
+            self._next_check_at = now + grace
+            return actions + self._advance(now)
+        self._unconfirmed_poll_count = None
+        if why is not None:
+            if self._lost_reason is None:
+                self._lost_reason = why
             actions += self._fence(now, FenceReason.OWNERSHIP_LOST)
         return actions + self._advance(now)
 
@@ -384,11 +465,13 @@ class Lease:
         self._next_check_at = now + self.policy.ownership_check_interval_seconds
         return actions + self._advance(now)
 
-    def on_redelivered(self, now: float, polled_at: float) -> list[Action]:
-        """The same task was polled again: the poll reset the server's updateTime, like an ack."""
+    def on_redelivered(self, now: float, polled_at: float, poll_count: int = 0) -> list[Action]:
+        """The same task was polled again by us: the poll reset the server's updateTime, like an ack,
+        and its pollCount (0: unknown) is now ours."""
         now = self._enter(now)
         actions = self._advance(now)
         self._record_ack(min(polled_at, now))
+        self._poll_count = max(self._poll_count, poll_count)
         return actions + self._advance(now)
 
     def on_child_started(self, now: float) -> list[Action]:
@@ -404,6 +487,27 @@ class Lease:
         actions = self._advance(now)
         self._child_exited = True
         return actions
+
+    def on_final_update_started(self, now: float) -> list[Action]:
+        """The final update is about to be sent: start no heartbeat or ownership check until it ends.
+
+        (A beat already in flight is the caller's to wait for; see ``LeaseEngine.begin_final_update``.)
+        """
+        now = self._enter(now)
+        self._final_update = True
+        return self._advance(now)  # a fence may come due; no beat or check can
+
+    def on_final_update_failed(self, now: float) -> list[Action]:
+        """The final update failed and will be retried: heartbeat (and check) again meanwhile."""
+        now = self._enter(now)
+        self._final_update = False
+        return self._advance(now)
+
+    def on_heartbeat_withdrawn(self, now: float) -> list[Action]:
+        """A beat handed out was never sent (withdrawn for a final update): not a failure, still due."""
+        now = self._enter(now)
+        self._beat_in_flight = False
+        return self._advance(now)
 
     def on_reported(self, now: float) -> list[Action]:
         """The final update was acknowledged: this lease is over, no action ever again."""

@@ -6,6 +6,7 @@ Timing assertions carry generous margins (the machine is a loaded 2-core box): t
 
 from __future__ import annotations
 
+import queue
 import random
 import statistics
 import threading
@@ -15,11 +16,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from leasecore.clock import FakeClock
 from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
-from leasecore.heartbeat import LeaseEngine
+from leasecore.heartbeat import FinalUpdates, LeaseEngine
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, LeaseState, TerminateTree
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.server import EmbeddedServer
 
 MARGIN = 0.5  # seconds: what "on time" may be off by on a loaded machine
@@ -33,17 +36,35 @@ class FakePort:
         self.beats: dict[str, list[float]] = defaultdict(list)
         self.beat_timeouts: dict[str, list[float]] = defaultdict(list)
         self.checks: dict[str, list[float]] = defaultdict(list)
-        self.beat_mode: dict[str, str] = {}  # ok | fail | 404 | hang | stuck
+        self.beat_mode: dict[str, str] = {}  # ok | fail | 404 | hang | stuck | slow
         self.status: dict[str, TaskStatus | None] = {}
+        self.poll_count: dict[str, int] = {}  # what a check reads back (default 1)
         self.release = threading.Event()  # frees "stuck" calls
+        self.slow_seconds = 0.4
+        self.update_failures = 0  # the next N updates fail
+        self.order: list[tuple[str, str]] = []  # (event, task id) in the order they happened
+
+    def note(self, event: str, task_id: str) -> None:
+        with self.cv:
+            self.order.append((event, task_id))
+            self.cv.notify_all()
 
     def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
         now = time.monotonic()
         with self.cv:
             self.beats[task_id].append(now)
             self.beat_timeouts[task_id].append(timeout_seconds)
+            self.order.append(("beat-start", task_id))
             mode = self.beat_mode.get(task_id, "ok")
             self.cv.notify_all()
+        try:
+            self._answer(mode, timeout_seconds)
+        finally:
+            self.note("beat-end", task_id)
+
+    def _answer(self, mode: str, timeout_seconds: float) -> None:
+        if mode == "slow":  # a slow but working server
+            self.release.wait(min(self.slow_seconds, timeout_seconds))
         if mode == "hang":  # a server that never answers: the client times out
             self.release.wait(timeout_seconds)
             raise ConductorUnavailable("read timed out")
@@ -55,11 +76,24 @@ class FakePort:
         if mode == "404":
             raise ConductorNotFound("No such task found by id", status_code=404)
 
-    def get_task_status(self, task_id: str, *, timeout_seconds: float) -> TaskStatus | None:
+    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
         with self.cv:
             self.checks[task_id].append(time.monotonic())
             self.cv.notify_all()
-            return self.status.get(task_id, TaskStatus.IN_PROGRESS)
+            status = self.status.get(task_id, TaskStatus.IN_PROGRESS)
+            return None if status is None else TaskOwnership(status, self.poll_count.get(task_id, 1), "host")
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        """The reporter's call, for FinalUpdates: slow; fails while ``update_failures`` is positive."""
+        self.note("update-start", result.task_id)
+        try:
+            self.release.wait(self.slow_seconds)
+            with self.cv:
+                self.update_failures -= 1
+                if self.update_failures >= 0:
+                    raise ConductorUnavailable("server busy")
+        finally:
+            self.note("update-end", result.task_id)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
         with self.cv:
@@ -88,8 +122,14 @@ class Fences:
             return self.of(task_id)
 
 
-def task(n: int | str) -> Task:
-    return Task(task_id=f"t{n}", workflow_id=f"w{n}", task_type="demo", response_timeout_seconds=2)
+def task(n: int | str, poll_count: int = 0) -> Task:
+    return Task(
+        task_id=f"t{n}",
+        workflow_id=f"w{n}",
+        task_type="demo",
+        response_timeout_seconds=2,
+        poll_count=poll_count,
+    )
 
 
 def policy(r: float = 2.0, **kwargs: object) -> LeasePolicy:
@@ -398,5 +438,247 @@ def test_against_the_embedded_server_heartbeats_keep_a_task_past_r_and_a_termina
             # Then an ownership check notices and the tree is fenced, with nothing to report
             [(_, term)] = fences.wait_for(1, polled.task_id, timeout=10)[:1]
             assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+        finally:
+            engine.stop(timeout_seconds=30)
+
+
+# ----- the final update excludes heartbeats ------------------------------------------------------
+
+
+def intervals(order: list[tuple[str, str]], task_id: str, kind: str) -> list[tuple[int, int]]:
+    """(start index, end index) in ``order`` of each ``kind`` call ("beat" / "update") of one task."""
+    starts = [i for i, (e, k) in enumerate(order) if k == task_id and e == f"{kind}-start"]
+    ends = [i for i, (e, k) in enumerate(order) if k == task_id and e == f"{kind}-end"]
+    return list(zip(starts, ends, strict=True))
+
+
+def test_a_final_update_never_overlaps_a_heartbeat_and_none_follows_it(
+    engine: LeaseEngine, port: FakePort
+) -> None:
+    # Given 4 tasks beating about every 0.3 s, each beat call taking 0.15 s, and the real Reporter
+    # delivering their results through FinalUpdates: updates take 0.15 s and the first 8 fail
+    port.slow_seconds = 0.15
+    fast = policy(1.25, min_heartbeat_interval_seconds=0.1, heartbeat_ratio=0.25)
+    ids = [f"t{n}" for n in range(4)]
+    for n in range(4):
+        port.beat_mode[f"t{n}"] = "slow"
+        engine.track(task(n, poll_count=1), fast)
+    outcomes: queue.SimpleQueue[ReportOutcome] = queue.SimpleQueue()
+    reporter = Reporter(FinalUpdates(port, engine), outcomes.put, backoff_cap_seconds=0.35)
+    port.wait_for(lambda: all(len(port.beats[k]) >= 2 for k in ids), timeout=30)
+    # When each task's child exits and its result is reported while its heartbeats keep coming
+    port.update_failures = 2 * len(ids)
+    try:
+        for k in ids:
+            engine.child_exited(k)
+            reporter.submit(TaskResult(k, "w", TaskStatus.COMPLETED), retry_seconds=30)
+        assert all(outcomes.get(timeout=60).delivered for _ in ids)
+    finally:
+        reporter.close()
+    engine.stop(timeout_seconds=30)  # every sender done: the order log is complete
+    # Then, per task, no beat call overlaps an update call, none starts after the last update began,
+    # and the engine forgot the task once its update was acknowledged
+    order = list(port.order)
+    for k in ids:
+        beats, ups = intervals(order, k, "beat"), intervals(order, k, "update")
+        for b0, b1 in beats:
+            for u0, u1 in ups:
+                assert b1 < u0 or u1 < b0, f"{k}: beat {b0}-{b1} overlaps update {u0}-{u1}: {order}"
+        assert all(b0 < ups[-1][0] for b0, _ in beats), f"{k}: a beat after the final update: {order}"
+        with pytest.raises(KeyError):
+            engine.view(k)
+    # And heartbeats went on between a failed attempt and its retry (the lease outlives a slow report)
+    retried = [k for k in ids if len(intervals(order, k, "update")) >= 2]
+    assert retried, order
+    assert any(
+        intervals(order, k, "update")[0][1] < b0 < intervals(order, k, "update")[-1][0]
+        for k in retried
+        for b0, _ in intervals(order, k, "beat")
+    ), order
+
+
+def test_begin_final_update_waits_for_the_heartbeat_in_flight(engine: LeaseEngine, port: FakePort) -> None:
+    # Given a beat in flight that takes 0.6 s
+    port.slow_seconds = 0.6
+    port.beat_mode["t1"] = "slow"
+    engine.track(task(1), policy(30.0), polled_at=time.monotonic() - 24)  # due at once
+    port.wait_for(lambda: ("beat-start", "t1") in port.order, timeout=10)
+    # When the final update begins
+    assert engine.begin_final_update("t1") is True
+    port.note("update-start", "t1")
+    # Then it returned only after the beat call had ended
+    assert port.order.index(("beat-end", "t1")) < port.order.index(("update-start", "t1"))
+
+
+def test_a_queued_heartbeat_is_withdrawn_and_sent_only_if_the_update_fails(
+    port: FakePort, fences: Fences
+) -> None:
+    # Given one sender, stuck in another task's call, and t1's beat waiting in the queue
+    engine = LeaseEngine(port, fences, senders=1, max_senders=1)
+    engine.start()
+    try:
+        port.beat_mode["t0"] = "stuck"
+        now = time.monotonic()
+        engine.track(task(0), policy(30.0), polled_at=now - 24)
+        port.wait_for(lambda: len(port.beats["t0"]) == 1, timeout=10)
+        engine.track(task(1), policy(30.0), polled_at=now - 24)
+        assert engine.metrics().queued == 1
+        # When t1's final update begins, then the sender is freed
+        assert engine.begin_final_update("t1") is True
+        view = engine.view("t1")
+        assert (engine.metrics().queued, view.heartbeat_in_flight, view.consecutive_failures) == (0, False, 0)
+        port.release.set()
+        port.wait_for(lambda: len(port.beats["t0"]) >= 2, timeout=10)  # the sender runs again
+        assert port.beats["t1"] == []
+        # And when the update fails, the overdue beat goes out at once
+        engine.final_update_failed("t1")
+        port.wait_for(lambda: len(port.beats["t1"]) == 1, timeout=10)
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+
+
+def test_the_wait_for_a_heartbeat_that_ignores_its_timeout_is_bounded(
+    engine: LeaseEngine, port: FakePort
+) -> None:
+    port.beat_mode["t1"] = "stuck"
+    engine.track(task(1), policy(30.0), polled_at=time.monotonic() - 24)
+    port.wait_for(lambda: len(port.beats["t1"]) == 1, timeout=10)
+    started = time.monotonic()
+    assert engine.begin_final_update("t1", timeout_seconds=0.3) is False
+    assert 0.3 - 0.01 <= time.monotonic() - started < 0.3 + MARGIN
+
+
+def test_final_update_calls_for_unknown_tasks_do_nothing(engine: LeaseEngine) -> None:
+    assert engine.begin_final_update("nope") is True
+    engine.final_update_failed("nope")
+    engine.reported("nope")
+
+
+def test_final_updates_needs_an_engine(port: FakePort) -> None:
+    with pytest.raises(RuntimeError, match="attach"):
+        FinalUpdates(port).update(TaskResult("t", "w", TaskStatus.COMPLETED))
+
+
+# ----- ownership: status, pollCount ----------------------------------------------------------------
+
+
+def test_a_requeued_task_is_fenced_by_the_ownership_check(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    port.status["t1"] = TaskStatus.SCHEDULED
+    engine.track(task(1, poll_count=1), policy(30.0, ownership_check_interval_seconds=0.3))
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+    assert t_term - port.checks["t1"][0] < MARGIN
+
+
+def test_a_task_polled_again_elsewhere_is_fenced_after_the_confirming_check(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given our delivery had pollCount 1 and the server now says 2 (still IN_PROGRESS, same worker id)
+    port.poll_count["t1"] = 2
+    engine.track(task(1, poll_count=1), policy(30.0, ownership_check_interval_seconds=0.3))
+    # Then the tree is terminated at the second check, 1 s (the grace) after the first
+    [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
+    assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+    first, second = port.checks["t1"][:2]
+    assert 1.0 - 0.01 <= second - first < 1.0 + MARGIN
+    assert t_term - second < MARGIN
+
+
+def test_a_redelivery_to_us_is_not_taken_for_a_lost_task(
+    engine: LeaseEngine, port: FakePort, fences: Fences
+) -> None:
+    # Given a running task, delivered to us again with pollCount 2 (the runner tracks it again)
+    engine.track(task(1, poll_count=1), policy(30.0, ownership_check_interval_seconds=0.2))
+    port.poll_count["t1"] = 2
+    engine.track(task(1, poll_count=2), policy(30.0, ownership_check_interval_seconds=0.2))
+    # When several checks read pollCount 2
+    port.wait_for(lambda: len(port.checks["t1"]) >= 5, timeout=10)
+    # Then nothing was fenced
+    assert fences.of("t1") == []
+    assert engine.fence_reason("t1") is None
+
+
+def _start_one(client: ConductorClient, name: str, **task_def: object) -> str:
+    admin = ConductorAdmin(client)
+    admin.register_task_defs([{"name": name, "responseTimeoutSeconds": 30, "retryCount": 0, **task_def}])
+    admin.register_workflow(
+        {
+            "name": f"{name}_wf",
+            "version": 1,
+            "schemaVersion": 2,
+            "tasks": [{"name": name, "taskReferenceName": "a", "type": "SIMPLE"}],
+        }
+    )
+    return admin.start_workflow(f"{name}_wf", {})
+
+
+def test_against_the_embedded_server_a_task_requeued_and_polled_by_another_worker_is_fenced(
+    fences: Fences,
+) -> None:
+    # Given a task we polled (pollCount 1), then re-queued by a bare IN_PROGRESS update and polled by
+    # another runner on the same host (same worker id): IN_PROGRESS again, pollCount 2
+    with EmbeddedServer() as server, ConductorClient(server.url, timeout_seconds=5) as client:
+        _start_one(client, "repoll_demo")
+        [ours] = client.poll("repoll_demo", count=1, timeout_ms=1000, worker_id="host")
+        client.update(TaskResult(ours.task_id, ours.workflow_id, TaskStatus.IN_PROGRESS))
+        assert client.get_task_status(ours.task_id) is TaskStatus.SCHEDULED
+        [theirs] = client.poll("repoll_demo", count=1, timeout_ms=1000, worker_id="host")
+        assert (ours.poll_count, theirs.poll_count) == (1, 2)
+        read = client.get_task_ownership(ours.task_id)
+        assert read == TaskOwnership(TaskStatus.IN_PROGRESS, 2, "host")
+        engine = LeaseEngine(client, fences, senders=2)
+        engine.start()
+        try:
+            # When we hold our lease with ownership checks
+            engine.track(ours, LeasePolicy.from_task(ours, ownership_check_interval_seconds=0.3))
+            # Then the tree is fenced: nothing of ours is reported
+            [(_, term)] = fences.wait_for(1, ours.task_id, timeout=10)[:1]
+            assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+            # And a task re-delivered to us (tracked again) is not
+            client.update(TaskResult(theirs.task_id, theirs.workflow_id, TaskStatus.IN_PROGRESS))
+            [again] = client.poll("repoll_demo", count=1, timeout_ms=1000, worker_id="host")
+            assert again.poll_count == 3
+            engine.reported(ours.task_id)
+            engine.track(theirs, LeasePolicy.from_task(theirs, ownership_check_interval_seconds=0.3))
+            engine.track(again, LeasePolicy.from_task(again, ownership_check_interval_seconds=0.3))
+            deadline = time.monotonic() + 2.0
+            with fences.cv:
+                fences.cv.wait_for(
+                    lambda: len(fences.of(again.task_id)) > 1, timeout=deadline - time.monotonic()
+                )
+            assert fences.of(again.task_id) == fences.of(ours.task_id)[:1]  # only the first fence
+            assert client.get_task_ownership("no-such-task") is None
+        finally:
+            engine.stop(timeout_seconds=30)
+
+
+def test_against_the_embedded_server_the_hard_timeout_counts_from_the_first_start(fences: Fences) -> None:
+    # Given a server whose clock is far from ours (a fake one, in 2026) and a task with timeoutSeconds
+    # 27, polled, re-queued, and polled again 25 s later on the server's clock (startTime is kept)
+    server_clock = FakeClock(start=50.0)
+    with (
+        EmbeddedServer(clock=server_clock) as server,
+        ConductorClient(server.url, timeout_seconds=5) as client,
+    ):
+        _start_one(client, "hard_demo", timeoutSeconds=27, responseTimeoutSeconds=27, timeoutPolicy="RETRY")
+        [first] = client.poll("hard_demo", count=1, timeout_ms=0)
+        server_clock.advance(25.0)
+        client.update(TaskResult(first.task_id, first.workflow_id, TaskStatus.IN_PROGRESS))
+        polled_at = time.monotonic()
+        [again] = client.poll("hard_demo", count=1, timeout_ms=0)
+        assert again.start_time_ms == first.start_time_ms and again.poll_count == 2
+        engine = LeaseEngine(client, fences, senders=2)
+        engine.start()
+        try:
+            policy_ = LeasePolicy.from_task(again, ownership_check_interval_seconds=0.0)
+            assert policy_.hard_elapsed_seconds == pytest.approx(25.0)
+            engine.track(again, policy_, polled_at=polled_at)
+            # Then the tree is fenced 2 s after the second poll (27 s after the first start), not 27 s
+            [(t_term, term)] = fences.wait_for(1, again.task_id, timeout=10)[:1]
+            assert term == TerminateTree(FenceReason.HARD_TIMEOUT)
+            assert 2.0 - 0.01 <= t_term - polled_at < 2.0 + MARGIN
         finally:
             engine.stop(timeout_seconds=30)

@@ -21,8 +21,9 @@ from leasecore.lease import (
     LeaseState,
     SendHeartbeat,
     TerminateTree,
+    ownership_lost_reason,
 )
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskStatus
 
 T0 = 1000.0  # FakeClock's start; the poll happens here
 
@@ -34,12 +35,19 @@ def policy(r: float = 10.0, **overrides: object) -> LeasePolicy:
     return LeasePolicy(response_timeout_seconds=r, **values)  # type: ignore[arg-type]
 
 
+def own(
+    status: TaskStatus = TaskStatus.IN_PROGRESS, poll_count: int = 1, worker: str | None = "host"
+) -> TaskOwnership:
+    """What an ownership check reads back; by default: still ours (IN_PROGRESS, our pollCount 1)."""
+    return TaskOwnership(status, poll_count, worker)
+
+
 class Harness:
     """A lease with a perfect timer: ``run_until`` ticks it exactly at each ``next_wakeup``."""
 
-    def __init__(self, lease_policy: LeasePolicy) -> None:
+    def __init__(self, lease_policy: LeasePolicy, *, poll_count: int = 1) -> None:
         self.clock = FakeClock(start=T0)
-        self.lease = Lease(lease_policy, polled_at=T0)
+        self.lease = Lease(lease_policy, polled_at=T0, poll_count=poll_count)
         self.log: list[tuple[float, Action]] = []
 
     @property
@@ -330,7 +338,7 @@ def test_ownership_is_checked_every_interval_and_in_progress_changes_nothing() -
     # When each check answers IN_PROGRESS at once
     for _ in range(3):
         h.run_until(h.lease.next_wakeup() or h.now)
-        h.record(h.lease.on_ownership(h.now, TaskStatus.IN_PROGRESS))
+        h.record(h.lease.on_ownership(h.now, own()))
     # Then checks went out at 5, 10, 15 and the tree was not touched
     checks = [(t, a) for t, a in h.log if isinstance(a, CheckOwnership)]
     assert [t - T0 for t, _ in checks] == [5.0, 10.0, 15.0]
@@ -338,14 +346,19 @@ def test_ownership_is_checked_every_interval_and_in_progress_changes_nothing() -
 
 
 @pytest.mark.parametrize(
-    "status", [TaskStatus.CANCELED, TaskStatus.TIMED_OUT, TaskStatus.COMPLETED, TaskStatus.FAILED, None]
-)
+    "status",
+    [
+        TaskStatus.CANCELED, TaskStatus.TIMED_OUT, TaskStatus.COMPLETED, TaskStatus.FAILED,
+        TaskStatus.SCHEDULED,  # re-queued (a bare IN_PROGRESS update, an admin requeue): handed out again
+        None,
+    ],
+)  # fmt: skip
 def test_a_terminal_status_or_404_fences_for_ownership_lost_at_once(status: TaskStatus | None) -> None:
     # Given a check in flight
     h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, kill_grace_seconds=2.0))
     h.at(5)
     # When it answers a terminal status (None = 404)
-    actions = h.lease.on_ownership(h.now, status)
+    actions = h.lease.on_ownership(h.now, None if status is None else own(status))
     # Then TERM at once, KILL after the grace, and the runner is told to report nothing
     assert actions == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
     assert h.lease.on_tick(T0 + 7) == [KillTree(FenceReason.OWNERSHIP_LOST)]
@@ -380,16 +393,101 @@ def test_ownership_lost_overrides_a_shutdown_already_under_way() -> None:
     assert h.lease.on_shutdown(h.now) == [TerminateTree(FenceReason.SHUTDOWN)]
     # When an ownership check then says CANCELED
     h.at(5)
-    actions = h.lease.on_ownership(h.now, TaskStatus.CANCELED)
+    actions = h.lease.on_ownership(h.now, own(TaskStatus.CANCELED))
     # Then no second TERM is sent, but the runner must now report nothing
     assert actions == []
     assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
 
 
+def test_a_task_polled_again_by_someone_else_is_lost_once_a_second_look_confirms_it() -> None:
+    # Given our delivery had pollCount 1, and checks every 5 s
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, kill_grace_seconds=2.0))
+    h.at(5)
+    # When a check reads IN_PROGRESS with pollCount 2, from the same (default, hostname) worker id
+    assert h.lease.on_ownership(h.now, own(poll_count=2, worker="host")) == []
+    # Then it looks again after the 1 s grace (the new delivery might be ours, still on its way)
+    actions = h.run_until(T0 + 6)
+    assert [(t - T0, a) for t, a in actions] == [
+        (6.0, CheckOwnership(timeout_seconds=10.0, due_at=T0 + 6, expires_at=T0 + 100))
+    ]
+    # And when that check still reads pollCount 2, the tree is fenced for OWNERSHIP_LOST
+    assert h.lease.on_ownership(h.now, own(poll_count=2)) == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
+    assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
+    assert "polled again" in (h.lease.lost_reason or "") and "pollCount 2, ours 1" in (
+        h.lease.lost_reason or ""
+    )
+
+
+def test_without_a_grace_a_higher_poll_count_fences_at_once() -> None:
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, redelivery_grace_seconds=0.0))
+    h.at(5)
+    assert h.lease.on_ownership(h.now, own(poll_count=3)) == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
+
+
+def test_a_redelivery_to_us_makes_its_poll_count_ours() -> None:
+    # Given a check that saw pollCount 2 (ours is 1): a confirming check is planned
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    h.at(5)
+    h.lease.on_ownership(h.now, own(poll_count=2))
+    # When the runner tracks the re-delivery (pollCount 2) before the confirming check answers
+    h.clock.advance(0.5)
+    h.lease.on_redelivered(h.now, h.now, poll_count=2)
+    h.at(6)
+    h.record(h.lease.on_ownership(h.now, own(poll_count=2)))
+    # Then nothing is fenced, checks go back to every 5 s, and a re-poll after that is measured from 2
+    h.at(11)
+    h.record(h.lease.on_ownership(h.now, own(poll_count=2)))
+    assert h.fences() == [] and h.lease.poll_count == 2
+    assert h.lease.view().next_heartbeat_at == T0 + 5.5 + 80  # the re-delivery also counted as an ack
+
+
+def test_an_older_redelivery_never_lowers_the_poll_count_we_hold() -> None:
+    h = Harness(policy(r=100.0), poll_count=4)
+    h.lease.on_redelivered(h.now, h.now, poll_count=3)
+    assert h.lease.poll_count == 4
+
+
+def test_the_worker_id_is_not_compared() -> None:
+    # Given several runners on one host share the default worker id: another id at our pollCount
+    # is still our delivery (our own update may have written it), and only the pollCount decides
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    h.at(5)
+    assert h.lease.on_ownership(h.now, own(poll_count=1, worker="other-host")) == []
+    assert h.lease.fence_reason is None
+
+
+def test_an_unknown_poll_count_is_never_compared() -> None:
+    # Given a delivery without pollCount (0): a poll always makes it >= 1, so 0 means "not known"
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0), poll_count=0)
+    h.at(5)
+    assert h.lease.on_ownership(h.now, own(poll_count=7)) == []
+    h.at(6)
+    assert h.fences() == []
+
+
+@pytest.mark.parametrize(
+    ("read", "fragment"),
+    [
+        (None, "404"),
+        (own(TaskStatus.CANCELED), "CANCELED"),
+        (own(TaskStatus.SCHEDULED), "re-queued"),
+        (own(poll_count=3, worker="h2"), "polled again by worker 'h2' (pollCount 3, ours 2)"),
+        (own(poll_count=3, worker=None), "polled again (pollCount 3, ours 2)"),
+    ],
+)
+def test_ownership_lost_reason_says_why(read: TaskOwnership | None, fragment: str) -> None:
+    assert fragment in (ownership_lost_reason(read, 2) or "")
+
+
+@pytest.mark.parametrize("read", [own(poll_count=2), own(poll_count=1), own(poll_count=0)])
+def test_in_progress_at_or_below_our_poll_count_is_still_ours(read: TaskOwnership) -> None:
+    assert ownership_lost_reason(read, 2) is None
+
+
 # ----- hard and exec timeouts ----------------------------------------------------------------------
 
 
-def test_the_hard_timeout_counts_from_the_poll_and_heartbeats_cannot_extend_it() -> None:
+def test_the_hard_timeout_counts_from_the_poll_of_a_first_delivery_and_heartbeats_cannot_extend_it() -> None:
     # Given timeoutSeconds=20, R=10, and every beat acknowledged at once
     h = Harness(policy(r=10.0, hard_timeout_seconds=20.0, kill_grace_seconds=1.0))
     while h.now < T0 + 25:
@@ -402,6 +500,70 @@ def test_the_hard_timeout_counts_from_the_poll_and_heartbeats_cannot_extend_it()
         (T0 + 21, KillTree(FenceReason.HARD_TIMEOUT)),
     ]
     assert h.lease.view().hard_deadline == T0 + 20
+
+
+def server_task(*, timeout: int, start_ms: int | None, update_ms: int | None, delay: int = 0) -> Task:
+    data: dict[str, object] = {
+        "taskId": "t1", "workflowInstanceId": "w1", "taskType": "x", "responseTimeoutSeconds": 10,
+        "pollCount": 2, "startDelayInSeconds": delay,
+        "workflowTask": {"taskDefinition": {"timeoutSeconds": timeout}},
+    }  # fmt: skip
+    if start_ms is not None:
+        data["startTime"] = start_ms
+    if update_ms is not None:
+        data["updateTime"] = update_ms
+    return Task.from_json(data)
+
+
+def test_the_hard_timeout_of_a_redelivered_task_counts_from_its_server_start_time() -> None:
+    # Given a task first started 30 s before this poll (a re-delivery keeps startTime), timeoutSeconds 100.
+    # The server's clock is far off ours: only its own two timestamps are compared.
+    start = 4_000_000_000_000  # year 2096: skew does not matter
+    task = server_task(timeout=100, start_ms=start, update_ms=start + 30_000)
+    p = LeasePolicy.from_task(task, ownership_check_interval_seconds=0.0, kill_grace_seconds=1.0)
+    assert (p.hard_timeout_seconds, p.hard_elapsed_seconds) == (100, 30.0)
+    h = Harness(p)
+    # When time passes, every beat acknowledged
+    while h.now < T0 + 75:
+        for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 75, T0 + 75)):
+            if isinstance(action, SendHeartbeat):
+                h.record(h.lease.on_heartbeat_ok(t, t))
+    # Then the tree is fenced at poll + 70, when the server's own check fires
+    assert h.lease.view().hard_deadline == T0 + 70
+    assert h.fences() == [
+        (T0 + 70, TerminateTree(FenceReason.HARD_TIMEOUT)),
+        (T0 + 71, KillTree(FenceReason.HARD_TIMEOUT)),
+    ]
+
+
+def test_the_start_delay_is_not_counted() -> None:
+    task = server_task(timeout=100, start_ms=1_000_000, update_ms=1_000_000 + 30_000, delay=10)
+    assert LeasePolicy.from_task(task).hard_elapsed_seconds == 20.0
+
+
+def test_a_task_past_its_hard_timeout_on_the_server_is_fenced_at_once() -> None:
+    task = server_task(timeout=60, start_ms=1_000_000, update_ms=1_000_000 + 61_000)
+    h = Harness(LeasePolicy.from_task(task, ownership_check_interval_seconds=0.0))
+    assert h.lease.on_tick(h.now) == [TerminateTree(FenceReason.HARD_TIMEOUT)]
+
+
+@pytest.mark.parametrize(
+    ("start_ms", "update_ms"),
+    [(None, 5_000), (5_000, None), (None, None), (0, 5_000), (9_000, 5_000)],  # missing, or nonsense
+)
+def test_without_usable_server_timestamps_the_hard_timeout_counts_from_the_poll(
+    start_ms: int | None, update_ms: int | None
+) -> None:
+    task = server_task(timeout=100, start_ms=start_ms, update_ms=update_ms)
+    p = LeasePolicy.from_task(task)
+    assert p.hard_elapsed_seconds == 0.0
+    assert Lease(p, polled_at=T0).view().hard_deadline == T0 + 100
+
+
+def test_task_from_json_reads_the_server_timestamps_tolerantly() -> None:
+    task = Task.from_json({"taskId": "t", "startTime": "12", "updateTime": None, "startDelayInSeconds": "x"})
+    assert (task.start_time_ms, task.update_time_ms, task.start_delay_seconds) == (12, 0, 0)
+    assert task.server_elapsed_seconds == 0.0
 
 
 def test_the_exec_timeout_counts_from_the_child_start() -> None:
@@ -526,6 +688,116 @@ def test_events_with_time_running_backwards_are_treated_as_now() -> None:
     h.lease.on_heartbeat_failed(T0 + 7.5)
     # Then the retry counts from the newest time seen, poll+8
     assert h.lease.view().next_heartbeat_at == T0 + 9
+
+
+# ----- the final update --------------------------------------------------------------------------
+
+
+def test_no_heartbeat_or_check_starts_while_the_final_update_is_in_flight() -> None:
+    # Given a child that exited at poll+5, and the final update starting at poll+6 (checks every 5 s)
+    h = Harness(policy(r=10.0, ownership_check_interval_seconds=5.0))
+    h.at(5)
+    h.record(h.lease.on_ownership(h.now, own()))
+    h.lease.on_child_exited(h.now)
+    h.at(6)
+    assert h.lease.on_final_update_started(h.now) == []
+    # When the update hangs past the beat's due time (poll+8)
+    h.at(9.5)
+    # Then no beat was started, and the lease wakes for nothing but its deadline bookkeeping
+    assert h.beats() == []
+    assert h.lease.view().next_heartbeat_at is None
+    # And when the update is acknowledged, nothing ever follows
+    h.lease.on_reported(h.now)
+    assert h.run_until(T0 + 100) == [] and h.lease.state is LeaseState.DONE
+
+
+def test_a_failed_final_update_resumes_heartbeats_so_the_lease_outlives_a_slow_report() -> None:
+    # Given R=10 (beats every 8 s) and a report whose attempts fail for 40 s: each takes 3.7 s and is
+    # retried 0.3 s later; every heartbeat is acknowledged at once
+    h = Harness(policy(r=10.0))
+    h.lease.on_child_exited(h.now)
+
+    def run_acking(until: float) -> None:
+        while h.now < until:
+            for t, action in h.run_until(min(h.lease.next_wakeup() or until, until)):
+                if isinstance(action, SendHeartbeat):
+                    h.record(h.lease.on_heartbeat_ok(t, t))
+
+    windows = [(0.5 + 4 * n, 4.2 + 4 * n) for n in range(10)]
+    for begin, end in windows:
+        run_acking(T0 + begin)
+        h.record(h.lease.on_final_update_started(h.now))
+        h.at(end)
+        for action in h.record(h.lease.on_final_update_failed(h.now)):  # an overdue beat: at once
+            if isinstance(action, SendHeartbeat):
+                h.record(h.lease.on_heartbeat_ok(h.now, h.now))
+    # Then beats went out only between attempts, some of them overdue ones at an attempt's failure,
+    # and after 40 s (4 R) the lease is alive and nothing was fenced
+    times = [round(t - T0, 3) for t, _ in h.beats()]
+    assert all(not (a <= t < b) for t in times for a, b in windows)
+    assert 8.2 in times  # due at 8, inside an attempt: sent when that attempt failed
+    assert len(times) >= 4
+    assert h.lease.lease_deadline > h.now and h.fences() == []
+
+
+def test_a_beat_withdrawn_for_the_final_update_is_not_a_failure_and_is_sent_if_the_update_fails() -> None:
+    # Given a beat handed out at poll+8 that a final update withdrew from the queue
+    h = Harness(policy(r=10.0))
+    h.lease.on_child_exited(h.now)
+    h.at(8)
+    h.lease.on_final_update_started(h.now)
+    assert h.lease.on_heartbeat_withdrawn(h.now) == []
+    assert h.lease.view().consecutive_failures == 0 and not h.lease.view().heartbeat_in_flight
+    # When the update fails at poll+8.5
+    h.clock.advance(0.5)
+    actions = h.lease.on_final_update_failed(h.now)
+    # Then the overdue beat goes out at once
+    assert actions == [SendHeartbeat(timeout_seconds=1.5, due_at=T0 + 8, expires_at=T0 + 10)]
+
+
+def test_an_ownership_answer_during_the_final_update_is_ignored() -> None:
+    # Given a check in flight when the final update (COMPLETED) starts
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    h.at(5)
+    h.lease.on_child_exited(h.now)
+    h.lease.on_final_update_started(h.now)
+    # When the check reads our own COMPLETED
+    assert h.lease.on_ownership(h.now, own(TaskStatus.COMPLETED)) == []
+    # Then that does not turn into "report nothing"
+    assert h.lease.fence_reason is None and h.lease.lost_reason is None
+
+
+EVENTS = st.sampled_from(["tick", "begin", "fail", "ack", "beatfail", "exit"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(script=st.lists(st.tuples(EVENTS, st.floats(0.0, 4.0)), max_size=40), r=st.floats(1.5, 20.0))
+def test_property_no_heartbeat_starts_between_begin_and_failed_or_reported(
+    script: list[tuple[str, float]], r: float
+) -> None:
+    lease = Lease(policy(r=r, ownership_check_interval_seconds=2.0), polled_at=T0, poll_count=1)
+    now, finalizing, beat_sent_at = T0, False, None
+    for event, gap in [*script, ("reported", 0.0), ("tick", 50.0)]:
+        now += gap
+        if event == "begin":
+            actions, finalizing = lease.on_final_update_started(now), True
+        elif event == "fail":
+            actions, finalizing = lease.on_final_update_failed(now), False
+        elif event == "reported":
+            actions, finalizing = lease.on_reported(now), True
+        elif event == "ack" and beat_sent_at is not None:
+            actions, beat_sent_at = lease.on_heartbeat_ok(now, beat_sent_at), None
+        elif event == "beatfail" and beat_sent_at is not None:
+            actions, beat_sent_at = lease.on_heartbeat_failed(now), None
+        elif event == "exit":
+            actions = lease.on_child_exited(now)
+        else:
+            actions = lease.on_tick(now)
+        for action in actions:
+            if isinstance(action, SendHeartbeat | CheckOwnership):
+                assert not finalizing, f"{action} during the final update at {now - T0}"
+            if isinstance(action, SendHeartbeat):
+                beat_sent_at = now
 
 
 # ----- the view ----------------------------------------------------------------------------------
