@@ -845,12 +845,6 @@ class Store:
                 task.status = status
                 task.end_time = now
                 self._queue(task.queue_name).remove(task.task_id)
-                if status in ("FAILED", "FAILED_WITH_TERMINAL_ERROR"):
-                    # Recorded when a worker reports the failure (retried or not), never for timeouts.
-                    if task.ref_name not in wf.failed_refs:
-                        wf.failed_refs.append(task.ref_name)
-                    if task.task_type not in wf.failed_task_names:
-                        wf.failed_task_names.append(task.task_type)
             task.update_time = now
             wf.update_time = now
             if logs:
@@ -1110,6 +1104,11 @@ class Store:
     def _fail_workflow(
         self, wf: WorkflowRecord, task: TaskRecord, status: str, reason: str, now: float
     ) -> None:
+        if status == "FAILED":  # as 3.32.1 does: not while retrying, not for a TIMED_OUT workflow
+            if task.ref_name not in wf.failed_refs:
+                wf.failed_refs.append(task.ref_name)
+            if task.task_type not in wf.failed_task_names:
+                wf.failed_task_names.append(task.task_type)
         wf.output = copy.deepcopy(task.output_data)
         self._end_workflow(wf, status, reason, now)
 
