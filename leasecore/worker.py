@@ -18,7 +18,7 @@ from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable
-from leasecore.heartbeat import LeaseEngine
+from leasecore.heartbeat import FinalUpdates, LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task, TaskResult
 from leasecore.outbox import Outbox
@@ -191,11 +191,14 @@ def _make_runner(
     if on_snapshot is not None:
         status = StatusTee(status, info, on_snapshot, clock=SystemClock())
 
+    # Each attempt of a final update excludes that task's heartbeats (none overlaps or follows it).
+    updates = FinalUpdates(client)
+
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        return LeaseEngine(client, on_fence)
+        return updates.attach(LeaseEngine(client, on_fence))
 
     def make_reporter(done: Callable[[ReportOutcome], None]) -> Reporter:
-        return Reporter(client, done, outbox=outbox)
+        return Reporter(updates, done, outbox=outbox)
 
     return Runner(
         plans,
