@@ -104,11 +104,12 @@ class SilenceProxy:
 
     def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        # Start under the lock: stop() must never see (and join) a thread that has not started yet.
         with self._lock:
             if self._stopping.is_set():
                 return
             self._threads.add(thread)
-        thread.start()
+            thread.start()
 
     def _track(self, sock: socket.socket) -> bool:
         with self._lock:
