@@ -12,6 +12,11 @@ control socket's fd as argument) and driven over that Unix stream socket. It
   be recycled while we hold it, so ``killpg`` can never hit a stranger;
 - kills a task's leftovers when its direct child exits ("the task's tree dies with the task"): TERM,
   then KILL after the task's grace;
+- attributes every process below it to a tree (see ``_attribute``): the tree's session/group, its
+  marker token, the members seen at earlier scans, their descendants, and, for a process that none of
+  these claim (an escapee that left the group *and* wiped its environment), the start times: such a
+  process belongs to a tree whose leader started no later than it did, so when exactly one live tree
+  qualifies it is that tree's, and when none does its tree is over and it is killed as a stray;
 - on EOF of the control socket (the runner died or closed it) kills every tree it holds, plus any
   process that still descends from it, reaps everything and exits.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import selectors
@@ -38,7 +44,7 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.process import _procfs
@@ -66,9 +72,13 @@ class _Tree:
     pid: int
     token: str
     grace_seconds: float
+    start_time: int = 0  # clock ticks since boot, from /proc (0 elsewhere than Linux)
     exited: bool = False
     term_sent: bool = False
     kill_at: float | None = None
+    # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its marker
+    # after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
+    known: dict[int, int] = field(default_factory=dict)
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -112,6 +122,9 @@ class ForkServer:
         self._prctl = _prctl()
         self._trees: dict[str, _Tree] = {}
         self._closing_kill_at: float | None = None
+        # Processes below us that belong to no live tree (their task is over): pid -> (start, kill_at).
+        self._strays: dict[int, tuple[int, float]] = {}
+        self._stray_grace = 10.0  # the grace of the last tree that ended
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
@@ -149,7 +162,11 @@ class ForkServer:
         message, fds = frame
         op = message.get("op")
         if op == "spawn":
-            self._spawn(message, fds)
+            try:
+                self._spawn(message, fds)
+            except OSError as exc:  # EAGAIN from fork, EMFILE from pipe: that task fails, we go on
+                self._reply({"op": "spawn_failed", "id": message.get("id"), "errno": exc.errno or 0,
+                             "what": "fork"})  # fmt: skip
         elif op == "signal":
             self._signal(message)
         elif op == "shutdown":
@@ -159,6 +176,9 @@ class ForkServer:
         return True
 
     def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        if len(fds) != 3:  # fds lost in transit (our fd limit): never let the child inherit ours
+            self._reply({"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"})
+            return
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: nothing but syscalls until exec
@@ -172,7 +192,8 @@ class ForkServer:
             errno_text, _, what = failure.decode(errors="replace").partition(":")
             self._reply({"op": "spawn_failed", "id": req["id"], "errno": int(errno_text), "what": what})
             return
-        tree = _Tree(req["key"], pid, req["token"], float(req["grace"]))
+        info = _procfs.read_stat(pid)
+        tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
         self._trees[tree.key] = tree
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid})
 
@@ -228,22 +249,89 @@ class ForkServer:
 
     # killing and reaping ------------------------------------------------------------------------
 
-    def _members(self, tree: _Tree, procs: dict[int, _procfs.ProcInfo]) -> set[int]:
-        return set(_procfs.live(procs, _procfs.tree_of(procs, tree.pid, tree.token))) - {tree.pid}
+    def _scan(self) -> dict[int, _procfs.ProcInfo]:
+        return _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
 
-    def _signal_tree(self, tree: _Tree, sig: int) -> None:
+    def _attribute(self, procs: dict[int, _procfs.ProcInfo]) -> tuple[dict[str, set[int]], set[int]]:
+        """Each tree's live members (leader excluded), and the strays: live processes below us whose
+        tree is over. Also refreshes each tree's ``known`` members.
+
+        Every process below us descends from some tree's leader, which started no later than it did.
+        A process that nothing else claims (it left the group, wiped its marker and was never seen)
+        is attributed by its oldest unclaimed ancestor's start time: to the only live tree whose leader
+        started at or before it, or, when no live tree did, to a tree that is over (a stray). With
+        several candidates it stays unclaimed until the older ones end (never a wrong kill).
+        """
+        trees = list(self._trees.values())
+        leaders = {tree.pid: tree for tree in trees}
+        tokens = {tree.token: tree for tree in trees}
+        roots: dict[str, set[int]] = {tree.key: {tree.pid} for tree in trees}
+        for tree in trees:
+            roots[tree.key].update(
+                pid for pid, start in tree.known.items() if pid in procs and procs[pid].start_time == start
+            )
+        for pid, info in procs.items():
+            if info.is_zombie or pid in leaders:
+                continue
+            owner = leaders.get(info.sid) or leaders.get(info.pgid)
+            if owner is None and tokens:
+                owner = tokens.get(_procfs.read_marker(pid) or "")
+            if owner is not None:
+                roots[owner.key].add(pid)
+        members = {key: _procfs.descendants(procs, pids) for key, pids in roots.items()}
+        claimed = set(leaders).union(*members.values())
+        unclaimed = set(_procfs.live(procs, procs)) - claimed
+        strays: set[int] = set()
+        for pid in unclaimed:
+            if procs[pid].ppid in unclaimed:
+                continue  # decided with its oldest unclaimed ancestor
+            start = procs[pid].start_time
+            candidates = [tree for tree in trees if tree.start_time <= start]
+            if len(candidates) == 1:
+                members[candidates[0].key] |= _procfs.descendants(procs, [pid])
+            elif not candidates:
+                strays |= _procfs.descendants(procs, [pid])
+        result: dict[str, set[int]] = {}
+        for tree in trees:
+            live = set(_procfs.live(procs, members[tree.key])) - {tree.pid}
+            tree.known = {pid: procs[pid].start_time for pid in live}
+            result[tree.key] = live
+        return result, set(_procfs.live(procs, strays))
+
+    def _signal_tree(
+        self,
+        tree: _Tree,
+        sig: int,
+        procs: dict[int, _procfs.ProcInfo] | None = None,
+        members: set[int] | None = None,
+    ) -> None:
         # The leader is our unreaped child, so its pid still names its group: killpg is safe.
         _procfs.killpg_quietly(tree.pid, sig)
         if not tree.exited:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(tree.pid, sig)
-        procs = _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
-        members = self._members(tree, procs)
+        if procs is None or members is None:
+            procs = self._scan()
+            members = self._attribute(procs)[0][tree.key]
         _procfs.signal_all(procs, members, sig)
         if sig == signal.SIGTERM:  # a stopped process would never see its TERM
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
             _procfs.signal_all(procs, members, signal.SIGCONT)
             tree.term_sent = True
+
+    def _handle_strays(self, procs: dict[int, _procfs.ProcInfo], strays: set[int], now: float) -> None:
+        """TERM each new stray, KILL it after the grace of the last tree that ended."""
+        for pid in strays:
+            start = procs[pid].start_time
+            entry = self._strays.get(pid)
+            if entry is None or entry[0] != start:
+                self._strays[pid] = (start, now + self._stray_grace)
+                _procfs.signal_verified(pid, start, signal.SIGTERM)
+                _procfs.signal_verified(pid, start, signal.SIGCONT)
+            elif now >= entry[1]:
+                _procfs.signal_verified(pid, start, signal.SIGKILL)
+        for pid in set(self._strays) - strays:
+            del self._strays[pid]
 
     def _reap(self) -> None:
         held = set()
@@ -274,20 +362,27 @@ class ForkServer:
     def _tick(self) -> None:
         now = time.monotonic()
         busy = [tree for tree in self._trees.values() if tree.exited or tree.kill_at is not None]
-        if not busy and self._closing_kill_at is None:
+        if not busy and self._closing_kill_at is None and not self._strays:
             return
-        procs = _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
+        procs = self._scan()
+        members, strays = self._attribute(procs)
+        if any(tree.exited and not members[tree.key] for tree in busy):
+            # Confirm with a fresh walk: a member that forked and exited while /proc was being walked
+            # may have left a child that neither list showed yet.
+            procs = self._scan()
+            members, strays = self._attribute(procs)
         for tree in busy:
-            members = self._members(tree, procs)
-            if tree.exited and not members:
+            if tree.exited and not members[tree.key]:
                 os.waitpid(tree.pid, 0)  # a zombie already: returns at once
                 del self._trees[tree.key]
+                self._stray_grace = tree.grace_seconds
                 self._reply({"op": "gone", "key": tree.key})
             elif tree.kill_at is not None and now >= tree.kill_at:
-                self._signal_tree(tree, signal.SIGKILL)
+                self._signal_tree(tree, signal.SIGKILL, procs, members[tree.key])
             elif tree.exited and not tree.term_sent:  # "the task's tree dies with the task"
                 tree.kill_at = now + tree.grace_seconds
-                self._signal_tree(tree, signal.SIGTERM)
+                self._signal_tree(tree, signal.SIGTERM, procs, members[tree.key])
+        self._handle_strays(procs, strays, now)
         if self._closing_kill_at is not None and now >= self._closing_kill_at:
             # Escapees that lost their marker belong to no known tree: at close they die too.
             _procfs.signal_all(procs, _procfs.live(procs, procs), signal.SIGKILL)
@@ -295,7 +390,7 @@ class ForkServer:
     def _timeout(self) -> float | None:
         if any(t.exited or t.kill_at is not None for t in self._trees.values()):
             return _TICK_SECONDS
-        if self._closing_kill_at is not None:
+        if self._closing_kill_at is not None or self._strays:
             return _TICK_SECONDS
         return None
 
