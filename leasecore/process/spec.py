@@ -18,9 +18,15 @@ from leasecore.process._procfs import TREE_MARKER
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
-# the ones that fit these budgets are copied into CONDUCTOR_INPUT_<KEY> as well.
+# the ones that fit these budgets are copied into CONDUCTOR_INPUT_<KEY> as well. The total counts
+# what exec counts: name, value, "=", the NUL and the pointer of every entry (many tiny keys cost
+# as much as a few big values).
 INPUT_ENV_VALUE_LIMIT = 64 * 1024
 INPUT_ENV_TOTAL_LIMIT = 256 * 1024
+_ENV_ENTRY_OVERHEAD = 2 + 8  # "=" + NUL + the envp pointer
+
+# Names the runner sets itself under the CONDUCTOR_INPUT_ prefix: no input key may take them.
+RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 
 # Never handed to a child, whatever the configuration says (matched case-insensitively).
 CREDENTIAL_PATTERNS = ("CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*")
@@ -82,6 +88,17 @@ def input_env_name(key: str) -> str:
     return "CONDUCTOR_INPUT_" + re.sub(r"[^A-Z0-9_]", "_", key.upper())
 
 
+def _exec_safe(text: str) -> bool:
+    """Whether exec can carry ``text`` as is: no NUL byte, and strict UTF-8 (no lone surrogates)."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _scalar_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -110,7 +127,10 @@ def build_child_env(
 ) -> dict[str, str]:
     """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
 
-    Input values are copied as data (environment values), never into a command line.
+    Input values are copied as data (environment values), never into a command line. A scalar is
+    left out (it is still in stdin and the input file) when exec could not carry it (NUL byte, lone
+    surrogate, over the size budgets), when its name is reserved (``CONDUCTOR_INPUT_FILE``), or when
+    two keys map to the same name (``a-b`` and ``A_B``): neither is set rather than a guess.
     """
     merged = {**base, **spec.env}
     env = {
@@ -118,7 +138,8 @@ def build_child_env(
         for name, value in merged.items()
         if not is_secret_name(name, spec.secret_env_names)
         and not name.upper().startswith("CONDUCTOR_INPUT_")  # stale values from the runner's own env
-        and "\0" not in value
+        and _exec_safe(name)
+        and _exec_safe(value)
     }
     env.update(
         CONDUCTOR_TASK_ID=task.task_id,
@@ -131,14 +152,24 @@ def build_child_env(
         CONDUCTOR_INPUT_FILE=input_file,
         CONDUCTOR_OUTPUT_FILE=output_file,
     )
+    # The task's identity comes from the server: a value exec cannot carry is dropped, not fatal.
+    env = {name: value for name, value in env.items() if _exec_safe(value)}
+    claims: dict[str, int] = {}
+    for key in task.input_data:
+        name = input_env_name(str(key))
+        claims[name] = claims.get(name, 0) + 1
     budget = INPUT_ENV_TOTAL_LIMIT
     for key, value in task.input_data.items():
+        name = input_env_name(str(key))
         text = _scalar_text(value)
-        if text is None or "\0" in text or len(text.encode()) > INPUT_ENV_VALUE_LIMIT:
+        if text is None or claims[name] > 1 or name in RESERVED_INPUT_NAMES or not _exec_safe(text):
             continue
-        budget -= len(text.encode())
+        size = len(text.encode())
+        if size > INPUT_ENV_VALUE_LIMIT:
+            continue
+        budget -= len(name) + size + _ENV_ENTRY_OVERHEAD
         if budget < 0:
             break
-        env[input_env_name(str(key))] = text
+        env[name] = text
     env[TREE_MARKER] = tree_token
     return env

@@ -38,7 +38,7 @@ class TaskFiles:
         directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
         files = cls(directory, os.path.join(directory, "input.json"), os.path.join(directory, "output.json"))
         try:
-            body = json.dumps(dict(task.input_data), ensure_ascii=False).encode()
+            body = _input_json(task)
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
         except BaseException:
@@ -56,6 +56,15 @@ class TaskFiles:
 
     def remove(self) -> None:
         remove_tmpdir(self.directory)
+
+
+def _input_json(task: Task) -> bytes:
+    """``inputData`` as UTF-8 JSON; with ``\\u`` escapes when it holds lone surrogates (a Java
+    server can send them), which strict UTF-8 cannot carry but every JSON parser reads."""
+    try:
+        return json.dumps(dict(task.input_data), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(dict(task.input_data)).encode()
 
 
 def _write_private(path: str, body: bytes) -> None:

@@ -106,6 +106,36 @@ def test_child_env_skips_values_too_big_for_exec() -> None:
     assert env["CONDUCTOR_INPUT_SMALL"] == "y"
 
 
+def test_child_env_input_keys_cannot_take_reserved_or_ambiguous_names() -> None:
+    env = _env({"file": "/etc/passwd", "a-b": "1", "A_B": "2", "a.b": "3", "c": "4"})
+    assert env["CONDUCTOR_INPUT_FILE"] == "/in.json"
+    assert "CONDUCTOR_INPUT_A_B" not in env  # three keys claim it: none wins
+    assert env["CONDUCTOR_INPUT_C"] == "4"
+
+
+def test_child_env_drops_what_exec_cannot_carry() -> None:
+    base = {"PATH": "/bin", "BAD": "x\ud800", "NUL": "a\0b"}
+    env = _env({"s": "bad \ud800", "n": "a\0b", "ok": "Grüße 🎉"}, base)
+    assert env["CONDUCTOR_INPUT_OK"] == "Grüße 🎉"
+    assert not {"BAD", "NUL", "CONDUCTOR_INPUT_S", "CONDUCTOR_INPUT_N"} & set(env)
+    weird_task = build_child_env(
+        {}, CommandSpec(argv=("x",)), make_task(task_id="t\0x", workflow_id="w\udc80"), worker_id="w",
+        input_file="/i", output_file="/o", tree_token="tok",
+    )  # fmt: skip
+    assert "CONDUCTOR_TASK_ID" not in weird_task and "CONDUCTOR_WORKFLOW_ID" not in weird_task
+    for name, value in env.items():
+        assert "\0" not in name + value
+        (name + value).encode("utf-8")
+
+
+def test_child_env_budget_counts_names_and_entries() -> None:
+    many = {f"key_{i:06d}_{'k' * 40}": "" for i in range(50_000)}
+    env = _env(many)
+    added = [name for name in env if name.startswith("CONDUCTOR_INPUT_K")]
+    assert 0 < len(added) < 50_000
+    assert sum(len(n) + len(v) + 10 for n, v in env.items() if n in added) <= 256 * 1024
+
+
 def test_child_env_never_carries_credentials() -> None:
     base = {
         "PATH": "/bin",
