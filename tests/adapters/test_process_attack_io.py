@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -66,7 +65,7 @@ def test_a_single_10mb_line_arrives_in_bounded_pieces(supervisor: Supervisor) ->
     sizes: list[int] = []
     command = CommandSpec(shell="head -c 10485760 /dev/zero | tr '\\0' a; echo")
     exit = supervisor.spawn(
-        make_task(), command, worker_id="w", on_line=lambda s, l: sizes.append(len(l))
+        make_task(), command, worker_id="w", on_line=lambda _stream, line: sizes.append(len(line))
     ).wait(60)
     assert exit is not None and exit.exit_code == 0
     assert sum(sizes) == 10 * 1024 * 1024 and max(sizes) == 64 * 1024
@@ -74,7 +73,10 @@ def test_a_single_10mb_line_arrives_in_bounded_pieces(supervisor: Supervisor) ->
 
 
 def test_closing_stdout_early_does_not_end_the_task(supervisor: Supervisor) -> None:
-    code = "import os, time; print('bye', flush=True); os.close(1); os.close(2); time.sleep(1.5); raise SystemExit(7)"
+    code = (
+        "import os, time; print('bye', flush=True); os.close(1); os.close(2); "
+        "time.sleep(1.5); raise SystemExit(7)"
+    )
     started = time.monotonic()
     exit = supervisor.spawn(make_task(), _python(code), worker_id="w").wait(30)
     assert exit is not None and exit.exit_code == 7 and exit.stdout_tail == "bye"
@@ -106,7 +108,7 @@ def test_many_short_lines_are_all_delivered_fast(supervisor: Supervisor) -> None
         ('rm "$F"; ln -s /etc/passwd "$F"', "could not be read"),
         ('head -c 5000000 /dev/zero > "$F"', "too large"),
         ('printf "{oops" > "$F"', "not valid JSON"),
-        ('printf "[1, 2]" > "$F"', "not an array"),
+        ('printf "[1, 2]" > "$F"', "must hold a JSON object, not an array"),
         ('rm "$F"; mkdir "$F"', "not a regular file"),
     ],
 )
@@ -122,9 +124,7 @@ def test_hostile_output_files_fail_the_task_with_a_reason(
     result = to_task_result(task, exit, command, worker_id="w")
     assert result.status == TaskStatus.FAILED
     assert result.reason_for_incompletion is not None
-    assert expected.replace("not an array", "not an array") in result.reason_for_incompletion.replace(
-        "must hold a JSON object, not an array", "not an array"
-    )
+    assert expected in result.reason_for_incompletion
     assert "root:" not in json.dumps(result.to_json())  # /etc/passwd was not read
 
 
