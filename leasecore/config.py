@@ -20,7 +20,7 @@ import os
 import posixpath
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from leasecore.config_keys import KEYS, KeySpec, Source, check_value, invalid_value, keys_of
@@ -37,6 +37,7 @@ __all__ = [
     "ServerSettings",
     "Source",
     "TaskSettings",
+    "command_problems",
     "find_config_file",
     "load_config",
     "load_file",
@@ -139,11 +140,14 @@ def find_config_file(config_flag: str | None, environ: Mapping[str, str], cwd: s
     """
     for value, origin in ((config_flag, "--config"), (environ.get(CONFIG_ENV), f"${CONFIG_ENV}")):
         if value:
-            if not os.path.isfile(posixpath.join(cwd, value)):
-                raise ConfigError(
-                    f"config file {value} (from {origin}) not found", key="config", source=origin
-                )
-            return value
+            full = posixpath.join(cwd, value)
+            if os.path.isdir(full):
+                problem = "is a directory, not a file"
+            elif not os.path.exists(full):
+                problem = "not found"
+            else:
+                return value  # a file (or something open() will explain, such as a FIFO or no access)
+            raise ConfigError(f"config file {value} (from {origin}) {problem}", key="config", source=origin)
     return DEFAULT_CONFIG_NAME if os.path.isfile(posixpath.join(cwd, DEFAULT_CONFIG_NAME)) else None
 
 
@@ -169,7 +173,7 @@ def load_config(
     """What ``run`` and ``config`` call: find and load the file, then ``resolve``. Raises ConfigError."""
     path = find_config_file(overrides.get("config"), environ, cwd)
     loaded = load_file(path, cwd=cwd) if path else None
-    return resolve(
+    config = resolve(
         loaded,
         environ,
         overrides,
@@ -177,6 +181,40 @@ def load_config(
         hostname=hostname or socket.gethostname(),
         require_task=require_task,
     )
+    problems = [problem for task in config.tasks for problem in command_problems(task, environ)]
+    if problems and require_task:
+        # Caught here, not per task: a missing command or cwd would fail every task it polls.
+        raise ConfigError(problems[0], key="command")
+    return replace(config, warnings=(*config.warnings, *problems)) if problems else config
+
+
+def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:
+    """Why ``task``'s command cannot start here (missing cwd, program not found); [] when it can.
+
+    Resolves the program the way the supervisor will: a name with a ``/`` relative to the task's
+    cwd, else through the child's ``PATH`` (the ``env`` table's, else the runner's).
+    """
+    where = f"task {task.type!r}"
+    if not os.path.isdir(task.cwd):
+        what = "is not a directory" if os.path.exists(task.cwd) else "does not exist"
+        return [f"{where}: working directory {task.cwd} {what} (cwd from {task.sources.get('cwd', DEFAULT)})"]
+    if task.command is None:
+        return []
+    program, source = task.command[0], task.sources.get("command", DEFAULT)
+    if "/" in program:
+        candidates = [posixpath.normpath(posixpath.join(task.cwd, program))]
+    else:
+        path_var = task.env.get("PATH") or environ.get("PATH") or os.defpath
+        candidates = [posixpath.join(task.cwd, d or ".", program) for d in path_var.split(os.pathsep)]
+    if any(os.path.isfile(c) and os.access(c, os.X_OK) for c in candidates):
+        return []
+    if "/" in program and os.path.isfile(candidates[0]):
+        problem = f"{candidates[0]} is not executable (chmod +x, or run it through an interpreter)"
+    elif "/" in program:
+        problem = f"{candidates[0]} not found"
+    else:
+        problem = f"{program!r} not found in the child's PATH"
+    return [f"{where}: cannot run the command: {problem} (command from {source})"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,8 +332,9 @@ def _resolve_tasks(
     if not indexes:
         if not require_task:
             return ()
+        in_file = f" ({file.path} declares no [[task]])" if file else ""
         raise ConfigError(
-            "no task to run: give --task-type NAME and a command (after -- or --shell), "
+            f"no task to run{in_file}: give --task-type NAME and a command (after -- or --shell), "
             "or a config file with [[task]] entries",
             key="type",
         )
@@ -430,6 +469,14 @@ def _resolve_command(
             name, (value, source) = next(iter(hits.items()))
             values[name], sources["command"] = value, source
             return
+    if file is not None and index is None:  # --task-type names a task the file does not declare
+        declared = ", ".join(repr(name) for name in file.task_types()) or "none"
+        raise ConfigError(
+            f"task type {task_type!r} (from flag --task-type) is not declared in {file.path} "
+            f"(its [[task]] types: {declared}); fix the name, or give a command after -- or with --shell",
+            key="type",
+            source="flag --task-type",
+        )
     raise ConfigError(
         f'task {task_type!r} has no command: set command = [...] or shell = "..." in its [[task]], '
         "or give one after -- or with --shell",

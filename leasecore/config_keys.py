@@ -9,6 +9,7 @@ Defaults are not here: they live on the settings dataclasses in ``config.py``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,9 @@ TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 
 Checker = Callable[[Any], Any]
+
+# Durations above this are typos (1e300 overflows the clocks and waits): one year is the ceiling.
+MAX_SECONDS = 365 * 24 * 3600
 
 
 def check_bool(value: Any) -> bool:
@@ -59,13 +63,17 @@ def int_from_text(text: str) -> int:
 
 
 def seconds(*, positive: bool = False) -> Checker:
-    allowed = "a number of seconds > 0" if positive else "a number of seconds >= 0"
+    low = "> 0" if positive else ">= 0"
+    allowed = f"a number of seconds {low} and <= {MAX_SECONDS} (one year)"
 
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(allowed)
-        number = float(value)
-        if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            raise ValueError(allowed) from None
+        if not math.isfinite(number) or number < 0 or (positive and number == 0) or number > MAX_SECONDS:
             raise ValueError(allowed)
         return number
 
@@ -102,11 +110,18 @@ def choice(*options: str) -> Checker:
 
 
 def server_url(value: Any) -> str:
-    allowed = "an http:// or https:// URL such as http://localhost:8080/api"
+    allowed = "an http:// or https:// URL with a host, such as http://localhost:8080/api"
     if not isinstance(value, str):
         raise ValueError(allowed)
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port  # raises ValueError for a port outside 0..65535 or not a number
+    except ValueError:
+        raise ValueError(allowed) from None
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not host or parts.query or parts.fragment:
+        raise ValueError(allowed)
+    if any(char.isspace() for char in value.strip()) or port == 0:
         raise ValueError(allowed)
     url = value.strip().rstrip("/")
     # Every Conductor REST path lives under /api; the Java SDK appends it too when it is missing.
@@ -135,9 +150,17 @@ def env_table(value: Any) -> dict[str, str]:
     allowed = 'a table of NAME = "string value" pairs'
     if not isinstance(value, Mapping):
         raise ValueError(allowed)
-    if not all(_is_env_name(name) and isinstance(text, str) for name, text in value.items()):
-        raise ValueError(allowed)
+    for name, text in value.items():
+        if not _is_env_name(name):
+            raise ValueError(f"{allowed} ({name!r} is not a variable name)")
+        if not isinstance(text, str):
+            # The value itself is not echoed: env values may be credentials.
+            kind = _TOML_KINDS.get(type(text), "not a string")
+            raise ValueError(f'{allowed} ({name} is {kind}: quote it, {name} = "...")')
     return dict(value)
+
+
+_TOML_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "a table"}
 
 
 def argv(value: Any) -> tuple[str, ...]:
@@ -367,7 +390,7 @@ KEYS: dict[str, KeySpec] = {
         _key(
             "callback_after_seconds",
             "task",
-            int_range(0, what="whole seconds"),
+            int_range(0, MAX_SECONDS, "whole seconds"),
             "with in_progress_exit_code: when the server hands the task out again",
         ),
         _key(
@@ -382,7 +405,7 @@ KEYS: dict[str, KeySpec] = {
         _key(
             "poll_interval",
             "task",
-            int_range(0, what="milliseconds"),
+            int_range(0, MAX_SECONDS * 1000, "milliseconds"),
             "pause in ms after an empty poll",
             worker_prop="poll_interval",
             **_I,
@@ -432,9 +455,14 @@ def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
 
 def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
     shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"
+    if spec.name == "url":  # a user:password@ in the URL must not reach a message
+        shown = _USERINFO.sub(r"\1***@", shown)
     return ConfigError(
         f"invalid {spec.name}{shown} (from {source}): expected {allowed}", key=spec.name, source=str(source)
     )
+
+
+_USERINFO = re.compile(r"(://)[^/@\s]*@")
 
 
 def _short(value: Any) -> str:

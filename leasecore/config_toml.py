@@ -177,7 +177,8 @@ class FileView:
             raise self._error("", -1, "task", "tasks are declared as [[task]] tables (double brackets)")
         for index, entry in enumerate(value):
             if "type" not in entry:
-                raise self._error("task", index, "", f'[[task]] #{index + 1} has no type = "..."')
+                message = 'this [[task]] has no type = "..." (the task type to poll)'
+                raise self._error("task", index, "", message)
             task_type = check_value(KEYS["type"], entry["type"], self.source("task", index, "type"))
             if task_type in self._types:
                 first = self.source("task", self._types[task_type], "type")

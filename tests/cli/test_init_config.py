@@ -42,6 +42,9 @@ def test_init_writes_a_file_that_loads_cleanly(tmp_path: Path) -> None:
     target = tmp_path / "conductor.toml"
     result = _invoke(["init", str(target)])
     assert result.exit_code == 0, result.output
+    script = tmp_path / "my_task.sh"  # the starter's command; `run` checks that it exists
+    script.write_text("#!/bin/sh\n", encoding="utf-8")
+    script.chmod(0o755)
     config = load_config({"config": str(target)}, {}, str(tmp_path), hostname="h")
     assert [task.type for task in config.tasks] == ["my_task"]
     assert config.warnings == ()

@@ -385,7 +385,10 @@ def test_task_type_selects_one_file_task_and_flags_apply() -> None:
 
 
 def test_task_type_not_in_the_file_needs_a_command() -> None:
-    assert "has no command" in _error(TWO, {}, {"task_type": "other"})
+    message = _error(TWO, {}, {"task_type": "other"})
+    assert "task type 'other' (from flag --task-type) is not declared in conductor.toml" in message
+    assert "'encode', 'resize'" in message  # what the file does declare
+    assert "give a command after -- or with --shell" in message
     task = _task(TWO, {}, {"task_type": "other", "command": ["./other"]})
     assert (task.command, str(task.sources["command"])) == (("./other",), "flag --")
 
