@@ -1,13 +1,15 @@
 """``conductor-run config``: print the effective configuration and where each value came from.
 
 Secrets never reach the output: ``auth_key`` / ``auth_secret``, a password in the server URL, and the
-values of ``env`` entries named in a task's ``secrets`` are masked. ``effective_view`` is pure.
+values of ``env`` entries named in a task's ``secrets`` or named like a credential (``*TOKEN*``,
+``*PASSWORD*``, ``*SECRET*``, ``*API_KEY*``, ...) are masked. ``effective_view`` is pure.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -24,6 +26,8 @@ from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
 
 MASK = "****"
+# env entries whose names look like credentials are masked even when not listed in `secrets`.
+_SECRET_NAME = re.compile(r"passw|passwd|secret|token|credential|private|api_?key|access_?key|auth", re.I)
 
 Entry = dict[str, Any]  # {"value": ..., "source": "..."}
 
@@ -47,8 +51,13 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
 
 def _task_view(task: TaskSettings) -> dict[str, Any]:
     values = _values_of(task)
-    values["env"] = {name: MASK if name in task.secrets else value for name, value in task.env.items()}
+    values["env"] = {name: MASK if _is_secret(name, task) else value for name, value in task.env.items()}
     return {"type": task.type, "settings": _entries(values, task.sources)}
+
+
+def _is_secret(name: str, task: TaskSettings) -> bool:
+    """Listed in ``secrets``, or named like a credential (over-masking a printout costs nothing)."""
+    return name in task.secrets or _SECRET_NAME.search(name) is not None
 
 
 def _values_of(settings: Any) -> dict[str, Any]:

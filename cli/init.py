@@ -106,6 +106,10 @@ def init_command(
     force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
 ) -> None:
     """Write a commented starter conductor.toml (every key, with its default and env variables)."""
+    if path.is_dir():
+        example = path / DEFAULT_CONFIG_NAME
+        typer.echo(f"conductor-run: {path} is a directory; give a file path such as {example}", err=True)
+        raise typer.Exit(exitcodes.USAGE)
     try:
         with open(path, "w" if force else "x", encoding="utf-8") as handle:
             handle.write(starter_text())

@@ -57,6 +57,7 @@ _STATE_STYLES: dict[TaskState, str] = {
     TaskState.UNDELIVERED: "yellow",
 }
 _SHORT_ID = 8
+_MAX_LISTED = 10  # task ids named in an ambiguous-prefix message
 
 
 def format_duration(seconds: float) -> str:
@@ -106,7 +107,8 @@ def _server_text(server: ServerHealth, now: datetime) -> Text:
 def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
     snap = record.snapshot
     if snap is None:
-        return Text(_clean(f"{record.path.name}: {record.stale_reason or record.error}"), style="red")
+        reasons = dict.fromkeys(r for r in (record.stale_reason, record.error) if r)  # once each
+        return Text(_clean(f"{record.path.name}: {'; '.join(reasons)}"), style="red")
     header = Text()
     header.append(f"runner {record.pid}", style="bold")
     if record.stale_reason is not None:
@@ -235,7 +237,11 @@ def render_view(
     if not matches:
         return Text(_clean(f"No task {task_id} on this host."))
     if len(matches) > 1:
-        ids = ", ".join(sorted(t.task_id for _, t in matches))
-        return Text(_clean(f"Task id prefix {task_id} is ambiguous: {ids}"), style="yellow")
+        listed = sorted(t.task_id for _, t in matches)
+        ids = ", ".join(listed[:_MAX_LISTED])
+        if len(listed) > _MAX_LISTED:
+            ids += f" and {len(listed) - _MAX_LISTED} more"
+        message = f"Task id prefix {task_id} is ambiguous ({len(listed)} tasks): {ids}"
+        return Text(_clean(message), style="yellow")
     record, task = matches[0]
     return render_task(record, task, now)

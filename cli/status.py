@@ -12,7 +12,6 @@ from pathlib import Path
 import typer
 from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.text import Text
 
 from cli import exitcodes
 from cli.render import render_view
@@ -54,8 +53,9 @@ def status(
     out = Console()
     err = Console(stderr=True, highlight=False)
     if watch and as_json:
-        err.print("error: --watch and --json cannot be combined", markup=False)
-        raise typer.Exit(exitcodes.USAGE)
+        raise _fail("--watch and --json cannot be combined", exitcodes.USAGE)
+    if task_id is not None and not task_id.strip():
+        raise _fail("TASK_ID is empty: give a task id or a unique prefix of one", exitcodes.USAGE)
     directory = state_dir if state_dir is not None else default_state_dir(os.environ)
     clock = SystemClock()
 
@@ -77,12 +77,17 @@ def status(
         else:
             out.print(render_view(records, clock.now(), task_id=task_id, state_dir=directory))
     except ConfigError as exc:
-        err.print(Text(f"error: {exc}"))
-        raise typer.Exit(exitcodes.CONFIG) from None
+        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     except KeyboardInterrupt:
         raise typer.Exit(exitcodes.OK) from None  # Ctrl-C is how --watch ends
     if task_id is not None:
         raise typer.Exit(_task_exit_code(records, task_id, as_json=as_json))
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    """One unwrapped line on stderr, prefixed like every other command's errors."""
+    typer.echo(f"conductor-run: {message}", err=True)
+    return typer.Exit(code)
 
 
 def _task_exit_code(records: Sequence[SnapshotRecord], task_id: str, *, as_json: bool) -> int:

@@ -22,6 +22,7 @@ JSON layout (schema version 1), one file per runner, ``<state_dir>/runner-<pid>.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -56,6 +57,7 @@ SCHEMA_VERSION = 1
 MAX_OUTPUT_LINES = 20  # recent output lines kept per task
 MAX_LINE_CHARS = 500  # each cut to this many characters
 HEARTBEAT_OVERDUE_SECONDS = 1.0  # a heartbeat this late turns the lease yellow
+_FAR_SECONDS = 100 * 365 * 24 * 3600.0  # wall_time clamps to this distance from now
 _USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 
 
@@ -122,9 +124,11 @@ def _bounded_lines(lines: Iterable[str]) -> tuple[str, ...]:
 
 def wall_time(monotonic_seconds: float | None, clock: Clock) -> datetime | None:
     """Convert a monotonic instant of ``clock`` to UTC wall time: ``now() + (t - monotonic())``."""
-    if monotonic_seconds is None:
+    if monotonic_seconds is None or math.isnan(monotonic_seconds):
         return None
-    return clock.now() + timedelta(seconds=monotonic_seconds - clock.monotonic())
+    # A deadline centuries away (an "infinite" timeout) is shown as far away, not as an overflow.
+    delta = max(-_FAR_SECONDS, min(_FAR_SECONDS, monotonic_seconds - clock.monotonic()))
+    return clock.now() + timedelta(seconds=delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +282,23 @@ class RunnerSnapshot:
 
     @classmethod
     def from_json_dict(cls, data: Mapping[str, Any]) -> RunnerSnapshot:
-        """Parse a snapshot; raises ValueError (or KeyError/TypeError) for anything malformed."""
+        """Parse a snapshot; raises ValueError, saying what is wrong, for anything malformed."""
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"schema version {version!r} (this conductor-run reads {SCHEMA_VERSION})")
-        return cls(
-            runner=RunnerInfo.from_json_dict(data["runner"]),
-            server=ServerHealth.from_json_dict(data.get("server") or {}),
-            tasks=tuple(TaskSnapshot.from_json_dict(t) for t in data.get("tasks") or ()),
-            updated_at=_required_time(data.get("updated_at"), "updated_at"),
-        )
+        try:
+            return cls(
+                runner=RunnerInfo.from_json_dict(data["runner"]),
+                server=ServerHealth.from_json_dict(data.get("server") or {}),
+                tasks=tuple(TaskSnapshot.from_json_dict(t) for t in data.get("tasks") or ()),
+                updated_at=_required_time(data.get("updated_at"), "updated_at"),
+            )
+        except KeyError as exc:
+            raise ValueError(f"missing field {exc.args[0]!r}") from None
+        except (TypeError, AttributeError, OverflowError, OSError) as exc:
+            # A field of the wrong type or a time out of range: any file in the directory is
+            # untrusted input, and one bad file must not take `status` down.
+            raise ValueError(f"malformed snapshot ({type(exc).__name__}: {exc})") from None
 
 
 class OutputTail:

@@ -9,6 +9,7 @@ is ``cli/render.py``. This module never prints.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -67,7 +68,8 @@ __all__ = [
 
 STALE_AFTER_SECONDS = 10.0  # a live runner refreshes at least once a second
 _MAX_FILE_BYTES = 4 * 1024 * 1024
-_FILE_RE = re.compile(r"^runner-(\d+)\.json$")
+_FILE_RE = re.compile(r"^runner-(\d{1,10})\.json$")
+_MAX_PID = 2**22  # Linux's pid_max ceiling (PID_MAX_LIMIT)
 _TMP_RE = re.compile(r"^\.runner-(\d+)\..*\.tmp$")
 
 _log = logging.getLogger(__name__)
@@ -302,11 +304,28 @@ ProcessProbe = Callable[[int, int | None], ProcessState]
 
 
 def _load(path: Path) -> RunnerSnapshot:
-    with path.open("rb") as f:
+    # O_NOFOLLOW and the S_ISREG check: only a runner's own regular file is read, never what a
+    # symlink, a FIFO or a device in the directory points at.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not a snapshot file") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError("a directory, not a snapshot file" if stat.S_ISDIR(mode) else "not a regular file")
+    with os.fdopen(fd, "rb") as f:
         raw = f.read(_MAX_FILE_BYTES + 1)
     if len(raw) > _MAX_FILE_BYTES:
-        raise ValueError("file too large")
-    data = json.loads(raw)
+        raise ValueError(f"file larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return RunnerSnapshot.from_json_dict(data)
@@ -321,7 +340,9 @@ def _read_one(
         snapshot = _load(path)
     except FileNotFoundError:
         return None  # removed (pruned, or its runner exited cleanly) since the listing
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
+        error = f"unreadable snapshot: {exc.strerror or exc}"
+    except ValueError as exc:
         error = f"unreadable snapshot: {exc}"
     ticks = snapshot.runner.process_start_ticks if snapshot else None
     state = probe(pid, ticks)
@@ -358,8 +379,8 @@ def read_snapshots(
     records = []
     for path in paths:
         match = _FILE_RE.match(path.name)
-        if match is None:
-            continue
+        if match is None or not 0 < int(match.group(1)) <= _MAX_PID:
+            continue  # not a runner's snapshot (no process can have that pid)
         record = _read_one(path, int(match.group(1)), now, stale_after_seconds, probe)
         if record is not None:
             records.append(record)
@@ -378,7 +399,8 @@ def prune_stale(
     if state_dir.exists():
         for path in state_dir.iterdir():
             match = _TMP_RE.match(path.name)
-            if match and probe(int(match.group(1)), None) is not ProcessState.ALIVE and _unlink_quietly(path):
+            pid = int(match.group(1)) if match else 0
+            if 0 < pid <= _MAX_PID and probe(pid, None) is not ProcessState.ALIVE and _unlink_quietly(path):
                 removed.append(path)
     return removed
 

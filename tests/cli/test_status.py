@@ -274,7 +274,9 @@ def test_an_insecure_state_dir_is_a_config_error_not_a_traceback(app: typer.Type
     code, out, err = invoke(app, "--state-dir", str(tmp_path))
     assert code == exitcodes.CONFIG
     assert out == ""
-    assert err.startswith(f"error: state directory {tmp_path} is writable by group or others")
+    assert err.startswith(
+        f"conductor-run: configuration error: state directory {tmp_path} is writable by group or others"
+    )
     assert "Traceback" not in err
 
 
