@@ -43,12 +43,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: a minute or two")
     p.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections (repeatable)")
     p.add_argument("--workers", default=",".join(WORKER_KINDS), help="comma list of workers to compare")
-    p.add_argument("--tasks", type=int, help="throughput: tasks per run (default 1000; quick 200)")
+    p.add_argument("--tasks", type=int, help="throughput: tasks per run (default 500; quick 200)")
     p.add_argument("--concurrency", type=int, help="throughput: concurrency (default 4)")
     p.add_argument("--rounds", type=int, help="throughput: alternating rounds (default 3; quick 1)")
-    p.add_argument(
-        "--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,40x10,1000x2,1000x10)"
-    )
+    p.add_argument("--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,1000x2,1000x10)")
     p.add_argument("--kill-grace", type=float, default=2.0, help="kill: kill_grace seconds (default 2)")
     p.add_argument("--kill-trials", type=int, help="kill: trials per measure (default 2; quick 1)")
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
@@ -56,10 +54,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     args = p.parse_args(argv)
     q = args.quick
-    args.tasks = args.tasks or (200 if q else 1000)
+    args.tasks = args.tasks or (200 if q else 500)
     args.concurrency = args.concurrency or 4
     args.rounds = args.rounds or (1 if q else 3)
-    args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (40, 10), (1000, 2), (1000, 10)])
+    args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (1000, 2), (1000, 10)])
     args.kill_trials = args.kill_trials or (1 if q else 2)
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)

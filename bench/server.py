@@ -4,7 +4,7 @@ Run as ``python -m bench.server``; it is a separate process from every worker, s
 never counts against a worker and no GIL is shared. It prints one JSON line ``{"url": ..., "pid": ...}``
 once listening, then answers JSON-line commands on stdin (one reply line each on stdout):
 
-    {"cmd": "marks", "task_ids": [...] | null}  -> {"claims", "leases", "updates", "statuses"}
+    {"cmd": "marks", "task_ids": [...] | null}  -> {"claims", "leases", "updates", "statuses", "ends"}
     {"cmd": "progress", "task_ids": [...]}      -> {"settled": n}  (reported or terminal; for waits)
     {"cmd": "quit"}
 
@@ -13,7 +13,8 @@ driver can compare it with its own readings):
 
 - ``claims[task_id]``: each time a poll handed the task out;
 - ``leases[task_id]``: each accepted ``extendLease`` (the moment the server reset the response timer);
-- ``updates[task_id]``: ``[time, status]`` of every non-lease update (v1 or v2).
+- ``updates[task_id]``: ``[time, status]`` of every non-lease update (v1 or v2);
+- ``ends[task_id]``: when the server ended the task (its ``endTime``, mapped back to the clock), or None.
 
 The recording wraps the public ``Store.poll`` / ``Store.update_task`` in a subclass; the server itself
 is unchanged. The store and its API are swapped in before ``start()``.
@@ -98,12 +99,20 @@ class RecordingStore(Store):
                 "updates": {t: list(self.updates.get(t, [])) for t in ids},
             }
         statuses: dict[str, str | None] = {}
+        ends: dict[str, float | None] = {}
+        ref = time.monotonic()
         for t in ids:
             try:
-                statuses[t] = str(self.get_task(t).get("status"))
+                task = self.get_task(t)
             except ApiError:
-                statuses[t] = None
+                statuses[t], ends[t] = None, None
+                continue
+            statuses[t] = str(task.get("status"))
+            # endTime is epoch ms derived linearly from the store's monotonic clock: map it back.
+            end_ms = int(task.get("endTime") or 0)
+            ends[t] = ref + (end_ms - self.epoch_ms(ref)) / 1000.0 if end_ms else None
         out["statuses"] = statuses
+        out["ends"] = ends
         return out
 
 
