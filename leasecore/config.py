@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import posixpath
 import socket
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
 
 CONFIG_ENV = "CONDUCTOR_RUN_CONFIG"
 DEFAULT_CONFIG_NAME = "conductor.toml"
+MAX_CONFIG_BYTES = 1024 * 1024  # a config file is a few KiB; anything this big is a mistake
 
 # CLI overrides: key -> the setting it sets. None (or an empty list) means "flag not given".
 OVERRIDE_KEYS: dict[str, str] = {
@@ -152,10 +154,21 @@ def find_config_file(config_flag: str | None, environ: Mapping[str, str], cwd: s
 
 
 def load_file(path: str, *, cwd: str = ".") -> LoadedFile:
-    """Read and parse one config file (``path`` relative to ``cwd``); bad files raise ConfigError."""
+    """Read and parse one config file (``path`` relative to ``cwd``); bad files raise ConfigError.
+
+    Only a regular file of at most :data:`MAX_CONFIG_BYTES` is read: ``--config /dev/zero`` or a
+    FIFO would otherwise hang or exhaust memory.
+    """
     try:
-        with open(posixpath.join(cwd, path), "rb") as handle:
-            text = handle.read().decode("utf-8")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+        fd = os.open(posixpath.join(cwd, path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ConfigError(f"config file {path} is not a regular file", source=path)
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", source=path)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"cannot read config file {path}: {reason}", source=path) from None

@@ -107,6 +107,18 @@ def test_a_directory_given_as_config_file_is_named_as_such(tmp_path: Path) -> No
         assert "config file conf (from --config) is a directory, not a file" in err
 
 
+def test_a_config_file_that_is_not_a_regular_file_or_too_big_is_refused(tmp_path: Path) -> None:
+    # Before: --config /dev/zero read until memory ran out; a FIFO waited forever for a writer.
+    err = config_error("config", "--config", "/dev/zero")
+    assert "config file /dev/zero is not a regular file" in err
+    os.mkfifo(tmp_path / "fifo.toml")
+    err = config_error("run", "--config", "fifo.toml")
+    assert "config file fifo.toml is not a regular file" in err
+    write(tmp_path / "big.toml", "#" * (1024 * 1024 + 1))
+    err = config_error("config", "--config", "big.toml")
+    assert "config file big.toml is larger than 1048576 bytes" in err
+
+
 def test_a_file_without_tasks_is_named(tmp_path: Path) -> None:
     write(tmp_path / "empty.toml", "")
     err = config_error("run", "--config", "empty.toml")
