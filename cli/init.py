@@ -7,6 +7,9 @@ settings dataclasses, so it cannot drift from what ``resolve`` accepts; values a
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +114,7 @@ def init_command(
         typer.echo(f"conductor-run: {path} is a directory; give a file path such as {example}", err=True)
         raise typer.Exit(exitcodes.USAGE)
     try:
-        with open(path, "w" if force else "x", encoding="utf-8") as handle:
-            handle.write(starter_text())
+        _write_new(path, starter_text(), overwrite=force)
     except FileExistsError:
         typer.echo(f"conductor-run: {path} already exists; use --force to overwrite it", err=True)
         raise typer.Exit(exitcodes.USAGE) from None
@@ -120,6 +122,33 @@ def init_command(
         typer.echo(f"conductor-run: cannot write {path}: {exc.strerror}", err=True)
         raise typer.Exit(exitcodes.USAGE) from None
     typer.echo(f"Wrote {path}. Check it with: conductor-run config --config {path}")
+
+
+def _write_new(path: Path, text: str, *, overwrite: bool) -> None:
+    """Write ``text`` to ``path`` all or nothing: a failure (disk full) leaves no partial file and,
+    with ``overwrite``, the old file as it was (a temp file in the same directory, then a rename)."""
+    if not overwrite:
+        with open(path, "x", encoding="utf-8") as handle:  # "x": never clobber, even in a race
+            try:
+                handle.write(text)
+                handle.flush()
+            except OSError:
+                path.unlink(missing_ok=True)
+                raise
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)  # keep the old file's permissions
+        except FileNotFoundError:
+            mode = 0o644
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -22,6 +24,8 @@ from cli.render import render_view
 from leasecore.clock import FakeClock
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState, wall_time
 from leasecore.statefile import SnapshotRecord, StatePublisher, read_snapshots, runner_info_for_this_process
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -221,6 +225,32 @@ def test_init_into_a_directory_suggests_a_file(tmp_path: Path) -> None:
     code, _, err = invoke("init", "etc")
     assert code == exitcodes.USAGE
     assert err == "conductor-run: etc is a directory; give a file path such as etc/conductor.toml\n"
+
+
+_SMALL_DISK = (
+    "import resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))\n"
+    "from cli.main import main\n"
+    "sys.argv = ['conductor-run', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_init_that_cannot_finish_writing_loses_nothing(tmp_path: Path, force: bool) -> None:
+    # A full disk (here: a 200-byte file size limit) mid-write. Before: --force truncated the old
+    # file first and left it half-written; without --force a partial file stayed behind.
+    target = tmp_path / "conductor.toml"
+    if force:
+        write(target, "# my settings\n")
+    args = [sys.executable, "-c", _SMALL_DISK, "init", str(target), *(["--force"] if force else [])]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == exitcodes.USAGE, done.stderr
+    assert done.stderr == f"conductor-run: cannot write {target}: File too large\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["conductor.toml"] if force else [])
+    if force:
+        assert target.read_text(encoding="utf-8") == "# my settings\n"
 
 
 # --- status over a directory with garbage in it ------------------------------------------------------
