@@ -8,8 +8,10 @@ runner dies; this record covers the case where both died (SIGKILL to both, OOM):
 
 A process is attributed to a recorded tree only on evidence that cannot be a stranger: it carries the
 tree's random marker token in its environment, or its session/group id is the recorded leader's pid
-while that pid is not held by a different process (Linux keeps a pid allocated as long as any process
-uses it as a session or group id, so such a process is from our session). Signals go through
+while the leader itself still runs (same pid *and* start time). A session whose leader is gone is
+not evidence at a later sweep: the pid may have been recycled by a stranger that started a session
+and exited, leaving its children in it. Only right after the fork server died (the leaders died with
+it a moment ago) are such sessions trusted (``leaders_just_died``). Signals go through
 ``_procfs.signal_verified`` (pidfd + start time).
 """
 
@@ -73,6 +75,11 @@ class StateRecord:
         if self._trees.pop(key, None) is not None:
             self._write()
 
+    def set_forkserver(self, pid: int) -> None:
+        """A new fork server took over (the last one died)."""
+        self._forkserver = _proc_id(pid)
+        self._write()
+
     def trees(self) -> list[TreeRecord]:
         return list(self._trees.values())
 
@@ -95,7 +102,7 @@ class StateRecord:
         os.replace(tmp, self._path)
 
 
-def kill_trees(trees: list[TreeRecord]) -> set[int]:
+def kill_trees(trees: list[TreeRecord], *, leaders_just_died: bool = False) -> set[int]:
     """SIGKILL every process attributable to ``trees`` (see module docstring); return their pids."""
     killed: set[int] = set()
     for _ in range(_SWEEP_ROUNDS):
@@ -103,7 +110,7 @@ def kill_trees(trees: list[TreeRecord]) -> set[int]:
         targets: set[int] = set()
         for tree in trees:
             leader = procs.get(tree.pid)
-            leader_is_ours = leader is None or leader.start_time == tree.start_time
+            leader_is_ours = leaders_just_died if leader is None else leader.start_time == tree.start_time
             roots = {p.pid for p in procs.values() if leader_is_ours and tree.pid in (p.sid, p.pgid)}
             roots |= {pid for pid in procs if _procfs.read_marker(pid) == tree.token}
             targets |= _procfs.descendants(procs, roots)

@@ -6,11 +6,22 @@ bounded captures, calls ``on_line``, and on exit builds the ``ChildExit`` and re
 temporary files. Exit comes from the fork server's ``waitid``, never from pipe EOF: after the exit,
 the output thread drains the pipes for at most ``output_drain_seconds`` and then closes them, so a
 grandchild holding stdout cannot keep a finished task open.
+
+If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
+starts a new one: a lost fork server costs the tasks it held, not every task after them.
+
+The runner holds the server credentials (in its memory and in its initial environment, which
+``/proc/<pid>/environ`` shows for ever). Children run as the same user, so by default the
+Supervisor makes the runner process non-dumpable (PR_SET_DUMPABLE 0): a child can then neither
+read the runner's ``/proc/<pid>/environ`` or ``mem`` nor ptrace it. The flag resets at exec, so
+children themselves are unaffected. The cost: no core dumps of the runner, and debuggers or
+profilers need root (CAP_SYS_PTRACE).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import itertools
 import logging
@@ -45,7 +56,19 @@ _BOOT = (
     "from leasecore.process.forkserver import main; main(sys.argv[2:])"
 )
 _REPLY_TIMEOUT_SECONDS = 30.0
+_PR_SET_DUMPABLE = 4
 _warned_not_linux = False
+
+
+def protect_from_children() -> bool:
+    """Make this process non-dumpable: same-user children cannot read its environment or memory.
+
+    Returns whether it took effect (False elsewhere than Linux).
+    """
+    if not _procfs.IS_LINUX:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
 
 
 def _resolve_executable(argv0: str, path_var: str, cwd: str) -> str:
@@ -208,6 +231,7 @@ class Supervisor:
         environ: Mapping[str, str] | None = None,
         output_drain_seconds: float = 1.0,
         tmp_dir: str | None = None,
+        protect_runner: bool = True,
     ) -> None:
         self._clock: Clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
@@ -221,11 +245,13 @@ class Supervisor:
         self._ids = itertools.count(1)
         self._closing = False
         self._lost = False
+        self._start_lock = threading.Lock()
         _warn_if_not_linux()
+        if protect_runner:
+            protect_from_children()
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
-        self._events = threading.Thread(target=self._read_events, name="forkserver-events", daemon=True)
-        self._events.start()
+        self._events = self._start_events(self._sock)
 
     def __enter__(self) -> Supervisor:
         return self
@@ -251,6 +277,7 @@ class Supervisor:
         pipe. Lines longer than 64 KiB arrive in pieces.
         """
         argv = spec.command_argv()
+        self._ensure_forkserver()
         cwd = spec.cwd or os.getcwd()
         if not os.path.isdir(cwd):
             raise SpawnError(f"working directory {cwd!r} does not exist")
@@ -308,7 +335,7 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-            leftovers.kill_trees(self._record.trees())
+            leftovers.kill_trees(self._record.trees(), leaders_just_died=True)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._events.join(timeout=10.0)
@@ -318,6 +345,35 @@ class Supervisor:
         self._record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------
+
+    def _start_events(self, sock: socket.socket) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._read_events, args=(sock,), name="forkserver-events", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _ensure_forkserver(self) -> None:
+        """Start a new fork server if the last one died (its trees were killed already)."""
+        with self._start_lock:
+            with self._cond:
+                if not self._lost:
+                    return
+                if self._closing:
+                    raise ProcessError("the supervisor is closed")
+            self._events.join(timeout=30.0)  # the old event thread has killed what the old server held
+            with contextlib.suppress(OSError):
+                self._process.kill()
+            self._process.wait()
+            sock, process = self._start_forkserver()
+            with self._send_lock, self._cond:
+                old, self._sock, self._process = self._sock, sock, process
+                self._lost = False
+                self._replies.clear()
+            old.close()
+            self._record.set_forkserver(process.pid)
+            self._events = self._start_events(sock)
+            log.warning("started a new fork server (pid %d) after the last one died", process.pid)
 
     def _start_forkserver(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -367,10 +423,10 @@ class Supervisor:
                 request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
             )
 
-    def _read_events(self) -> None:
+    def _read_events(self, sock: socket.socket) -> None:
         while True:
             try:
-                frame = recv_frame(self._sock)
+                frame = recv_frame(sock)
             except (OSError, EOFError, ValueError):
                 frame = None
             if frame is None:
@@ -405,7 +461,8 @@ class Supervisor:
             records = self._record.trees()
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
-        leftovers.kill_trees(records)
+        # The leaders died a moment ago (PDEATHSIG): their session/group ids still name our processes.
+        leftovers.kill_trees(records, leaders_just_died=True)
         with self._cond:
             for child in children:
                 child._on_exit(None, signal.SIGKILL)
