@@ -56,7 +56,7 @@ def status(
         raise _fail("--watch and --json cannot be combined", exitcodes.USAGE)
     if task_id is not None and not task_id.strip():
         raise _fail("TASK_ID is empty: give a task id or a unique prefix of one", exitcodes.USAGE)
-    directory = state_dir if state_dir is not None else default_state_dir(os.environ)
+    directory = state_dir.expanduser() if state_dir is not None else default_state_dir(os.environ)
     clock = SystemClock()
 
     def load() -> list[SnapshotRecord]:

@@ -248,7 +248,7 @@ def resolve(
     file = FileView(loaded) if loaded else None
     warnings: list[str] = []
     server = _resolve_server(file, environ, flags, warnings)
-    runner = _resolve_runner(file, environ, flags)
+    runner = _resolve_runner(file, environ, flags, cwd)
     tasks = _resolve_tasks(file, environ, flags, cwd=cwd, hostname=hostname, require_task=require_task)
     return ResolvedConfig(server, runner, tasks, loaded.path if loaded else None, tuple(warnings))
 
@@ -313,7 +313,7 @@ def _resolve_server(
 
 
 def _resolve_runner(
-    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any]
+    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], cwd: str
 ) -> RunnerSettings:
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
@@ -323,7 +323,21 @@ def _resolve_runner(
             values[spec.name], sources[spec.name] = found
         else:
             sources[spec.name] = DEFAULT
+    if "state_dir" in values:
+        values["state_dir"] = _absolute_dir(values["state_dir"], sources["state_dir"], file, environ, cwd)
     return RunnerSettings(**values, sources=sources)
+
+
+def _absolute_dir(
+    path: str, source: Source, file: FileView | None, environ: Mapping[str, str], cwd: str
+) -> str:
+    """``~`` expanded (a quoted ``"~/x"`` in TOML is not expanded by any shell), and relative paths
+    made absolute: relative to the config file when the file gave them, else to ``cwd``."""
+    home = environ.get("HOME")
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    base = posixpath.dirname(posixpath.join(cwd, file.path)) if file and source.layer == "file" else cwd
+    return posixpath.normpath(posixpath.join(cwd, base, path))
 
 
 def _resolve_tasks(
@@ -386,7 +400,7 @@ def _resolve_task(
         values[spec.name], sources[spec.name] = found or (_default_of(TaskSettings, spec.name), DEFAULT)
     _resolve_command(file, index, task_type, flags, values, sources)
     _resolve_tables(file, index, values, sources)
-    _resolve_paths(file, cwd, hostname, values, sources)
+    _resolve_paths(file, environ, cwd, hostname, values, sources)
     _cross_check(values, sources)
     return TaskSettings(**values, sources=sources)
 
@@ -522,13 +536,15 @@ def _combined_source(low: tuple[Any, Source] | None, high: tuple[Any, Source] | 
 
 
 def _resolve_paths(
-    file: FileView | None, cwd: str, hostname: str, values: dict[str, Any], sources: dict[str, Source]
+    file: FileView | None,
+    environ: Mapping[str, str],
+    cwd: str,
+    hostname: str,
+    values: dict[str, Any],
+    sources: dict[str, Source],
 ) -> None:
     # A relative cwd in the file means relative to the file, so the file works from any directory.
-    base = (
-        posixpath.dirname(posixpath.join(cwd, file.path)) if file and sources["cwd"].layer == "file" else cwd
-    )
-    values["cwd"] = posixpath.normpath(posixpath.join(cwd, base, values["cwd"]))
+    values["cwd"] = _absolute_dir(values["cwd"], sources["cwd"], file, environ, cwd)
     if not values["worker_id"]:
         values["worker_id"] = hostname
         sources["worker_id"] = Source("default", "default (hostname)")

@@ -199,6 +199,29 @@ def test_wall_time_of_a_far_deadline_does_not_overflow() -> None:
     assert wall_time(float("nan"), clock) is None
 
 
+def test_a_state_dir_with_a_tilde_or_relative_to_the_file_is_made_absolute(tmp_path: Path) -> None:
+    # Before: state_dir = "~/state" in the file made a directory literally named "~" in the cwd.
+    (tmp_path / "etc").mkdir()
+    task = '[[task]]\ntype = "a"\ncommand = ["true"]\n'
+    write(tmp_path / "etc" / "c.toml", f'[worker]\nstate_dir = "~/st"\n{task}')
+    write(tmp_path / "etc" / "d.toml", f'[worker]\nstate_dir = "st"\n{task}')
+
+    def state_dir(*args: str) -> str:
+        code, out, err = invoke("config", "--json", *args, env={"HOME": "/home/someone"})
+        assert code == exitcodes.OK, err
+        value: str = json.loads(out)["runner"]["state_dir"]["value"]
+        return value
+
+    assert state_dir("--config", "etc/c.toml") == "/home/someone/st"
+    write(tmp_path / "e.toml", '[[task]]\ntype = "a"\ncommand = ["/bin/true"]\ncwd = "~"\n')
+    code, out, _ = invoke("config", "--json", "--config", "e.toml", env={"HOME": str(tmp_path)})
+    assert json.loads(out)["tasks"][0]["settings"]["cwd"]["value"] == str(tmp_path)
+    assert state_dir("--config", "etc/d.toml") == str(tmp_path / "etc" / "st")  # like cwd: next to the file
+    code, out, err = invoke("status", "--state-dir", "~/nothing-here", env={"HOME": str(tmp_path)})
+    assert code == exitcodes.OK, err
+    assert f"(state directory {tmp_path / 'nothing-here'})" in out
+
+
 # --- config masks what looks like a credential ------------------------------------------------------
 
 
