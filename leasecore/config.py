@@ -168,7 +168,7 @@ def load_file(path: str, *, cwd: str = ".") -> LoadedFile:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", source=path)
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not TOML
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"cannot read config file {path}: {reason}", source=path) from None

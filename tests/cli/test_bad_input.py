@@ -123,6 +123,13 @@ def test_a_config_file_that_is_not_a_regular_file_or_too_big_is_refused(tmp_path
     assert "config file big.toml is larger than 1048576 bytes" in err
 
 
+def test_a_byte_order_mark_is_not_a_toml_error(tmp_path: Path) -> None:
+    text = '[[task]]\ntype = "a"\ncommand = ["/bin/true"]\nconcurrency = 0\n'
+    (tmp_path / "c.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    err = config_error("config", "--config", "c.toml")
+    assert "invalid concurrency = 0 (from c.toml:4 [[task]] 'a')" in err  # parsed, lines still right
+
+
 def test_a_file_without_tasks_is_named(tmp_path: Path) -> None:
     write(tmp_path / "empty.toml", "")
     err = config_error("run", "--config", "empty.toml")
