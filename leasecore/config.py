@@ -194,11 +194,13 @@ def load_config(
         hostname=hostname or socket.gethostname(),
         require_task=require_task,
     )
-    problems = [problem for task in config.tasks for problem in command_problems(task, environ)]
-    if problems and require_task:
+    problems = {task.type: command_problems(task, environ) for task in config.tasks}
+    fatal = [problem for task in config.tasks if not task.paused for problem in problems[task.type]]
+    if fatal and require_task:
         # Caught here, not per task: a missing command or cwd would fail every task it polls.
-        raise ConfigError(problems[0], key="command")
-    return replace(config, warnings=(*config.warnings, *problems)) if problems else config
+        raise ConfigError(fatal[0], key="command")
+    warnings = [problem for found in problems.values() for problem in found]  # a paused task's too
+    return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:

@@ -93,6 +93,15 @@ def test_a_missing_cwd_is_a_config_error_naming_the_file_line(tmp_path: Path) ->
     assert "(cwd from c.toml:4 [[task]] 'a')" in err
 
 
+def test_a_paused_task_with_a_missing_command_does_not_stop_the_others(tmp_path: Path) -> None:
+    write(tmp_path / "c.toml", '[[task]]\ntype = "a"\ncommand = ["./missing.sh"]\npaused = true\n')
+    code, out, _ = invoke("config", "--config", "c.toml", "--json")
+    assert code == exitcodes.OK
+    assert json.loads(out)["warnings"][0].startswith("task 'a': cannot run the command")
+    err = config_error("run", "--config", "c.toml", env={"CONDUCTOR_WORKER_A_PAUSED": "false"})
+    assert "task 'a': cannot run the command" in err
+
+
 def test_config_shows_an_unrunnable_command_as_a_warning(tmp_path: Path) -> None:
     write(tmp_path / "c.toml", '[[task]]\ntype = "a"\ncommand = ["./missing.sh"]\n')
     code, out, _ = invoke("config", "--config", "c.toml", "--json")
