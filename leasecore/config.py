@@ -23,6 +23,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from leasecore.config_keys import KEYS, KeySpec, Source, check_value, invalid_value, keys_of
 from leasecore.config_toml import FileView, LoadedFile, parse_toml
@@ -301,6 +302,10 @@ def _resolve_server(
             values[spec.name], sources[spec.name] = found
             if spec.sensitive and found[1].layer == "file":
                 warnings.append(f"{spec.name} is in the config file ({found[1]}); prefer ${spec.env[0]}")
+            if spec.name == "url" and found[1].layer == "file" and urlsplit(found[0]).password:
+                warnings.append(
+                    f"url holds a password in the config file ({found[1]}); prefer ${spec.env[0]}"
+                )
         else:
             sources[spec.name] = DEFAULT
     if bool(values.get("auth_key")) != bool(values.get("auth_secret")):

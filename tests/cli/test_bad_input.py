@@ -256,6 +256,18 @@ def test_config_masks_env_values_named_like_credentials(tmp_path: Path) -> None:
     assert env == {"API_TOKEN": "****", "DB_PASSWORD": "****", "AWS_SECRET_ACCESS_KEY": "****", "LANG": "C"}
 
 
+def test_a_password_in_the_files_url_draws_a_warning_like_auth_secret(tmp_path: Path) -> None:
+    write(tmp_path / "c.toml", '[server]\nurl = "http://me:pw9@conductor:8080/api"\n')
+    code, out, _ = invoke("config", "--config", "c.toml", "--json")
+    assert code == exitcodes.OK
+    doc = json.loads(out)
+    [warning] = doc["warnings"]
+    assert warning == (
+        "url holds a password in the config file (c.toml:2 [server]); prefer $CONDUCTOR_SERVER_URL"
+    )
+    assert "pw9" not in out
+
+
 # --- init ----------------------------------------------------------------------------------------------
 
 
