@@ -1,6 +1,8 @@
 """Linux process facts from /proc, and signals that cannot hit a recycled pid.
 
-Stdlib only and free of the rest of the package: the fork server imports it too. Every function
+Stdlib only, light, and free of the rest of the package: the fork server imports it too (no
+``dataclasses``: it pulls in ``inspect`` and friends, and the fork server's size is per-task fork
+cost). Every function
 tolerates processes that vanish while being read (they are simply left out).
 
 A pid is only ever signalled through a pidfd opened *before* re-checking the process's start time:
@@ -16,7 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 IS_LINUX = sys.platform.startswith("linux")
 
@@ -25,8 +27,7 @@ IS_LINUX = sys.platform.startswith("linux")
 TREE_MARKER = "CONDUCTOR_RUN_TREE"
 
 
-@dataclass(frozen=True)
-class ProcInfo:
+class ProcInfo(NamedTuple):
     """One process as seen in /proc/<pid>/stat."""
 
     pid: int

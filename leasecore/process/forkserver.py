@@ -27,8 +27,9 @@ Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: 
 stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace). Events: ``ready``,
 ``spawned``/``spawn_failed`` (id), ``exited`` (key, code, signal), ``gone`` (key).
 
-Imports are stdlib only and few: every task is forked from this process, and its size and start-up
-time are per-task overhead.
+Imports are stdlib only and few: every task is forked from this process, and its size is per-task
+overhead (fork copies its page tables). The Supervisor boots it without running the package
+``__init__`` files (which import the runner's side: models, subprocess, threading, logging...).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.process import _procfs
@@ -64,21 +64,28 @@ def _prctl() -> Any:
     return libc.prctl
 
 
-@dataclass
 class _Tree:
-    """One task's tree, held from spawn until every process of it is dead and reaped."""
+    """One task's tree, held from spawn until every process of it is dead and reaped.
 
-    key: str
-    pid: int
-    token: str
-    grace_seconds: float
-    start_time: int = 0  # clock ticks since boot, from /proc (0 elsewhere than Linux)
-    exited: bool = False
-    term_sent: bool = False
-    kill_at: float | None = None
-    # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its marker
-    # after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
-    known: dict[int, int] = field(default_factory=dict)
+    A plain class, not a dataclass: ``dataclasses`` imports ``inspect`` and more, and every byte of
+    this process is copied (page tables) at each task's fork.
+    """
+
+    __slots__ = ("exited", "grace_seconds", "key", "kill_at", "known", "pid", "start_time", "term_sent",
+                 "token")  # fmt: skip
+
+    def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
+        self.key = key
+        self.pid = pid
+        self.token = token
+        self.grace_seconds = grace_seconds
+        self.start_time = start_time  # clock ticks since boot, from /proc (0 elsewhere than Linux)
+        self.exited = False
+        self.term_sent = False
+        self.kill_at: float | None = None
+        # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its
+        # marker after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
+        self.known: dict[int, int] = {}
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,8 @@ def _is_alive(entry: dict[str, int] | None) -> bool:
 
 
 class StateRecord:
-    """Writes this runner's record file; a no-op without a state directory."""
+    """Writes this runner's record file; a no-op without a state directory. Not thread-safe: the
+    Supervisor calls it under its lock."""
 
     def __init__(self, state_dir: Path | None, forkserver_pid: int) -> None:
         self._path = None if state_dir is None else state_dir / f"processes-{os.getpid()}.json"
@@ -96,8 +96,11 @@ class StateRecord:
             "forkserver": self._forkserver,
             "trees": [asdict(tree) for tree in self._trees.values()],
         }
-        fd, tmp = tempfile.mkstemp(prefix=".processes-", dir=self._path.parent)  # 0600
-        with os.fdopen(fd, "w") as f:
+        # A fixed temporary name (the directory is private, and the Supervisor serialises writes):
+        # mkstemp's random names cost as much as the rest of the write, once per spawn and exit.
+        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
             json.dump(data, f)
         os.replace(tmp, self._path)
 

@@ -51,9 +51,17 @@ from leasecore.process.taskfiles import TaskFiles
 log = logging.getLogger(__name__)
 
 LineSink = Callable[[str, str], None]
+# Boots the fork server from the source tree at argv[1] *without* running leasecore/__init__.py and
+# leasecore/process/__init__.py (bare package stubs stand in): those import the runner's side
+# (models, subprocess, threading, logging), doubling the size of the process every task forks from.
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from leasecore.process.forkserver import main; main(sys.argv[2:])"
+    "import sys, types\n"
+    "for name in ('leasecore', 'leasecore.process'):\n"
+    "    stub = types.ModuleType(name)\n"
+    "    stub.__path__ = [sys.argv[1] + '/' + name.replace('.', '/')]\n"
+    "    sys.modules[name] = stub\n"
+    "from leasecore.process.forkserver import main\n"
+    "main(sys.argv[2:])\n"
 )
 _REPLY_TIMEOUT_SECONDS = 30.0
 _PR_SET_DUMPABLE = 4
@@ -371,7 +379,8 @@ class Supervisor:
                 self._lost = False
                 self._replies.clear()
             old.close()
-            self._record.set_forkserver(process.pid)
+            with self._cond:
+                self._record.set_forkserver(process.pid)
             self._events = self._start_events(sock)
             log.warning("started a new fork server (pid %d) after the last one died", process.pid)
 
