@@ -258,3 +258,45 @@ def test_sweep_spares_the_session_a_stranger_left_under_the_recorded_pid(tmp_pat
         assert alive(orphan)
     finally:
         orphan.kill()
+
+
+# --- runner death --------------------------------------------------------------------------------
+
+# A runner whose task left a TERM-proof escapee in its own session, without the marker.
+ESCAPING_RUNNER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from leasecore.models import Task
+    from leasecore.process import CommandSpec, Supervisor
+    sup = Supervisor(Path(sys.argv[1]))
+    lines = []
+    spec = CommandSpec(shell="trap '' TERM; setsid env -i /bin/sleep 300 & echo \\"escapee $!\\"; sleep 300")
+    child = sup.spawn(Task(task_id="t", workflow_id="w", task_type="x"), spec, worker_id="w",
+                      on_line=lambda s, line: lines.append(line))
+    while not lines:
+        time.sleep(0.01)
+    print(child.pid, lines[0].split()[1], sup.forkserver_pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_sigkilled_runner_takes_an_unmarked_escapee_with_it(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ESCAPING_RUNNER, str(tmp_path / "state")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        processes = [psutil.Process(pid) for pid in pids]
+        assert wait_until(lambda: "CONDUCTOR_RUN_TREE" not in processes[1].environ(), 10)
+        assert os.getsid(pids[1]) == pids[1]  # its own session: not in the task's group
+        proc.kill()
+        proc.wait()
+        assert wait_until(lambda: not any(alive(p) for p in processes), 5)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
