@@ -39,7 +39,9 @@ def status(
     task_id: str | None = typer.Argument(
         None, help="Show one task (its id, or a unique prefix of it) with its recent output."
     ),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh live until Ctrl-C."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Refresh live (4x a second) until Ctrl-C; off a terminal, print once."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema in the README)."),
     state_dir: Path | None = typer.Option(
         None,
