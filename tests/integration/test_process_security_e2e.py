@@ -1,0 +1,87 @@
+"""Adversarial review (#5), end to end: a real `conductor-run run --once` with credentials, against the
+embedded server with auth. No credential in any state-directory file (status snapshot, tree record,
+outbox), in the log, or in what the task reports; every state file 0600 in a 0700 directory, also
+while the task runs."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli import exitcodes
+from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.server import EmbeddedServer
+
+from .helpers import World, wait_until
+from .test_runner_e2e import run_with_env
+
+KEY, SECRET, TOKEN = "sec-key-id", "sec-secret-9d1e7", "my-token-5b2a"
+
+# Runs for a while (so the state files exist) and reports what it could see of the secrets.
+CHILD = (
+    "import json, os, time\n"
+    "seen = [k for k, v in os.environ.items() if any(s in v for s in ('sec-secret', 'my-token'))]\n"
+    "print('started', flush=True)\n"
+    "time.sleep(2)\n"
+    "with open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w') as f:\n"
+    "    json.dump({'seen': seen}, f)\n"
+)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
+        w = World(tmp_path, server)
+        w.client.close()
+        w.client = ConductorClient(server.url, auth_key=KEY, auth_secret=SECRET)
+        w.admin = ConductorAdmin(w.client)
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+def _check_state_dir(state_dir: Path) -> list[Path]:
+    if not state_dir.exists():
+        return []  # the runner has not created it yet
+    files = [p for p in state_dir.rglob("*") if p.is_file()]
+    for directory in [state_dir, *(p for p in state_dir.rglob("*") if p.is_dir())]:
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    for path in files:
+        try:
+            text = path.read_text(errors="replace")
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            continue  # replaced atomically under us
+        assert SECRET not in text and TOKEN not in text and KEY not in text, path
+        assert mode == 0o600, path
+    return files
+
+
+def test_no_credential_in_state_files_logs_or_results(world: World) -> None:
+    world.define(response_timeout=30)
+    workflow = world.start_workflow()
+    config = world.tmp / "conductor.toml"
+    config.write_text('[worker]\nsecrets = ["MY_TOKEN"]\n')
+    env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET, "MY_TOKEN": TOKEN}
+    proc = run_with_env(world, env, "--config", str(config), "--once", command=[sys.executable, "-c", CHILD])
+    names: set[str] = set()
+
+    def both_records_seen() -> bool:
+        names.update(p.name.split("-")[0] for p in _check_state_dir(world.state_dir))
+        return {"runner", "processes"} <= names
+
+    wait_until(both_records_seen, 30, what="the status snapshot and the tree record")
+    code, log = world.finish(proc)
+    assert code == exitcodes.OK, log
+    _check_state_dir(world.state_dir)
+    assert SECRET not in log and TOKEN not in log
+    task = world.task_of(workflow)
+    assert task["status"] == "COMPLETED"
+    assert task["outputData"]["seen"] == []
+    body = str(task)
+    assert SECRET not in body and TOKEN not in body
