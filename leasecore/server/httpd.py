@@ -11,6 +11,7 @@ client giving up on a long poll) are dropped silently.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import re
 import secrets
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +33,8 @@ JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain;charset=UTF-8"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 HEALTHY: dict[str, Any] = {"healthResults": [], "suppressedHealthResults": [], "healthy": True}
+# Reachable without a token: the token exchange, and health checks (load balancers carry no credentials).
+OPEN_PATHS = frozenset({"/api/token", "/api/health"})
 
 Query = dict[str, list[str]]
 
@@ -164,7 +168,7 @@ class Api:
             parts = urlsplit(target)
             path = parts.path.rstrip("/") or "/"
             query = parse_qs(parts.query, keep_blank_values=True)
-            if self.auth_enabled and path.startswith("/api/") and path != "/api/token":
+            if self.auth_enabled and path.startswith("/api/") and path not in OPEN_PATHS:
                 denied = self._auth_error(headers)
                 if denied is not None:
                     return denied
@@ -348,6 +352,87 @@ class Api:
 
 # ---------------------------------------------------------------------------------------------- sockets
 
+LINGER_SECONDS = 1.0
+LINGER_MAX_BYTES = 1024 * 1024
+MAX_CHUNK_LINE = 4096
+MAX_TRAILER_LINES = 64
+_CHUNKED = -1
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+class _FramingError(Exception):
+    """A request body that cannot be delimited (or is too large): answered, then the connection closes."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _framing(headers: Message) -> int:
+    """The body length the headers announce, or ``_CHUNKED`` (RFC 9112 §6.3); raises _FramingError.
+
+    Anything ambiguous is refused rather than guessed, because a wrong guess leaves part of a body on
+    the connection to be read as the next request: conflicting Content-Length values, a transfer
+    coding other than plain ``chunked``, or both headers at once (the request smuggling shape).
+    """
+    codings = [
+        c.strip().lower()
+        for v in headers.get_all("Transfer-Encoding") or []
+        for c in v.split(",")
+        if c.strip()
+    ]
+    lengths = {v.strip() for raw in headers.get_all("Content-Length") or [] for v in str(raw).split(",")}
+    if codings:
+        if codings != ["chunked"]:
+            raise _FramingError(501, f"Transfer-Encoding {', '.join(codings)!r} is not supported")
+        if lengths:
+            raise _FramingError(400, "Both Content-Length and Transfer-Encoding: refused")
+        return _CHUNKED
+    if not lengths:
+        return 0
+    if len(lengths) != 1:
+        raise _FramingError(400, "Conflicting Content-Length values")
+    (value,) = lengths
+    if not _DIGITS.fullmatch(value):
+        raise _FramingError(400, f"Invalid Content-Length {value[:40]!r}")
+    length = int(value)
+    if length > MAX_BODY_BYTES:
+        raise _FramingError(413, f"Request body larger than {MAX_BODY_BYTES} bytes")
+    return length
+
+
+def _read_line(rfile: io.BufferedIOBase) -> bytes:
+    line = rfile.readline(MAX_CHUNK_LINE + 1)
+    if not line.endswith(b"\n"):
+        raise _FramingError(400, "Malformed chunked body (line too long or cut short)")
+    return line.rstrip(b"\r\n")
+
+
+def _read_chunked(rfile: io.BufferedIOBase) -> bytes:
+    """A ``Transfer-Encoding: chunked`` body, read through its last CRLF (trailers discarded)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        size_text = _read_line(rfile).split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size_text):
+            raise _FramingError(400, "Malformed chunked body (bad chunk size)")
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        total += size
+        if total > MAX_BODY_BYTES:
+            raise _FramingError(413, f"Request body larger than {MAX_BODY_BYTES} bytes")
+        data = rfile.read(size)
+        if len(data) != size or rfile.read(2) != b"\r\n":
+            raise _FramingError(400, "Malformed chunked body (chunk data does not match its size)")
+        chunks.append(data)
+    for _ in range(MAX_TRAILER_LINES):
+        if _read_line(rfile) == b"":
+            return b"".join(chunks)
+    raise _FramingError(400, "Malformed chunked body (too many trailer lines)")
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -362,44 +447,67 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet by default: request lines go to the server's ``log`` callback, if any."""
 
-    def _read_body(self) -> bytes | None:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks: list[bytes] = []
-            total = 0
-            while True:
-                line = self.rfile.readline(1024)
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(chunks)
-                total += size
-                if total > MAX_BODY_BYTES:
-                    return None
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline(1024)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length < 0 or length > MAX_BODY_BYTES:
-            return None
-        return self.rfile.read(length) if length else b""
+    def handle_expect_100(self) -> bool:
+        """Send ``100 Continue`` only for a body we will read; a refused one gets its error at once."""
+        try:
+            _framing(self.headers)
+        except _FramingError:
+            return True  # no 100: _dispatch answers with the error and closes the connection
+        return super().handle_expect_100()
+
+    def _read_body(self) -> bytes:
+        """The request body, read to its exact end so nothing is left on a kept-alive connection.
+
+        Raises :class:`_FramingError` when the body cannot be delimited or is too large; the caller then
+        answers and closes the connection, since where the next request starts is unknown.
+        """
+        length = _framing(self.headers)
+        if length == _CHUNKED:
+            return _read_chunked(self.rfile)
+        body = self.rfile.read(length) if length else b""
+        if len(body) != length:
+            raise _FramingError(400, "The request body ended before its Content-Length")
+        return body
 
     def _dispatch(self) -> None:
         started = time.perf_counter()
         try:
             body = self._read_body()
-        except ValueError:
-            body = None
-        if body is None:
+        except _FramingError as exc:
             self.close_connection = True
-            response = self.server.api._error(400, "Malformed or too large request body")
+            response = self.server.api._error(exc.status, exc.message)
         else:
             headers = {k.lower(): v for k, v in self.headers.items()}
             response = self.server.api.handle(self.command, self.path, headers, body)
         self._send(response)
+        if self.close_connection:
+            self._linger()
         log = self.server.log
         if log is not None:
             elapsed_ms = (time.perf_counter() - started) * 1000.0
             log(f"{self.command} {self.path} {response.status} {elapsed_ms:.2f}ms")
+
+    def _linger(self) -> None:
+        """Close gently: end our side, then discard what the client still sends (bounded).
+
+        Closing a socket with unread input makes the kernel send a RST, which can destroy the response
+        before the client reads it; draining first lets an error answer to a refused body arrive.
+        """
+        sock: socket.socket = self.request
+        deadline = time.monotonic() + LINGER_SECONDS
+        drained = 0
+        with contextlib.suppress(OSError):
+            self.wfile.flush()
+            sock.shutdown(socket.SHUT_WR)
+            while drained < LINGER_MAX_BYTES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                sock.settimeout(remaining)
+                chunk = sock.recv(64 * 1024)
+                if not chunk:
+                    break
+                drained += len(chunk)
 
     def _send(self, response: Response) -> None:
         try:
