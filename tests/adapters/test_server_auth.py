@@ -74,8 +74,12 @@ def test_tokens_expire_after_their_ttl() -> None:
         assert wait_until(status, 10, "the token to expire") == "EXPIRED_TOKEN"
 
 
-def test_health_outside_the_api_needs_no_token(server: EmbeddedServer) -> None:
+def test_both_healths_need_no_token(server: EmbeddedServer) -> None:
+    # Health checks come from load balancers, which carry no credentials.
     assert requests.get(server.url.removesuffix("/api") + "/health", timeout=10).status_code == 200
+    r = requests.get(server.url + "/health", timeout=10)
+    assert r.status_code == 200
+    assert r.json()["healthy"] is True
 
 
 def test_key_without_secret_is_refused() -> None:
