@@ -4,6 +4,8 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
 :func:`error_for_status` (HTTP statuses):
 
     network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
+    5xx whose JSON body says
+      "retryable": false          -> ConductorRejected      (a malformed request: retrying cannot help)
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
@@ -105,6 +107,7 @@ def error_for_status(
     kinds: list[tuple[bool, type[ConductorError], str]] = [
         (status_code == 404, ConductorNotFound, "not found"),
         (status_code in (401, 403), ConductorAuthError, "not authorized"),
+        (status_code >= 500 and _says_not_retryable(body), ConductorRejected, "server error, not retryable"),
         (status_code >= 500, ConductorUnavailable, "server error"),
         (300 <= status_code < 400, ConductorRejected, "unexpected redirect (is the server URL right?)"),
     ]
@@ -118,6 +121,22 @@ def error_for_status(
         status_code=status_code,
         body_excerpt=excerpt,
     )
+
+
+def _says_not_retryable(body: bytes) -> bool:
+    """True for Conductor's error body with ``"retryable": false`` (CONDUCTOR_PROTOCOL.md §9).
+
+    Conductor answers 500 for a malformed request too (missing status, unknown enum value, bad JSON),
+    and marks those ``retryable: false``; an outage (``TransientException``) says ``true``. A 5xx without
+    a JSON body saying so (a proxy's 502, a bare 503) stays retryable.
+    """
+    if len(body) > 64 * 1024 or not body.lstrip().startswith(b"{"):
+        return False
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("retryable") is False
 
 
 def excerpt_of(body: bytes, secrets: Sequence[str] = ()) -> str:

@@ -114,6 +114,31 @@ def test_status_mapping(status: int, expected: type[ConductorError]) -> None:
     assert f"HTTP {status}" in str(error)
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"status":500,"message":"JSON parse error","retryable":false}', ConductorRejected),
+        (b'{"status":500,"message":"DB down","retryable":true}', ConductorUnavailable),
+        (b'{"status":500,"message":"no flag"}', ConductorUnavailable),
+        (b'{"retryable":"false"}', ConductorUnavailable),  # only a JSON false counts
+        (b"[false]", ConductorUnavailable),
+        (b"<html>Bad Gateway</html>", ConductorUnavailable),
+        (b"", ConductorUnavailable),
+        (b'{"retryable": fal', ConductorUnavailable),
+    ],
+    ids=["false", "true", "absent", "string", "not-an-object", "html", "empty", "truncated"],
+)
+def test_a_5xx_is_retryable_unless_its_body_says_retryable_false(
+    body: bytes, expected: type[ConductorError]
+) -> None:
+    for status in (500, 503):
+        error = error_for_status("POST", "/tasks", status, body)
+        assert type(error) is expected
+        assert error is not None
+        assert error.status_code == status
+        assert error.retryable is (expected is ConductorUnavailable)
+
+
 def test_success_statuses_are_not_errors() -> None:
     assert error_for_status("GET", "/x", 200, b"") is None
     assert error_for_status("GET", "/x", 204, b"") is None
@@ -454,17 +479,19 @@ def test_terminated_workflow_cancels_the_task(server: EmbeddedServer) -> None:
             client.extend_lease("no-such-task", workflow_id)
 
 
-def test_server_error_is_unavailable(server: EmbeddedServer) -> None:
+def test_a_malformed_request_500_is_rejected_not_retryable(server: EmbeddedServer) -> None:
     task_type = f"err_{uuid.uuid4().hex[:8]}"
     with ConductorClient(server.url, timeout_seconds=5) as client:
         workflow_id = start_one_task(client, task_type)
         (task,) = client.poll(task_type, count=1, timeout_ms=1000)
-        with pytest.raises(ConductorUnavailable) as info:
+        with pytest.raises(ConductorRejected) as info:
+            # The 500 body says "retryable": false: retrying the same request can never succeed.
             # A non-lease update without a status is a 500 on the real server (§3 step 7).
             client.request(
                 "POST", "/tasks", json_body={"taskId": task.task_id, "workflowInstanceId": workflow_id}
             )
         assert info.value.status_code == 500
+        assert not info.value.retryable
         assert "status" in (info.value.body_excerpt or "")
         with pytest.raises(ConductorRejected) as bad:
             client.poll(task_type, count=1, timeout_ms=6000)  # > 5000 ms: 400
