@@ -34,6 +34,8 @@ def _utf8_len(text: str) -> int:
 
 
 def _cut(text: str, max_bytes: int) -> str:
+    if len(text) * 4 <= max_bytes:  # a character is at most 4 bytes of UTF-8: it fits, no encoding
+        return text
     raw = text.encode("utf-8", "replace")
     if len(raw) <= max_bytes:
         return text
@@ -52,11 +54,28 @@ class LogBuffer:
     def __len__(self) -> int:
         return len(self._lines)
 
+    @property
+    def max_lines(self) -> int:
+        return self._max_lines
+
     def append(self, line: str) -> None:
         if len(self._lines) >= self._max_lines:
             self._lines.popleft()
             self.dropped += 1
         self._lines.append(_cut(line, self._max_line_bytes))
+
+    def extend(self, lines: list[str], skipped: int = 0) -> None:
+        """Append ``lines`` (the newest last); ``skipped`` lines before them were never buffered."""
+        self.dropped += skipped
+        if len(lines) > self._max_lines:
+            self.dropped += len(lines) - self._max_lines
+            lines = lines[-self._max_lines :]
+        over = len(self._lines) + len(lines) - self._max_lines
+        for _ in range(max(0, over)):
+            self._lines.popleft()
+        self.dropped += max(0, over)
+        limit = self._max_line_bytes
+        self._lines.extend(_cut(line, limit) for line in lines)
 
     def take_batch(self, max_lines: int, max_bytes: int) -> str | None:
         """The next batch as one text ("\\n"-joined), or None when nothing is waiting."""
@@ -92,7 +111,8 @@ class LogStreamer:
     Usage::
 
         streamer = LogStreamer(client); streamer.start()
-        on_line = streamer.open(task.task_id)      # pass to Supervisor.spawn(on_line=...)
+        on_line = streamer.open(task.task_id)      # pass to Supervisor.spawn(on_line=...), or
+        on_lines = streamer.open_lines(task.task_id)  # ... spawn(on_lines=...): a list per read
         ...
         streamer.close(task.task_id)               # child exited: send what is left, then forget
         streamer.stop(timeout_seconds=5)
@@ -148,6 +168,32 @@ class LogStreamer:
                 self._wake.set()
 
         return on_line
+
+    def open_lines(self, task_id: str) -> Callable[[str, list[str]], None]:
+        """Start buffering for ``task_id``; returns ``on_lines(stream, lines)``, which takes every
+        line of one read at once. Only the newest lines a buffer can hold are kept (and prefixed):
+        a child printing millions of lines costs the streamer O(buffer) per read, not O(lines)."""
+        with self._lock:
+            buffer = self._new_buffer()
+            self._tasks[task_id] = _TaskLog(buffer, self._clock.monotonic())
+        keep = buffer.max_lines
+
+        def on_lines(stream: str, lines: list[str]) -> None:
+            skipped = max(0, len(lines) - keep)
+            if skipped:
+                lines = lines[skipped:]
+            if stream != "stdout":
+                lines = [f"[{stream}] {line}" for line in lines]
+            with self._lock:
+                entry = self._tasks.get(task_id)
+                if entry is None or entry.closed:
+                    return
+                entry.buffer.extend(lines, skipped)
+                full = len(entry.buffer) >= self._batch_lines
+            if full:
+                self._wake.set()
+
+        return on_lines
 
     def close(self, task_id: str) -> None:
         """No more lines will come for ``task_id``: send the rest soon, then forget the task."""

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
-from leasecore.lease import FenceAction, FenceReason, KillTree
+from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
 from leasecore.logsink import LogStreamer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.poller import Poller, WorkBudget
@@ -33,7 +33,6 @@ from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot
 from leasecore.runtypes import (
     ChildExited,
-    ChildPort,
     ConductorPort,
     EnginePort,
     Event,
@@ -50,6 +49,7 @@ from leasecore.runtypes import (
     Tick,
 )
 from leasecore.signals import capture_signals
+from leasecore.snapshot import MAX_OUTPUT_LINES
 
 log = logging.getLogger("conductor_run.runner")
 
@@ -115,6 +115,8 @@ class Runner:
         self._signum: int | None = None
         self._escalate_at: float | None = None
         self._started_at = self._clock.monotonic()
+        self._publish_at = self._started_at
+        self._publish_pending = False
 
     # ------------------------------------------------------------------ public
 
@@ -147,28 +149,46 @@ class Runner:
     # ------------------------------------------------------------------ other threads -> queue
 
     def _on_polled(self, task: Task, polled_at: float) -> None:
-        self._events.put(TaskPolled(task, polled_at))
-
-    def _wait_child(self, task_id: str, child: ChildPort) -> None:
+        # On the poller's thread, for every task of the batch before any is spawned: the lease starts
+        # at the poll's send time, so a task waiting for its spawn behind others (1000 at once) is
+        # already heartbeated. A task delivered again while it runs here is re-tracked the same way
+        # (the new poll reset the server's clock, and its pollCount is ours).
+        policy: LeasePolicy | None = None
         try:
-            exit_ = child.wait(None)
-        except Exception:  # a thread's top level: the main thread must still learn the child is gone
-            log.exception("task %s: waiting for the child failed", task_id)
-            exit_ = None
-        self._events.put(ChildExited(task_id, exit_))
+            plan = self._plans.get(task.task_type) or next(iter(self._plans.values()))
+            policy = plan.make_policy(task)
+            self._engine.track(task, policy, polled_at=polled_at)
+        except Exception:  # never lose the task: the main thread tracks it (or reports the failure)
+            log.exception("task %s: could not start its lease at poll time", task.task_id)
+            policy = None
+        self._events.put(TaskPolled(task, polled_at, policy))
 
     # ------------------------------------------------------------------ main loop
 
     def _loop(self) -> None:
         self._publish()
         while not self._done():
+            wait = min(0.5, self.options.status_interval_seconds)
+            if self._publish_pending:
+                wait = max(0.0, min(wait, self._publish_at - self._clock.monotonic()))
             try:
-                event: Event = self._events.get(timeout=min(0.5, self.options.status_interval_seconds))
+                event: Event = self._events.get(timeout=wait)
             except queue.Empty:
                 event = Tick()
             self._handle(event)
             self._check_deadlines()
-            self._publish()
+            self._maybe_publish()
+
+    def _maybe_publish(self) -> None:
+        # A snapshot costs O(tasks) to build and a file write: at most every status_min_interval
+        # (a burst of events, e.g. 1000 tasks polled at once, is one publish, not one per event).
+        now = self._clock.monotonic()
+        if now < self._publish_at:
+            self._publish_pending = True
+            return
+        self._publish_pending = False
+        self._publish_at = now + self.options.status_min_interval_seconds
+        self._publish()
 
     def _task_limit(self) -> int | None:
         return 1 if self.options.once else self.options.max_tasks
@@ -192,7 +212,7 @@ class Runner:
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled):
-            self._on_task(event.task, event.polled_at)
+            self._on_task(event.task, event.polled_at, event.policy)
         elif isinstance(event, ChildExited):
             self._on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):
@@ -206,14 +226,14 @@ class Runner:
 
     # ------------------------------------------------------------------ one task
 
-    def _on_task(self, task: Task, polled_at: float) -> None:
+    def _on_task(self, task: Task, polled_at: float, policy: LeasePolicy | None = None) -> None:
         plan = self._plans.get(task.task_type) or next(iter(self._plans.values()))
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
             # keeps the lease; starting a second copy would run one task twice at once.
             log.warning("task %s delivered again while it runs here: not starting it twice", task.task_id)
             entry = self._tasks[task.task_id]
-            if entry.tracked and entry.policy is not None:  # the new poll reset the server's clock
+            if policy is None and entry.tracked and entry.policy is not None:  # not re-tracked at poll
                 self._engine.track(task, entry.policy, polled_at=polled_at)
             self._pollers[plan.poll.task_type].release()
             self._budget.give_back(1)
@@ -221,17 +241,22 @@ class Runner:
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
         self._tasks[task.task_id] = entry
         self._statuses.append(None)
+        if policy is not None:  # tracked at poll time
+            entry.policy, entry.tracked = policy, True
         if self._stopping_since is not None:
             # Polled while stopping (a long poll was in flight): hand it straight back for a retry.
             self._report(entry, _failed(task, plan, SHUTDOWN_REASON))
             return
-        entry.policy = plan.make_policy(task)
-        self._engine.track(task, entry.policy, polled_at=polled_at)
-        entry.tracked = True
+        if entry.policy is None:
+            entry.policy = plan.make_policy(task)
+            self._engine.track(task, entry.policy, polled_at=polled_at)
+            entry.tracked = True
+        task_id = task.task_id
         try:
             entry.child = self._supervisor.spawn(
-                task, plan.spec, worker_id=plan.worker_id, on_line=self._line_sink(entry)
-            )
+                task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
+                on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)),
+            )  # fmt: skip
         except ProcessError as exc:
             log.error("task %s: could not start the command: %s", task.task_id, exc)
             self._engine.child_exited(task.task_id)
@@ -241,17 +266,17 @@ class Runner:
         self._engine.child_started(task.task_id)
         log.info("task %s (%s, workflow %s) started: pid %d", task.task_id, task.task_type,
                  task.workflow_id, entry.child.pid)
-        threading.Thread(target=self._wait_child, args=(task.task_id, entry.child),
-                         name=f"wait-{entry.child.pid}", daemon=True).start()
 
-    def _line_sink(self, entry: InFlight) -> Callable[[str, str], None]:
-        send = self._logs.open(entry.task.task_id)
+    def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
+        send = self._logs.open_lines(entry.task.task_id)
+        tail = entry.tail
 
-        def on_line(stream: str, line: str) -> None:  # on a reader thread: no blocking here
-            entry.tail.append(line)
-            send(stream, line)
+        def on_lines(stream: str, lines: list[str]) -> None:  # on a reader thread: no blocking here
+            for line in lines[-MAX_OUTPUT_LINES:]:  # the tail keeps no more
+                tail.append(line)
+            send(stream, lines)
 
-        return on_line
+        return on_lines
 
     def _on_fence(self, task_id: str, action: FenceAction) -> None:
         entry = self._tasks.get(task_id)

@@ -26,6 +26,7 @@ from leasecore.snapshot import ServerHealth, TaskSnapshot
 class TaskPolled:
     task: Task
     polled_at: float  # monotonic send time of the poll that delivered it
+    policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class EnginePort(Protocol):
 
 
 class ChildPort(Protocol):
-    """A running task tree (``leasecore.process`` child handle)."""
+    """A running task tree (``leasecore.process`` child handle). Its exit reaches the runner through
+    ``SupervisorPort.spawn(on_done=...)``; ``wait`` is for callers that have a thread to block."""
 
     @property
     def pid(self) -> int: ...
@@ -111,7 +113,8 @@ class SupervisorPort(Protocol):
 
     def spawn(
         self, task: Task, spec: Any, *, worker_id: str,
-        on_line: Callable[[str, str], None] | None = None,
+        on_lines: Callable[[str, list[str]], None] | None = None,
+        on_done: Callable[[Any], None] | None = None,
     ) -> ChildPort: ...
 
 
@@ -146,6 +149,7 @@ class RunOptions:
     report_retry_seconds: float = 60.0  # retry a final update this long (heartbeats go on meanwhile)
     shutdown_report_retry_seconds: float = 10.0  # ... but no longer than this once stopping
     status_interval_seconds: float = 1.0
+    status_min_interval_seconds: float = 0.2  # status snapshots are built at most this often
 
 
 @dataclass(frozen=True)

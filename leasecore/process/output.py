@@ -1,7 +1,9 @@
 """Bounded capture of one output stream: split into lines, keep a tail, hand lines to a sink.
 
 Pure (bytes in, lines out): the reader thread in ``supervisor.py`` feeds it whatever ``os.read``
-returned. Memory stays bounded whatever the child writes: a partial line is never longer than
+returned, and each chunk is split with one ``bytes.split`` and decoded with one ``decode`` (no Python
+work per line on the common path: a child printing 300 MB of short lines must not cost minutes).
+Memory stays bounded whatever the child writes: a partial line is never longer than
 ``max_line_bytes`` (a longer run without a newline is cut into pieces of that size) and the tail
 keeps at most ``tail_lines`` lines and ``tail_bytes`` bytes.
 """
@@ -17,49 +19,58 @@ TAIL_BYTES = 64 * 1024
 
 
 class StreamCapture:
-    """Line splitter and tail ring for one stream; ``emit`` receives each complete line as text."""
+    """Line splitter and tail ring for one stream.
+
+    ``emit`` receives each complete line as text; ``emit_lines`` (if given, instead) receives the
+    lines of each chunk as one list: a chatty child then costs a few C-level operations per chunk
+    (one ``split``, one ``decode``), not Python work per line.
+    """
 
     def __init__(
         self,
         emit: Callable[[str], None] | None = None,
         *,
+        emit_lines: Callable[[list[str]], None] | None = None,
         max_line_bytes: int = MAX_LINE_BYTES,
         tail_lines: int = TAIL_LINES,
         tail_bytes: int = TAIL_BYTES,
     ) -> None:
         self._emit = emit
+        self._emit_lines = emit_lines
         self._max_line_bytes = max_line_bytes
         self._tail_bytes = tail_bytes
         self._tail: deque[bytes] = deque(maxlen=tail_lines)
-        self._tail_size = 0
-        self._partial = bytearray()
+        self._partial = b""
         self.total_bytes = 0
 
     def feed(self, data: bytes) -> None:
         """Take the next chunk of the stream."""
         self.total_bytes += len(data)
-        self._partial += data
-        start = 0
+        if self._partial:
+            data = self._partial + data  # the partial line is shorter than max_line_bytes
+        end = data.rfind(b"\n") + 1
+        lines = data[: end - 1].split(b"\n") if end else []
+        rest = data[end:]
         limit = self._max_line_bytes
-        while True:
-            # Look for a newline only within one line's length, so a flood without newlines costs
-            # O(chunk), not O(buffer) per call.
-            newline = self._partial.find(b"\n", start, start + limit + 1)
-            if newline >= 0:
-                self._line(bytes(self._partial[start:newline]))
-                start = newline + 1
-            elif len(self._partial) - start >= limit:
-                self._line(bytes(self._partial[start : start + limit]))
-                start += limit
-            else:
-                break
-        del self._partial[:start]
+        if lines and max(map(len, lines)) > limit:
+            lines = [piece for line in lines for piece in _pieces(line, limit)]
+            cut = True
+        else:
+            cut = False
+        if len(rest) >= limit:  # a run without a newline: hand it on in pieces of max_line_bytes
+            whole = len(rest) - len(rest) % limit
+            lines += _pieces(rest[:whole], limit)
+            rest = rest[whole:]
+            cut = True
+        self._partial = rest
+        if lines:
+            self._lines(lines, None if cut else data[: end - 1] if end else None)
 
     def close(self) -> None:
         """End of stream: a last line without a newline still counts."""
         if self._partial:
-            self._line(bytes(self._partial))
-            self._partial.clear()
+            line, self._partial = self._partial, b""
+            self._lines([line], None)
 
     def tail(self) -> str:
         """The last lines, joined with newlines."""
@@ -73,14 +84,33 @@ class StreamCapture:
                 return text
         return ""
 
-    def _line(self, line: bytes) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if len(self._tail) == self._tail.maxlen:
-            self._tail_size -= len(self._tail[0])
-        self._tail.append(line)
-        self._tail_size += len(line)
-        while self._tail_size > self._tail_bytes and len(self._tail) > 1:
-            self._tail_size -= len(self._tail.popleft())
-        if self._emit is not None:
-            self._emit(line.decode("utf-8", "replace"))
+    def _lines(self, lines: list[bytes], block: bytes | None) -> None:
+        """Record ``lines`` (complete, newline-free); ``block``: the same lines joined by newlines,
+        when they are exactly that (decoded in one go: a newline never splits a UTF-8 sequence)."""
+        has_cr = b"\r" in block if block is not None else any(line.endswith(b"\r") for line in lines)
+        if has_cr:
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+        self._tail.extend(lines[-(self._tail.maxlen or 1) :])
+        size = sum(map(len, self._tail))
+        while size > self._tail_bytes and len(self._tail) > 1:
+            size -= len(self._tail.popleft())
+        if self._emit is None and self._emit_lines is None:
+            return
+        if block is not None:
+            texts = block.decode("utf-8", "replace").split("\n")
+            if has_cr:
+                texts = [text[:-1] if text.endswith("\r") else text for text in texts]
+        else:
+            texts = [line.decode("utf-8", "replace") for line in lines]
+        if self._emit_lines is not None:
+            self._emit_lines(texts)
+        elif self._emit is not None:
+            for text in texts:
+                self._emit(text)
+
+
+def _pieces(line: bytes, limit: int) -> list[bytes]:
+    """``line`` cut into pieces of at most ``limit`` bytes (one piece, maybe empty, if it fits)."""
+    if len(line) <= limit:
+        return [line]
+    return [line[i : i + limit] for i in range(0, len(line), limit)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import itertools
 import logging
 import os
@@ -51,6 +52,11 @@ from leasecore.process.taskfiles import TaskFiles
 log = logging.getLogger(__name__)
 
 LineSink = Callable[[str, str], None]
+LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
+DoneSink = Callable[[ChildExit], None]
+_READ_BYTES = 1 << 20
+_BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
+_F_SETPIPE_SZ = 1031
 # Boots the fork server from the source tree at argv[1] *without* running leasecore/__init__.py and
 # leasecore/process/__init__.py (bare package stubs stand in): those import the runner's side
 # (models, subprocess, threading, logging), doubling the size of the process every task forks from.
@@ -93,7 +99,8 @@ class Child:
     """One running task command. Created by ``Supervisor.spawn``."""
 
     def __init__(
-        self, supervisor: Supervisor, key: str, files: TaskFiles, on_line: LineSink | None, clock: Clock
+        self, supervisor: Supervisor, key: str, files: TaskFiles, on_line: LineSink | None, clock: Clock,
+        on_lines: LinesSink | None = None, on_done: DoneSink | None = None,
     ) -> None:
         self.key = key
         self.pid = 0
@@ -101,6 +108,8 @@ class Child:
         self._supervisor = supervisor
         self._files = files
         self._on_line = on_line
+        self._on_lines = on_lines
+        self._on_done = on_done
         self._clock = clock
         self._exit_info: tuple[int | None, int | None, float] | None = None
         self._exited = threading.Event()
@@ -152,6 +161,19 @@ class Child:
         )
         thread.start()
 
+    def _capture(self, stream: str) -> StreamCapture:
+        batch = self._on_lines
+        if batch is None:
+            return StreamCapture(self._emitter(stream))
+
+        def emit_lines(lines: list[str]) -> None:
+            try:
+                batch(stream, lines)
+            except Exception:  # a broken sink must not stop the reader (the child would block)
+                log.exception("on_lines sink failed for task %s", self.key)
+
+        return StreamCapture(emit_lines=emit_lines)
+
     def _emitter(self, stream: str) -> Callable[[str], None]:
         sink = self._on_line
 
@@ -166,10 +188,8 @@ class Child:
         return emit
 
     def _pump(self, out_r: int, err_r: int, drain_seconds: float) -> None:
-        captures = {
-            out_r: StreamCapture(self._emitter("stdout")),
-            err_r: StreamCapture(self._emitter("stderr")),
-        }
+        captures = {out_r: self._capture("stdout"), err_r: self._capture("stderr")}
+        grown: set[int] = set()
         stdout, stderr = captures[out_r], captures[err_r]
         open_fds = set(captures)
         deadline: float | None = None
@@ -187,9 +207,13 @@ class Child:
                     if fd == self._wake_r:
                         os.read(fd, 64)
                         continue
-                    data = os.read(fd, 65536)
+                    data = os.read(fd, _READ_BYTES)
                     if data:
                         captures[fd].feed(data)
+                        if len(data) >= 65536 and fd not in grown:  # a chatty child: a bigger pipe
+                            grown.add(fd)
+                            with contextlib.suppress(OSError):  # over the user's pipe quota: keep 64 KiB
+                                fcntl.fcntl(fd, _F_SETPIPE_SZ, _BIG_PIPE_BYTES)
                     else:
                         selector.unregister(fd)
                         open_fds.discard(fd)
@@ -220,6 +244,11 @@ class Child:
             output_error=output_error,
         )
         self._done.set()
+        if self._on_done is not None:
+            try:
+                self._on_done(self._result)
+            except Exception:  # the sink's bug must not be lost silently
+                log.exception("on_done sink failed for task %s", self.key)
 
 
 class Supervisor:
@@ -276,13 +305,17 @@ class Supervisor:
         return set() if self._state_dir is None else leftovers.sweep(self._state_dir)
 
     def spawn(
-        self, task: Task, spec: CommandSpec, *, worker_id: str, on_line: LineSink | None = None
+        self, task: Task, spec: CommandSpec, *, worker_id: str, on_line: LineSink | None = None,
+        on_lines: LinesSink | None = None, on_done: DoneSink | None = None,
     ) -> Child:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
         ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
         child's output thread: it must return quickly (queue the line), or the child blocks on a full
-        pipe. Lines longer than 64 KiB arrive in pieces.
+        pipe. Lines longer than 64 KiB arrive in pieces. ``on_lines(stream, lines)`` (instead) gets the
+        complete lines of each read as one list: far cheaper for a chatty child. ``on_done(exit)`` is
+        called once, from the output thread, when ``wait`` would return the exit: the caller needs no
+        thread of its own per child to learn of it.
         """
         argv = spec.command_argv()
         self._ensure_forkserver()
@@ -301,7 +334,7 @@ class Supervisor:
             files.remove()
             raise
         key = f"t{next(self._ids)}"
-        child = Child(self, key, files, on_line, self._clock)
+        child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
         with self._cond:
             self._children[key] = child
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,

@@ -184,7 +184,12 @@ class FakeExit:
 class RealChild:
     """A real process in its own session; tree = its process group."""
 
-    def __init__(self, argv: list[str], on_line: Callable[[str, str], None] | None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        on_lines: Callable[[str, list[str]], None] | None,
+        on_done: Callable[[Any], None] | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -193,18 +198,20 @@ class RealChild:
             start_new_session=True,
             text=True,
         )
-        self._reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(on_lines,), daemon=True)
         self._reader.start()
+        if on_done is not None:  # the real Supervisor calls on_done from its output thread
+            threading.Thread(target=lambda: on_done(self.wait(None)), daemon=True).start()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _read(self, on_line: Callable[[str, str], None] | None) -> None:
+    def _read(self, on_lines: Callable[[str, list[str]], None] | None) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if on_line:
-                on_line("stdout", line.rstrip("\n"))
+            if on_lines:
+                on_lines("stdout", [line.rstrip("\n")])
         self.proc.stdout.close()
 
     def wait(self, timeout: float | None) -> FakeExit | None:
@@ -230,9 +237,15 @@ class FakeSupervisor:
         self.children: dict[str, RealChild] = {}
 
     def spawn(
-        self, task: Task, spec: Any, *, worker_id: str, on_line: Callable[[str, str], None] | None = None
+        self,
+        task: Task,
+        spec: Any,
+        *,
+        worker_id: str,
+        on_lines: Callable[[str, list[str]], None] | None = None,
+        on_done: Callable[[Any], None] | None = None,
     ) -> RealChild:
-        child = RealChild([sys.executable, "-c", str(spec)], on_line)
+        child = RealChild([sys.executable, "-c", str(spec)], on_lines, on_done)
         self.children[task.task_id] = child
         return child
 
