@@ -1,0 +1,47 @@
+"""The delay queue behind each task queue of the embedded server (poll order: available time, then FIFO)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+
+
+class DelayQueue:
+    """A delay queue of task ids: a heap of (available_at, seq, id) with lazy deletion."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.cond = threading.Condition(lock)
+        self._heap: list[tuple[float, int, str]] = []
+        self._live: dict[str, int] = {}
+        self._seq = itertools.count()
+
+    def push(self, task_id: str, available_at: float) -> None:
+        seq = next(self._seq)
+        self._live[task_id] = seq
+        heapq.heappush(self._heap, (available_at, seq, task_id))
+
+    def remove(self, task_id: str) -> None:
+        self._live.pop(task_id, None)
+
+    def _purge(self) -> None:
+        while self._heap and self._live.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)
+
+    def pop_ready(self, now: float, count: int) -> list[str]:
+        out: list[str] = []
+        while len(out) < count:
+            self._purge()
+            if not self._heap or self._heap[0][0] > now:
+                break
+            _, _, task_id = heapq.heappop(self._heap)
+            del self._live[task_id]
+            out.append(task_id)
+        return out
+
+    def next_available(self) -> float | None:
+        self._purge()
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._live)

@@ -1,0 +1,234 @@
+"""Task traffic of the embedded server: long polls, updates (§3), extendLease, logs, poll data, queues."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from leasecore.server.decider import StoreDecider
+from leasecore.server.records import (
+    JSON,
+    MAX_LONG_POLL_MS,
+    TASK_EXEC_LOG_SIZE_LIMIT,
+    UPDATE_STATUSES,
+    ApiError,
+    TaskRecord,
+    as_int,
+    bad_request,
+    binding_error,
+    queue_name,
+    validation_failed,
+)
+
+
+class StoreTasks(StoreDecider):
+    """What workers call. Public methods take the lock."""
+
+    def poll(
+        self,
+        task_type: str,
+        *,
+        count: int = 1,
+        timeout_ms: int = 100,
+        worker_id: str | None = None,
+        domain: str | None = None,
+    ) -> list[JSON]:
+        """Batch poll, a real long poll: returns once a task is ready, or ``[]`` at the timeout."""
+        if timeout_ms > MAX_LONG_POLL_MS:
+            raise bad_request("Long Poll Timeout value cannot be more than 5 seconds")
+        qname = queue_name(task_type, domain)
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        out: list[JSON] = []
+        with self._lock:
+            q = self._queue(qname)
+            while count > 0:
+                now = self._now()
+                for task_id in q.pop_ready(now, count - len(out)):
+                    task = self._tasks.get(task_id)
+                    if task is None or task.terminal:
+                        continue
+                    self._claim(task, worker_id, now)
+                    out.append(self._task_json(task))
+                if out or self._closed:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                nxt = q.next_available()
+                if nxt is not None:
+                    remaining = min(remaining, max(nxt - self._now(), 0.001))
+                q.cond.wait(remaining)
+            self._record_poll(task_type, domain, worker_id)
+        return out
+
+    def _claim(self, task: TaskRecord, worker_id: str | None, now: float) -> None:
+        task.status = "IN_PROGRESS"
+        if task.start_time is None:
+            task.start_time = now
+        task.callback_after_seconds = 0
+        task.worker_id = worker_id
+        task.poll_count += 1
+        task.update_time = now
+        wf = self._workflows[task.workflow_id]
+        self._reschedule(wf, now)
+
+    def _record_poll(self, task_type: str, domain: str | None, worker_id: str | None) -> None:
+        now = self._now()
+        key = (task_type, domain if domain is not None else "DEFAULT")
+        entry: JSON = {"queueName": task_type, "lastPollTime": self.epoch_ms(now)}
+        if domain is not None:
+            entry["domain"] = domain
+        if worker_id is not None:
+            entry["workerId"] = worker_id
+        self._poll_data[key] = entry
+        self._poll_mono[key] = now
+
+    def poll_data(self, task_type: str | None) -> list[JSON]:
+        with self._lock:
+            return [
+                dict(v)
+                for (tt, _), v in sorted(self._poll_data.items())
+                if task_type is None or tt == task_type
+            ]
+
+    def queue_size(self, task_type: str, domain: str | None = None) -> int:
+        with self._lock:
+            q = self._queues.get(queue_name(task_type, domain))
+            return len(q) if q is not None else 0
+
+    def queue_sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {name: len(q) for name, q in sorted(self._queues.items())}
+
+    def update_task(self, body: Any) -> str:
+        """``POST /api/tasks``: every rule of CONDUCTOR_PROTOCOL.md §3, in order; returns the taskId."""
+        task_id, _task = self._apply_update(body)
+        return task_id
+
+    def update_task_v2(self, body: Any) -> JSON | None:
+        """``POST /api/tasks/update-v2``: the update, then (terminal, non-lease) claim the next task."""
+        _task_id, task = self._apply_update(body)
+        if task is None or not task.terminal:
+            return None
+        worker = body.get("workerId") if isinstance(body, dict) else None
+        got = self.poll(
+            task.task_type,
+            count=1,
+            timeout_ms=0,
+            worker_id=worker if isinstance(worker, str) else None,
+            domain=task.domain,
+        )
+        return got[0] if got else None
+
+    def _apply_update(self, body: Any) -> tuple[str, TaskRecord | None]:
+        if not isinstance(body, dict):
+            raise binding_error("Cannot deserialize the TaskResult: expected a JSON object")
+        status = body.get("status")
+        if status is not None and status not in UPDATE_STATUSES:
+            raise binding_error(
+                f"Cannot deserialize value of type `TaskResult$Status` from String {status!r}: "
+                f"not one of the values accepted for Enum class: {sorted(UPDATE_STATUSES)}"
+            )
+        output = body.get("outputData")
+        if output is not None and not isinstance(output, dict):
+            raise binding_error("Cannot deserialize outputData: expected a JSON object")
+        logs = body.get("logs")
+        if logs is not None and not isinstance(logs, list):
+            raise binding_error("Cannot deserialize logs: expected a JSON array")
+        callback = as_int(body.get("callbackAfterSeconds"), 0)
+        raw_task_id, raw_wf_id = body.get("taskId"), body.get("workflowInstanceId")
+        errors: list[JSON] = []
+        if raw_task_id is None or raw_task_id == "":
+            errors.append(
+                {"path": "updateTask.taskResult.taskId", "message": "Task ID cannot be null or empty"}
+            )
+        if raw_wf_id is None or raw_wf_id == "":
+            errors.append(
+                {
+                    "path": "updateTask.taskResult.workflowInstanceId",
+                    "message": "Workflow Id cannot be null or empty",
+                }
+            )
+        if errors:
+            raise validation_failed(errors)
+        task_id, workflow_id = str(raw_task_id), str(raw_wf_id)
+
+        with self._lock:
+            now = self._now()
+            if body.get("extendLease") is True:
+                task = self._tasks.get(task_id)
+                if task is None:
+                    raise ApiError(404, f"No such task found by id: {task_id}")
+                if not task.terminal:
+                    task.update_time = now
+                    if self.sweep_mode == "ideal":
+                        # The real server leaves its decider queue alone here; "coarse" does too.
+                        self._reschedule(self._workflows[task.workflow_id], now)
+                return task_id, None
+            wf = self._workflows.get(workflow_id)
+            if wf is None:
+                raise ApiError(404, f"No such workflow found by id: {workflow_id}")
+            task = self._tasks.get(task_id)
+            if task is None:
+                raise ApiError(404, f"No such task found by id: {task_id}")
+            wf = self._workflows[task.workflow_id]
+            if task.terminal:
+                self._queue(task.queue_name).remove(task.task_id)
+                return task_id, task
+            if wf.terminal:
+                self._queue(task.queue_name).remove(task.task_id)
+                return task_id, task
+            if status is None:
+                raise ApiError(500, 'Cannot invoke "TaskResult$Status.name()": status is null')
+            worker = body.get("workerId")
+            task.output_data = copy.deepcopy(output) if output is not None else {}
+            reason = body.get("reasonForIncompletion")
+            task.reason = str(reason) if reason is not None else None
+            task.worker_id = str(worker) if worker is not None else None
+            task.callback_after_seconds = callback
+            if status == "IN_PROGRESS":
+                task.status = "SCHEDULED"
+                self._queue(task.queue_name).push(task.task_id, now + max(callback, 0))
+                self._notify_queue(task.queue_name)
+            else:
+                task.status = status
+                task.end_time = now
+                self._queue(task.queue_name).remove(task.task_id)
+            task.update_time = now
+            wf.update_time = now
+            if logs:
+                self._store_logs(task.task_id, logs[:TASK_EXEC_LOG_SIZE_LIMIT], now)
+            self._decide(wf, now)
+            return task_id, task
+
+    def _store_logs(self, task_id: str, logs: Iterable[Any], now: float) -> None:
+        entries = self._logs.setdefault(task_id, [])
+        for item in logs:
+            if isinstance(item, dict):
+                created = item.get("createdTime")
+                entries.append(
+                    {
+                        "log": item.get("log"),
+                        "taskId": str(item.get("taskId") or task_id),
+                        "createdTime": created if isinstance(created, int) else self.epoch_ms(now),
+                    }
+                )
+            else:
+                entries.append({"log": str(item), "taskId": task_id, "createdTime": self.epoch_ms(now)})
+
+    def get_task(self, task_id: str) -> JSON:
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                raise ApiError(404, f"Task not found for taskId: {task_id}")
+            return self._task_json(task)
+
+    def add_log(self, task_id: str, text: str) -> None:
+        with self._lock:
+            self._store_logs(task_id, [text], self._now())
+
+    def get_logs(self, task_id: str) -> list[JSON]:
+        with self._lock:
+            return [dict(e) for e in self._logs.get(task_id, [])]
