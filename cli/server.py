@@ -19,6 +19,9 @@ HELP = (
     "test harness use: task and workflow definitions (SIMPLE tasks in sequence), start / get / terminate "
     "/ decide, poll and batch long-poll, update, extendLease, logs, poll data, health, optional token "
     "auth.\n\n"
+    "Memory is bounded: at most --max-finished-workflows finished workflows are kept (oldest finished "
+    "forgotten first, with their tasks and logs: a GET of one is then a 404) and each task's last 1000 "
+    "log entries.\n\n"
     "Timing: --sweep-mode ideal (default) checks every timeout promptly at its deadline; coarse imitates "
     "the real SQLite-backed Conductor server, where later re-checks of a workflow come 60-120 s late.\n\n"
     "Prints the API base URL (http://HOST:PORT/api) on stdout once listening; Ctrl-C or SIGTERM stops it."
@@ -40,6 +43,12 @@ def server(
     sweep_mode: str = typer.Option(
         "ideal", "--sweep-mode", help="Timeout checks: 'ideal' (prompt) or 'coarse' (like the real server)."
     ),
+    max_finished_workflows: int = typer.Option(
+        10_000,
+        "--max-finished-workflows",
+        min=1,
+        help="Finished workflows kept in memory; beyond it the oldest finished is forgotten (then a 404).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every request to stderr."),
 ) -> None:
     if sweep_mode not in ("ideal", "coarse"):
@@ -58,6 +67,7 @@ def server(
         token_ttl_seconds=token_ttl,
         sweep_mode="coarse" if sweep_mode == "coarse" else "ideal",
         log=log if verbose else None,
+        max_finished_workflows=max_finished_workflows,
     )
     # The handler only records (SimpleQueue.put is reentrant); the main thread acts.
     signals: queue.SimpleQueue[int] = queue.SimpleQueue()

@@ -257,6 +257,7 @@ class StoreDecider(StoreTimers):
         wf.status = "COMPLETED"
         wf.end_time = now
         wf.update_time = now
+        self._finished_workflow(wf)
 
     def _end_workflow(self, wf: WorkflowRecord, status: str, reason: str | None, now: float) -> None:
         for t in wf.tasks:
@@ -270,3 +271,4 @@ class StoreDecider(StoreTimers):
         wf.end_time = now
         wf.update_time = now
         self._reschedule(wf, now)
+        self._finished_workflow(wf)

@@ -5,6 +5,15 @@ use (CONDUCTOR_PROTOCOL.md §12). Typical use::
 
     with EmbeddedServer() as srv:          # port 0: a free port
         client = ConductorClient(srv.url)  # "http://127.0.0.1:PORT/api"
+
+Memory is bounded for a long-running server: at most ``max_finished_workflows`` finished workflows are
+kept (the oldest finished is forgotten first, with its tasks and their logs; a GET of it is then a 404,
+as for an unknown id; running workflows are never forgotten), and each task keeps its last
+``max_logs_per_task`` log entries.
+
+``store=`` hands in a ready-made :class:`Store`, typically a subclass that records what passes through
+its public methods (the benchmark records claims, leases and updates that way); it must be fresh and
+serve only this server. The clock, sweep mode and bounds are then the store's own.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from types import TracebackType
 from leasecore.clock import Clock
 from leasecore.errors import ConfigError
 from leasecore.server.httpd import Api, _HTTPServer
+from leasecore.server.state import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 from leasecore.server.store import Store, SweepMode
 
 
@@ -34,10 +44,22 @@ class EmbeddedServer:
         sweep_mode: SweepMode = "ideal",
         clock: Clock | None = None,
         log: Callable[[str], None] | None = None,
+        max_finished_workflows: int = DEFAULT_MAX_FINISHED_WORKFLOWS,
+        max_logs_per_task: int = DEFAULT_MAX_LOGS_PER_TASK,
+        store: Store | None = None,
     ) -> None:
         self.host = host
         self._requested_port = port
-        self.store = Store(clock=clock, sweep_mode=sweep_mode)
+        self.store = (
+            store
+            if store is not None
+            else Store(
+                clock=clock,
+                sweep_mode=sweep_mode,
+                max_finished_workflows=max_finished_workflows,
+                max_logs_per_task=max_logs_per_task,
+            )
+        )
         self.api = Api(
             self.store, auth_key=auth_key, auth_secret=auth_secret, token_ttl_seconds=token_ttl_seconds
         )

@@ -82,8 +82,7 @@ class StoreTasks(StoreDecider):
             entry["domain"] = domain
         if worker_id is not None:
             entry["workerId"] = worker_id
-        self._poll_data[key] = entry
-        self._poll_mono[key] = now
+        self._remember_poll(key, entry, now)
 
     def poll_data(self, task_type: str | None) -> list[JSON]:
         with self._lock:
@@ -204,7 +203,7 @@ class StoreTasks(StoreDecider):
             return task_id, task
 
     def _store_logs(self, task_id: str, logs: Iterable[Any], now: float) -> None:
-        entries = self._logs.setdefault(task_id, [])
+        entries = self._log_entries(task_id)
         for item in logs:
             if isinstance(item, dict):
                 created = item.get("createdTime")
@@ -217,6 +216,7 @@ class StoreTasks(StoreDecider):
                 )
             else:
                 entries.append({"log": str(item), "taskId": task_id, "createdTime": self.epoch_ms(now)})
+        self._trim_logs(entries)
 
     def get_task(self, task_id: str) -> JSON:
         with self._lock:

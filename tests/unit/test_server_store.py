@@ -354,3 +354,96 @@ def test_expressions() -> None:
         "list": [True, 3],
         "plain": "no expression",
     }
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+
+
+def _complete(store: Store, wf_id: str) -> str:
+    task = _poll(store)
+    assert task["workflowInstanceId"] == wf_id
+    store.update_task({"taskId": task["taskId"], "workflowInstanceId": wf_id, "status": "COMPLETED"})
+    store.add_log(task["taskId"], "done")
+    return str(task["taskId"])
+
+
+def _gone(call: Any, *args: Any) -> bool:
+    with pytest.raises(ApiError) as info:
+        call(*args)
+    return info.value.status == 404
+
+
+def test_only_the_newest_finished_workflows_are_kept_and_running_ones_never_go() -> None:
+    clock = FakeClock()
+    store = Store(clock=clock, max_finished_workflows=3)
+    running = [_setup(store) for _ in range(5)]  # queued first: each poll below takes the oldest
+    finished = [(wf_id, _complete(store, wf_id)) for wf_id in running[:4]]
+    terminated = store.start_workflow("w", {})
+    store.terminate_workflow(terminated, "enough")
+
+    # 5 finished (4 completed, 1 terminated), 3 kept: the two that finished first are forgotten.
+    for wf_id, task_id in finished[:2]:
+        assert _gone(store.get_workflow, wf_id)
+        assert _gone(store.get_workflow_status, wf_id)
+        assert _gone(store.get_task, task_id)
+        assert store.get_logs(task_id) == []
+        assert _gone(store.update_task, {"taskId": task_id, "workflowInstanceId": wf_id, "extendLease": True})
+    for wf_id, task_id in finished[2:]:
+        assert store.get_workflow(wf_id)["status"] == "COMPLETED"
+        assert [e["log"] for e in store.get_logs(task_id)] == ["done"]
+    assert store.get_workflow(terminated)["status"] == "TERMINATED"
+    assert store.get_workflow(running[4])["status"] == "RUNNING"
+    assert store.evicted_workflows == 2
+
+    # A timed-out workflow counts as finished too (ended by the timer, not a call).
+    _poll(store)  # running[4]'s task, R = 10 s
+    clock.advance(10)
+    assert store.run_due() == 1
+    assert store.get_workflow(running[4])["status"] == "TIMED_OUT"
+    assert _gone(store.get_workflow, finished[2][0])
+    assert store.evicted_workflows == 3
+
+
+def test_the_bounds_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Store(max_finished_workflows=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        Store(max_logs_per_task=0)
+
+
+def test_a_task_keeps_only_its_latest_log_entries() -> None:
+    store = Store(clock=FakeClock(), max_logs_per_task=5)
+    _setup(store)
+    task = _poll(store)
+    for i in range(12):
+        store.add_log(task["taskId"], f"line {i}")
+    store.update_task(
+        {
+            "taskId": task["taskId"],
+            "workflowInstanceId": task["workflowInstanceId"],
+            "status": "IN_PROGRESS",
+            "logs": [{"log": "from the update"}],
+        }
+    )
+    logs = [e["log"] for e in store.get_logs(task["taskId"])]
+    assert logs == ["line 8", "line 9", "line 10", "line 11", "from the update"]
+
+
+def test_logs_for_ids_that_are_no_task_here_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import leasecore.server.state as state
+
+    monkeypatch.setattr(state, "MAX_UNKNOWN_LOG_TASKS", 3)
+    store = Store(clock=FakeClock())
+    for i in range(5):
+        store.add_log(f"stranger-{i}", "hello")
+    assert [store.get_logs(f"stranger-{i}") != [] for i in range(5)] == [False, False, True, True, True]
+
+
+def test_poll_data_forgets_the_least_recently_polled_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    import leasecore.server.state as state
+
+    monkeypatch.setattr(state, "MAX_POLL_DATA_ENTRIES", 2)
+    store = Store(clock=FakeClock())
+    for task_type in ("a", "b", "a", "c"):
+        store.poll(task_type, timeout_ms=0, worker_id="w")
+    assert [entry["queueName"] for entry in store.poll_data(None)] == ["a", "c"]
