@@ -17,7 +17,7 @@ driver can compare it with its own readings):
 - ``ends[task_id]``: when the server ended the task (its ``endTime``, mapped back to the clock), or None.
 
 The recording wraps the public ``Store.poll`` / ``Store.update_task`` in a subclass; the server itself
-is unchanged. The store and its API are swapped in before ``start()``.
+is unchanged. It is handed in through ``EmbeddedServer(store=...)``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import time
 from typing import Any
 
 from leasecore.server import EmbeddedServer
-from leasecore.server.httpd import Api
 from leasecore.server.store import JSON, TERMINAL_TASK, ApiError, Store
 
 
@@ -38,7 +37,8 @@ class RecordingStore(Store):
     """A :class:`Store` that remembers when each task was claimed, leased and updated."""
 
     def __init__(self) -> None:
-        super().__init__()
+        # Tasks are looked up after the run: keep every finished workflow (the default forgets old ones).
+        super().__init__(max_finished_workflows=10**9)
         self._marks_lock = threading.Lock()
         self.claims: dict[str, list[float]] = {}
         self.leases: dict[str, list[float]] = {}
@@ -117,10 +117,8 @@ class RecordingStore(Store):
 
 
 def main() -> int:
-    server = EmbeddedServer("127.0.0.1", 0)
     store = RecordingStore()
-    server.store = store
-    server.api = Api(store)
+    server = EmbeddedServer("127.0.0.1", 0, store=store)
     server.start()
     print(json.dumps({"url": server.url, "pid": os.getpid()}), flush=True)
     try:
