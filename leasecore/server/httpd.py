@@ -471,16 +471,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         started = time.perf_counter()
+        refused = False
         try:
             body = self._read_body()
         except _FramingError as exc:
-            self.close_connection = True
+            self.close_connection = refused = True
             response = self.server.api._error(exc.status, exc.message)
         else:
             headers = {k.lower(): v for k, v in self.headers.items()}
             response = self.server.api.handle(self.command, self.path, headers, body)
         self._send(response)
-        if self.close_connection:
+        if refused:
             self._linger()
         log = self.server.log
         if log is not None:
