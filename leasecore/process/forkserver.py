@@ -148,13 +148,16 @@ class ForkServer:
         self._selector.register(self._sock, selectors.EVENT_READ)
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
         while not self._done():
+            sigchld = False
             for key, _ in self._selector.select(self._timeout()):
                 if key.fileobj == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
+                    sigchld = True
                 elif not self._serve_one():
                     self._begin_close(0.0)
-            self._reap()
+            if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
+                self._reap()
             self._tick()
 
     # requests -------------------------------------------------------------------------------
