@@ -163,6 +163,10 @@ class LeasePolicy:
     http_timeout_seconds: float = 10.0
     min_attempt_seconds: float = 0.1
     redelivery_grace_seconds: float = 1.0  # a higher pollCount is confirmed this much later (0: at once)
+    # The first heartbeat and ownership check come after (1 - spread * random()) of their interval:
+    # leases polled in one batch (1000 at once) then beat spread over the interval instead of all at
+    # the same instant, which no server answers within the 0.2 R of slack. 0: exactly on time.
+    first_attempt_spread: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -174,6 +178,8 @@ class LeasePolicy:
             _positive_or_zero(name, getattr(self, name))
         if self.heartbeat_timeout_seconds is not None:
             _positive_or_zero("heartbeat_timeout_seconds", self.heartbeat_timeout_seconds)
+        if not 0 <= self.first_attempt_spread <= 1:
+            raise ConfigError(f"first_attempt_spread must be in [0, 1], got {self.first_attempt_spread}")
         if not 0 < self.heartbeat_ratio <= 1:
             raise ConfigError(f"heartbeat_ratio must be in (0, 1], got {self.heartbeat_ratio}")
         if not self.http_timeout_seconds > 0:
@@ -190,6 +196,7 @@ class LeasePolicy:
         exec_timeout_seconds: float = 0.0,
         ownership_check_interval_seconds: float = 5.0,
         http_timeout_seconds: float = 10.0,
+        first_attempt_spread: float = 0.0,
     ) -> LeasePolicy:
         """The policy for a polled task: R and the hard ceiling from the task, the rest from config.
 
@@ -206,6 +213,7 @@ class LeasePolicy:
             exec_timeout_seconds=exec_timeout_seconds,
             ownership_check_interval_seconds=ownership_check_interval_seconds,
             http_timeout_seconds=http_timeout_seconds,
+            first_attempt_spread=first_attempt_spread,
         )
 
     @property
@@ -294,9 +302,10 @@ class Lease:
         self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
         self._failures = 0
         self._beat_in_flight = self._check_in_flight = False
-        self._next_beat_at = polled_at + self._interval if self._interval else _NEVER
+        early = 1.0 - policy.first_attempt_spread * random() if policy.first_attempt_spread else 1.0
+        self._next_beat_at = polled_at + self._interval * early if self._interval else _NEVER
         check_every = policy.ownership_check_interval_seconds
-        self._next_check_at = polled_at + check_every if check_every > 0 else _NEVER
+        self._next_check_at = polled_at + check_every * early if check_every > 0 else _NEVER
         self._exec_started_at: float | None = None
         self._shutdown_at = self._kill_at = _NEVER
         self._fence_reason: FenceReason | None = None
