@@ -67,7 +67,8 @@ def test_status_shows_a_live_runner_its_task_and_a_lease_kept_alive(world: World
         # A heartbeat has been acknowledged once last_ack_at moved past the poll (started_at).
         for r in status_json(world)["runners"]:
             for t in r["tasks"]:
-                if t["task_id"] == task_id and t["child_pid"] and when(t["last_ack_at"]) > when(t["started_at"]):
+                beaten = when(t["last_ack_at"]) > when(t["started_at"])
+                if t["task_id"] == task_id and t["child_pid"] and beaten:
                     return {"runner": r, "task": t}
         return None
 
