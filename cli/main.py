@@ -11,6 +11,8 @@ app = typer.Typer(
     help="Run any shell command or script as a Conductor worker: poll, run, heartbeat, fence, report.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain click help: readable at 80 columns, and on/off flags are not shown as taking a <bool>.
+    rich_markup_mode=None,
     pretty_exceptions_show_locals=False,  # locals can hold credentials
     context_settings={"help_option_names": ["-h", "--help"]},
 )
