@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,12 +90,42 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
     except (rexc.RequestException, rexc.RequestsWarning, urllib3.exceptions.HTTPError, OSError) as exc:
         for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
             if isinstance(exc, library_type):
-                raise error_type(
-                    f"{method} {path}: {what} ({type(exc).__name__}: {_short(str(exc))})",
-                    method=method,
-                    path=path,
-                ) from exc
+                cause = _plain_cause(exc)
+                detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
+                raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
         raise  # pragma: no cover - unreachable: the table ends with every caught base class
+
+
+def _plain_cause(exc: BaseException) -> str | None:
+    """The socket-level reason behind a requests/urllib3 error, in words an operator can act on.
+
+    requests wraps the OSError that matters several layers deep (ConnectionError -> MaxRetryError ->
+    NewConnectionError -> ConnectionRefusedError); its own message is mostly pool internals.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror):
+            return "cannot resolve the host name"
+        if isinstance(current, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(current, ConnectionResetError):
+            return "connection reset by peer"
+        if isinstance(current, TimeoutError | socket.timeout):
+            return "no answer in time"
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror.lower()
+        nested = [a for a in current.args if isinstance(a, BaseException)]
+        reason = getattr(current, "reason", None)
+        if isinstance(reason, BaseException):
+            nested.append(reason)
+        nested += [e for e in (current.__cause__, current.__context__) if e is not None]
+        pending.extend(nested)
+    return None
 
 
 def error_for_status(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -624,3 +625,18 @@ def test_recovers_once_the_network_is_back(proxied: tuple[FaultProxy, ConductorC
     for _ in range(10):
         assert client.get_task_status("t", timeout_seconds=5) is None
     assert client.health()
+
+
+def test_a_refused_connection_is_described_plainly() -> None:
+    """The operator reads "connection refused", not urllib3's pool internals."""
+    with socket.socket() as probe:  # a port nothing listens on: bind, then close
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = ConductorClient(f"http://127.0.0.1:{port}/api", timeout_seconds=2)
+    try:
+        with pytest.raises(ConductorUnavailable) as caught:
+            client.get_task("t1")
+    finally:
+        client.close()
+    assert "connection refused" in str(caught.value)
+    assert "HTTPConnectionPool" not in str(caught.value)
