@@ -32,10 +32,17 @@ def server(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to bind; 0 picks a free one."),
     auth_key: str | None = typer.Option(
-        None, "--auth-key", help="Enable token auth: the keyId clients exchange at POST /api/token."
+        None,
+        "--auth-key",
+        envvar="CONDUCTOR_RUN_SERVER_AUTH_KEY",
+        help="Enable token auth: the keyId clients exchange at POST /api/token.",
     ),
     auth_secret: str | None = typer.Option(
-        None, "--auth-secret", help="The keySecret that goes with --auth-key.", show_default=False
+        None,
+        "--auth-secret",
+        envvar="CONDUCTOR_RUN_SERVER_AUTH_SECRET",
+        help="The keySecret that goes with --auth-key (prefer the environment variable: a flag shows in ps).",
+        show_default=False,
     ),
     token_ttl: float = typer.Option(
         3600.0, "--token-ttl", min=0.001, help="Seconds before an issued token expires (EXPIRED_TOKEN)."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,12 +16,13 @@ from cli import exitcodes
 from cli.main import _register, app
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "server", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
 
 
@@ -75,6 +77,17 @@ def test_auth_flags_turn_token_auth_on(proc_factory: list[subprocess.Popen[str]]
     assert requests.get(url + "/tasks/x", headers={"X-Authorization": token}, timeout=10).status_code == 404
     proc.terminate()
     assert proc.wait(timeout=30) == exitcodes.SIGTERM
+
+
+def test_auth_credentials_can_come_from_the_environment(proc_factory: list[subprocess.Popen[str]]) -> None:
+    """So the secret need not appear on the command line (visible to every user in ps)."""
+    env = {**os.environ, "CONDUCTOR_RUN_SERVER_AUTH_KEY": "k", "CONDUCTOR_RUN_SERVER_AUTH_SECRET": "s"}
+    proc = _start(env=env)
+    proc_factory.append(proc)
+    url = _url(proc)
+    assert requests.get(url + "/tasks/x", timeout=10).status_code == 401
+    assert requests.post(url + "/token", json={"keyId": "k", "keySecret": "s"}, timeout=10).ok
+    assert "s" not in proc.args
 
 
 def test_help_explains_the_flags_and_the_timing_modes() -> None:
