@@ -8,7 +8,7 @@ translate library errors (``requests``, ``OSError``) into this tree once, at the
     ├── ConfigError                 bad configuration: key, source, what is allowed
     ├── ConductorError              talking to the Conductor server
     │   ├── ConductorUnavailable    network error, timeout, 5xx: retryable
-    │   ├── ConductorRejected       4xx: the server said no; not retryable
+    │   ├── ConductorRejected       4xx, or a 5xx marked retryable:false: the server said no
     │   │   ├── ConductorNotFound   404: the task or workflow is gone
     │   │   └── ConductorAuthError  401/403 after a token refresh, or bad credentials
     │   └── ConductorProtocolError  a 2xx answer we cannot understand
@@ -61,7 +61,7 @@ class ConductorUnavailable(ConductorError):
 
 
 class ConductorRejected(ConductorError):
-    """The server answered 4xx: the request will not succeed as it is."""
+    """The server said no (4xx, or a 5xx marked ``retryable: false``): retrying won't help."""
 
 
 class ConductorNotFound(ConductorRejected):
