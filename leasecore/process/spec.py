@@ -38,7 +38,8 @@ class CommandSpec:
 
     Exactly one of ``argv`` (run directly) or ``shell`` (run as ``/bin/sh -c SHELL``) is set.
     ``env`` adds to (or overrides) the runner's environment; ``secret_env_names`` are extra names or
-    glob patterns removed from it, on top of ``CREDENTIAL_PATTERNS``. ``kill_grace_seconds`` is the
+    glob patterns removed from both, on top of ``CREDENTIAL_PATTERNS`` (a secret name set in ``env``
+    does not reach the child either). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
     (FenceReason.EXEC_TIMEOUT); here it only words the reason.
     """
