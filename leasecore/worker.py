@@ -143,10 +143,12 @@ def _serve(
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
 ) -> RunOutcome:
     server = config.server
+    # Local things first (the config and the commands were checked by load_config): a bad state
+    # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
+    state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
     try:
         check_server(client)
-        state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
         outbox = Outbox(state_dir / "outbox", server=server.url)
         _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
         supervisor = Supervisor(state_dir)
