@@ -11,6 +11,10 @@ Threads and locking:
 * a pool of sender threads (``senders`` at start, growing up to ``max_senders`` while every sender is
   busy) runs ``SendHeartbeat`` / ``CheckOwnership`` so that one hanging request never delays the other
   leases. A lease never has two of its own heartbeats in flight (the state machine forbids it).
+  Heartbeats (deadline-critical) go first: they wait in their own queue, ordered by due time, and a
+  free sender always takes a heartbeat before an ownership check. Checks in flight are capped at half
+  the pool (``max_senders // 2``, at least 1), so a burst of checks, or checks hanging on a slow
+  server, never occupies the senders a heartbeat needs (with ``max_senders`` >= 2).
   Requests waiting for a sender show up in ``metrics()`` (``queued``, ``oldest_queued_seconds``).
 * every ``Lease`` is touched only under the one engine lock; ``on_fence`` is called outside it, from
   the timer thread, a sender thread or the caller of ``shutdown``. It must be quick and must not call
@@ -155,7 +159,10 @@ class LeaseEngine:
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._timer_target = -math.inf  # what the timer sleeps until (-inf: it is awake)
-        self._queue: deque[_Job] = deque()
+        self._beats: list[tuple[float, int, _Job]] = []  # heap by (due time, arrival)
+        self._checks: deque[_Job] = deque()
+        self._checks_calling = 0
+        self._max_checks_calling = max(1, max_senders // 2)
         self._idle = 0
         self._threads: list[threading.Thread] = []
         self._started = self._stopping = False
@@ -178,7 +185,8 @@ class LeaseEngine:
         """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
         with self._lock:
             self._stopping = True
-            self._queue.clear()
+            self._beats.clear()
+            self._checks.clear()
             self._timer_cv.notify_all()
             self._work_cv.notify_all()
             threads = list(self._threads)
@@ -236,11 +244,10 @@ class LeaseEngine:
                 return True
             now = self._clock.monotonic()
             actions = entry.lease.on_final_update_started(now)
-            queued = len(self._queue)
-            self._queue = deque(
-                j for j in self._queue if not (j.task_id == task_id and isinstance(j.action, SendHeartbeat))
-            )
-            if len(self._queue) != queued:
+            queued = len(self._beats)
+            self._beats = [b for b in self._beats if b[2].task_id != task_id]
+            if len(self._beats) != queued:
+                heapq.heapify(self._beats)
                 actions += entry.lease.on_heartbeat_withdrawn(now)
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
@@ -316,8 +323,8 @@ class LeaseEngine:
                 tracked=len(self._entries),
                 senders=len(self._threads) - (1 if self._started else 0),
                 busy_senders=len(self._threads) - (1 if self._started else 0) - self._idle,
-                queued=len(self._queue),
-                oldest_queued_seconds=now - self._queue[0].queued_at if self._queue else 0.0,
+                queued=len(self._beats) + len(self._checks),
+                oldest_queued_seconds=now - min(self._queued_times(), default=now),
                 saturated_waits=self._saturated_waits,
                 heartbeats_sent=self._heartbeats_sent,
                 heartbeat_lateness_p99_seconds=lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
@@ -325,6 +332,16 @@ class LeaseEngine:
             )
 
     # ----- internals: under the lock -------------------------------------------------------------
+
+    def _queued_times(self) -> Iterable[float]:
+        yield from (job.queued_at for _, _, job in self._beats)
+        if self._checks:
+            yield self._checks[0].queued_at
+
+    def _runnable_locked(self) -> int:
+        """How many queued requests a free sender may take now (checks beyond the cap wait)."""
+        free_check_slots = max(0, self._max_checks_calling - self._checks_calling)
+        return len(self._beats) + min(len(self._checks), free_check_slots)
 
     def _event(self, task_id: str, apply: Callable[[Lease, float], list[Action]]) -> None:
         fences: Fences = []
@@ -358,8 +375,13 @@ class LeaseEngine:
             entry.lease.policy.min_attempt_seconds,
             self._clock.monotonic(),
         )
-        self._queue.append(job)
-        if len(self._queue) <= self._idle:
+        if isinstance(action, SendHeartbeat):
+            heapq.heappush(self._beats, (action.due_at, next(self._seq), job))
+        else:
+            self._checks.append(job)
+            if len(self._checks) > self._max_checks_calling - self._checks_calling:
+                return  # over the cap: it waits for a check in flight to end (no sender to add)
+        if self._runnable_locked() <= self._idle:
             self._work_cv.notify()
         elif self._started and not self._stopping and len(self._threads) - 1 < self._max_senders:
             self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
@@ -406,17 +428,20 @@ class LeaseEngine:
     def _sender_loop(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._stopping:
+                while not self._runnable_locked() and not self._stopping:
                     self._idle += 1
                     self._work_cv.wait()
                     self._idle -= 1
                 if self._stopping:
                     return
-                job = self._queue.popleft()
+                # Heartbeats first, the most overdue first; then checks, in order.
+                job = heapq.heappop(self._beats)[2] if self._beats else self._checks.popleft()
                 entry = self._entries.get(job.task_id)
                 if entry is None:
                     continue  # reported meanwhile: never send it
-                if isinstance(job.action, SendHeartbeat):
+                if isinstance(job.action, CheckOwnership):
+                    self._checks_calling += 1  # in the same locked step as the pop: the cap holds
+                else:
                     # Marked in the same locked step as the pop: begin_final_update sees every beat
                     # either still queued (and withdraws it) or calling (and waits for it).
                     started = self._clock.monotonic()
@@ -432,7 +457,14 @@ class LeaseEngine:
                         self._beat_done_cv.notify_all()
                 self._deliver(fences)
             else:
-                self._deliver(self._check_ownership(job, job.action))
+                try:
+                    fences = self._check_ownership(job, job.action)
+                finally:
+                    with self._lock:
+                        self._checks_calling -= 1
+                        if self._checks:  # a check held back by the cap may go now
+                            self._work_cv.notify()
+                self._deliver(fences)
 
     def _send_heartbeat(self, job: _Job, action: SendHeartbeat) -> Fences:
         sent_at = self._clock.monotonic()

@@ -37,6 +37,7 @@ class FakePort:
         self.beat_timeouts: dict[str, list[float]] = defaultdict(list)
         self.checks: dict[str, list[float]] = defaultdict(list)
         self.beat_mode: dict[str, str] = {}  # ok | fail | 404 | hang | stuck | slow
+        self.check_mode: dict[str, str] = {}  # ok | stuck (until ``release``)
         self.status: dict[str, TaskStatus | None] = {}
         self.poll_count: dict[str, int] = {}  # what a check reads back (default 1)
         self.release = threading.Event()  # frees "stuck" calls
@@ -79,7 +80,11 @@ class FakePort:
     def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
         with self.cv:
             self.checks[task_id].append(time.monotonic())
+            self.order.append(("check", task_id))
             self.cv.notify_all()
+        if self.check_mode.get(task_id) == "stuck":
+            self.release.wait()
+        with self.cv:
             status = self.status.get(task_id, TaskStatus.IN_PROGRESS)
             return None if status is None else TaskOwnership(status, self.poll_count.get(task_id, 1), "host")
 
@@ -366,6 +371,60 @@ def test_a_saturated_pool_is_visible_in_the_metrics(port: FakePort, fences: Fenc
     finally:
         port.release.set()
         engine.stop(timeout_seconds=30)
+
+
+def test_a_free_sender_takes_heartbeats_before_ownership_checks(port: FakePort, fences: Fences) -> None:
+    # Given one sender, stuck in a call, and an ownership check queued before two heartbeats
+    engine = LeaseEngine(port, fences, senders=1, max_senders=1)
+    engine.start()
+    try:
+        port.beat_mode["t0"] = "stuck"
+        now = time.monotonic()
+        engine.track(task(0), policy(30.0), polled_at=now - 24)
+        port.wait_for(lambda: len(port.beats["t0"]) == 1, timeout=10)
+        engine.track(task("c"), policy(30.0, ownership_check_interval_seconds=5.0), polled_at=now - 5)
+        engine.track(task(1), policy(30.0), polled_at=now - 24)
+        engine.track(task(2), policy(30.0), polled_at=now - 24)
+        assert engine.metrics().queued == 3
+        # When the sender is free again
+        port.release.set()
+        port.wait_for(lambda: ("check", "tc") in port.order, timeout=10)
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+    # Then both heartbeats went out before the check that had waited longer
+    check = port.order.index(("check", "tc"))
+    assert port.order.index(("beat-start", "t1")) < check
+    assert port.order.index(("beat-start", "t2")) < check
+
+
+@pytest.mark.slow
+def test_hanging_ownership_checks_never_hold_up_other_tasks_heartbeats(
+    port: FakePort, fences: Fences
+) -> None:
+    # Given a pool of at most 4 senders and 8 tasks whose ownership checks hang (a slow GET)
+    engine = LeaseEngine(port, fences, senders=2, max_senders=4)
+    engine.start()
+    try:
+        now = time.monotonic()
+        for n in range(8):
+            port.check_mode[f"tc{n}"] = "stuck"
+            engine.track(task(f"c{n}"), policy(30.0, ownership_check_interval_seconds=5.0), polled_at=now - 5)
+        port.wait_for(lambda: sum(len(v) for v in port.checks.values()) >= 2, timeout=10)
+        # When 10 other tasks need a heartbeat every 1.6 s
+        t0 = time.monotonic()
+        for n in range(10):
+            engine.track(task(n), policy(2.0), polled_at=t0)
+        port.wait_for(lambda: all(len(port.beats[f"t{n}"]) >= 3 for n in range(10)), timeout=30)
+        calling_checks = sum(len(v) for v in port.checks.values())
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+    # Then every beat was on time, and the checks never took more than half the pool
+    for n in range(10):
+        assert max(lateness(port.beats[f"t{n}"][:3], t0, 1.6)) < MARGIN
+    assert calling_checks == 2
+    assert [c for c in fences.calls if not c[1].startswith("tc")] == []
 
 
 def test_stop_joins_every_thread(port: FakePort, fences: Fences) -> None:
