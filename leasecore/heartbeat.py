@@ -59,7 +59,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorError, ConductorNotFound
@@ -530,6 +530,17 @@ class _UpdateCall(Protocol):
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
 
 
+class FinalUpdateGuard(Protocol):
+    """The engine calls ``FinalUpdates`` makes (``LeaseEngine`` and the runner's ``EnginePort``)."""
+
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
+    def final_update_failed(self, task_id: str) -> None: ...
+    def reported(self, task_id: str) -> None: ...
+
+
+_Guard = TypeVar("_Guard", bound=FinalUpdateGuard)
+
+
 class FinalUpdates:
     """The reporter's update port: each attempt of a final update excludes that task's heartbeats.
 
@@ -543,11 +554,11 @@ class FinalUpdates:
         make_reporter = lambda done: Reporter(updates, done)
     """
 
-    def __init__(self, port: _UpdateCall, engine: LeaseEngine | None = None) -> None:
+    def __init__(self, port: _UpdateCall, engine: FinalUpdateGuard | None = None) -> None:
         self._port = port
         self._engine = engine
 
-    def attach(self, engine: LeaseEngine) -> LeaseEngine:
+    def attach(self, engine: _Guard) -> _Guard:
         """Use ``engine`` from now on; returns it (for a factory's one-liner)."""
         self._engine = engine
         return engine

@@ -24,12 +24,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
+from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
+from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
 from leasecore.logsink import LogStreamer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.poller import Poller, WorkBudget
-from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot
 from leasecore.runtypes import (
     ChildExited,
@@ -83,10 +85,16 @@ class Runner:
         to_result: ToResult,
         options: RunOptions | None = None,
         status: StatusPort | None = None,
-        reporter: Callable[[Callable[[ReportOutcome], None]], Reporter] | None = None,
+        reporter: Callable[[UpdatePort, Callable[[ReportOutcome], None]], Reporter] | None = None,
         logs: LogStreamer | None = None,
         clock: Clock | None = None,
+        contact: ServerContact | None = None,
     ) -> None:
+        """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
+        ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
+        update), so no caller can forget the guard. ``contact`` records the outcome of every call to
+        the server for the status snapshots; pass the one that records the engine's calls too
+        (``leasecore.contact.RecordedLeaseCalls``)."""
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self.options = options or RunOptions()
@@ -96,9 +104,12 @@ class Runner:
         self._supervisor = supervisor
         self._to_result = to_result
         self._status = status
+        self._contact = contact or ServerContact(self._clock)
+        conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
-        make_reporter = reporter or (lambda done: Reporter(conductor, done, clock=self._clock))
-        self._reporter = make_reporter(lambda outcome: self._events.put(ReportDone(outcome)))
+        updates = FinalUpdates(conductor, self._engine)
+        make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock))
+        self._reporter = make_reporter(updates, lambda outcome: self._events.put(ReportDone(outcome)))
         self._logs = logs or LogStreamer(conductor, clock=self._clock)
         self._stop_polling = threading.Event()
         self._budget = WorkBudget(self._task_limit())
@@ -450,7 +461,7 @@ class Runner:
         if self._status is None:
             return
         tasks = [task_snapshot(e, self._engine, self._clock) for e in self._tasks.values()]
-        self._status.publish(tasks, server=server_health(self._pollers.values()))
+        self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock))
 
 
 def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Protocol
 
 from leasecore.clock import Clock
+from leasecore.contact import ServerContact
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskStatus
 from leasecore.poller import Poller
@@ -89,16 +90,15 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
     )
 
 
-def server_health(pollers: Iterable[Poller]) -> ServerHealth:
-    """The server as the pollers see it: the newest success, the longest failure streak."""
-    polled = list(pollers)
-    oks = [p.last_ok_at for p in polled if p.last_ok_at is not None]
-    failing = [p for p in polled if not p.reachability.reachable]
+def server_health(pollers: Iterable[Poller], contact: ServerContact, clock: Clock) -> ServerHealth:
+    """The server as every call of the runner saw it (polls, heartbeats, ownership checks, log posts,
+    updates: ``contact``): the newest answer, the failed calls since, and the pollers' current wait."""
+    failing = contact.consecutive_failures
     return ServerHealth(
-        last_ok_at=max(oks) if oks else None,
-        consecutive_failures=max((p.consecutive_errors for p in polled), default=0),
-        backoff_seconds=max((p.backoff_seconds for p in polled), default=0.0),
-        last_error=failing[0].reachability.last_error if failing else None,
+        last_ok_at=wall_time(contact.last_ok_at, clock),
+        consecutive_failures=failing,
+        backoff_seconds=max((p.backoff_seconds for p in pollers), default=0.0),
+        last_error=contact.last_error if failing else None,
     )
 
 

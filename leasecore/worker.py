@@ -17,14 +17,15 @@ from typing import Any
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
+from leasecore.contact import RecordedLeaseCalls, ServerContact
 from leasecore.errors import ConductorUnavailable
-from leasecore.heartbeat import FinalUpdates, LeaseEngine
+from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task, TaskResult
 from leasecore.outbox import Outbox
 from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runner import Runner
 from leasecore.runstatus import StatusTee
 from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
@@ -197,13 +198,15 @@ def _make_runner(
     if on_snapshot is not None:
         status = StatusTee(status, info, on_snapshot, clock=SystemClock())
 
-    # Each attempt of a final update excludes that task's heartbeats (none overlaps or follows it).
-    updates = FinalUpdates(client)
+    # Heartbeats and ownership checks count as server contact for `status`, like the runner's calls.
+    contact = ServerContact()
+    lease_calls = RecordedLeaseCalls(client, contact)
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        return updates.attach(LeaseEngine(client, on_fence))
+        return LeaseEngine(lease_calls, on_fence)
 
-    def make_reporter(done: Callable[[ReportOutcome], None]) -> Reporter:
+    def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
+        # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
         return Reporter(updates, done, outbox=outbox)
 
     return Runner(
@@ -215,4 +218,5 @@ def _make_runner(
         options=options_for(config),
         status=status,
         reporter=make_reporter,
+        contact=contact,
     )

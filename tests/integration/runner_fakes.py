@@ -133,6 +133,13 @@ class FakeEngine:
     def reported(self, task_id: str) -> None:
         self.calls.append(("reported", task_id))
 
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
+        self.calls.append(("begin_final_update", task_id))
+        return True
+
+    def final_update_failed(self, task_id: str) -> None:
+        self.calls.append(("final_update_failed", task_id))
+
     def fence(self, task_id: str, reason: FenceReason, *, kill: bool = False) -> None:
         with self.lock:
             self.reasons.setdefault(task_id, reason)

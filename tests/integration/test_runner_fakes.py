@@ -28,6 +28,10 @@ from tests.integration.runner_fakes import (
 QUICK = "print('hello'); print('world')"
 SLEEP = "import time; print('started', flush=True); time.sleep({})"
 FAIL = "import sys; sys.exit(3)"
+# A reported task's calls on the engine: the final update is guarded (begin_final_update before it,
+# reported once acknowledged: FinalUpdates, on the runner's default path too), then the runner's own
+# reported when it forgets the task.
+REPORTED_LIFE = ["track", "child_started", "child_exited", "begin_final_update", "reported", "reported"]
 
 
 class Harness:
@@ -51,8 +55,8 @@ class Harness:
             self.engines.append(engine)
             return engine
 
-        def make_reporter(done):  # type: ignore[no-untyped-def]
-            return Reporter(self.conductor, done, outbox=self.outbox, backoff_cap_seconds=0.2)
+        def make_reporter(updates, done):  # type: ignore[no-untyped-def]
+            return Reporter(updates, done, outbox=self.outbox, backoff_cap_seconds=0.2)
 
         self.runner = Runner(
             [plan],
@@ -105,7 +109,7 @@ def test_once_runs_one_task_streams_its_output_and_reports_before_heartbeats_sto
     assert outcome.started == 1 and outcome.statuses == (TaskStatus.COMPLETED,)
     assert h.conductor.statuses() == {"a": TaskStatus.COMPLETED}
     assert h.conductor.logs["a"] == ["hello", "world"]
-    assert h.engine.names("a") == ["track", "child_started", "child_exited", "reported"]
+    assert h.engine.names("a") == REPORTED_LIFE
     assert h.engine.calls[-1] == ("stop", "")  # heartbeats stop last
     assert [t.task_id for t in h.conductor.queued["t"]] == ["b"]  # --once took only one
 
@@ -167,7 +171,7 @@ def test_stop_terminates_children_and_reports_them_failed_for_a_prompt_retry(
     assert {u.reason_for_incompletion for u in h.conductor.updates} == {"worker shutting down"}
     assert all(c.proc.poll() is not None for c in h.supervisor.children.values())
     for task_id in "ab":
-        assert h.engine.names(task_id) == ["track", "child_started", "child_exited", "reported"]
+        assert h.engine.names(task_id) == REPORTED_LIFE
 
 
 def test_drain_lets_a_running_task_finish(harnesses: list[Harness]) -> None:
