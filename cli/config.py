@@ -13,17 +13,19 @@ import re
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from cli import exitcodes
+from cli.helptext import config_file_help
 from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
+
+if TYPE_CHECKING:  # rich is imported when a table is printed, not when the command is registered
+    from rich.console import Console
+    from rich.table import Table
 
 MASK = "****"
 # env entries whose names look like credentials are masked even when not listed in `secrets`.
@@ -85,6 +87,8 @@ def _mask_url(url: str) -> str:
 
 
 def _render(view: Mapping[str, Any], console: Console) -> None:
+    from rich.text import Text
+
     where = view["config_file"] or "(none: flags, environment and defaults only)"
     console.print(Text(f"config file: {where}"))
     console.print(_table("server", view["server"]))
@@ -100,6 +104,9 @@ def _render(view: Mapping[str, Any], console: Console) -> None:
 
 
 def _table(title: str, entries: Mapping[str, Entry]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=Text(title, style="bold"), title_justify="left", show_edge=False)
     table.add_column("key", no_wrap=True)
     table.add_column("value", overflow="fold")
@@ -117,10 +124,8 @@ def _show(value: Any) -> str:
 
 
 def config_command(
-    config: Path | None = typer.Option(
-        None, "--config", help="Config file (default: $CONDUCTOR_RUN_CONFIG, else ./conductor.toml)."
-    ),
-    task_type: str | None = typer.Option(None, "--task-type", help="Show only this task."),
+    config: Path | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
+    task_type: str | None = typer.Option(None, "--task-type", metavar="NAME", help="Show only this task."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
     """Print the effective configuration per task and where each value came from (secrets masked)."""
@@ -134,6 +139,8 @@ def config_command(
     if as_json:
         typer.echo(json.dumps(view, indent=2))
     else:
+        from rich.console import Console
+
         _render(view, Console())
 
 

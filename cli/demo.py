@@ -16,25 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
 
 from cli import exitcodes
-from leasecore.demoplan import (
-    DemoSettings,
-    Event,
-    Scene,
-    SceneTracker,
-    Verdict,
-    standard_scenes,
-)
 from leasecore.errors import ConductorRunError, ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich and the demo modules are imported when the demo runs, not at registration
+    from rich.console import Console, RenderableType
+    from rich.text import Text
+
     from leasecore.demo import DemoFiles
+    from leasecore.demoplan import DemoSettings, Event, Scene, SceneTracker, Verdict
 
 LIVE_EVENTS = 12  # events shown under the live table
 _STYLES = {"good": "green", "warn": "yellow", "bad": "bold red", "info": ""}
@@ -52,7 +43,10 @@ def demo(
     ),
 ) -> None:
     """Show heartbeats, a server timeout and a fenced kill on the embedded server (about 30 s)."""
+    from rich.console import Console
+
     from leasecore.demo import DemoFiles  # heavy imports only when the command runs
+    from leasecore.demoplan import DemoSettings, standard_scenes
 
     out = Console(highlight=False)
     live = out.is_terminal and not plain
@@ -93,6 +87,8 @@ def demo(
 def _play(
     scene: Scene, settings: DemoSettings, files: DemoFiles, work_dir: Path, out: Console, live: bool
 ) -> Verdict:
+    from rich.live import Live
+
     from leasecore.demo import play_scene
 
     if not live:
@@ -182,6 +178,11 @@ def plain_verdict(verdict: Verdict) -> str:
 
 def live_view(scene: Scene, tracker: SceneTracker | None) -> RenderableType:
     """The live panel of a scene: where everything stands now, and the latest events."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
@@ -223,12 +224,18 @@ def live_view(scene: Scene, tracker: SceneTracker | None) -> RenderableType:
 
 def scene_record(tracker: SceneTracker) -> RenderableType:
     """What stays on screen after the live view: the scene's whole timeline."""
+    from rich.console import Group
+    from rich.text import Text
+
     lines = [Text(tracker.scene.title, style="bold"), Text(f"  {tracker.scene.claim}", style="italic")]
     lines += [_event_text(e) for e in tracker.events]
     return Group(*lines)
 
 
 def render_verdict(verdict: Verdict) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
     head = Text(f"  {'PASS' if verdict.ok else 'FAIL'}: ", style="bold green" if verdict.ok else "bold red")
     head.append(verdict.summary)
     checks = [
@@ -238,4 +245,6 @@ def render_verdict(verdict: Verdict) -> RenderableType:
 
 
 def _event_text(event: Event) -> Text:
+    from rich.text import Text
+
     return Text(event_line(event), style=_STYLES.get(event.kind, ""))

@@ -105,7 +105,7 @@ def _toml_value(value: Any) -> str:
 
 
 def init_command(
-    path: Path = typer.Argument(Path(DEFAULT_CONFIG_NAME), help="Where to write the file."),
+    path: Path = typer.Argument(Path(DEFAULT_CONFIG_NAME), metavar="PATH", hidden=True),
     force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
 ) -> None:
     """Write a commented starter conductor.toml (every key, with its default and env variables)."""
@@ -152,4 +152,8 @@ def _write_new(path: Path, text: str, *, overwrite: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("init")(init_command)
+    app.command(
+        "init",
+        help="Write a commented starter conductor.toml (every key, with its default and env variables).\n\n"
+        f"PATH: where to write it (default: ./{DEFAULT_CONFIG_NAME}).",
+    )(init_command)

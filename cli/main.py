@@ -43,4 +43,4 @@ def _register() -> None:
 def main() -> None:
     """Console-script entry point."""
     _register()
-    app()
+    app(prog_name="conductor-run")  # the same usage lines under `python -m cli`

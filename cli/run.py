@@ -13,13 +13,12 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from cli import exitcodes
-from cli.runview import ConsoleLogHandler, LiveView, wants_live_view
+from cli.helptext import STATE_DIR_DEFAULT, config_file_help, key_help
 from leasecore.config import ResolvedConfig, load_config
 from leasecore.errors import (
     ConductorAuthError,
@@ -29,6 +28,11 @@ from leasecore.errors import (
 )
 from leasecore.runtypes import RunOutcome
 from leasecore.snapshot import redact_url
+
+if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
+    from rich.console import Console
+
+    from cli.runview import LiveView
 
 _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGTERM,
                  signal.SIGHUP: exitcodes.SIGHUP}
@@ -67,6 +71,8 @@ def configure_logging(log_format: str, console: Console | None = None) -> None:
     """
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if console is not None:
+        from cli.runview import ConsoleLogHandler
+
         handler = ConsoleLogHandler(console)
     formatter: logging.Formatter
     if log_format == "json":
@@ -88,37 +94,74 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def run(
-    command: list[str] | None = typer.Argument(None, help="The command to run per task (after --)."),
-    config: str | None = typer.Option(None, "--config", help="Config file (default: ./conductor.toml)."),
-    server: str | None = typer.Option(None, "--server", help="Server URL, e.g. http://host:8080/api."),
-    task_type: str | None = typer.Option(None, "--task-type", help="The task type to poll."),
-    shell: str | None = typer.Option(None, "--shell", help="Run this string with /bin/sh -c."),
-    concurrency: int | None = typer.Option(None, "--concurrency", help="Tasks run at once (default 1)."),
-    worker_id: str | None = typer.Option(None, "--worker-id", help="Worker id (default: hostname)."),
-    domain: str | None = typer.Option(None, "--domain", help="Task domain to poll."),
+    command: list[str] | None = typer.Argument(None, metavar="-- CMD [ARGS]", hidden=True),
+    config: str | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
+    server: str | None = typer.Option(None, "--server", metavar="URL", help=key_help("url")),
+    task_type: str | None = typer.Option(
+        None, "--task-type", metavar="NAME",
+        help=key_help("type", what="the task type to poll (with a config file: only this [[task]] runs)",
+                      default=""),
+    ),
+    shell: str | None = typer.Option(
+        None, "--shell", metavar="COMMAND",
+        help=key_help("shell", what="run this string with /bin/sh -c instead of -- CMD [ARGS] (task "
+                      "input never enters it)", default=""),
+    ),
+    concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", help=key_help("concurrency")),
+    worker_id: str | None = typer.Option(
+        None, "--worker-id", metavar="NAME", help=key_help("worker_id", default="the hostname")
+    ),
+    domain: str | None = typer.Option(None, "--domain", metavar="NAME", help=key_help("domain")),
     lease_extend: bool | None = typer.Option(
-        None, "--lease-extend/--no-lease-extend", help="Send extendLease heartbeats (default on)."
+        None, "--lease-extend/--no-lease-extend", help=key_help("lease_extend_enabled")
     ),
     heartbeat_timeout: float | None = typer.Option(
-        None, "--heartbeat-timeout", help="Seconds without an acked heartbeat before the tree is killed."
+        None, "--heartbeat-timeout", metavar="SECONDS",
+        help=key_help("heartbeat_timeout", "s", default="the task's responseTimeoutSeconds"),
     ),
-    kill_grace: float | None = typer.Option(None, "--kill-grace", help="Seconds from TERM to KILL."),
-    exec_timeout: float | None = typer.Option(None, "--exec-timeout", help="Max run time (0: none)."),
+    kill_grace: float | None = typer.Option(
+        None, "--kill-grace", metavar="SECONDS", help=key_help("kill_grace", "s")
+    ),
+    exec_timeout: float | None = typer.Option(
+        None, "--exec-timeout", metavar="SECONDS", help=key_help("exec_timeout", "s", zero="none")
+    ),
     terminal_exit_code: list[int] | None = typer.Option(
-        None, "--terminal-exit-code", help="Exit code meaning FAILED_WITH_TERMINAL_ERROR (repeatable)."
+        None, "--terminal-exit-code", metavar="CODE",
+        help=key_help("terminal_exit_codes", what="an exit code reported FAILED_WITH_TERMINAL_ERROR "
+                      "(repeatable; 1..255)", default="none"),
     ),
-    once: bool | None = typer.Option(None, "--once", help="Run one task, then exit (6: none came)."),
+    once: bool | None = typer.Option(
+        None, "--once",
+        help=key_help("once", what="run one task, then exit (exit 6 when none came within --once-wait)"),
+    ),
     once_wait: float | None = typer.Option(
-        None, "--once-wait", help="--once: seconds to wait for a task before exiting 6 (default 30)."
+        None, "--once-wait", metavar="SECONDS", help=key_help("once_wait", "s")
     ),
-    max_tasks: int | None = typer.Option(None, "--max-tasks", help="Exit after this many tasks."),
-    drain: bool | None = typer.Option(None, "--drain", help="On a signal, let running tasks finish."),
-    drain_timeout: float | None = typer.Option(None, "--drain-timeout", help="Max seconds to drain."),
-    poll_timeout: int | None = typer.Option(None, "--poll-timeout", help="Long-poll wait, ms (<= 5000)."),
-    state_dir: str | None = typer.Option(None, "--state-dir", help="Where status snapshots go."),
-    log_format: str | None = typer.Option(None, "--log-format", help="text or json."),
+    max_tasks: int | None = typer.Option(
+        None, "--max-tasks", metavar="N", help=key_help("max_tasks", default="no limit")
+    ),
+    drain: bool | None = typer.Option(None, "--drain", help=key_help("drain")),
+    drain_timeout: float | None = typer.Option(
+        None, "--drain-timeout", metavar="SECONDS", help=key_help("drain_timeout", "s")
+    ),
+    poll_timeout: int | None = typer.Option(
+        None, "--poll-timeout", metavar="MS", help=key_help("poll_timeout", "ms")
+    ),
+    state_dir: str | None = typer.Option(
+        None, "--state-dir", metavar="DIR",
+        help=key_help("state_dir", default=STATE_DIR_DEFAULT),
+    ),
+    log_format: str | None = typer.Option(
+        None, "--log-format", metavar="text|json", help=key_help("log_format")
+    ),
 ) -> None:
-    """Poll a task type and run the command for each task, with heartbeats and tree fencing."""
+    """Poll a task type and run a command for each task, with heartbeats and tree fencing.
+
+    The command comes after -- (CMD [ARGS]..., run without a shell; the task's input arrives on stdin,
+    in $CONDUCTOR_INPUT_FILE and as CONDUCTOR_INPUT_<KEY> variables), or from --shell, or from the
+    config file's [[task]] command. Every option below can also be set in the config file or the
+    environment, as each says; a flag wins over both.
+    """
     overrides = {
         "config": config, "server": server, "task_type": task_type, "command": command, "shell": shell,
         "concurrency": concurrency, "worker_id": worker_id, "domain": domain,
@@ -133,12 +176,33 @@ def run(
         resolved = load_config(overrides, os.environ, os.getcwd())
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
-    console = Console(stderr=True)
-    view = LiveView(console) if wants_live_view(console, resolved.runner.log_format) else None
-    configure_logging(resolved.runner.log_format, console if view is not None else None)
+    view = live_view_for(resolved.runner.log_format)
+    configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
     raise typer.Exit(serve(resolved, view))
+
+
+def live_view_for(log_format: str) -> LiveView | None:
+    """A live view when stderr is a terminal and logs are text; otherwise None, without importing rich."""
+    if log_format != "text" or not _maybe_terminal():
+        return None
+    from rich.console import Console
+
+    from cli.runview import LiveView, wants_live_view
+
+    console = Console(stderr=True)
+    return LiveView(console) if wants_live_view(console, log_format) else None
+
+
+def _maybe_terminal() -> bool:
+    """False only when rich would surely not see a terminal (rich decides the rest)."""
+    if any(name in os.environ for name in ("FORCE_COLOR", "TTY_COMPATIBLE")):  # rich's overrides
+        return True
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError, OSError):  # replaced or closed stderr
+        return False
 
 
 def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:

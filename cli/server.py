@@ -10,7 +10,6 @@ import typer
 
 from cli import exitcodes
 from leasecore.errors import ConfigError
-from leasecore.server import EmbeddedServer
 from leasecore.signals import capture_signals
 
 HELP = (
@@ -29,35 +28,46 @@ HELP = (
 
 
 def server(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to bind; 0 picks a free one."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", metavar="ADDRESS", help="Address to bind (loopback by default)."
+    ),
+    port: int = typer.Option(
+        8080, "--port", min=0, max=65535, metavar="PORT", help="Port to bind; 0 picks a free one."
+    ),
     auth_key: str | None = typer.Option(
         None,
         "--auth-key",
+        metavar="KEY",
         envvar="CONDUCTOR_RUN_SERVER_AUTH_KEY",
         help="Enable token auth: the keyId clients exchange at POST /api/token.",
     ),
     auth_secret: str | None = typer.Option(
         None,
         "--auth-secret",
+        metavar="SECRET",
         envvar="CONDUCTOR_RUN_SERVER_AUTH_SECRET",
         help="The keySecret that goes with --auth-key (prefer the environment variable: a flag shows in ps).",
         show_default=False,
     ),
     token_ttl: float = typer.Option(
-        3600.0, "--token-ttl", min=0.001, help="Seconds before an issued token expires (EXPIRED_TOKEN)."
+        3600.0, "--token-ttl", min=0.001, metavar="SECONDS",
+        help="Seconds before an issued token expires (EXPIRED_TOKEN)."
     ),
     sweep_mode: str = typer.Option(
-        "ideal", "--sweep-mode", help="Timeout checks: 'ideal' (prompt) or 'coarse' (like the real server)."
+        "ideal", "--sweep-mode", metavar="ideal|coarse",
+        help="Timeout checks: 'ideal' (prompt) or 'coarse' (like the real server)."
     ),
     max_finished_workflows: int = typer.Option(
         10_000,
         "--max-finished-workflows",
         min=1,
+        metavar="N",
         help="Finished workflows kept in memory; beyond it the oldest finished is forgotten (then a 404).",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every request to stderr."),
 ) -> None:
+    from leasecore.server import EmbeddedServer  # only when serving: `run` never loads the server
+
     if sweep_mode not in ("ideal", "coarse"):
         _fail(f"--sweep-mode must be 'ideal' or 'coarse', not {sweep_mode!r}", exitcodes.USAGE)
     if (auth_key is None) != (auth_secret is None):

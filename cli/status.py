@@ -8,13 +8,12 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console, RenderableType
-from rich.live import Live
 
 from cli import exitcodes
-from cli.render import render_view
+from cli.helptext import STATE_DIR_DEFAULT
 from leasecore.clock import SystemClock
 from leasecore.errors import ConfigError
 from leasecore.statefile import (
@@ -26,6 +25,9 @@ from leasecore.statefile import (
     status_document,
 )
 
+if TYPE_CHECKING:  # rich and the renderers are imported when the command runs, not at registration
+    from rich.console import Console, RenderableType
+
 REFRESH_PER_SECOND = 4
 RELOAD_SECONDS = 0.5  # how often --watch re-reads the files; relative times tick at every refresh
 
@@ -36,22 +38,30 @@ def register(app: typer.Typer) -> None:
 
 
 def status(
-    task_id: str | None = typer.Argument(
-        None, help="Show one task (its id, or a unique prefix of it) with its recent output."
-    ),
+    task_id: str | None = typer.Argument(None, metavar="TASK_ID", hidden=True),
     watch: bool = typer.Option(
-        False, "--watch", "-w", help="Refresh live (4x a second) until Ctrl-C; off a terminal, print once."
+        False, "--watch", "-w",
+        help=f"Refresh live ({REFRESH_PER_SECOND}x a second, files re-read every {RELOAD_SECONDS:g} s) "
+        "until Ctrl-C; off a terminal, print once.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema in the README)."),
     state_dir: Path | None = typer.Option(
         None,
         "--state-dir",
-        help="Where runners publish snapshots (default: $CONDUCTOR_RUN_STATE_DIR, else "
-        "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run).",
+        metavar="DIR",
+        help=f"Where runners publish snapshots. Default: $CONDUCTOR_RUN_STATE_DIR, else {STATE_DIR_DEFAULT}.",
     ),
     prune: bool = typer.Option(False, "--prune", help="Delete snapshots of runners whose process is gone."),
 ) -> None:
-    """Show every runner on this host: tasks, child pids, lease health, server reachability."""
+    """Show every runner on this host: tasks, child pids, lease health, server reachability.
+
+    With TASK_ID (a task id, or a unique prefix of one): that task with its recent output; exit 7
+    when no runner on this host has it.
+    """
+    from rich.console import Console
+
+    from cli.render import render_view
+
     out = Console()
     err = Console(stderr=True, highlight=False)
     if watch and as_json:
@@ -117,6 +127,10 @@ def run_watch(
     Rich's refresh thread renders ``latest`` with a fresh ``now()`` several times a second, so
     relative times tick between reloads; only this thread touches the files.
     """
+    from rich.live import Live
+
+    from cli.render import render_view
+
     latest = [load()]
 
     def current() -> RenderableType:
