@@ -13,9 +13,10 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import requests
+import requests.utils
 from urllib3.util import Timeout as Urllib3Timeout
 
 from leasecore import __version__
@@ -31,6 +32,7 @@ from leasecore.conductor_http import (
     protocol_error,
     translate_errors,
 )
+from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
 from leasecore.errors import (
     ConductorAuthError,
     ConductorNotFound,
@@ -80,6 +82,19 @@ class ConductorClient:
         self._user_agent = user_agent or f"conductor-run/{__version__}"
         self._owns_session = session is None
         self._session = session or new_session(pool_maxsize)
+        # The lean http.client path for plain HTTP without a proxy; an injected session (tests of the
+        # requests plumbing, a caller's own adapters), https and proxies keep requests.
+        parts = urlsplit(self.base_url)
+        self._origin = f"{parts.scheme}://{parts.netloc}"
+        self._lean: LeanTransport | None = None
+        if (
+            session is None
+            and parts.scheme == "http"
+            and not requests.utils.get_environ_proxies(self.base_url)
+        ):
+            self._lean = LeanTransport(
+                parts.hostname or "", parts.port or 80, max_idle=pool_maxsize, monotonic=self._clock.monotonic
+            )
         key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
         if bool(key) != bool(secret):
             missing = "auth_secret" if key else "auth_key"
@@ -100,10 +115,17 @@ class ConductorClient:
         """The token manager, when credentials were given."""
         return self._auth
 
+    @property
+    def connections_opened(self) -> int | None:
+        """Connections the lean transport opened so far (None: calls go through requests)."""
+        return None if self._lean is None else self._lean.opened
+
     def close(self) -> None:
         """Release pooled connections (only of a session this client created)."""
         if self._owns_session:
             self._session.close()
+        if self._lean is not None:
+            self._lean.close()
 
     def __enter__(self) -> ConductorClient:
         return self
@@ -130,7 +152,11 @@ class ConductorClient:
             params["domain"] = domain
         budget = max(0, timeout_ms) / 1000.0 + self._timeout_seconds  # the server holds the call
         reply = self.request(
-            "GET", f"/tasks/poll/batch/{path_segment(task_type)}", params=params, timeout_seconds=budget
+            "GET",
+            f"/tasks/poll/batch/{path_segment(task_type)}",
+            params=params,
+            timeout_seconds=budget,
+            idempotent=False,  # a lost answer loses the tasks it claimed: never send a poll twice
         )
         if reply.status_code == 204 or not reply.body.strip():
             return []
@@ -142,7 +168,12 @@ class ConductorClient:
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
         """Report a result with v1 ``POST /api/tasks`` (never update-v2: it claims another task)."""
         self.request(
-            "POST", "/tasks", json_body=result.to_json(), accept=TEXT_OR_JSON, timeout_seconds=timeout_seconds
+            "POST",
+            "/tasks",
+            json_body=result.to_json(),
+            accept=TEXT_OR_JSON,
+            timeout_seconds=timeout_seconds,
+            idempotent=True,  # Conductor ignores a second terminal update of a task
         )
 
     def extend_lease(
@@ -162,7 +193,14 @@ class ConductorClient:
         }
         if worker_id:
             body["workerId"] = worker_id
-        self.request("POST", "/tasks", json_body=body, accept=TEXT_OR_JSON, timeout_seconds=timeout_seconds)
+        self.request(
+            "POST",
+            "/tasks",
+            json_body=body,
+            accept=TEXT_OR_JSON,
+            timeout_seconds=timeout_seconds,
+            idempotent=True,
+        )
 
     def get_task(self, task_id: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
         """The task as the server has it; :class:`ConductorNotFound` when it is gone."""
@@ -241,12 +279,17 @@ class ConductorClient:
         accept: str = JSON,
         timeout_seconds: float | None = None,
         root: bool = False,
+        idempotent: bool | None = None,
     ) -> Reply:
         """One call to ``{base_url}{path}`` (``root=True``: the server root), errors translated.
 
         A 2xx comes back as a :class:`Reply`; anything else raises. With auth, a rejected token is
-        refreshed and the request sent once more, within the same deadline.
+        refreshed and the request sent once more, within the same deadline. ``idempotent`` (default:
+        GET, HEAD, PUT, DELETE) allows one resend on a fresh connection when a kept-alive one turns
+        out dead under the request.
         """
+        if idempotent is None:
+            idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
         deadline = self._clock.monotonic() + budget
         url = (self.root_url if root else self.base_url) + path
@@ -259,10 +302,11 @@ class ConductorClient:
             headers["Content-Type"] = "text/plain; charset=utf-8"
             data = text_body.encode("utf-8")
         token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
-        reply = self._send(method, path, url, params, data, _with_token(headers, token), deadline)
+        send = (method, path, url, params, data)
+        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
         if token is not None and self._auth is not None and _is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
-            reply = self._send(method, path, url, params, data, _with_token(headers, token), deadline)
+            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
@@ -279,7 +323,11 @@ class ConductorClient:
         data: bytes | None,
         headers: Mapping[str, str],
         deadline: float,
+        *,
+        idempotent: bool = False,
     ) -> Reply:
+        if self._lean is not None:
+            return self._send_lean(method, path, url, params, data, headers, deadline, idempotent)
         remaining = self._remaining(deadline, method, path)
         # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
         # below against the same deadline, so no attempt outlives it by more than one socket read.
@@ -300,6 +348,41 @@ class ConductorClient:
             finally:
                 response.close()
         return Reply(method=method, path=path, status_code=response.status_code, body=body)
+
+    def _send_lean(
+        self,
+        method: str,
+        path: str,
+        url: str,
+        params: Mapping[str, str | int] | None,
+        data: bytes | None,
+        headers: Mapping[str, str],
+        deadline: float,
+        idempotent: bool,
+    ) -> Reply:
+        assert self._lean is not None
+        target = url[len(self._origin) :] or "/"
+        if params:
+            target += "?" + urlencode(params)
+        self._remaining(deadline, method, path)
+        with translate_errors(method, path):
+            try:
+                status, body = self._lean.send(
+                    method,
+                    target,
+                    data,
+                    headers,
+                    deadline,
+                    idempotent=idempotent,
+                    max_body_bytes=MAX_BODY_BYTES,
+                )
+            except AnswerTooLarge:
+                raise ConductorProtocolError(
+                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes", method=method, path=path
+                ) from None
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s -> HTTP %d, %d bytes", method, target, status, len(body))
+        return Reply(method=method, path=path, status_code=status, body=body)
 
     def _read_body(self, response: requests.Response, method: str, path: str, deadline: float) -> bytes:
         chunks: list[bytes] = []

@@ -16,6 +16,7 @@ Each carries method, path, status code and a short body excerpt with any credent
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
@@ -76,18 +77,27 @@ _REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], .
     (rexc.RequestException, ConductorUnavailable, "request failed"),
     (rexc.RequestsWarning, ConductorUnavailable, "request failed"),
     (urllib3.exceptions.HTTPError, ConductorUnavailable, "request failed"),
+    # The lean http.client path (conductor_lean) raises the standard library's own errors.
+    (TimeoutError, ConductorUnavailable, "timed out"),
+    (http.client.HTTPException, ConductorUnavailable, "connection broke mid-answer"),
     (OSError, ConductorUnavailable, "connection failed"),
 )
 
 
 @contextmanager
 def translate_errors(method: str, path: str) -> Iterator[None]:
-    """Turn any ``requests``/``urllib3``/socket error raised inside into the project's tree."""
+    """Turn any requests, urllib3, http.client or socket error raised inside into the project's tree."""
     try:
         yield
     except ConductorRunError:
         raise
-    except (rexc.RequestException, rexc.RequestsWarning, urllib3.exceptions.HTTPError, OSError) as exc:
+    except (
+        rexc.RequestException,
+        rexc.RequestsWarning,
+        urllib3.exceptions.HTTPError,
+        http.client.HTTPException,
+        OSError,
+    ) as exc:
         for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
             if isinstance(exc, library_type):
                 cause = _plain_cause(exc)

@@ -400,6 +400,8 @@ def test_sixteen_threads_share_the_pool_without_dropping_connections(
         for future in [pool.submit(beat) for _ in range(16)]:
             future.result(timeout=60)
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+    # The lean keep-alive path: 80 calls from 16 threads, at most one connection per thread
+    assert client.connections_opened is not None and 1 <= client.connections_opened <= 16
 
 
 # -- the embedded server ---------------------------------------------------------------------------

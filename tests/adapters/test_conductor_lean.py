@@ -1,0 +1,233 @@
+"""The Conductor client's lean http.client path: keep-alive reuse, a dead kept-alive connection resent
+once for idempotent calls only (never a poll), cut answers, the path choice; against a raw socket server
+on 127.0.0.1 that can misbehave exactly where a real one might."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import requests
+
+from leasecore.conductor import ConductorClient, translate_errors
+from leasecore.errors import ConductorUnavailable
+from leasecore.models import TaskResult, TaskStatus
+
+# What the raw server does with the n-th request (0-based) on a connection: answer it, or close the
+# connection without a word, or send a cut answer.
+Behaviour = Callable[[int], str]  # "answer" | "answer-then-close" | "close" | "cut"
+
+
+class RawServer:
+    """HTTP/1.1 keep-alive by hand: one thread per connection, a behaviour per request of it."""
+
+    def __init__(self, behaviour: Behaviour, body: bytes = b"[]") -> None:
+        self.behaviour = behaviour
+        self.body = body
+        self.lock = threading.Lock()
+        self.connections = 0
+        self.requests: list[tuple[int, str]] = []  # (connection number, request line)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.threads: list[threading.Thread] = []
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
+        self.listener.close()
+        self.accepter.join(10)
+        for thread in self.threads:
+            thread.join(10)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+                number = self.connections
+            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        conn.settimeout(10)
+        reader = conn.makefile("rb")
+        try:
+            for index in range(1000):
+                line = reader.readline()
+                if not line:
+                    return
+                length = 0
+                while (header := reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = header.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                reader.read(length)
+                with self.lock:
+                    self.requests.append((number, line.decode("latin-1").strip()))
+                what = self.behaviour(index)
+                if what == "close":
+                    return
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                if what == "cut":
+                    conn.sendall(head + b"Content-Length: %d\r\n\r\n" % (len(self.body) + 50) + self.body)
+                    return
+                conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(self.body) + self.body)
+                if what == "answer-then-close":
+                    return
+        except OSError:
+            return
+        finally:
+            reader.close()
+            conn.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., tuple[RawServer, ConductorClient]]]:
+    opened: list[tuple[RawServer, ConductorClient]] = []
+
+    def start(behaviour: Behaviour, body: bytes = b"[]") -> tuple[RawServer, ConductorClient]:
+        server = RawServer(behaviour, body)
+        client = ConductorClient(server.url, timeout_seconds=5)
+        opened.append((server, client))
+        return server, client
+
+    yield start
+    for server, client in opened:
+        client.close()
+        server.close()
+
+
+def second_request_dies(index: int) -> str:
+    """Answer the first request of a connection; close it, silently, under the second."""
+    return "answer" if index == 0 else "close"
+
+
+def test_calls_reuse_one_kept_alive_connection(raw: Callable[..., tuple[RawServer, ConductorClient]]) -> None:
+    server, client = raw(lambda index: "answer", body=b'{"taskId": "t1", "status": "IN_PROGRESS"}')
+    for _ in range(5):
+        client.extend_lease("t1", "w1")
+        assert client.get_task_status("t1") is TaskStatus.IN_PROGRESS
+    assert client.connections_opened == 1
+    assert server.connections == 1
+    assert len(server.requests) == 10
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda c: c.extend_lease("t1", "w1"), id="extendLease"),
+        pytest.param(lambda c: c.update(TaskResult("t1", "w1", TaskStatus.COMPLETED)), id="final update"),
+        pytest.param(lambda c: c.get_task("t1"), id="GET task"),
+    ],
+)
+def test_an_idempotent_call_on_a_dead_kept_alive_connection_is_resent_once_on_a_new_one(
+    raw: Callable[..., tuple[RawServer, ConductorClient]], call: Callable[[ConductorClient], object]
+) -> None:
+    # Given a warm connection that the server will drop under the next request
+    server, client = raw(second_request_dies, body=b'{"taskId": "t1"}')
+    client.get_task("t1")
+    # When an idempotent call goes out on it
+    call(client)
+    # Then it was sent twice, the second time on a fresh connection, and succeeded
+    assert [number for number, _ in server.requests] == [1, 1, 2]
+    assert server.requests[1][1] == server.requests[2][1]
+
+
+def test_a_poll_on_a_dead_kept_alive_connection_is_never_sent_twice(
+    raw: Callable[..., tuple[RawServer, ConductorClient]],
+) -> None:
+    # Given a warm connection that the server will drop under the next request
+    server, client = raw(second_request_dies)
+    assert client.poll("shell", count=1, timeout_ms=0) == []
+    # When a poll goes out on it, then it fails as unavailable (a retryable attempt for the poller)
+    with pytest.raises(ConductorUnavailable) as info:
+        client.poll("shell", count=1, timeout_ms=0)
+    assert info.value.status_code is None
+    # And the server saw it exactly once: a lost answer may have claimed tasks, a resend would claim more
+    polls = [line for _, line in server.requests]
+    assert len(polls) == 2 and all(line.startswith("GET /api/tasks/poll/batch/shell?") for line in polls)
+    # And the next poll works, on a new connection
+    assert client.poll("shell", count=1, timeout_ms=0) == []
+    assert server.connections == 2
+
+
+def test_an_idempotent_call_is_resent_at_most_once(
+    raw: Callable[..., tuple[RawServer, ConductorClient]],
+) -> None:
+    # Given a server that drops every request but the first of the first connection
+    server, client = raw(lambda index: "close")
+    with pytest.raises(ConductorUnavailable):
+        client.extend_lease("t1", "w1")  # a fresh connection that dies: not resent
+    assert len(server.requests) == 1
+
+
+def test_a_cut_answer_is_unavailable_not_a_short_body(
+    raw: Callable[..., tuple[RawServer, ConductorClient]],
+) -> None:
+    body = json.dumps([{"taskId": "t1", "workflowInstanceId": "w1", "taskType": "shell"}]).encode()
+    _, client = raw(lambda index: "cut", body=body)
+    with pytest.raises(ConductorUnavailable, match="mid-answer"):
+        client.poll("shell", count=1, timeout_ms=0)
+
+
+def test_an_idle_connection_the_server_closed_is_dropped_before_use(
+    raw: Callable[..., tuple[RawServer, ConductorClient]],
+) -> None:
+    # Given a pooled connection that the server closed after answering (as an idle timeout would)
+    server, client = raw(lambda index: "answer-then-close")
+    assert client.poll("shell", count=1, timeout_ms=0) == []
+    deadline = time.monotonic() + 10
+    while any(thread.is_alive() for thread in server.threads) and time.monotonic() < deadline:
+        server.threads[0].join(0.05)
+    assert not any(thread.is_alive() for thread in server.threads)
+    # When a poll (never resent) goes out, then it succeeds: the dead idle socket was not used
+    assert client.poll("shell", count=1, timeout_ms=0) == []
+    assert (client.connections_opened, server.connections, len(server.requests)) == (2, 2, 2)
+
+
+def test_proxies_https_and_injected_sessions_keep_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = ConductorClient("http://conductor.test:8080/api")
+    assert plain.connections_opened == 0
+    plain.close()
+    session = requests.Session()
+    with ConductorClient("http://conductor.test:8080/api", session=session) as client:
+        assert client.connections_opened is None
+    session.close()
+    with ConductorClient("https://conductor.test/api") as client:
+        assert client.connections_opened is None
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with ConductorClient("http://conductor.test:8080/api") as client:
+        assert client.connections_opened is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        http.client.RemoteDisconnected("Remote end closed connection without response"),
+        http.client.IncompleteRead(b"abc", 10),
+        http.client.BadStatusLine("garbage"),
+        TimeoutError("timed out"),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+)
+def test_http_client_errors_are_unavailable(exc: BaseException) -> None:
+    with pytest.raises(ConductorUnavailable) as info, translate_errors("POST", "/tasks"):
+        raise exc
+    assert info.value.__cause__ is exc
+    assert info.value.status_code is None
