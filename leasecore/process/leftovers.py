@@ -55,7 +55,6 @@ def _is_alive(entry: dict[str, int] | None) -> bool:
     return info is not None and not info.is_zombie and info.start_time == int(entry["start_time"])
 
 
-_SMALL_RECORD = 16  # up to this many trees the whole record is rewritten at each change
 _COMPACT_SLACK = 64
 
 
@@ -67,11 +66,13 @@ class StateRecord:
     """Writes this runner's record file; a no-op without a state directory. Not thread-safe: the
     Supervisor calls it under its lock.
 
-    With few trees each change rewrites the JSON record (atomically). With more, a change is one
+    The JSON record (runner, fork server, trees) is written first; from then on a change is one
     appended line of ``processes-<pid>.journal`` (``+{tree json}`` / ``-key``), and the record is
-    rewritten (and the journal emptied) only once the journal outgrows twice the live trees: O(1)
-    per spawn and exit instead of O(trees), which made 1000 spawns quadratic. An appended line is in
-    the page cache as soon as ``write`` returns, so a SIGKILLed runner's trees are still found.
+    rewritten (and the journal emptied) only once the journal outgrows twice the live trees plus 64
+    lines: one ``write`` per spawn and exit instead of a rewrite (open, dump, rename; O(trees), which
+    made 1000 spawns quadratic, and ~0.1 ms even for 4). An appended line is in the page cache as
+    soon as ``write`` returns, so a SIGKILLed runner's trees are still found. Readers use
+    :func:`read_record` (the record with its journal replayed).
     """
 
     def __init__(self, state_dir: Path | None, forkserver_pid: int) -> None:
@@ -81,6 +82,7 @@ class StateRecord:
         self._trees: dict[str, TreeRecord] = {}
         self._journal: int | None = None  # fd, O_APPEND
         self._journal_lines = 0
+        self._written = False
         if state_dir is not None:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
@@ -95,7 +97,7 @@ class StateRecord:
     def _change(self, line: str) -> None:
         if self._path is None:
             return
-        if len(self._trees) <= _SMALL_RECORD or self._journal_lines >= 2 * len(self._trees) + _COMPACT_SLACK:
+        if not self._written or self._journal_lines >= 2 * len(self._trees) + _COMPACT_SLACK:
             self._write()
             return
         if self._journal is None:
@@ -137,9 +139,22 @@ class StateRecord:
         with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
             json.dump(data, f)
         os.replace(tmp, self._path)
+        self._written = True
         if self._journal is not None and self._journal_lines:  # the record now holds all of it
             os.ftruncate(self._journal, 0)
         self._journal_lines = 0
+
+
+def read_record(record_path: Path) -> dict[str, Any]:
+    """A record file's content with its journal applied: ``{"runner", "forkserver", "trees"}``.
+
+    Raises ``OSError`` / ``ValueError`` for a record that cannot be read or parsed.
+    """
+    data: dict[str, Any] = json.loads(record_path.read_text())
+    by_key = {str(tree.get("key")): tree for tree in data.get("trees", [])}
+    _replay_journal(record_path, by_key)
+    data["trees"] = list(by_key.values())
+    return data
 
 
 def _replay_journal(record_path: Path, trees: dict[str, dict[str, Any]]) -> None:
@@ -192,7 +207,7 @@ def sweep(state_dir: Path) -> set[int]:
     killed: set[int] = set()
     for path in sorted(state_dir.glob("processes-*.json")):
         try:
-            data: dict[str, Any] = json.loads(path.read_text())
+            data = read_record(path)
         except (OSError, ValueError):
             continue
         if _is_alive(data.get("runner")):
@@ -200,9 +215,7 @@ def sweep(state_dir: Path) -> set[int]:
         forkserver = data.get("forkserver")
         if _is_alive(forkserver) and forkserver is not None:
             _procfs.signal_verified(int(forkserver["pid"]), int(forkserver["start_time"]), signal.SIGKILL)
-        by_key = {str(tree.get("key")): tree for tree in data.get("trees", [])}
-        _replay_journal(path, by_key)
-        trees = [TreeRecord(**tree) for tree in by_key.values()]
+        trees = [TreeRecord(**tree) for tree in data["trees"]]
         killed |= kill_trees(trees)
         for tree in trees:
             remove_tmpdir(tree.tmpdir)

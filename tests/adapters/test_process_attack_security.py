@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from leasecore.errors import SpawnError
-from leasecore.process import CommandSpec, Supervisor
+from leasecore.process import CommandSpec, Supervisor, leftovers
 from leasecore.process.leftovers import sweep
 
 from .process_support import REPO, Lines, alive, make_task, running_supervisor, sample, wait_until
@@ -62,6 +62,8 @@ def test_credentials_reach_no_child_grandchild_fork_server_or_state_file(tmp_pat
         assert _environ_of(sup.forkserver_pid) == {}
         records = list(state.glob("processes-*.json"))
         assert len(records) == 1 and SECRET not in records[0].read_text()
+        assert leftovers.read_record(records[0])["trees"]  # the tree is recorded (record or journal)
+        assert not [f for f in state.iterdir() if f.is_file() and SECRET in f.read_text()]
         assert stat.S_IMODE(state.stat().st_mode) == 0o700
         assert stat.S_IMODE(records[0].stat().st_mode) == 0o600
         child.kill_tree()

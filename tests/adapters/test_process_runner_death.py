@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from leasecore.process import CommandSpec, Supervisor
+from leasecore.process import CommandSpec, Supervisor, leftovers
 
 from .process_support import REPO, Lines, alive, make_task, sample, wait_until
 
@@ -24,7 +24,7 @@ import json, sys, time
 from pathlib import Path
 import psutil
 from leasecore.models import Task
-from leasecore.process import CommandSpec, Supervisor
+from leasecore.process import CommandSpec, Supervisor, leftovers
 
 state_dir, ignorer, daemonizer = sys.argv[1], sys.argv[2], sys.argv[3:]
 sup = Supervisor(Path(state_dir))
@@ -107,7 +107,7 @@ def test_leftovers_of_a_dead_runner_and_fork_server_are_swept(
     assert alive(daemon)
     records = list((tmp_path / "state").glob("processes-*.json"))
     assert len(records) == 1
-    tmpdirs = [tree["tmpdir"] for tree in json.loads(records[0].read_text())["trees"]]
+    tmpdirs = [tree["tmpdir"] for tree in leftovers.read_record(records[0])["trees"]]
     assert len(tmpdirs) == 2 and all(Path(t).is_dir() for t in tmpdirs)
     with Supervisor(tmp_path / "state") as sup:
         killed = sup.sweep_leftovers()
