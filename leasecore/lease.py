@@ -12,10 +12,12 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   time of the newest acknowledged heartbeat (or of the poll); none when that interval is under
   ``min_heartbeat_interval_seconds`` or lease extension is off. A failed beat is retried after the
   ``retry_backoff`` delays (1 s, 1.5 s, 2 s, 2 s, ...) for as long as the lease lasts.
-* Lease deadline = send time of the newest ack (or the poll) + ``heartbeat_timeout`` (default R, the
-  moment the server may time the task out and hand it to someone else). **With lease extension off the
-  deadline is still enforced** at poll + heartbeat_timeout: the server times the task out at R anyway,
-  so a child still running after that may run next to its retry.
+* Lease deadline = send time of the newest ack (or the poll) + ``min(heartbeat_timeout, R)`` (default
+  R, the moment the server may time the task out and hand it to someone else). A heartbeat timeout can
+  only shorten the lease: past R the server may already have handed the task to another worker, so a
+  longer one would let two copies run (``heartbeat_timeout_capped`` tells the runner to warn). **With
+  lease extension off the deadline is still enforced** at poll + that timeout: the server times the
+  task out at R anyway, so a child still running after that may run next to its retry.
 * An HTTP attempt never outlives the lease: its timeout is ``min(http cap, deadline - now)`` and no
   attempt starts with less than ``min_attempt_seconds`` left.
 * Fencing at the deadline is unconditional. An ack *processed* after the deadline is ignored (it
@@ -218,10 +220,22 @@ class LeasePolicy:
 
     @property
     def lease_timeout_seconds(self) -> float:
-        """How long an ack (or the poll) keeps the lease; 0 = no lease deadline."""
-        if self.heartbeat_timeout_seconds is not None:
-            return self.heartbeat_timeout_seconds
-        return self.response_timeout_seconds
+        """How long an ack (or the poll) keeps the lease; 0 = no lease deadline.
+
+        The heartbeat timeout only shortens R, never lengthens it (R = 0: it is the only deadline).
+        """
+        r = self.response_timeout_seconds
+        configured = self.heartbeat_timeout_seconds
+        if configured is None or configured <= 0:
+            return r
+        return min(configured, r) if r > 0 else configured
+
+    @property
+    def heartbeat_timeout_capped(self) -> bool:
+        """True when the configured heartbeat timeout is longer than R and was cut down to it."""
+        configured = self.heartbeat_timeout_seconds
+        r = self.response_timeout_seconds
+        return configured is not None and r > 0 and configured > r
 
     @property
     def heartbeat_interval_seconds(self) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,33 @@ STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
 FIRST_ATTEMPT_SPREAD = 1.0
 
 
+class WarnWhenCapped:
+    """``make_policy`` that warns once (per task type) when the heartbeat timeout is cut down to R.
+
+    A heartbeat timeout longer than the task's responseTimeoutSeconds would keep the tree running past
+    the moment the server may hand the task to another worker, so the lease caps it (``LeasePolicy``);
+    the user asked for more, so say so, once, not per task. Called on the pollers' threads.
+    """
+
+    def __init__(self, task_type: str, make_policy: Callable[[Task], LeasePolicy]) -> None:
+        self._task_type = task_type
+        self._make_policy = make_policy
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __call__(self, task: Task) -> LeasePolicy:
+        policy = self._make_policy(task)
+        if policy.heartbeat_timeout_capped and not self._warned:
+            with self._lock:
+                warn, self._warned = not self._warned, True
+            if warn:
+                log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
+                            "responseTimeoutSeconds %gs: past it the server may give the task to "
+                            "another worker", self._task_type, policy.heartbeat_timeout_seconds,
+                            policy.response_timeout_seconds)
+        return policy
+
+
 def plan_for(task: TaskSettings) -> TaskTypePlan:
     """What the runner needs for one ``[[task]]``."""
     spec = CommandSpec(
@@ -60,7 +88,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
     )
-    make_policy: Callable[[Task], LeasePolicy] = functools.partial(
+    make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
         heartbeat_timeout_seconds=task.heartbeat_timeout,
         lease_extend_enabled=task.lease_extend_enabled,
@@ -68,7 +96,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         ownership_check_interval_seconds=task.ownership_check_interval,
         first_attempt_spread=FIRST_ATTEMPT_SPREAD,
-    )
+    ))
     poll = PollSettings(
         task_type=task.type,
         concurrency=task.concurrency,

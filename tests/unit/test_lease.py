@@ -319,6 +319,42 @@ def test_without_a_response_timeout_there_is_no_lease_deadline() -> None:
     assert h.lease.view().lease_deadline is None
 
 
+@pytest.mark.parametrize("extend", [True, False])
+def test_a_heartbeat_timeout_longer_than_r_is_capped_at_r(extend: bool) -> None:
+    # Given R=2 and a configured heartbeat timeout of 10 s: past poll+2 the server may time the task
+    # out and give its retry to another worker (review issue: two copies ran for ~8 s)
+    p = policy(r=2.0, heartbeat_timeout_seconds=10.0, lease_extend_enabled=extend, kill_grace_seconds=1.0)
+    h = Harness(p)
+    # When no beat is ever acknowledged (cut off from the server, or extension off)
+    for t, action in h.run_until(T0 + 20):
+        if isinstance(action, SendHeartbeat):
+            h.record(h.lease.on_heartbeat_failed(t))
+    # Then the lease ends at R, not at 10 s, and the policy says it was capped
+    assert p.lease_timeout_seconds == 2.0 and p.heartbeat_timeout_capped
+    assert h.fences() == [
+        (T0 + 2, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 3, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("r", "configured", "lease", "capped"),
+    [
+        (10.0, None, 10.0, False),  # default: R
+        (10.0, 5.0, 5.0, False),  # shorter than R: our own, earlier fence
+        (10.0, 10.0, 10.0, False),
+        (10.0, 60.0, 10.0, True),  # longer: cut down to R
+        (0.0, 60.0, 60.0, False),  # no R: the heartbeat timeout is the only deadline
+        (0.0, None, 0.0, False),  # neither: no deadline
+    ],
+)
+def test_the_heartbeat_timeout_only_ever_shortens_the_lease(
+    r: float, configured: float | None, lease: float, capped: bool
+) -> None:
+    p = policy(r=r, heartbeat_timeout_seconds=configured)
+    assert (p.lease_timeout_seconds, p.heartbeat_timeout_capped) == (lease, capped)
+
+
 def test_a_redelivered_poll_extends_the_lease_like_an_ack() -> None:
     # Given a running lease (deadline poll+10) that is delivered again at poll+5
     h = Harness(policy(r=10.0))

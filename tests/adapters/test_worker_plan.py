@@ -1,0 +1,62 @@
+"""``worker.plan_for``: the lease policy a task type's tasks get, and the warning when it is capped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leasecore.config import TaskSettings
+from leasecore.models import Task
+from leasecore.worker import plan_for
+
+
+def task(r: int, task_id: str = "t1") -> Task:
+    return Task(task_id=task_id, workflow_id="w1", task_type="encode", response_timeout_seconds=r)
+
+
+def settings(tmp_path: Path, heartbeat_timeout: float | None) -> TaskSettings:
+    return TaskSettings(type="encode", command=("true",), cwd=str(tmp_path),
+                        heartbeat_timeout=heartbeat_timeout)
+
+
+@pytest.fixture
+def warnings_logged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The worker's log records, whether or not a CLI run in this process stopped propagation."""
+    logger = logging.getLogger("conductor_run.worker")
+    logger.addHandler(caplog.handler)
+    propagate, logger.propagate = logger.propagate, False  # each record once
+    try:
+        with caplog.at_level(logging.WARNING, logger="conductor_run.worker"):
+            yield caplog
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(caplog.handler)
+
+
+def test_a_heartbeat_timeout_above_r_is_capped_with_one_warning_per_task_type(
+    tmp_path: Path, warnings_logged: pytest.LogCaptureFixture
+) -> None:
+    # Given --heartbeat-timeout 10 for a task type whose tasks have R=2
+    plan = plan_for(settings(tmp_path, 10.0))
+    # When three of its tasks are polled
+    policies = [plan.make_policy(task(2, f"t{i}")) for i in range(3)]
+    # Then each lease ends at R, and the user is told once why
+    assert [p.lease_timeout_seconds for p in policies] == [2, 2, 2]
+    lines = [r.getMessage() for r in warnings_logged.records]
+    assert lines == [
+        "task type encode: heartbeat_timeout 10s is capped at the task's responseTimeoutSeconds 2s: "
+        "past it the server may give the task to another worker"
+    ]
+
+
+@pytest.mark.parametrize(("heartbeat_timeout", "r"), [(None, 2), (2.0, 2), (1.5, 2), (10.0, 0)])
+def test_no_warning_when_the_heartbeat_timeout_is_not_cut(
+    tmp_path: Path, warnings_logged: pytest.LogCaptureFixture, heartbeat_timeout: float | None, r: int
+) -> None:
+    plan = plan_for(settings(tmp_path, heartbeat_timeout))
+    policy = plan.make_policy(task(r))
+    assert not policy.heartbeat_timeout_capped
+    assert warnings_logged.records == []
