@@ -2,10 +2,15 @@
 
 One private file per task under ``<state_dir>/outbox/`` (directory 0700, files 0600: outputs are
 the task's data). A file records which server it was meant for (a hash of the URL, so no credential
-in a URL reaches the disk) and when it was saved; it is dropped once delivered, when the server
-answers 4xx (404: the task or workflow is gone; not 401/403, which only refuse our credentials), or
-after ``max_age_seconds`` (24 h by default: by then the server has long timed the task out and
-retried it).
+in a URL reaches the disk), when it was saved and the task's pollCount we held; it is dropped once
+delivered, when the server answers 4xx (404: the task or workflow is gone; not 401/403, which only
+refuse our credentials), or after ``max_age_seconds`` (24 h by default: by then the server has long
+timed the task out and retried it).
+
+Before a result is delivered the task is read back (``read_task``): a task that is terminal,
+re-queued (SCHEDULED), gone, or polled again since (a pollCount above ours) is no longer ours, and
+our old result would overwrite another worker's run of it, so it is dropped instead (the same rule
+as a running lease's ownership check, ``lease.ownership_lost_reason``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
-from leasecore.models import TaskResult, TaskStatus
+from leasecore.lease import ownership_lost_reason
+from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 
 log = logging.getLogger("conductor_run.outbox")
 
@@ -54,6 +60,7 @@ class OutboxEntry:
     path: Path
     result: TaskResult
     saved_at: float  # wall clock, epoch seconds (comparable across runs, unlike monotonic time)
+    poll_count: int = 0  # the task's pollCount when we held it (0: unknown, never compared)
 
 
 @dataclass(frozen=True)
@@ -79,14 +86,19 @@ class Outbox:
         self._clock = clock or SystemClock()
         self.max_age_seconds = max_age_seconds
 
-    def save(self, result: TaskResult) -> Path:
-        """Write ``result`` atomically to a private file; returns its path."""
+    def save(self, result: TaskResult, *, poll_count: int = 0) -> Path:
+        """Write ``result`` atomically to a private file; returns its path.
+
+        ``poll_count``: the newest pollCount delivered to us; at delivery a higher one on the server
+        means someone polled the task again, and the result is dropped.
+        """
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
         body = {
             "version": 1,
             "server": self._server,
             "saved_at": self._clock.now().timestamp(),
+            "poll_count": poll_count,
             "result": result.to_json(),
         }
         # One file per (server, task): the same task id on two servers must not collide.
@@ -111,18 +123,25 @@ class Outbox:
                 body = json.loads(path.read_text(encoding="utf-8"))
                 if body.get("server") != self._server:
                     continue
-                found.append(OutboxEntry(path, result_from_json(body["result"]), float(body["saved_at"])))
+                found.append(OutboxEntry(path, result_from_json(body["result"]), float(body["saved_at"]),
+                                         int(body.get("poll_count") or 0)))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable saved result %s: %s", path.name, exc)
                 path.unlink(missing_ok=True)
         return sorted(found, key=lambda e: e.saved_at)
 
     def deliver(
-        self, update: Callable[[TaskResult], None], *, stop: Callable[[], bool] = lambda: False
+        self,
+        update: Callable[[TaskResult], None],
+        *,
+        stop: Callable[[], bool] = lambda: False,
+        read_task: Callable[[str], TaskOwnership | None] | None = None,
     ) -> DeliveryReport:
         """Send every saved result with ``update``; keeps them only while the server is unreachable.
 
         ``stop()`` is asked before each result: True keeps the rest for the next start (a signal).
+        ``read_task(task_id)`` (``ConductorClient.get_task_ownership``; None: 404) is asked before
+        each delivery: a task no longer ours is dropped with one log line saying why. None: no check.
         """
         delivered = dropped = kept = 0
         now = self._clock.now().timestamp()
@@ -139,6 +158,14 @@ class Outbox:
                 dropped += 1
                 continue
             try:
+                why = None if read_task is None else ownership_lost_reason(read_task(task_id),
+                                                                           entry.poll_count)
+                if why is not None:
+                    log.warning("dropping the saved result of task %s (%s): no longer ours: %s", task_id,
+                                entry.result.status.value, why)
+                    entry.path.unlink(missing_ok=True)
+                    dropped += 1
+                    continue
                 update(entry.result)
             except ConductorAuthError as exc:  # our credentials, not the result: keep it for later
                 log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)

@@ -68,10 +68,14 @@ class Reporter:
         self._hurry = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
 
-    def submit(self, result: TaskResult, *, retry_seconds: float) -> None:
-        """Deliver ``result`` in the background, retrying for up to ``retry_seconds``."""
+    def submit(self, result: TaskResult, *, retry_seconds: float, poll_count: int = 0) -> None:
+        """Deliver ``result`` in the background, retrying for up to ``retry_seconds``.
+
+        ``poll_count`` (the task's newest pollCount delivered to us) is kept with the result if it
+        goes to the outbox: the next start delivers it only if nobody polled the task since.
+        """
         deadline = self._clock.monotonic() + retry_seconds
-        self._pool.submit(self._deliver_safely, result, deadline)
+        self._pool.submit(self._deliver_safely, result, deadline, poll_count)
 
     def hurry(self) -> None:
         """Stop waiting between retries: one more attempt each, then to the outbox (a forced stop)."""
@@ -81,15 +85,15 @@ class Reporter:
         """Wait for the deliveries in progress (each is bounded by its deadline)."""
         self._pool.shutdown(wait=True)
 
-    def _deliver_safely(self, result: TaskResult, deadline: float) -> None:
+    def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0) -> None:
         try:
-            outcome = self._deliver(result, deadline)
+            outcome = self._deliver(result, deadline, poll_count)
         except Exception as exc:  # a thread's top level: never lose the outcome
             log.exception("reporting task %s failed unexpectedly", result.task_id)
             outcome = ReportOutcome(result.task_id, delivered=False, error=repr(exc))
         self._on_done(outcome)
 
-    def _deliver(self, result: TaskResult, deadline: float) -> ReportOutcome:
+    def _deliver(self, result: TaskResult, deadline: float, poll_count: int = 0) -> ReportOutcome:
         delay = 0.5
         attempt = 0
         while True:
@@ -108,32 +112,37 @@ class Reporter:
                     return ReportOutcome(result.task_id, delivered=False, error=str(exc))
                 # Refused credentials (rotated, expired) say nothing about the result: retry it, and
                 # keep it in the outbox at the deadline rather than drop it.
-                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay)) is not None:
+                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
+                                                      poll_count)) is not None:
                     return outcome
                 delay = min(self._cap, delay * 2)
             except ConductorError as exc:
-                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay)) is not None:
+                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
+                                                      poll_count)) is not None:
                     return outcome
                 delay = min(self._cap, delay * 2)
 
     def _retry_or_give_up(
-        self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float
+        self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float,
+        poll_count: int = 0,
     ) -> ReportOutcome | None:
         """Wait ``delay`` before the next attempt (None), or give up when there is no time left."""
         left = deadline - self._clock.monotonic()
         if self._hurry.is_set() or left <= delay:
-            return self._give_up(result, exc, attempt)
+            return self._give_up(result, exc, attempt, poll_count)
         if attempt == 1:
             log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)",
                         result.task_id, result.status.value, exc, left)
         self._hurry.wait(delay)
         return None
 
-    def _give_up(self, result: TaskResult, exc: ConductorError, attempts: int) -> ReportOutcome:
+    def _give_up(
+        self, result: TaskResult, exc: ConductorError, attempts: int, poll_count: int = 0
+    ) -> ReportOutcome:
         saved: Path | None = None
         if self._outbox is not None:
             try:
-                saved = self._outbox.save(result)
+                saved = self._outbox.save(result, poll_count=poll_count)
             except OSError as err:
                 log.error("task %s: could not save the undelivered result: %s", result.task_id, err)
         where = f"saved to {saved} for the next start" if saved else "lost"

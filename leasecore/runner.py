@@ -244,6 +244,8 @@ class Runner:
             # keeps the lease; starting a second copy would run one task twice at once.
             log.warning("task %s delivered again while it runs here: not starting it twice", task.task_id)
             entry = self._tasks[task.task_id]
+            if task.poll_count > entry.task.poll_count:
+                entry.task = task  # its pollCount is ours now (kept with a result saved for later)
             if policy is None and entry.tracked and entry.policy is not None:  # not re-tracked at poll
                 self._engine.track(task, entry.policy, polled_at=polled_at)
             self._pollers[plan.poll.task_type].release()
@@ -346,7 +348,7 @@ class Runner:
             seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
         else:
             seconds = opts.report_retry_seconds
-        self._reporter.submit(result, retry_seconds=seconds)
+        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count)
 
     def _on_reported(self, outcome: ReportOutcome) -> None:
         entry = self._tasks.get(outcome.task_id)

@@ -201,7 +201,9 @@ def _serve(
 
 def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool]) -> None:
     report = outbox.deliver(
-        lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop
+        lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop,
+        read_task=lambda task_id: client.get_task_ownership(task_id,
+                                                            timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS),
     )
     if report.delivered or report.dropped:
         log.info("saved results: %d delivered, %d dropped, %d kept", report.delivered, report.dropped,

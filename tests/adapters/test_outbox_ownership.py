@@ -1,0 +1,113 @@
+"""A saved result is delivered at the next start only while the task is still ours (review issue).
+
+Real files in a temporary outbox; the server's view of the task is a scripted ``read_task``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leasecore.errors import ConductorUnavailable
+from leasecore.models import TaskOwnership, TaskResult, TaskStatus
+from leasecore.outbox import Outbox
+from leasecore.reporter import Reporter, ReportOutcome
+
+URL = "http://conductor.example/api"
+FAILED = TaskResult("t1", "w1", TaskStatus.FAILED, reason_for_incompletion="lease expired")
+
+
+@pytest.fixture
+def outbox_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The outbox's log lines, whether or not a CLI run in this process stopped propagation."""
+    logger = logging.getLogger("conductor_run.outbox")
+    logger.addHandler(caplog.handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        with caplog.at_level(logging.INFO, logger="conductor_run.outbox"):
+            yield caplog
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(caplog.handler)
+
+
+def test_the_poll_count_is_saved_with_the_result(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    path = outbox.save(FAILED, poll_count=3)
+    assert json.loads(path.read_text())["poll_count"] == 3
+    assert [e.poll_count for e in outbox.entries()] == [3]
+
+
+@pytest.mark.parametrize(
+    ("on_server", "why"),
+    [
+        (TaskOwnership(TaskStatus.IN_PROGRESS, 2, "thief"),
+         "polled again by worker 'thief' (pollCount 2, ours 1)"),
+        (TaskOwnership(TaskStatus.SCHEDULED, 1), "re-queued (SCHEDULED)"),
+        (TaskOwnership(TaskStatus.TIMED_OUT, 1), "TIMED_OUT on the server"),
+        (TaskOwnership(TaskStatus.COMPLETED, 2), "COMPLETED on the server"),
+        (None, "no longer knows the task (404)"),
+    ],
+)
+def test_a_task_no_longer_ours_is_dropped_with_one_line_saying_why(
+    tmp_path: Path, outbox_log: pytest.LogCaptureFixture, on_server: TaskOwnership | None, why: str
+) -> None:
+    # Given a FAILED saved while we held pollCount 1, and the task since moved on
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(FAILED, poll_count=1)
+    sent: list[TaskResult] = []
+    # When the next start delivers saved results
+    report = outbox.deliver(sent.append, read_task=lambda task_id: on_server)
+    # Then nothing is sent over the other run, the file is gone, and the log says why
+    assert sent == []
+    assert (report.delivered, report.dropped, report.kept) == (0, 1, 0)
+    assert outbox.entries() == []
+    [line] = [r.getMessage() for r in outbox_log.records]
+    assert line.startswith("dropping the saved result of task t1 (FAILED): no longer ours: ") and why in line
+
+
+@pytest.mark.parametrize("saved_poll_count", [1, 0])  # 0: a file saved before pollCounts were kept
+def test_a_task_still_ours_gets_its_saved_result(tmp_path: Path, saved_poll_count: int) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(FAILED, poll_count=saved_poll_count)
+    asked: list[str] = []
+    sent: list[TaskResult] = []
+
+    def read_task(task_id: str) -> TaskOwnership:
+        asked.append(task_id)
+        return TaskOwnership(TaskStatus.IN_PROGRESS, 1, "host")
+
+    report = outbox.deliver(sent.append, read_task=read_task)
+    assert asked == ["t1"] and sent == [FAILED]
+    assert report.delivered == 1 and outbox.entries() == []
+
+
+def test_a_read_that_fails_keeps_every_result_for_the_next_start(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(FAILED, poll_count=1)
+    outbox.save(TaskResult("t2", "w2", TaskStatus.COMPLETED), poll_count=1)
+    sent: list[TaskResult] = []
+
+    def unreachable(task_id: str) -> TaskOwnership:
+        raise ConductorUnavailable("connection refused")
+
+    report = outbox.deliver(sent.append, read_task=unreachable)
+    assert sent == [] and report.kept == 2 and len(outbox.entries()) == 2
+
+
+def test_the_reporter_saves_the_poll_count_it_was_given(tmp_path: Path) -> None:
+    class Unreachable:
+        def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+            raise ConductorUnavailable("connection refused")
+
+    outbox = Outbox(tmp_path, server=URL)
+    done: list[ReportOutcome] = []
+    reporter = Reporter(Unreachable(), done.append, outbox=outbox)
+    reporter.submit(FAILED, retry_seconds=0.0, poll_count=4)  # no time to retry: saved at once
+    reporter.close()
+    assert done[0].saved_to is not None
+    assert [(e.result.task_id, e.poll_count) for e in outbox.entries()] == [("t1", 4)]
