@@ -64,8 +64,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, ensure_ascii=False)
 
 
+# Every logger of the project lives under one of these: the runner's own (``conductor_run.*``) and the
+# adapters named after their module (``leasecore.heartbeat``, ``leasecore.process.supervisor``, ...).
+PROJECT_LOGGERS = ("conductor_run", "leasecore")
+
+
 def configure_logging(log_format: str, console: Console | None = None) -> None:
-    """Plain lines (or JSON lines) on stderr, for every conductor_run.* logger.
+    """Plain lines (or JSON lines) on stderr, for every logger of the project (``PROJECT_LOGGERS``).
 
     With ``console`` (a live view shares the terminal) the lines go through it, above the view.
     """
@@ -82,10 +87,11 @@ def configure_logging(log_format: str, console: Console | None = None) -> None:
                                       "%Y-%m-%dT%H:%M:%S")
     formatter.converter = time.gmtime  # UTC, as the trailing Z says
     handler.setFormatter(formatter)
-    root = logging.getLogger("conductor_run")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    root.propagate = False
+    for name in PROJECT_LOGGERS:  # one handler for all: same format, same level, same stream
+        root = logging.getLogger(name)
+        root.handlers[:] = [handler]
+        root.setLevel(logging.INFO)
+        root.propagate = False
 
 
 def _fail(message: str, code: int) -> typer.Exit:
