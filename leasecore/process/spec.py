@@ -6,6 +6,7 @@ Pure: no processes, no files. ``build_child_env`` is the whole of DESIGN.md §3'
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -110,6 +111,7 @@ def _scalar_text(value: Any) -> str | None:
     return None  # objects, arrays and null: read them from stdin or the input file
 
 
+@functools.lru_cache(maxsize=4096)  # the same environment names at every spawn: match them once
 def is_secret_name(name: str, extra_patterns: tuple[str, ...] = ()) -> bool:
     """True when ``name`` matches a credential pattern (case-insensitive)."""
     upper = name.upper()

@@ -1,11 +1,13 @@
 """The runner's side of process supervision: ``Supervisor`` (owns the fork server) and ``Child``.
 
 Threads: one event thread per Supervisor reads the fork server's messages (spawn replies, exits,
-"tree gone"); one output thread per child reads its stdout and stderr with a selector, feeds the
-bounded captures, calls ``on_line``, and on exit builds the ``ChildExit`` and removes the task's
-temporary files. Exit comes from the fork server's ``waitid``, never from pipe EOF: after the exit,
-the output thread drains the pipes for at most ``output_drain_seconds`` and then closes them, so a
-grandchild holding stdout cannot keep a finished task open.
+"tree gone"); one output thread per Supervisor reads every child's stdout and stderr with one
+selector, feeds the bounded captures, calls ``on_line``/``on_lines``, and on exit builds the
+``ChildExit``, removes the task's temporary files and calls ``on_done``. Exit comes from the fork
+server's ``waitid``, never from pipe EOF: after the exit, the output thread drains the child's pipes
+for at most ``output_drain_seconds`` and then closes them, so a grandchild holding stdout cannot keep
+a finished task open. (One thread for all children, not one per child: a thread, an epoll fd and a
+wake-up pipe per task cost more than running ``true`` itself.)
 
 If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
 starts a new one: a lost fork server costs the tasks it held, not every task after them.
@@ -99,8 +101,14 @@ class Child:
     """One running task command. Created by ``Supervisor.spawn``."""
 
     def __init__(
-        self, supervisor: Supervisor, key: str, files: TaskFiles, on_line: LineSink | None, clock: Clock,
-        on_lines: LinesSink | None = None, on_done: DoneSink | None = None,
+        self,
+        supervisor: Supervisor,
+        key: str,
+        files: TaskFiles,
+        on_line: LineSink | None,
+        clock: Clock,
+        on_lines: LinesSink | None = None,
+        on_done: DoneSink | None = None,
     ) -> None:
         self.key = key
         self.pid = 0
@@ -116,7 +124,11 @@ class Child:
         self._done = threading.Event()
         self._gone = threading.Event()
         self._result: ChildExit | None = None
-        self._wake_r, self._wake_w = os.pipe()
+        # Owned by the output thread once the child is added to it:
+        self._fds: dict[int, StreamCapture] = {}  # open pipe read ends
+        self._captures: tuple[StreamCapture, StreamCapture] | None = None  # stdout, stderr
+        self._grown: set[int] = set()
+        self._drain_deadline: float | None = None
 
     def wait(self, timeout: float | None = None) -> ChildExit | None:
         """The child's exit (tails and output file included), or None if ``timeout`` passed first."""
@@ -147,19 +159,12 @@ class Child:
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
+            self._supervisor._output.exited(self)
 
     def _on_gone(self) -> None:
         self._gone.set()
 
     # the output thread -------------------------------------------------------------------------
-
-    def _start_output(self, out_r: int, err_r: int, drain_seconds: float) -> None:
-        thread = threading.Thread(
-            target=self._pump, args=(out_r, err_r, drain_seconds), name=f"output-{self.key}", daemon=True
-        )
-        thread.start()
 
     def _capture(self, stream: str) -> StreamCapture:
         batch = self._on_lines
@@ -187,48 +192,6 @@ class Child:
 
         return emit
 
-    def _pump(self, out_r: int, err_r: int, drain_seconds: float) -> None:
-        captures = {out_r: self._capture("stdout"), err_r: self._capture("stderr")}
-        grown: set[int] = set()
-        stdout, stderr = captures[out_r], captures[err_r]
-        open_fds = set(captures)
-        deadline: float | None = None
-        with selectors.DefaultSelector() as selector:
-            for fd in (out_r, err_r, self._wake_r):
-                selector.register(fd, selectors.EVENT_READ)
-            while open_fds:
-                if deadline is None and self._exited.is_set():
-                    deadline = self._clock_now() + drain_seconds
-                timeout = None if deadline is None else deadline - self._clock_now()
-                if timeout is not None and timeout <= 0:
-                    break  # the child is gone; whoever still holds the pipe does not hold the task
-                for key, _ in selector.select(timeout):
-                    fd = key.fd
-                    if fd == self._wake_r:
-                        os.read(fd, 64)
-                        continue
-                    data = os.read(fd, _READ_BYTES)
-                    if data:
-                        captures[fd].feed(data)
-                        if len(data) >= 65536 and fd not in grown:  # a chatty child: a bigger pipe
-                            grown.add(fd)
-                            with contextlib.suppress(OSError):  # over the user's pipe quota: keep 64 KiB
-                                fcntl.fcntl(fd, _F_SETPIPE_SZ, _BIG_PIPE_BYTES)
-                    else:
-                        selector.unregister(fd)
-                        open_fds.discard(fd)
-        for fd in (out_r, err_r, self._wake_r, self._wake_w):
-            os.close(fd)
-        stdout.close()
-        stderr.close()
-        self._exited.wait()
-        self._finish(stdout.tail(), stderr.tail())
-
-    @staticmethod
-    def _clock_now() -> float:
-        # Real time on purpose: this bounds a real wait on pipes, not a lease decision.
-        return time.monotonic()
-
     def _finish(self, stdout_tail: str, stderr_tail: str) -> None:
         assert self._exit_info is not None
         code, sig, ended_at = self._exit_info
@@ -249,6 +212,137 @@ class Child:
                 self._on_done(self._result)
             except Exception:  # the sink's bug must not be lost silently
                 log.exception("on_done sink failed for task %s", self.key)
+
+
+class _OutputReader:
+    """The one thread that reads every child's pipes (one selector) and finishes each child.
+
+    Other threads only queue work for it (``add``, ``exited``) and wake it through a pipe; a child's
+    pipes, captures and drain deadline are touched by this thread alone.
+    """
+
+    def __init__(self, drain_seconds: float) -> None:
+        self._drain_seconds = drain_seconds
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, Child, int, int]] = []
+        self._children: set[Child] = set()  # added and not yet finished
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+
+    def add(self, child: Child, out_r: int, err_r: int) -> None:
+        """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished)."""
+        self._queue(("add", child, out_r, err_r))
+
+    def exited(self, child: Child) -> None:
+        """``child`` exited: drain its pipes for at most the drain time, then finish it."""
+        self._queue(("exited", child, -1, -1))
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """End the thread once every child added is finished (bounded wait)."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake()
+        if thread is not None:
+            thread.join(timeout_seconds)
+        if thread is None or not thread.is_alive():
+            self._selector.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _queue(self, item: tuple[str, Child, int, int]) -> None:
+        with self._lock:
+            self._pending.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="child-output", daemon=True)
+                self._thread.start()
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                pending, self._pending = self._pending, []
+                done = self._stopping and not self._children and not pending
+            if done:
+                return
+            for op, child, out_r, err_r in pending:
+                if op == "add":
+                    self._register(child, out_r, err_r)
+                self._check_exit(child)
+            now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
+            deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
+            for child in [
+                c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
+            ]:
+                self._finish(child)  # the child is gone; whoever still holds the pipe does not hold the task
+            timeout = None if not deadlines else max(0.0, min(deadlines) - now)
+            for key, _ in self._selector.select(timeout):
+                if key.fd == self._wake_r:
+                    with contextlib.suppress(OSError):
+                        os.read(self._wake_r, 4096)
+                    continue
+                child = key.data
+                try:
+                    self._read(child, key.fd)
+                except Exception:  # never let one child's trouble stop every other child's output
+                    log.exception("reading the output of task %s failed", child.key)
+                    self._close_fd(child, key.fd)
+                    self._check_exit(child)
+
+    def _register(self, child: Child, out_r: int, err_r: int) -> None:
+        stdout, stderr = child._capture("stdout"), child._capture("stderr")
+        child._captures = (stdout, stderr)
+        child._fds = {out_r: stdout, err_r: stderr}
+        for fd in (out_r, err_r):
+            self._selector.register(fd, selectors.EVENT_READ, child)
+        self._children.add(child)
+
+    def _read(self, child: Child, fd: int) -> None:
+        data = os.read(fd, _READ_BYTES)
+        if not data:
+            self._close_fd(child, fd)
+            self._check_exit(child)
+            return
+        child._fds[fd].feed(data)
+        if len(data) >= 65536 and fd not in child._grown:  # a chatty child: a bigger pipe
+            child._grown.add(fd)
+            with contextlib.suppress(OSError):  # over the user's pipe quota: keep 64 KiB
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _BIG_PIPE_BYTES)
+
+    def _close_fd(self, child: Child, fd: int) -> None:
+        if child._fds.pop(fd, None) is not None:
+            self._selector.unregister(fd)
+            os.close(fd)
+
+    def _check_exit(self, child: Child) -> None:
+        """Finish ``child`` once it exited and its pipes are at EOF; start its drain time at the exit."""
+        if child not in self._children or not child._exited.is_set():
+            return
+        if not child._fds:
+            self._finish(child)
+        elif child._drain_deadline is None:
+            child._drain_deadline = time.monotonic() + self._drain_seconds
+
+    def _finish(self, child: Child) -> None:
+        for fd in list(child._fds):
+            self._close_fd(child, fd)
+        self._children.discard(child)
+        assert child._captures is not None
+        stdout, stderr = child._captures
+        stdout.close()
+        stderr.close()
+        try:
+            child._finish(stdout.tail(), stderr.tail())
+        except Exception:  # the task's files: log it; the child is done either way
+            log.exception("finishing task %s failed", child.key)
 
 
 class Supervisor:
@@ -286,6 +380,7 @@ class Supervisor:
         _warn_if_not_linux()
         if protect_runner:
             protect_from_children()
+        self._output = _OutputReader(output_drain_seconds)
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
         self._events = self._start_events(self._sock)
@@ -305,8 +400,14 @@ class Supervisor:
         return set() if self._state_dir is None else leftovers.sweep(self._state_dir)
 
     def spawn(
-        self, task: Task, spec: CommandSpec, *, worker_id: str, on_line: LineSink | None = None,
-        on_lines: LinesSink | None = None, on_done: DoneSink | None = None,
+        self,
+        task: Task,
+        spec: CommandSpec,
+        *,
+        worker_id: str,
+        on_line: LineSink | None = None,
+        on_lines: LinesSink | None = None,
+        on_done: DoneSink | None = None,
     ) -> Child:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
@@ -348,14 +449,14 @@ class Supervisor:
             for fd in (stdin, out_w, err_w):
                 os.close(fd)
         if reply.get("op") != "spawned":
-            for fd in (out_r, err_r, child._wake_r, child._wake_w):
+            for fd in (out_r, err_r):
                 os.close(fd)
             files.remove()
             with self._cond:
                 self._children.pop(key, None)
             raise SpawnError(_spawn_failure(argv[0], reply))
         child.pid = int(reply["pid"])
-        child._start_output(out_r, err_r, self._drain_seconds)
+        self._output.add(child, out_r, err_r)
         info = _procfs.read_stat(child.pid)
         record = leftovers.TreeRecord(key, child.pid, info.start_time if info else 0, token, files.directory)
         with self._cond:
@@ -383,6 +484,7 @@ class Supervisor:
         self._sock.close()
         for child in list(self._children.values()):
             child.wait(timeout=self._drain_seconds + 5.0)
+        self._output.stop()
         self._record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,44 @@ def test_lines_stream_to_the_sink_while_the_child_runs(supervisor: Supervisor) -
         child.kill_tree()
     exit = child.wait(30)
     assert exit is not None and exit.stdout_tail == "one" and exit.stderr_tail == "two"
+
+
+def test_one_output_thread_reads_every_child_and_keeps_their_output_apart(supervisor: Supervisor) -> None:
+    # Given 12 children at once, each printing its own lines on both streams, one of them silent
+    # until the others are done (its pipes stay registered while theirs come and go)
+    sinks = [Lines() for _ in range(12)]
+    slow = supervisor.spawn(
+        make_task(), CommandSpec(shell="sleep 1; echo late"), worker_id="w", on_line=sinks[0]
+    )
+    children = [
+        supervisor.spawn(
+            make_task(),
+            CommandSpec(shell=f"for i in 1 2 3; do echo out{n}-$i; echo err{n}-$i >&2; done"),
+            worker_id="w",
+            on_line=sinks[n],
+        )
+        for n in range(1, 12)
+    ]
+    # Then one thread reads them all
+    readers = [t for t in threading.enumerate() if t.name == "child-output"]
+    assert len(readers) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("output-")]
+    # And every child's lines reached its own sink only, in order, and its own tails
+    for n, child in enumerate(children, start=1):
+        exit = child.wait(30)
+        assert exit is not None and exit.exit_code == 0
+        assert [line for stream, line in sinks[n].items if stream == "stdout"] == [
+            f"out{n}-{i}" for i in (1, 2, 3)
+        ]
+        assert [line for stream, line in sinks[n].items if stream == "stderr"] == [
+            f"err{n}-{i}" for i in (1, 2, 3)
+        ]
+        assert (exit.stdout_tail, exit.stderr_tail) == (
+            f"out{n}-1\nout{n}-2\nout{n}-3",
+            f"err{n}-1\nerr{n}-2\nerr{n}-3",
+        )
+    late = slow.wait(30)
+    assert late is not None and late.stdout_tail == "late" and sinks[0].items == [("stdout", "late")]
 
 
 def test_temporary_files_are_private_and_removed(supervisor: Supervisor) -> None:
