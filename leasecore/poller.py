@@ -4,6 +4,10 @@ The poller only fetches work and hands each task to ``on_task``; the runner's ma
 what to do with it and gives the slot back (``Poller.release``) when the task is finished. A shared
 ``WorkBudget`` enforces ``--once`` / ``--max-tasks`` across task types. Delays between polls come
 from the pure ``PollBackoff``; the server's reachability is logged once per change, not per failure.
+
+A claimed task is never dropped: the server counts every task of a poll's answer as ours until R,
+even past the count asked. Such extras run too (a slot overshoot of at most the count asked, within
+the work budget); any beyond that go to ``on_surplus``, which hands them back to the server.
 """
 
 from __future__ import annotations
@@ -93,10 +97,13 @@ class Poller:
         on_exit: Callable[[str], None] = lambda _task_type: None,
         backoff: PollBackoff | None = None,
         clock: Clock | None = None,
+        on_surplus: Callable[[Task, float], None] | None = None,
     ) -> None:
+        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``)."""
         self.settings = settings
         self._port = port
         self._on_task = on_task
+        self._on_surplus = on_surplus or on_task
         self._on_exit = on_exit
         self._budget = budget
         self._stop = stop
@@ -176,15 +183,29 @@ class Poller:
             self.backoff_seconds = self._backoff.on_error()
             self._stop.wait(self.backoff_seconds)
             return
-        tasks = tasks[:count]
-        self._unreserve(count - len(tasks))
+        run, surplus = self._split(tasks, count)
         self._note(self.reachability.on_success())
         self.last_ok_at = self._clock.now()
-        for task in tasks:
+        for task in run:
             self._on_task(task, polled_at)
+        for task in surplus:
+            self._on_surplus(task, polled_at)
         self.backoff_seconds = self._backoff.on_tasks() if tasks else self._backoff.on_empty()
         if self.backoff_seconds:
             self._stop.wait(self.backoff_seconds)
+
+    def _split(self, tasks: list[Task], count: int) -> tuple[list[Task], list[Task]]:
+        """The tasks to run and the surplus to hand back; slots and budget follow the tasks run."""
+        extra = len(tasks) - count
+        if extra <= 0:
+            self._unreserve(count - len(tasks))
+            return tasks, []
+        with self._cond:  # overshoot: up to `count` more, as far as the budget allows
+            granted = self._budget.reserve(min(extra, count))
+            self._in_use += granted
+        log.warning("the server returned %d task(s) for a poll of %d (%s): running %d more than asked, "
+                    "handing %d back", len(tasks), count, self.settings.task_type, granted, extra - granted)
+        return tasks[: count + granted], tasks[count + granted :]
 
     def _stop_polling(self) -> None:
         # The budget is shared: this poller simply ends; the runner stops when the work is done.

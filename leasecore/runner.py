@@ -115,10 +115,12 @@ class Runner:
         self._budget = WorkBudget(self._task_limit())
         self._pollers = {
             t: Poller(conductor, p.poll, self._on_polled, budget=self._budget, stop=self._stop_polling,
-                      on_exit=lambda tt: self._events.put(PollerExited(tt)), clock=self._clock)
+                      on_exit=lambda tt: self._events.put(PollerExited(tt)), clock=self._clock,
+                      on_surplus=lambda task, at: self._events.put(TaskPolled(task, at, surplus=True)))
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
+        self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
         self._pollers_alive = len(self._pollers)
         self._statuses: list[TaskStatus | None] = []  # per started task, in start order
         self._stopping_since: float | None = None
@@ -223,7 +225,7 @@ class Runner:
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled):
-            self._on_task(event.task, event.polled_at, event.policy)
+            self._on_task(event.task, event.polled_at, event.policy, surplus=event.surplus)
         elif isinstance(event, ChildExited):
             self._on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):
@@ -237,7 +239,9 @@ class Runner:
 
     # ------------------------------------------------------------------ one task
 
-    def _on_task(self, task: Task, polled_at: float, policy: LeasePolicy | None = None) -> None:
+    def _on_task(
+        self, task: Task, polled_at: float, policy: LeasePolicy | None = None, *, surplus: bool = False
+    ) -> None:
         plan = self._plans.get(task.task_type) or next(iter(self._plans.values()))
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
@@ -248,8 +252,12 @@ class Runner:
                 entry.task = task  # its pollCount is ours now (kept with a result saved for later)
             if policy is None and entry.tracked and entry.policy is not None:  # not re-tracked at poll
                 self._engine.track(task, entry.policy, polled_at=polled_at)
-            self._pollers[plan.poll.task_type].release()
-            self._budget.give_back(1)
+            if not surplus:  # a surplus task took no slot and no budget
+                self._pollers[plan.poll.task_type].release()
+                self._budget.give_back(1)
+            return
+        if surplus:
+            self._hand_back(task, plan)
             return
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
         self._tasks[task.task_id] = entry
@@ -279,6 +287,17 @@ class Runner:
         self._engine.child_started(task.task_id)
         log.info("task %s (%s, workflow %s) started: pid %d", task.task_id, task.task_type,
                  task.workflow_id, entry.child.pid)
+
+    def _hand_back(self, task: Task, plan: TaskTypePlan) -> None:
+        """A task polled beyond our slots and budget: never dropped (the server counts it as ours until
+        R), but re-queued at once for any worker: IN_PROGRESS with callbackAfterSeconds 0 makes it
+        SCHEDULED again (CONDUCTOR_PROTOCOL.md §3 step 5), unlike FAILED it costs no retry."""
+        log.warning("task %s (%s): polled beyond this runner's slots and task budget; handing it back "
+                    "to the server (re-queued at once)", task.task_id, task.task_type)
+        self._handing_back.add(task.task_id)
+        result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                            callback_after_seconds=0, worker_id=plan.worker_id)
+        self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
         send = self._logs.open_lines(entry.task.task_id)
@@ -351,6 +370,9 @@ class Runner:
         self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count)
 
     def _on_reported(self, outcome: ReportOutcome) -> None:
+        if outcome.task_id in self._handing_back:
+            self._handing_back.discard(outcome.task_id)
+            return
         entry = self._tasks.get(outcome.task_id)
         if entry is None:
             return

@@ -27,6 +27,7 @@ class TaskPolled:
     task: Task
     polled_at: float  # monotonic send time of the poll that delivered it
     policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
+    surplus: bool = False  # beyond what the poller may run (no slot, no budget): hand it back
 
 
 @dataclass(frozen=True)
