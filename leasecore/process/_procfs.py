@@ -97,11 +97,24 @@ def read_marker(pid: int) -> str | None:
     return None
 
 
-def descendants(procs: dict[int, ProcInfo], roots: Iterable[int]) -> set[int]:
-    """``roots`` (those present) plus every process whose parent chain reaches one of them."""
+def children_map(procs: dict[int, ProcInfo]) -> dict[int, list[int]]:
+    """ppid -> the pids in ``procs`` whose parent it is (build once, pass to many ``descendants``)."""
     children: dict[int, list[int]] = {}
     for info in procs.values():
         children.setdefault(info.ppid, []).append(info.pid)
+    return children
+
+
+def descendants(
+    procs: dict[int, ProcInfo], roots: Iterable[int], children: dict[int, list[int]] | None = None
+) -> set[int]:
+    """``roots`` (those present) plus every process whose parent chain reaches one of them.
+
+    ``children`` (from :func:`children_map` of the same ``procs``) saves rebuilding it per call: a
+    caller asking for many trees' descendants would otherwise pay O(processes) for each.
+    """
+    if children is None:
+        children = children_map(procs)
     found: set[int] = set()
     stack = [pid for pid in roots if pid in procs]
     while stack:

@@ -132,6 +132,7 @@ class ForkServer:
         # Processes below us that belong to no live tree (their task is over): pid -> (start, kill_at).
         self._strays: dict[int, tuple[int, float]] = {}
         self._stray_grace = 10.0  # the grace of the last tree that ended
+        self._next_scan_at = 0.0  # a /proc walk costs O(processes below us): at most every tick
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
@@ -288,7 +289,8 @@ class ForkServer:
                 owner = tokens.get(_procfs.read_marker(pid) or "")
             if owner is not None:
                 roots[owner.key].add(pid)
-        members = {key: _procfs.descendants(procs, pids) for key, pids in roots.items()}
+        children = _procfs.children_map(procs)  # once: per tree it made every walk O(trees x procs)
+        members = {key: _procfs.descendants(procs, pids, children) for key, pids in roots.items()}
         claimed = set(leaders).union(*members.values())
         unclaimed = set(_procfs.live(procs, procs)) - claimed
         strays: set[int] = set()
@@ -298,9 +300,9 @@ class ForkServer:
             start = procs[pid].start_time
             candidates = [tree for tree in trees if tree.start_time <= start]
             if len(candidates) == 1:
-                members[candidates[0].key] |= _procfs.descendants(procs, [pid])
+                members[candidates[0].key] |= _procfs.descendants(procs, [pid], children)
             elif not candidates:
-                strays |= _procfs.descendants(procs, [pid])
+                strays |= _procfs.descendants(procs, [pid], children)
         result: dict[str, set[int]] = {}
         for tree in trees:
             live = set(_procfs.live(procs, members[tree.key])) - {tree.pid}
@@ -374,6 +376,14 @@ class ForkServer:
         busy = [tree for tree in self._trees.values() if tree.exited or tree.kill_at is not None]
         if not busy and self._closing_kill_at is None and not self._strays:
             return
+        # Walk /proc at most once per tick (it costs O(processes below us): with 1000 trees, a walk
+        # per spawn request made spawning quadratic), except when a KILL is due right now.
+        kill_due = any(tree.kill_at is not None and now >= tree.kill_at for tree in busy) or (
+            self._closing_kill_at is not None and now >= self._closing_kill_at
+        )
+        if now < self._next_scan_at and not kill_due:
+            return
+        self._next_scan_at = now + _TICK_SECONDS
         procs = self._scan()
         members, strays = self._attribute(procs)
         if any(tree.exited and not members[tree.key] for tree in busy):
