@@ -200,8 +200,11 @@ class Runner:
             self._publish_pending = True
             return
         self._publish_pending = False
-        self._publish_at = now + self.options.status_min_interval_seconds
         self._publish()
+        # ... and at most 1/20 of the main loop's time: with 1000 tasks a snapshot costs ~50 ms, and
+        # 5 of them a second starved the spawns and heartbeats (#9).
+        cost = self._clock.monotonic() - now
+        self._publish_at = now + max(self.options.status_min_interval_seconds, 20 * cost)
 
     def _task_limit(self) -> int | None:
         return 1 if self.options.once else self.options.max_tasks
