@@ -381,7 +381,7 @@ class Runner:
             return
         status = entry.result_status
         if outcome.delivered and status is not None:
-            log.info("task %s: reported %s", outcome.task_id, status.value)
+            log.debug("task %s: reported %s", outcome.task_id, status.value)  # INFO: start, result
         self._forget(entry, status if outcome.delivered else None)
 
     def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
