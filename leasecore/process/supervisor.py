@@ -412,9 +412,10 @@ class Supervisor:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
         ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
-        child's output thread: it must return quickly (queue the line), or the child blocks on a full
-        pipe. Lines longer than 64 KiB arrive in pieces. ``on_lines(stream, lines)`` (instead) gets the
-        complete lines of each read as one list: far cheaper for a chatty child. ``on_done(exit)`` is
+        Supervisor's output thread (shared by every child): it must return quickly (queue the line),
+        or every child blocks on a full pipe. Lines longer than 64 KiB arrive in pieces.
+        ``on_lines(stream, lines)`` (instead) gets the complete lines of each read as one list: far
+        cheaper for a chatty child. ``on_done(exit)`` is
         called once, from the output thread, when ``wait`` would return the exit: the caller needs no
         thread of its own per child to learn of it.
         """
