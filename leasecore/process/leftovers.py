@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ class StateRecord:
 
     def add(self, record: TreeRecord) -> None:
         self._trees[record.key] = record
-        self._change("+" + json.dumps(asdict(record)))
+        self._change("+" + json.dumps(vars(record)))  # flat fields: vars, not asdict's deep copy
 
     def remove(self, key: str) -> None:
         if self._trees.pop(key, None) is not None:
@@ -130,7 +130,7 @@ class StateRecord:
         data = {
             "runner": self._runner,
             "forkserver": self._forkserver,
-            "trees": [asdict(tree) for tree in self._trees.values()],
+            "trees": [vars(tree) for tree in self._trees.values()],
         }
         # A fixed temporary name (the directory is private, and the Supervisor serialises writes):
         # mkstemp's random names cost as much as the rest of the write, once per spawn and exit.
