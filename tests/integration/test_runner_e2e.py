@@ -154,9 +154,15 @@ def test_an_undelivered_result_is_delivered_on_the_next_start(world: World) -> N
         assert code == exitcodes.SIGTERM, err
         assert list((world.state_dir / "outbox").glob("*.json"))
         assert world.workflow_status(wf) == "RUNNING"
+        # Abort the connections the black hole held, so the stalled update can never reach the server
+        # late: only the outbox can deliver the result now.
+        proxy.set_mode("reset")
+        wait_until(lambda: proxy.open_connections() == 0, what="the held connections to be aborted")
+        assert world.workflow_status(wf) == "RUNNING"
         proxy.set_mode("pass")
         code, err = world.finish(world.run("--once", "--once-wait", "1", url=proxy.url_for("/api")))
     assert code == exitcodes.NO_TASK, err
+    assert "delivered the saved result of task" in err
     assert world.workflow_status(wf) == "COMPLETED"
     assert not list((world.state_dir / "outbox").glob("*.json"))
 
