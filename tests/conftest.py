@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from leasecore.server import EmbeddedServer
+from tests.integration.helpers import World
 
 pytest_plugins = ["tests.realserver"]  # real Conductor OSS server fixtures (real_server_url)
 
@@ -19,3 +23,14 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith(_PREFIXES):
             monkeypatch.delenv(name, raising=False)
     yield
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    """An embedded server on a free port, a task type with a short R, and the runner processes started."""
+    with EmbeddedServer() as server:
+        w = World(tmp_path, server)
+        try:
+            yield w
+        finally:
+            w.close()

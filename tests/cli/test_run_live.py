@@ -11,7 +11,6 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from rich.console import Console
 
 from cli import exitcodes
 from cli.runview import ConsoleLogHandler, LiveView, wants_live_view
-from leasecore.server import EmbeddedServer
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState
 from tests.integration.helpers import World, wait_until
 
@@ -74,16 +72,6 @@ def test_log_lines_go_through_the_console_as_plain_text() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.emit(logging.LogRecord("x", logging.INFO, __file__, 1, "task [bold]%s[/] started", ("a",), None))
     assert out.getvalue() == "INFO task [bold]a[/] started\n"  # never parsed as markup
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 @pytest.mark.slow

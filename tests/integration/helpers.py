@@ -74,19 +74,18 @@ class World:
         proc.wait(timeout=timeout)
         return proc.returncode, self.stderr(proc)
 
-    def define(self, *, response_timeout: int = 2, retry_count: int = 0) -> None:
-        self.admin.register_task_defs(
-            [
-                {
-                    "name": self.task_type,
-                    "responseTimeoutSeconds": response_timeout,
-                    "retryCount": retry_count,
-                    "retryDelaySeconds": 0,
-                    "timeoutSeconds": 0,
-                    "timeoutPolicy": "TIME_OUT_WF",
-                }
-            ]
-        )
+    def define(self, *, response_timeout: int = 2, retry_count: int = 0, **taskdef: Any) -> None:
+        """Register the task def (``taskdef`` overrides any field: timeoutSeconds, ...) and a one-task
+        workflow passing ``seconds``, ``code`` and ``x`` from the workflow's input."""
+        td = {
+            "name": self.task_type,
+            "responseTimeoutSeconds": response_timeout,
+            "retryCount": retry_count,
+            "retryDelaySeconds": 0,
+            "timeoutSeconds": 0,
+            "timeoutPolicy": "TIME_OUT_WF",
+        } | taskdef
+        self.admin.register_task_defs([td])
         self.admin.register_workflow(
             {
                 "name": f"wf_{self.task_type}",
@@ -97,7 +96,7 @@ class World:
                         "name": self.task_type,
                         "taskReferenceName": "step",
                         "type": "SIMPLE",
-                        "inputParameters": {k: f"${{workflow.input.{k}}}" for k in ("seconds", "code")},
+                        "inputParameters": {k: f"${{workflow.input.{k}}}" for k in ("seconds", "code", "x")},
                     }
                 ],
             }

@@ -13,15 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
 from tests.faultproxy import FaultProxy
 from tests.integration.helpers import ROOT, World, gone, wait_until
 from tests.integration.rewriting_relay import RewritingRelay, is_lease
@@ -31,28 +27,6 @@ DAEMONIZER = str(ROOT / "sample_tasks" / "daemonizer.py")
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
-
-
-def define(world: World, **taskdef: Any) -> None:
-    """``World.define`` with any task-def field overridden (timeoutSeconds, timeoutPolicy, ...)."""
-    td = {"name": world.task_type, "responseTimeoutSeconds": 2, "retryCount": 0, "retryDelaySeconds": 0,
-          "timeoutSeconds": 0, "timeoutPolicy": "TIME_OUT_WF"} | taskdef
-    world.admin.register_task_defs([td])
-    world.admin.register_workflow({
-        "name": f"wf_{world.task_type}", "version": 1, "schemaVersion": 2,
-        "tasks": [{"name": world.task_type, "taskReferenceName": "step", "type": "SIMPLE",
-                   "inputParameters": {k: f"${{workflow.input.{k}}}" for k in ("seconds", "x")}}],
-    })  # fmt: skip
 
 
 def server_address(world: World) -> tuple[str, int]:
@@ -94,7 +68,7 @@ def mark_in_progress(world: World, workflow_id: str) -> str:
 def test_a_slow_server_never_lets_the_tree_outlive_its_timeout(world: World, latency: float) -> None:
     """Latency per chunk of 0.2 R or 0.9 R: a beat whose ack comes late never keeps the tree alive
     past the server's own response timeout (plus the kill grace)."""
-    define(world, responseTimeoutSeconds=2)
+    world.define(responseTimeoutSeconds=2)
     wf = world.start_workflow(seconds=60)
     with FaultProxy(*server_address(world)) as proxy:
         proc = world.run("--kill-grace", "1", url=proxy.url_for("/api"))
@@ -120,7 +94,7 @@ def test_a_slow_server_never_lets_the_tree_outlive_its_timeout(world: World, lat
 def test_heartbeats_answered_500_fence_the_tree_at_the_lease_deadline(world: World) -> None:
     """The server answers 500 to every extendLease while GET task still says IN_PROGRESS: no beat is
     acknowledged, so the tree is fenced at poll + R, no later than the server times the task out."""
-    define(world, responseTimeoutSeconds=3)
+    world.define(responseTimeoutSeconds=3)
     wf = world.start_workflow(seconds=60)
     with RewritingRelay(world.server.url) as relay:
         relay.rule = lambda _method, _path, body: 500 if is_lease(body) else None
@@ -142,7 +116,7 @@ def test_heartbeats_answered_500_fence_the_tree_at_the_lease_deadline(world: Wor
 def test_no_heartbeat_follows_the_acknowledged_final_update(world: World) -> None:
     """The final update is refused (503) and retried, heartbeats go on meanwhile; the workflow is
     terminated during the retries; once an update is acknowledged no heartbeat is ever sent."""
-    define(world, responseTimeoutSeconds=2)
+    world.define(responseTimeoutSeconds=2)
     wf = world.start_workflow(seconds=1)
     refuse = {"updates": True}
     with RewritingRelay(world.server.url) as relay:
@@ -169,7 +143,7 @@ def test_no_heartbeat_follows_the_acknowledged_final_update(world: World) -> Non
 
 
 def test_a_task_delivered_again_to_us_is_not_started_twice(world: World) -> None:
-    define(world, responseTimeoutSeconds=10)
+    world.define(responseTimeoutSeconds=10)
     wf = world.start_workflow(seconds=4)
     proc = world.run("--concurrency", "2")
     wait_until(world.child_pids, what="the child to start")
@@ -186,7 +160,7 @@ def test_a_task_delivered_again_to_us_is_not_started_twice(world: World) -> None
 
 
 def test_a_task_polled_by_another_worker_is_fenced_and_not_reported(world: World) -> None:
-    define(world, responseTimeoutSeconds=10)
+    world.define(responseTimeoutSeconds=10)
     wf = world.start_workflow(seconds=60)
     proc = world.run("--kill-grace", "1")
     (pid,) = wait_until(world.child_pids, what="the child to start")
@@ -206,7 +180,7 @@ def test_a_task_polled_by_another_worker_is_fenced_and_not_reported(world: World
 
 
 def test_timeout_seconds_kills_the_tree_although_heartbeats_are_acknowledged(world: World) -> None:
-    define(world, responseTimeoutSeconds=2, timeoutSeconds=5, timeoutPolicy="RETRY")
+    world.define(responseTimeoutSeconds=2, timeoutSeconds=5, timeoutPolicy="RETRY")
     wf = world.start_workflow(seconds=60)
     proc = world.run("--once", "--kill-grace", "1")
     (pid,) = wait_until(world.child_pids, what="the child to start")
@@ -219,7 +193,7 @@ def test_timeout_seconds_kills_the_tree_although_heartbeats_are_acknowledged(wor
 
 
 def test_a_term_ignoring_tree_does_not_delay_the_other_tasks_heartbeats(world: World) -> None:
-    define(world, responseTimeoutSeconds=2)
+    world.define(responseTimeoutSeconds=2)
     script = (
         "import os, time\n"
         "if os.environ['CONDUCTOR_INPUT_SECONDS'] == '99':\n"
@@ -245,7 +219,7 @@ def test_a_term_ignoring_tree_does_not_delay_the_other_tasks_heartbeats(world: W
 
 def test_a_sigkilled_runner_takes_its_tree_with_it(world: World) -> None:
     """A runner SIGKILLed mid-task takes its tree with it at once; a restart finds nothing running."""
-    define(world, responseTimeoutSeconds=30)
+    world.define(responseTimeoutSeconds=30)
     wf = world.start_workflow(seconds=120)
     proc = world.run()
     (pid,) = wait_until(world.child_pids, what="the child to start")
@@ -265,7 +239,7 @@ def test_a_sigkilled_runner_takes_its_tree_with_it(world: World) -> None:
     ("sig", "code"), [(signal.SIGINT, exitcodes.SIGINT), (signal.SIGHUP, exitcodes.SIGHUP)]
 )
 def test_a_signal_fails_the_task_and_leaves_nothing_running(world: World, sig: int, code: int) -> None:
-    define(world, responseTimeoutSeconds=30)
+    world.define(responseTimeoutSeconds=30)
     wf = world.start_workflow()
     proc = world.run("--kill-grace", "2", command=[sys.executable, DAEMONIZER])
     (pid,) = wait_until(world.child_pids, what="the child to start")
@@ -281,7 +255,7 @@ def test_a_signal_fails_the_task_and_leaves_nothing_running(world: World, sig: i
 
 
 def test_a_drain_past_its_timeout_beats_until_the_tree_is_dead_and_reported(world: World) -> None:
-    define(world, responseTimeoutSeconds=2, retryCount=1)
+    world.define(responseTimeoutSeconds=2, retryCount=1)
     wf = world.start_workflow(seconds=60)
     with RewritingRelay(world.server.url) as relay:
         proc = world.run("--drain", "--drain-timeout", "4", "--kill-grace", "2", url=relay.url,
@@ -305,7 +279,7 @@ def test_a_drain_past_its_timeout_beats_until_the_tree_is_dead_and_reported(worl
 
 
 def test_a_second_signal_during_a_drain_kills_at_once(world: World) -> None:
-    define(world, responseTimeoutSeconds=2)
+    world.define(responseTimeoutSeconds=2)
     wf = world.start_workflow(seconds=60)
     proc = world.run("--drain", "--drain-timeout", "120", "--kill-grace", "60",
                      command=["/bin/sh", TERM_IGNORER])  # fmt: skip
@@ -330,7 +304,7 @@ def test_a_second_signal_during_a_drain_kills_at_once(world: World) -> None:
 
 
 def test_shell_mode_never_executes_the_input(world: World) -> None:
-    define(world, responseTimeoutSeconds=10)
+    world.define(responseTimeoutSeconds=10)
     marker = world.tmp / "pwned"
     wf = world.start_workflow(x=f'$(touch {marker}); `touch {marker}`; "; touch {marker}; "')
     argv = [sys.executable, "-m", "cli", "run", "--server", world.server.url, "--task-type", world.task_type,
@@ -344,7 +318,7 @@ def test_shell_mode_never_executes_the_input(world: World) -> None:
 
 
 def test_a_password_in_the_server_url_is_never_printed_or_stored(world: World) -> None:
-    define(world, responseTimeoutSeconds=3)
+    world.define(responseTimeoutSeconds=3)
     world.start_workflow(seconds=60)
     password = "pw-s3cr3t-in-url"
     with FaultProxy(*server_address(world)) as proxy:

@@ -8,42 +8,17 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
 from tests.faultproxy import FaultProxy
 from tests.integration.helpers import World, gone, wait_until
 
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
-
-
-def define(world: World, **taskdef: Any) -> None:
-    td = {"name": world.task_type, "responseTimeoutSeconds": 2, "retryCount": 0, "retryDelaySeconds": 0,
-          "timeoutSeconds": 0, "timeoutPolicy": "TIME_OUT_WF"} | taskdef
-    world.admin.register_task_defs([td])
-    world.admin.register_workflow({
-        "name": f"wf_{world.task_type}", "version": 1, "schemaVersion": 2,
-        "tasks": [{"name": world.task_type, "taskReferenceName": "step", "type": "SIMPLE",
-                   "inputParameters": {"seconds": "${workflow.input.seconds}"}}],
-    })  # fmt: skip
 
 
 def proxy_for(world: World) -> FaultProxy:
@@ -75,7 +50,7 @@ def wait_for_sleeping(world: World, workflow_id: str) -> None:
 def test_a_heartbeat_timeout_above_r_never_lets_two_copies_run(world: World) -> None:
     """R = 2, --heartbeat-timeout 10, runner A cut off from the server: the server times the task out
     at R and hands the retry to runner B. A's tree must be dead by then (before: it ran ~8 s more)."""
-    define(world, responseTimeoutSeconds=2, retryCount=1)
+    world.define(responseTimeoutSeconds=2, retryCount=1)
     wf = world.start_workflow(seconds=60)
     with proxy_for(world) as proxy:
         a = world.run("--heartbeat-timeout", "10", "--kill-grace", "1", url=proxy.url_for("/api"))
@@ -119,7 +94,7 @@ def test_a_heartbeat_timeout_above_r_never_lets_two_copies_run(world: World) -> 
 def test_json_logs_are_json_on_every_line_from_every_module(world: World) -> None:
     """--log-format json: lines of leasecore.* loggers (heartbeat, supervisor, ...) went around the
     configured handler (plain text, no timestamp, INFO dropped)."""
-    define(world, responseTimeoutSeconds=10)
+    world.define(responseTimeoutSeconds=10)
     wf = world.start_workflow(seconds=60)
     proc = world.run("--log-format", "json", "--kill-grace", "1")
     (pid,) = wait_until(world.child_pids, what="the child to start")
@@ -146,7 +121,7 @@ def test_a_saved_result_is_not_delivered_over_another_workers_run(world: World) 
     """A result kept in the outbox (the final update could not get through) is delivered at the next
     start only if nobody polled the task since: here another client re-queued it (bare IN_PROGRESS
     update) and another worker polled it, so our saved COMPLETED must not end that worker's run."""
-    define(world, responseTimeoutSeconds=30)
+    world.define(responseTimeoutSeconds=30)
     wf = world.start_workflow(seconds=1)
     with proxy_for(world) as proxy:
         proc = world.run(url=proxy.url_for("/api"))

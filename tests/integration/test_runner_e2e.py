@@ -28,16 +28,6 @@ TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
-
-
 def test_a_long_task_outlives_its_response_timeout_thanks_to_heartbeats(world: World) -> None:
     world.define(response_timeout=2)
     wf = world.start_workflow(seconds=5)

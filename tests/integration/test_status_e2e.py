@@ -11,28 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from leasecore.server import EmbeddedServer
 from tests.integration.helpers import World, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def status(world: World, *args: str) -> subprocess.CompletedProcess[str]:
