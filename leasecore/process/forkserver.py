@@ -25,7 +25,14 @@ how to stop (drain or kill). Only EOF or a "shutdown" request stops it.
 
 Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: ``spawn`` (with 3 fds:
 stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace). Events: ``ready``,
-``spawned``/``spawn_failed`` (id), ``exited`` (key, code, signal), ``gone`` (key).
+``spawned``/``spawn_failed`` (id), ``exec_failed`` (key, errno, what), ``exited`` (key, code, signal),
+``gone`` (key).
+
+A spawn is answered right after the fork (``spawned``: the pid is known and the tree is held), not
+after the child's exec: the child's exec-failure pipe (CLOEXEC: EOF means the exec succeeded) is
+watched by the selector. A child that fails before or at exec writes ``errno:step`` to it and exits
+127; that is reported as ``exec_failed``, always before the child's ``exited`` (``_reap`` reads a
+pending pipe first), and the tree then ends like any other (``exited``, ``gone``).
 
 Imports are stdlib only and few: every task is forked from this process, and its size is per-task
 overhead (fork copies its page tables). The Supervisor boots it without running the package
@@ -71,8 +78,8 @@ class _Tree:
     this process is copied (page tables) at each task's fork.
     """
 
-    __slots__ = ("exited", "grace_seconds", "key", "kill_at", "known", "pid", "start_time", "term_sent",
-                 "token")  # fmt: skip
+    __slots__ = ("exec_pipe", "exited", "grace_seconds", "key", "kill_at", "known", "pid", "start_time",
+                 "term_sent", "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
         self.key = key
@@ -83,6 +90,7 @@ class _Tree:
         self.exited = False
         self.term_sent = False
         self.kill_at: float | None = None
+        self.exec_pipe = -1  # read end of the child's exec-failure pipe until its exec is settled
         # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its
         # marker after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
         self.known: dict[int, int] = {}
@@ -155,6 +163,8 @@ class ForkServer:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
                     sigchld = True
+                elif key.data is not None:  # a child's exec-failure pipe: data or EOF
+                    self._exec_settled(key.data)
                 elif not self._serve_one():
                     self._begin_close(0.0)
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
@@ -196,17 +206,35 @@ class ForkServer:
             os.close(err_r)
             self._exec_child(req, fds, err_w)
         os.close(err_w)
-        with os.fdopen(err_r, "rb") as pipe:
-            failure = pipe.read()  # EOF (CLOEXEC) means the exec succeeded
-        if failure:
-            os.waitpid(pid, 0)
-            errno_text, _, what = failure.decode(errors="replace").partition(":")
-            self._reply({"op": "spawn_failed", "id": req["id"], "errno": int(errno_text), "what": what})
-            return
+        # Held from now on (the exec may still fail: reported later, see _exec_settled); the start time
+        # does not change at exec, so it is read now.
         info = _procfs.read_stat(pid)
         tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
+        tree.exec_pipe = err_r
         self._trees[tree.key] = tree
+        self._selector.register(err_r, selectors.EVENT_READ, tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid})
+
+    def _exec_settled(self, tree: _Tree) -> None:
+        """The child's exec-failure pipe is readable: EOF (exec done) or ``errno:step`` (it failed)."""
+        fd, tree.exec_pipe = tree.exec_pipe, -1
+        if fd < 0:
+            return
+        try:
+            failure = os.read(fd, 4096)  # one small write by the child, then its exit: all of it at once
+        except OSError:
+            failure = b""
+        finally:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+            os.close(fd)
+        if failure:
+            errno_text, _, what = failure.decode(errors="replace").partition(":")
+            try:
+                errno_value = int(errno_text)
+            except ValueError:
+                errno_value = 0
+            self._reply({"op": "exec_failed", "key": tree.key, "errno": errno_value, "what": what})
 
     def _exec_child(self, req: dict[str, Any], fds: list[int], err_w: int) -> None:
         step = "setsid"
@@ -354,6 +382,8 @@ class ForkServer:
             result = os.waitid(os.P_PID, tree.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             if result is None:
                 continue
+            if tree.exec_pipe >= 0:  # it exited, so the pipe is at EOF or holds its failure: say it first
+                self._exec_settled(tree)
             tree.exited = True
             killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
             self._reply(

@@ -120,6 +120,8 @@ class Child:
         self._on_done = on_done
         self._clock = clock
         self._exit_info: tuple[int | None, int | None, float] | None = None
+        self._argv0 = ""
+        self._spawn_error: str | None = None  # the exec failed (reported by the fork server)
         self._exited = threading.Event()
         self._done = threading.Event()
         self._gone = threading.Event()
@@ -205,6 +207,7 @@ class Child:
             stderr_tail=stderr_tail,
             output=output,
             output_error=output_error,
+            spawn_error=self._spawn_error,
         )
         self._done.set()
         if self._on_done is not None:
@@ -411,6 +414,11 @@ class Supervisor:
     ) -> Child:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
+        Returns once the fork server has forked the child, not once it has exec'd (the runner's loop
+        does not wait ~1 ms per task for that): an exec that fails (not executable, no ``#!``, a
+        failed ``chdir``...) ends the child instead, and its ``ChildExit`` carries ``spawn_error``
+        (the same words a SpawnError would have).
+
         ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
         Supervisor's output thread (shared by every child): it must return quickly (queue the line),
         or every child blocks on a full pipe. Lines longer than 64 KiB arrive in pieces.
@@ -437,6 +445,7 @@ class Supervisor:
             raise
         key = f"t{next(self._ids)}"
         child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
+        child._argv0 = argv[0]
         with self._cond:
             self._children[key] = child
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
@@ -589,7 +598,9 @@ class Supervisor:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 return
-            if op == "exited":
+            if op == "exec_failed":
+                child._spawn_error = _spawn_failure(child._argv0, event)
+            elif op == "exited":
                 child._on_exit(event.get("code"), event.get("signal"))
             elif op == "gone":
                 child._on_gone()

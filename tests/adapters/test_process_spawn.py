@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import sys
 import threading
@@ -195,8 +196,16 @@ def test_spawn_errors_are_clear(
     script.chmod(0o755)
     monkeypatch.chdir(tmp_path)
     before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*"))
-    with pytest.raises(SpawnError, match=message):
-        supervisor.spawn(make_task(), command, worker_id="w")
+    try:
+        child = supervisor.spawn(make_task(), command, worker_id="w")
+    except SpawnError as exc:
+        assert re.search(message, str(exc)), exc
+    else:  # an exec failure is known after spawn returns: the child's exit says it, never a hang
+        exit = child.wait(30)
+        assert exit is not None and exit.spawn_error is not None, exit
+        assert re.search(message, exit.spawn_error), exit.spawn_error
+        assert exit.exit_code == 127
+        assert child.wait_gone(30)
     assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*")) <= before
 
 
@@ -228,3 +237,17 @@ def test_json_output_stays_small(supervisor: Supervisor) -> None:
     assert exit is not None
     body = json.dumps(to_task_result(task, exit, command, worker_id="w").to_json())
     assert len(body) < 300 * 1024
+
+
+def test_an_exec_failure_is_a_failed_task_with_the_reason(supervisor: Supervisor, tmp_path: Path) -> None:
+    script = tmp_path / "not-a-script"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    command = CommandSpec(argv=(str(script),))
+    exit = supervisor.spawn(make_task(), command, worker_id="w").wait(30)
+    assert exit is not None and exit.spawn_error is not None
+    result = to_task_result(make_task(), exit, command, worker_id="w")
+    assert result.status == TaskStatus.FAILED
+    assert result.reason_for_incompletion is not None
+    assert result.reason_for_incompletion.startswith("could not start the command: cannot start")
+    assert "#!" in result.reason_for_incompletion

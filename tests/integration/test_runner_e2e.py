@@ -296,3 +296,17 @@ def test_sigterm_latency_is_within_kill_grace_plus_the_poll_timeout(world: World
     assert time.monotonic() - stop_at < 2 + 5 + 3  # kill grace + poll timeout + margin for load
     assert gone(pid)
     assert world.task_of(wf)["reasonForIncompletion"] == "worker shutting down"
+
+
+def test_a_command_whose_exec_fails_is_failed_with_a_clear_reason(world: World, tmp_path: Path) -> None:
+    script = tmp_path / "no-shebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    world.define(response_timeout=10)
+    wf = world.start_workflow()
+    code, err = world.finish(world.run("--once", command=[str(script)]), timeout=60)
+    assert code == exitcodes.TASK_FAILED, err
+    task = world.task_of(wf)
+    assert task["status"] == "FAILED"
+    assert task["reasonForIncompletion"].startswith("could not start the command: cannot start"), task
+    assert "#!" in task["reasonForIncompletion"]
