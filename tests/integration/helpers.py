@@ -57,10 +57,12 @@ def wait_until(
 class World:
     """One server (embedded or real), a task type with a short R, and the runner processes."""
 
-    def __init__(self, tmp_path: Path, server: HasUrl) -> None:
+    def __init__(
+        self, tmp_path: Path, server: HasUrl, *, auth_key: str | None = None, auth_secret: str | None = None
+    ) -> None:
         self.tmp = tmp_path
         self.server = server
-        self.client = ConductorClient(server.url)
+        self.client = ConductorClient(server.url, auth_key=auth_key, auth_secret=auth_secret)
         self.admin = ConductorAdmin(self.client)
         self.task_type = f"job_{uuid.uuid4().hex[:8]}"
         self.state_dir = tmp_path / "state"
@@ -113,8 +115,13 @@ class World:
         return str(self.admin.get_workflow(workflow_id)["status"])
 
     def run(
-        self, *args: str, url: str | None = None, command: list[str] | None = None
+        self,
+        *args: str,
+        url: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[str]:
+        """Start ``conductor-run run`` with the machine's environment minus CONDUCTOR_*, plus ``env``."""
         argv = [
             sys.executable,
             "-m",
@@ -132,11 +139,16 @@ class World:
             "--",
             *(command or ["/bin/sh", SLEEPER]),
         ]
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
+        base = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
         log_path = self.tmp / f"runner-{len(self.procs)}.log"
         with open(log_path, "w") as log_file:  # stderr to a file: readable while the runner runs
             proc = subprocess.Popen(
-                argv, cwd=self.tmp, env=env, stdout=subprocess.DEVNULL, stderr=log_file, text=True
+                argv,
+                cwd=self.tmp,
+                env=base | (env or {}),
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                text=True,
             )
         self.procs.append(proc)
         self.logs[proc.pid] = log_path

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 from cli import exitcodes
-from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.server import EmbeddedServer
 
 from .helpers import World, wait_until
-from .test_runner_e2e import run_with_env
 
 KEY, SECRET, TOKEN = "sec-key-id", "sec-secret-9d1e7", "my-token-5b2a"
 
@@ -35,10 +33,7 @@ CHILD = (
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
-        w = World(tmp_path, server)
-        w.client.close()
-        w.client = ConductorClient(server.url, auth_key=KEY, auth_secret=SECRET)
-        w.admin = ConductorAdmin(w.client)
+        w = World(tmp_path, server, auth_key=KEY, auth_secret=SECRET)
         try:
             yield w
         finally:
@@ -68,7 +63,7 @@ def test_no_credential_in_state_files_logs_or_results(world: World) -> None:
     config = world.tmp / "conductor.toml"
     config.write_text('[worker]\nsecrets = ["MY_TOKEN"]\n')
     env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET, "MY_TOKEN": TOKEN}
-    proc = run_with_env(world, env, "--config", str(config), "--once", command=[sys.executable, "-c", CHILD])
+    proc = world.run("--config", str(config), "--once", command=[sys.executable, "-c", CHILD], env=env)
     names: set[str] = set()
 
     def both_records_seen() -> bool:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +14,6 @@ import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.outbox import Outbox
 from leasecore.server import EmbeddedServer
@@ -167,27 +164,10 @@ WRITE_ENV_NAMES = (
 )
 
 
-def run_with_env(world: World, env: dict[str, str], *args: str, command: list[str]) -> subprocess.Popen[str]:
-    """``World.run`` with extra environment for the runner (which World.run strips of CONDUCTOR_*)."""
-    argv = [sys.executable, "-m", "cli", "run", "--server", world.server.url, "--task-type", world.task_type,
-            "--state-dir", str(world.state_dir), "--poll-timeout", "500", *args, "--", *command]
-    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
-    log_path = world.tmp / f"runner-{len(world.procs)}.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(argv, cwd=world.tmp, env=base | env, stdout=subprocess.DEVNULL,
-                                stderr=log_file, text=True)
-    world.procs.append(proc)
-    world.logs[proc.pid] = log_path
-    return proc
-
-
 @pytest.fixture
 def auth_world(tmp_path: Path) -> Iterator[World]:
     with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
-        w = World(tmp_path, server)
-        w.client.close()
-        w.client = ConductorClient(server.url, auth_key=KEY, auth_secret=SECRET)
-        w.admin = ConductorAdmin(w.client)
+        w = World(tmp_path, server, auth_key=KEY, auth_secret=SECRET)
         try:
             yield w
         finally:
@@ -202,8 +182,9 @@ def test_secrets_and_credentials_never_reach_the_child(auth_world: World) -> Non
     config.write_text('[worker]\nsecrets = ["MY_TOKEN"]\n')
     env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET, "MY_TOKEN": "tok-123456",
            "PLAIN_VAR": "visible"}
-    proc = run_with_env(world, env, "--config", str(config), "--once",
-                        command=[sys.executable, "-c", WRITE_ENV_NAMES])
+    proc = world.run(
+        "--config", str(config), "--once", command=[sys.executable, "-c", WRITE_ENV_NAMES], env=env
+    )
     code, err = world.finish(proc)
     assert code == exitcodes.OK, err
     names = world.task_of(wf)["outputData"]["names"]
@@ -214,8 +195,9 @@ def test_secrets_and_credentials_never_reach_the_child(auth_world: World) -> Non
 
 def test_refused_credentials_at_start_are_exit_4_naming_the_variable(auth_world: World) -> None:
     wrong = "wrong-secret-never-printed"
-    proc = run_with_env(auth_world, {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": wrong}, "--once",
-                        command=["/bin/true"])
+    proc = auth_world.run(
+        "--once", command=["/bin/true"], env={"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": wrong}
+    )
     code, err = auth_world.finish(proc)
     assert code == exitcodes.UNREACHABLE, err
     assert "refused our credentials" in err and "CONDUCTOR_AUTH_KEY" in err
@@ -224,7 +206,7 @@ def test_refused_credentials_at_start_are_exit_4_naming_the_variable(auth_world:
 
 def test_refused_credentials_during_the_run_are_logged_as_such_once(auth_world: World) -> None:
     # No credentials: /health needs none, so the run starts, and every poll gets 401.
-    proc = run_with_env(auth_world, {}, command=["/bin/true"])
+    proc = auth_world.run(command=["/bin/true"])
     wait_until(lambda: "refused our credentials" in auth_world.stderr(proc), what="the refusal logged")
     proc.send_signal(signal.SIGTERM)
     code, err = auth_world.finish(proc)
