@@ -416,12 +416,6 @@ def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 10.0) -> 
     return predicate()
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(host="127.0.0.1", port=0) as srv:
-        yield srv
-
-
 def start_one_task(client: ConductorClient, task_type: str) -> str:
     admin = ConductorAdmin(client)
     admin.register_task_defs(

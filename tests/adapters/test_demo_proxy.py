@@ -16,12 +16,6 @@ from leasecore.server import EmbeddedServer
 
 
 @pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def proxy(server: EmbeddedServer) -> Iterator[SilenceProxy]:
     with SilenceProxy("127.0.0.1", server.port) as relay:
         yield relay

@@ -70,12 +70,6 @@ def post(path: str, body: bytes, *, extra: str = "", content_type: str = "applic
 
 
 @pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def conn(server: EmbeddedServer) -> Iterator[Conn]:
     c = Conn(server.port)
     yield c

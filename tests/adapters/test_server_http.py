@@ -19,19 +19,6 @@ from leasecore.server import EmbeddedServer
 from tests.conformance.harness import Harness, wait_until
 
 
-@pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def api(server: EmbeddedServer) -> Iterator[Harness]:
-    harness = Harness(server.url, "embedded")
-    yield harness
-    harness.close()
-
-
 def test_url_and_binding(server: EmbeddedServer) -> None:
     assert server.url == f"http://127.0.0.1:{server.port}/api"
     assert server.running

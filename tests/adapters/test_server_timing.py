@@ -8,27 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
-import pytest
 
 from leasecore.server import EmbeddedServer
 from tests.conformance.harness import Harness, wait_until
-
-
-@pytest.fixture
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def api(server: EmbeddedServer) -> Iterator[Harness]:
-    harness = Harness(server.url, "embedded")
-    yield harness
-    harness.close()
 
 
 def test_response_timeout_fires_promptly_without_any_decide(api: Harness) -> None:
