@@ -187,10 +187,12 @@ class FaultProxy:
                     return
                 if not data:
                     return  # one side closed: close both (HTTP/1.1 clients never half-close)
+                # The mode may have changed while select waited: bytes read after a switch to
+                # BLACKHOLE are held (never forwarded) until the mode changes again.
+                if self._wait_out_blackhole() is Mode.RESET or self._stopping.is_set():
+                    break  # the loop top aborts both sides (or stop() closes them)
                 if self._mode is Mode.LATENCY and self._stopping.wait(self._latency_seconds):
                     return
-                if self._mode is Mode.RESET:
-                    break  # the loop top aborts both sides
                 try:
                     peers[source].sendall(data)
                 except OSError:

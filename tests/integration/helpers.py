@@ -69,6 +69,16 @@ class World:
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: dict[int, Path] = {}
 
+    @property
+    def gate(self) -> Path:
+        """The file a ``gated_command`` child waits for before it exits 0."""
+        return self.tmp / "gate"
+
+    def gated_command(self) -> list[str]:
+        """A child that ends only once the test creates ``gate``: the test, not the scheduler, decides
+        when the task finishes (for example after a fault is in place)."""
+        return ["/bin/sh", "-c", 'while [ ! -e "$1" ]; do sleep 0.02; done', "gated", str(self.gate)]
+
     def stderr(self, proc: subprocess.Popen[str]) -> str:
         return self.logs[proc.pid].read_text()
 

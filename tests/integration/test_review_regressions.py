@@ -122,11 +122,12 @@ def test_a_saved_result_is_not_delivered_over_another_workers_run(world: World) 
     start only if nobody polled the task since: here another client re-queued it (bare IN_PROGRESS
     update) and another worker polled it, so our saved COMPLETED must not end that worker's run."""
     world.define(responseTimeoutSeconds=30)
-    wf = world.start_workflow(seconds=1)
+    wf = world.start_workflow()
     with proxy_for(world) as proxy:
-        proc = world.run(url=proxy.url_for("/api"))
+        proc = world.run(url=proxy.url_for("/api"), command=world.gated_command())
         wait_until(world.child_pids, what="the child to start")
         proxy.set_mode("blackhole")  # the final update cannot get through
+        world.gate.touch()  # only now may the child finish
         wait_until(lambda: "reporting COMPLETED" in world.stderr(proc), what="the child to finish")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "received SIGTERM" in world.stderr(proc), what="the first signal handled")

@@ -127,12 +127,13 @@ def test_concurrent_tasks_overlap(world: World) -> None:
 
 def test_an_undelivered_result_is_delivered_on_the_next_start(world: World) -> None:
     world.define(response_timeout=30)
-    wf = world.start_workflow(seconds=2)
+    wf = world.start_workflow()
     host, port = world.server.url.split("//")[1].split("/")[0].split(":")
     with FaultProxy(host, int(port)) as proxy:
-        proc = world.run(url=proxy.url_for("/api"))
+        proc = world.run(url=proxy.url_for("/api"), command=world.gated_command())
         wait_until(world.child_pids, what="the child to start")
         proxy.set_mode("blackhole")  # the final update cannot get through
+        world.gate.touch()  # only now may the child finish
         wait_until(lambda: "reporting COMPLETED" in world.stderr(proc), what="the child to finish")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "received SIGTERM" in world.stderr(proc), what="the first signal handled")
