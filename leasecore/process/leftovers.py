@@ -13,6 +13,10 @@ not evidence at a later sweep: the pid may have been recycled by a stranger that
 and exited, leaving its children in it. Only right after the fork server died (the leaders died with
 it a moment ago) are such sessions trusted (``leaders_just_died``). Signals go through
 ``_procfs.signal_verified`` (pidfd + start time).
+
+A tree's record may carry ``meta``: an opaque JSON object the Supervisor's owner attached at spawn
+(the runner: which task the tree runs, for which server). The sweep hands a dead runner's records,
+meta included, to ``on_orphans`` once their trees are dead, so the task can be reported.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,17 @@ class TreeRecord:
     start_time: int
     token: str
     tmpdir: str
+    meta: dict[str, Any] | None = None  # opaque to this module; None in records of older runners
+
+    @classmethod
+    def from_json(cls, tree: dict[str, Any]) -> TreeRecord:
+        """A record read back from disk; a ``meta`` that is not a JSON object is dropped."""
+        meta = tree.get("meta")
+        return cls(str(tree["key"]), int(tree["pid"]), int(tree["start_time"]), str(tree["token"]),
+                   str(tree["tmpdir"]), meta if isinstance(meta, dict) else None)
+
+
+OrphanSink = Callable[[int, list[TreeRecord]], object]  # (dead runner's pid, its trees, now dead)
 
 
 def _proc_id(pid: int) -> dict[str, int] | None:
@@ -196,14 +212,25 @@ def kill_trees(trees: list[TreeRecord], *, leaders_just_died: bool = False) -> s
     return killed
 
 
+def _pid_in_name(record_path: Path) -> int:
+    """``processes-<pid>.json`` -> pid (0 if the name says otherwise)."""
+    digits = record_path.stem.removeprefix("processes-")
+    return int(digits) if digits.isdigit() else 0
+
+
 def remove_tmpdir(path: str) -> None:
     """Remove a task's temporary directory, but only one we created (name prefix checked)."""
     if path and Path(path).name.startswith(TMP_PREFIX):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def sweep(state_dir: Path) -> set[int]:
-    """Kill the trees recorded by runners that are no longer alive; return the pids killed."""
+def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
+    """Kill the trees recorded by runners that are no longer alive; return the pids killed.
+
+    ``on_orphans(runner_pid, trees)`` is called once per dead runner that held trees, after they are
+    killed and before its record is deleted: if it raises, the record stays (the next sweep hands
+    the trees over again) and the exception propagates.
+    """
     killed: set[int] = set()
     for path in sorted(state_dir.glob("processes-*.json")):
         try:
@@ -215,10 +242,18 @@ def sweep(state_dir: Path) -> set[int]:
         forkserver = data.get("forkserver")
         if _is_alive(forkserver) and forkserver is not None:
             _procfs.signal_verified(int(forkserver["pid"]), int(forkserver["start_time"]), signal.SIGKILL)
-        trees = [TreeRecord(**tree) for tree in data["trees"]]
+        trees = []
+        for tree in data["trees"]:
+            try:
+                trees.append(TreeRecord.from_json(tree))
+            except (KeyError, TypeError, ValueError):
+                continue  # not one of ours to kill: a garbled entry names no process safely
         killed |= kill_trees(trees)
         for tree in trees:
             remove_tmpdir(tree.tmpdir)
+        runner = data.get("runner") or {}
+        if on_orphans is not None and trees:
+            on_orphans(int(runner.get("pid") or _pid_in_name(path)), trees)
         with contextlib.suppress(FileNotFoundError):
             _journal_path(path).unlink()
         with contextlib.suppress(FileNotFoundError):

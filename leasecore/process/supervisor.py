@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 LineSink = Callable[[str, str], None]
 LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
 DoneSink = Callable[[ChildExit], None]
+TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
 _READ_BYTES = 1 << 20
 _BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
 _F_SETPIPE_SZ = 1031
@@ -366,12 +367,17 @@ class Supervisor:
         output_drain_seconds: float = 1.0,
         tmp_dir: str | None = None,
         protect_runner: bool = True,
+        tree_meta: TreeMeta | None = None,
     ) -> None:
+        """``tree_meta(task, worker_id)``: a JSON object kept with each tree's record in the state
+        directory (in the same one append per spawn), handed back by a later ``sweep_leftovers``
+        if this runner dies holding the tree. Called on ``spawn``'s thread; must be cheap."""
         self._clock: Clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
         self._state_dir = state_dir
         self._drain_seconds = output_drain_seconds
         self._tmp_dir = tmp_dir
+        self._tree_meta = tree_meta
         self._children: dict[str, Child] = {}
         self._replies: dict[int, dict[str, Any]] = {}
         self._cond = threading.Condition()
@@ -398,9 +404,13 @@ class Supervisor:
     def forkserver_pid(self) -> int:
         return self._process.pid
 
-    def sweep_leftovers(self) -> set[int]:
-        """Kill the trees recorded in the state directory by runners that died; return their pids."""
-        return set() if self._state_dir is None else leftovers.sweep(self._state_dir)
+    def sweep_leftovers(self, on_orphans: leftovers.OrphanSink | None = None) -> set[int]:
+        """Kill the trees recorded in the state directory by runners that died; return their pids.
+
+        ``on_orphans(runner_pid, trees)``: each dead runner's ``TreeRecord``s (``meta`` as its
+        ``tree_meta`` made them), once those trees are dead and before the record is deleted.
+        """
+        return set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
 
     def spawn(
         self,
@@ -432,6 +442,7 @@ class Supervisor:
         cwd = spec.cwd or os.getcwd()
         if not os.path.isdir(cwd):
             raise SpawnError(f"working directory {cwd!r} does not exist")
+        meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         files = TaskFiles.create(task, parent=self._tmp_dir)
         token = secrets.token_hex(16)
         env = build_child_env(
@@ -468,7 +479,8 @@ class Supervisor:
         child.pid = int(reply["pid"])
         self._output.add(child, out_r, err_r)
         info = _procfs.read_stat(child.pid)
-        record = leftovers.TreeRecord(key, child.pid, info.start_time if info else 0, token, files.directory)
+        record = leftovers.TreeRecord(key, child.pid, info.start_time if info else 0, token, files.directory,
+                                      meta)
         with self._cond:
             if not child._gone.is_set():
                 self._record.add(record)
