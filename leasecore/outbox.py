@@ -86,6 +86,21 @@ class Outbox:
         self._clock = clock or SystemClock()
         self.max_age_seconds = max_age_seconds
 
+    @classmethod
+    def for_key(cls, directory: Path, key: str, *, clock: Clock | None = None) -> Outbox:
+        """The outbox of the server whose ``server_key`` is ``key`` (the URL itself is not known)."""
+        outbox = cls(directory, server="", clock=clock)
+        outbox._server = key
+        return outbox
+
+    def _path_for(self, task_id: str) -> Path:
+        # One file per (server, task): the same task id on two servers must not collide.
+        return self.directory / f"{self._server}-{_SAFE.sub('_', task_id)}.json"
+
+    def has_saved(self, task_id: str) -> bool:
+        """Whether a result of ``task_id`` for this server is waiting here."""
+        return self._path_for(task_id).is_file()
+
     def save(self, result: TaskResult, *, poll_count: int = 0) -> Path:
         """Write ``result`` atomically to a private file; returns its path.
 
@@ -101,8 +116,7 @@ class Outbox:
             "poll_count": poll_count,
             "result": result.to_json(),
         }
-        # One file per (server, task): the same task id on two servers must not collide.
-        path = self.directory / f"{self._server}-{_SAFE.sub('_', result.task_id)}.json"
+        path = self._path_for(result.task_id)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp creates it 0600

@@ -23,6 +23,7 @@ from leasecore.errors import ConductorUnavailable
 from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task, TaskResult
+from leasecore.orphans import save_orphans, tree_meta
 from leasecore.outbox import Outbox
 from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
@@ -149,7 +150,11 @@ def run_worker(
     environ: Mapping[str, str],
     on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
 ) -> RunOutcome:
-    """Check the server, deliver saved results, sweep leftovers, then serve until stopped.
+    """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
+
+    The sweep kills the trees of a runner that died with this state directory and saves a FAILED
+    result for each task it held (``orphans``); the delivery of saved results then reports them,
+    each only while the task is still ours, so the server retries them now, not after R.
 
     Signals are captured for the whole call, setup and cleanup included (``SignalRelay``): one that
     arrives during setup ends the run before any task is polled; during the run it goes to the runner
@@ -179,10 +184,12 @@ def _serve(
     try:
         check_server(client)
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-        supervisor = Supervisor(state_dir)
+        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url))
         try:
-            supervisor.sweep_leftovers()
+            # Dead trees first, then their tasks into the outbox, then every saved result out: a
+            # retry of a task must never start while its old tree may still run.
+            supervisor.sweep_leftovers(lambda pid, trees: save_orphans(outbox.directory, pid, trees))
+            _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet

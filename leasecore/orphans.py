@@ -1,0 +1,99 @@
+"""Tasks a dead runner held, reported FAILED by the next start so the server retries them now.
+
+A runner that is SIGKILLed (or OOM-killed) while tasks run reports none of them: the fork server (or
+the next start's leftovers sweep) kills their trees, and the server would only retry each task once
+its ``responseTimeoutSeconds`` ran out, which for a long job can be a long wait. So every tree's
+record in the state directory carries what names its task (``tree_meta``: task and workflow id,
+task type, the pollCount we held, our worker id, and ``outbox.server_key`` of the server URL, never
+the URL itself, which may carry credentials). The next start's sweep hands the dead runner's records
+to ``save_orphans`` once their trees are dead, which saves a FAILED result for each in the outbox of
+the server it came from; the outbox then delivers it as any saved result, only while the task is
+still ours (not terminal, not re-queued, not polled again since: ``lease.ownership_lost_reason``).
+A result of the same task already in the outbox (the real one, kept because the final update could
+not get through) is left as it is. A record without this meta (an older runner) or without a
+pollCount is not reported: without it another worker's run of the task could not be told apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from leasecore.clock import Clock
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.outbox import Outbox, server_key
+from leasecore.process.leftovers import TreeRecord
+
+log = logging.getLogger("conductor_run.orphans")
+
+_REASON = "the worker running this task died (runner pid {pid}); its process tree was killed"
+
+
+def orphan_reason(runner_pid: int) -> str:
+    """The ``reasonForIncompletion`` of a task whose runner died while it ran."""
+    return _REASON.format(pid=runner_pid)
+
+
+def tree_meta(server_url: str) -> Callable[[Task, str], dict[str, Any]]:
+    """The Supervisor's ``tree_meta`` for a runner serving ``server_url``."""
+    key = server_key(server_url)
+
+    def meta(task: Task, worker_id: str) -> dict[str, Any]:
+        return {"server": key, "task_id": task.task_id, "workflow_id": task.workflow_id,
+                "task_type": task.task_type, "poll_count": task.poll_count, "worker_id": worker_id}
+
+    return meta
+
+
+def orphan_result(runner_pid: int, meta: dict[str, Any] | None) -> tuple[str, TaskResult, int] | None:
+    """``(server key, FAILED result, pollCount held)`` for a tree's meta; None when it names no task
+    that can be reported safely (no meta, a field missing or of the wrong type, pollCount unknown)."""
+    if meta is None:
+        return None
+    key, task_id, workflow_id = meta.get("server"), meta.get("task_id"), meta.get("workflow_id")
+    poll_count, worker_id = meta.get("poll_count"), meta.get("worker_id")
+    if not (isinstance(key, str) and key and isinstance(task_id, str) and task_id
+            and isinstance(workflow_id, str) and workflow_id):
+        return None
+    if not isinstance(poll_count, int) or isinstance(poll_count, bool) or poll_count <= 0:
+        return None
+    result = TaskResult(task_id, workflow_id, TaskStatus.FAILED,
+                        reason_for_incompletion=orphan_reason(runner_pid),
+                        worker_id=worker_id if isinstance(worker_id, str) else None)
+    return key, result, poll_count
+
+
+def save_orphans(
+    directory: Path, runner_pid: int, trees: list[TreeRecord], *, clock: Clock | None = None
+) -> int:
+    """The sweep's ``on_orphans``: save a FAILED result for each task of ``trees`` in ``directory``
+    (the outbox directory), in the outbox of its own server; returns how many were saved."""
+    saved = 0
+    for tree in trees:
+        found = orphan_result(runner_pid, tree.meta)
+        if found is None:
+            if tree.meta is not None:
+                log.warning("a task tree of the dead runner pid %d names no task that can be reported "
+                            "(no pollCount?): the server retries it after its response timeout",
+                            runner_pid)
+            continue
+        key, result, poll_count = found
+        outbox = Outbox.for_key(directory, key, clock=clock)
+        if outbox.has_saved(result.task_id):
+            log.info("task %s: the dead runner pid %d already saved its result; keeping that one",
+                     result.task_id, runner_pid)
+            continue
+        try:
+            outbox.save(result, poll_count=poll_count)
+        except OSError as exc:
+            log.error("task %s: could not save its FAILED report (%s): the server retries it after its "
+                      "response timeout", result.task_id, exc)
+            continue
+        saved += 1
+        log.warning("task %s (%s, workflow %s) was running under runner pid %d, which died; its tree "
+                    "is killed: reporting it FAILED, if still ours, so the server retries it now",
+                    result.task_id, tree.meta.get("task_type") if tree.meta else "?", result.workflow_id,
+                    runner_pid)
+    return saved
