@@ -30,8 +30,8 @@ logged once.
 
 Public API::
 
-    supervisor = Supervisor(state_dir, clock=..., environ=...)
-    supervisor.sweep_leftovers() -> set[int]
+    supervisor = Supervisor(state_dir, clock=..., environ=..., tree_meta=...)
+    supervisor.sweep_leftovers(on_orphans=None) -> set[int]   # on_orphans(runner_pid, trees)
     child = supervisor.spawn(task, spec, worker_id="w1", on_line=sink)
     child.pid; child.started_at; child.exited
     child.wait(timeout) -> ChildExit | None;  child.wait_gone(timeout) -> bool
