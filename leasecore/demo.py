@@ -14,6 +14,7 @@ process of the task's tree is killed (and the verdict then says so).
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import json
 import os
 import re
@@ -47,7 +48,7 @@ from leasecore.server import EmbeddedServer
 from leasecore.snapshot import TaskSnapshot
 from leasecore.statefile import ProcessState, probe_process, process_start_ticks, read_snapshots
 
-__all__ = ["DemoFiles", "SceneOutcome", "play_scene"]
+__all__ = ["DemoFiles", "SceneOutcome", "play_scene", "sample_dirs"]
 
 _STOP_WAIT_SECONDS = 10.0  # after the scene: how long the runner gets to exit after SIGTERM
 _LOG_TAIL_LINES = 30
@@ -63,17 +64,22 @@ class DemoFiles:
 
     @classmethod
     def locate(cls, directory: Path | None = None) -> DemoFiles:
-        """``sample_tasks/`` of the source checkout (next to the package); ConfigError if missing."""
-        base = directory or Path(__file__).resolve().parents[1] / "sample_tasks"
-        files = cls(base / "demo_long.py", base / "demo_workflow.json", base / "demo_taskdefs.json")
-        missing = [p.name for p in (files.task_script, files.workflow, files.task_defs) if not p.is_file()]
-        if missing:
-            raise ConfigError(
-                f"the demo needs {', '.join(missing)} in {base}: run it from a source checkout "
-                "(git clone, then pip install -e .)",
-                key="sample_tasks",
-            )
-        return files
+        """The sample files in ``directory`` if one is given; else those shipped in the package
+        (``leasecore/sample_tasks/`` of an installed wheel), else ``sample_tasks/`` of the source
+        checkout beside the package (an editable install). ConfigError naming what is missing."""
+        problems = []
+        for base in [directory] if directory is not None else sample_dirs():
+            files = cls(base / "demo_long.py", base / "demo_workflow.json", base / "demo_taskdefs.json")
+            paths = (files.task_script, files.workflow, files.task_defs)
+            missing = [path.name for path in paths if not path.is_file()]
+            if not missing:
+                return files
+            problems.append(f"{', '.join(missing)} in {base}")
+        raise ConfigError(
+            f"the demo needs {' or '.join(problems)}: reinstall conductor-run (its package ships them),"
+            " or run it from a source checkout (git clone, then pip install -e .)",
+            key="sample_tasks",
+        )
 
     def definitions(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         try:
@@ -85,6 +91,19 @@ class DemoFiles:
         if not isinstance(workflow, dict) or not isinstance(task_defs, list):
             raise ConfigError("the demo's sample definitions have the wrong shape", key="sample_tasks")
         return workflow, task_defs
+
+
+def sample_dirs() -> list[Path]:
+    """Where the sample files may be, in lookup order: inside the installed package (a wheel maps
+    the repository's ``sample_tasks/`` onto ``leasecore/sample_tasks/``, see pyproject.toml), then
+    ``sample_tasks/`` beside the package (a source checkout or editable install). Only real
+    directories: the runner runs the task script by path."""
+    dirs = []
+    package = importlib.resources.files("leasecore")
+    if isinstance(package, Path):
+        dirs.append(package / "sample_tasks")
+    dirs.append(Path(__file__).resolve().parents[1] / "sample_tasks")
+    return dirs
 
 
 @dataclass(frozen=True)
