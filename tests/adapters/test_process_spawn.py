@@ -185,7 +185,6 @@ def test_temporary_files_are_private_and_removed(supervisor: Supervisor) -> None
     ],
 )
 def test_spawn_errors_are_clear(
-    supervisor: Supervisor,
     command: CommandSpec,
     message: str,
     tmp_path: Path,
@@ -195,18 +194,23 @@ def test_spawn_errors_are_clear(
     script.write_text("echo hi\n")
     script.chmod(0o755)
     monkeypatch.chdir(tmp_path)
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*"))
-    try:
-        child = supervisor.spawn(make_task(), command, worker_id="w")
-    except SpawnError as exc:
-        assert re.search(message, str(exc)), exc
-    else:  # an exec failure is known after spawn returns: the child's exit says it, never a hang
-        exit = child.wait(30)
-        assert exit is not None and exit.spawn_error is not None, exit
-        assert re.search(message, exit.spawn_error), exit.spawn_error
-        assert exit.exit_code == 127
-        assert child.wait_gone(30)
-    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("conductor-run-task-*")) <= before
+    # A private parent for the task's temporary directory: other tests (and other pytest runs on
+    # this machine) create and remove their own in the shared /tmp at the same time.
+    tasks_tmp = tmp_path / "task-tmp"
+    tasks_tmp.mkdir()
+    environ = {"PATH": os.environ.get("PATH", os.defpath)}
+    with Supervisor(tmp_path / "state", environ=environ, tmp_dir=str(tasks_tmp)) as supervisor:
+        try:
+            child = supervisor.spawn(make_task(), command, worker_id="w")
+        except SpawnError as exc:
+            assert re.search(message, str(exc)), exc
+        else:  # an exec failure is known after spawn returns: the child's exit says it, never a hang
+            exit = child.wait(30)
+            assert exit is not None and exit.spawn_error is not None, exit
+            assert re.search(message, exit.spawn_error), exit.spawn_error
+            assert exit.exit_code == 127
+            assert child.wait_gone(30)
+    assert list(tasks_tmp.iterdir()) == []  # the task's files are gone, whatever failed
 
 
 def test_a_300mb_flood_without_newlines_keeps_memory_bounded(supervisor: Supervisor) -> None:

@@ -229,7 +229,11 @@ def test_a_sigkilled_runner_takes_its_tree_with_it(world: World) -> None:
     proc.wait(timeout=10)
     wait_until(lambda: all_gone(tree), timeout_seconds=5, what="the tree to die with the runner")
     code, err = world.finish(world.run("--once", "--once-wait", "1"))
-    assert code == exitcodes.NO_TASK, err  # the old task is not started again while still IN_PROGRESS
+    # The restart hands the dead runner's task back (FAILED; retryCount 0, so no retry to run) and
+    # finds nothing else to do: the old task is never started a second time.
+    assert code == exitcodes.NO_TASK, err
+    task = world.task_of(wf)
+    assert task["status"] == "FAILED" and "died" in task["reasonForIncompletion"], task
 
 
 # ---------------------------------------------------------------- shutdown
