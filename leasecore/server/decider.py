@@ -185,7 +185,7 @@ class StoreDecider(StoreTimers):
             )
             task.end_time = now
             task.update_time = now
-            self._queue(task.queue_name).remove(task.task_id)
+            self._dequeue(task.queue_name, task.task_id)
 
     def _apply_timeout_policy(
         self, wf: WorkflowRecord, task: TaskRecord, policy: str, reason: str, kind: str, now: float
@@ -197,7 +197,7 @@ class StoreDecider(StoreTimers):
         task.reason = reason
         task.end_time = now
         task.update_time = now
-        self._queue(task.queue_name).remove(task.task_id)
+        self._dequeue(task.queue_name, task.task_id)
         if policy == "TIME_OUT_WF":
             self._fail_workflow(wf, task, "TIMED_OUT", reason, now)
 
@@ -265,7 +265,7 @@ class StoreDecider(StoreTimers):
                 t.status = "CANCELED"
                 t.end_time = now
                 t.update_time = now
-                self._queue(t.queue_name).remove(t.task_id)
+                self._dequeue(t.queue_name, t.task_id)
         wf.status = status
         wf.reason = reason
         wf.end_time = now

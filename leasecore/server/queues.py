@@ -15,8 +15,16 @@ class DelayQueue:
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, int] = {}
         self._seq = itertools.count()
+        self.pollers = 0  # polls waiting on ``cond`` right now
+        self.ever_pushed = False  # False: only polls made it (a task type nothing was scheduled for)
+
+    @property
+    def disposable(self) -> bool:
+        """Nothing waits on it and nothing was ever queued in it: forgetting it loses nothing."""
+        return self.pollers == 0 and not self.ever_pushed
 
     def push(self, task_id: str, available_at: float) -> None:
+        self.ever_pushed = True
         seq = next(self._seq)
         self._live[task_id] = seq
         heapq.heappush(self._heap, (available_at, seq, task_id))

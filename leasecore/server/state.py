@@ -83,6 +83,12 @@ class StoreState:
             q = self._queues[name] = DelayQueue(self._lock)
         return q
 
+    def _dequeue(self, name: str, task_id: str) -> None:
+        """Take ``task_id`` out of queue ``name`` (a queue that does not exist is not created)."""
+        q = self._queues.get(name)
+        if q is not None:
+            q.remove(task_id)
+
     def _notify_queue(self, name: str) -> None:
         # A delayed message also wakes the pollers: they shorten their wait to its time.
         q = self._queues.get(name)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from leasecore.server.decider import StoreDecider
+from leasecore.server.queues import DelayQueue
 from leasecore.server.records import (
     JSON,
     MAX_LONG_POLL_MS,
@@ -43,25 +44,40 @@ class StoreTasks(StoreDecider):
         out: list[JSON] = []
         with self._lock:
             q = self._queue(qname)
-            while count > 0:
-                now = self._now()
-                for task_id in q.pop_ready(now, count - len(out)):
-                    task = self._tasks.get(task_id)
-                    if task is None or task.terminal:
-                        continue
-                    self._claim(task, worker_id, now)
-                    out.append(self._task_json(task))
-                if out or self._closed:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                nxt = q.next_available()
-                if nxt is not None:
-                    remaining = min(remaining, max(nxt - self._now(), 0.001))
-                q.cond.wait(remaining)
+            q.pollers += 1
+            try:
+                self._poll_queue(q, count, deadline, worker_id, out)
+            finally:
+                q.pollers -= 1
+                # A poll of a type nothing was ever scheduled for (a typo, a scanner) leaves no queue
+                # behind: any name can be polled, and the server must not grow with each one.
+                if q.disposable and self._queues.get(qname) is q:
+                    del self._queues[qname]
             self._record_poll(task_type, domain, worker_id)
         return out
+
+    def _poll_queue(
+        self, q: DelayQueue, count: int, deadline: float, worker_id: str | None, out: list[JSON]
+    ) -> None:
+        """The body of ``poll``, under the lock: claim up to ``count`` ready tasks of ``q`` into ``out``,
+        waiting until ``deadline`` for the first."""
+        while count > 0:
+            now = self._now()
+            for task_id in q.pop_ready(now, count - len(out)):
+                task = self._tasks.get(task_id)
+                if task is None or task.terminal:
+                    continue
+                self._claim(task, worker_id, now)
+                out.append(self._task_json(task))
+            if out or self._closed:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            nxt = q.next_available()
+            if nxt is not None:
+                remaining = min(remaining, max(nxt - self._now(), 0.001))
+            q.cond.wait(remaining)
 
     def _claim(self, task: TaskRecord, worker_id: str | None, now: float) -> None:
         task.status = "IN_PROGRESS"
@@ -174,10 +190,10 @@ class StoreTasks(StoreDecider):
                 raise ApiError(404, f"No such task found by id: {task_id}")
             wf = self._workflows[task.workflow_id]
             if task.terminal:
-                self._queue(task.queue_name).remove(task.task_id)
+                self._dequeue(task.queue_name, task.task_id)
                 return task_id, task
             if wf.terminal:
-                self._queue(task.queue_name).remove(task.task_id)
+                self._dequeue(task.queue_name, task.task_id)
                 return task_id, task
             if status is None:
                 raise ApiError(500, 'Cannot invoke "TaskResult$Status.name()": status is null')
@@ -194,7 +210,7 @@ class StoreTasks(StoreDecider):
             else:
                 task.status = status
                 task.end_time = now
-                self._queue(task.queue_name).remove(task.task_id)
+                self._dequeue(task.queue_name, task.task_id)
             task.update_time = now
             wf.update_time = now
             if logs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import requests
@@ -12,6 +13,7 @@ import requests
 from leasecore.server import EmbeddedServer
 from leasecore.server.store import JSON, Store
 from tests.conformance.harness import Harness
+from tests.integration.helpers import wait_until
 
 
 def test_an_evicted_workflow_and_its_task_are_404_over_http() -> None:
@@ -113,3 +115,23 @@ def test_the_flag_reaches_the_server() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_a_waiting_poll_keeps_its_queue_while_another_poll_of_the_type_ends() -> None:
+    """Queues that only polls made are forgotten after the poll (any name can be polled), but never
+    while a long poll still waits on one: a task scheduled later must wake it."""
+    store = Store()
+    try:
+        got: list[list[JSON]] = []
+        waiter = threading.Thread(target=lambda: got.append(store.poll("later", timeout_ms=5000)))
+        waiter.start()
+        wait_until(lambda: "later" in store.queue_sizes(), timeout_seconds=5, what="the long poll to wait")
+        assert store.poll("later", timeout_ms=0) == []  # ends while the first still waits
+        assert "later" in store.queue_sizes()
+        store.register_task_defs([{"name": "later", "responseTimeoutSeconds": 10}])
+        store.register_workflow_def({"name": "w", "tasks": [{"name": "later", "taskReferenceName": "b"}]})
+        store.start_workflow("w", {})
+        waiter.join(10)
+        assert not waiter.is_alive() and len(got) == 1 and len(got[0]) == 1  # woken by the new task
+    finally:
+        store.close()

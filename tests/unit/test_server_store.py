@@ -447,3 +447,14 @@ def test_poll_data_forgets_the_least_recently_polled_queues(monkeypatch: pytest.
     for task_type in ("a", "b", "a", "c"):
         store.poll(task_type, timeout_ms=0, worker_id="w")
     assert [entry["queueName"] for entry in store.poll_data(None)] == ["a", "c"]
+
+
+def test_polls_of_types_nothing_was_scheduled_for_leave_no_queue_behind() -> None:
+    store, _ = _store()
+    wf = _setup(store)
+    for i in range(500):  # a typo, a scanner: any name can be polled
+        assert store.poll(f"nobody_{i}", timeout_ms=0) == []
+    assert store.queue_sizes() == {"t": 1}  # only the queue a task was scheduled in
+    assert _poll(store)["workflowInstanceId"] == wf
+    assert store.queue_sizes() == {"t": 0}  # drained, but kept: tasks of this type were queued
+
