@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from bench import footprint, heartbeat, kill, report, throughput
-from bench.harness import WORKER_KINDS, BenchServer
+from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 SECTIONS = ("throughput", "heartbeat", "kill", "footprint")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
                             log=log,
                         )
                     elif section == "heartbeat":
-                        hb_kinds = [k for k in kinds if k != "floor"]  # the floor sends no heartbeats
+                        hb_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = heartbeat.run(srv, workdir, hb_kinds, configs=args.leases, log=log)
                     elif section == "kill":
                         results[section] = kill.run(
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
                             log=log,
                         )
                     elif section == "footprint":
-                        fp_kinds = [k for k in kinds if k != "floor"]
+                        fp_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = footprint.run(
                             srv,
                             workdir,

@@ -1,4 +1,4 @@
-"""Plumbing shared by every scenario: the server process, the three workers, task supply, waits.
+"""Plumbing shared by every scenario: the server process, the workers, task supply, waits.
 
 Each worker runs as its own process (in its own session, so the whole group can be cleaned up), against
 the bench server process (:mod:`bench.server`). Nothing here measures; scenarios do.
@@ -22,7 +22,13 @@ from leasecore.conductor import ConductorAdmin, ConductorClient
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILDREN = Path(__file__).resolve().parent / "children"
-WORKER_KINDS = ("conductor-run", "sdk", "floor")
+WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1")
+# The SDK as is, and the same SDK against a server that refuses update-v2 for its task type (so it
+# reports with v1 and polls for every task, like the other two): a throughput diagnostic only.
+SDK_KINDS = ("sdk", "sdk-v1")
+# Kinds only the throughput section runs: the floor sends no heartbeats and is no product; sdk-v1 only
+# explains the SDK's throughput figure.
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1")
 
 
 def wait_until(
@@ -82,6 +88,22 @@ class BenchServer:
     def marks(self, task_ids: Sequence[str] | None = None) -> dict[str, Any]:
         """Claims, lease confirmations, updates and statuses recorded for ``task_ids``."""
         return self._ask({"cmd": "marks", "task_ids": None if task_ids is None else list(task_ids)})
+
+    def _command(self, cmd: str, task_type: str) -> None:
+        reply = self._ask({"cmd": cmd, "task_type": task_type})
+        if not reply.get("ok"):
+            raise RuntimeError(f"the bench server did not do {cmd} for {task_type}: {reply}")
+
+    def refuse_update_v2(self, task_type: str) -> None:
+        """Make the server answer update-v2 for ``task_type`` with 404, as one without the endpoint."""
+        self._command("refuse_update_v2", task_type)
+
+    def hold_polls(self, task_type: str) -> None:
+        """Polls for ``task_type`` find nothing (tasks can be queued meanwhile) until released."""
+        self._command("hold_polls", task_type)
+
+    def release_polls(self, task_type: str) -> None:
+        self._command("release_polls", task_type)
 
     def settled(self, task_ids: Sequence[str]) -> int:
         """How many of ``task_ids`` got their final update or ended on the server (e.g. timed out)."""
@@ -210,7 +232,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         if cfg.poll_timeout_ms is not None:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
         return [*argv, "--", *cfg.command]
-    if cfg.kind == "sdk":
+    if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [
             *py,
             "-m",
@@ -279,7 +301,7 @@ class WorkerProcess:
             self._cleanup()
             return None
         sent = self.stop_sent_at = time.monotonic()
-        sig = signal.SIGINT if self.cfg.kind == "sdk" else signal.SIGTERM
+        sig = signal.SIGINT if self.cfg.kind in SDK_KINDS else signal.SIGTERM
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
         try:

@@ -50,7 +50,7 @@ def one_run(srv: BenchServer, workdir: Path, kind: str, leases: int, r_seconds: 
             end = marks["ends"][t]
             gaps += confirmation_gaps([*marks["claims"][t], end], marks["leases"][t], end)
         else:
-            finals = [when for when, status in marks["updates"][t] if status != "IN_PROGRESS"]
+            finals = [when for when, status, _via in marks["updates"][t] if status != "IN_PROGRESS"]
             gaps += confirmation_gaps(marks["claims"][t], marks["leases"][t], min(finals) if finals else None)
         late_by_ordinal.update(i + 1 for i, gap in enumerate(gaps[before:]) if gap > target)
     claims = [min(c) for c in marks["claims"].values() if c]

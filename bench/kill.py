@@ -121,7 +121,7 @@ def shutdown(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, task
         exited = worker.stop(timeout_seconds=kill_grace + 60)
         watcher.join()
         marks = srv.marks(task_ids)
-        reported = sum(1 for u in marks["updates"].values() if any(s == "FAILED" for _, s in u))
+        reported = sum(1 for u in marks["updates"].values() if any(s == "FAILED" for _when, s, _via in u))
         trees = gone[0] - worker.stop_sent_at if gone[0] is not None and worker.stop_sent_at else None
         return {
             "mode": mode,

@@ -93,7 +93,7 @@ def render(results: dict[str, Any]) -> str:
         f"conductor-python {results['versions']['conductor-python']}, "
         f"psutil {results['versions']['psutil']}.",
         "",
-        "All three workers run as separate processes against the embedded server, itself in its own process. "
+        "Every worker runs as a separate process against the embedded server, itself in its own process. "
         "Figures are what was measured on this (shared) machine in this run; see bench/README.md for "
         "exactly what each number counts.",
         "",
@@ -122,19 +122,31 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         f"{tp['tasks']} tasks running `true` at concurrency {tp['concurrency']}, {tp['rounds']} alternating "
         "rounds; time = first claim to last final update, on the server's clock. CPU columns are "
         "diagnostics (medians): the server process's CPU during the run, and the worker's own processes' "
-        "CPU including their start-up, per task.",
+        "CPU including their start-up, per task. Final updates via: the endpoint each task's result came "
+        "through (v1 `POST /api/tasks`; v2 `update-v2`, which also hands out the next task). `sdk-v1` is "
+        "the same SDK worker, with the server answering update-v2 with 404 for its task type (as one "
+        "without the endpoint), so it falls back to v1 and polls for each task like the others.",
         "",
-        "| worker | median s | median tasks/s | every round (s) | server CPU ms/task | worker CPU ms/task |",
-        "|---|---|---|---|---|---|",
+        "| worker | median s | median tasks/s | every round (s) | final updates via | server CPU ms/task "
+        "| worker CPU ms/task |",
+        "|---|---|---|---|---|---|---|",
     ]
     for kind, med in tp["median_seconds"].items():
         mine = [r for r in tp["runs"] if r["kind"] == kind]
         rounds = ", ".join(_f(r["seconds"], 2) for r in mine)
         server = median([r["server_cpu_ms_per_task"] for r in mine if "server_cpu_ms_per_task" in r])
         worker = median([r["worker_cpu_ms_per_task"] for r in mine if "worker_cpu_ms_per_task" in r])
+        via: dict[str, int] = {}
+        for r in mine:
+            for endpoint, n in r.get("updates_via", {}).items():
+                via[endpoint] = via.get(endpoint, 0) + n
+        via_text = ", ".join(f"{k} {v}" for k, v in sorted(via.items())) or "n/a"
+        refused = sum(r.get("v2_refused", 0) for r in mine)
+        if refused:
+            via_text += f" (update-v2 answered 404: {refused})"
         out.append(
             f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} | "
-            f"{_f(server, 2)} | {_f(worker, 2)} |"
+            f"{via_text} | {_f(server, 2)} | {_f(worker, 2)} |"
         )
     r = tp["ratios"]
     out += [
@@ -143,6 +155,12 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         f"SDK / conductor-run (time, = conductor-run's throughput advantage): "
         f"{_f(r['sdk_over_conductor_run'], 2)}.",
     ]
+    if "sdk_v1_over_conductor_run" in r:  # absent from results of runs before the sdk-v1 kind existed
+        out += [
+            "",
+            "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
+            f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
+        ]
     return out
 
 

@@ -4,6 +4,15 @@ Time of a run = the server's clock from the first claim of a task to the last fi
 start-up (imports, the SDK's process spawning) is outside it, the same for every worker. The tasks
 are queued before the worker starts. Rounds rotate the order of the workers so that a slow spell of
 the (shared) machine does not land on one worker only; the report gives medians over the rounds.
+
+``sdk-v1`` is the SDK worker unchanged, with the server refusing update-v2 (404) for that run's task
+type: it falls back to v1 and polls for each task, as conductor-run and the floor do. The SDK switches
+on the first 404 it sees, but its other update-v2 calls already in flight then count as failures and
+are retried 10 s later; so an sdk-v1 run first lets it switch on one warm-up task (not measured), then
+queues the measured tasks while the server holds polls for the type, and releases them: to the worker
+the tasks were queued before it polled, as in the other runs. Each run records through which endpoint
+its final updates landed (``updates_via``); an sdk-v1 run with any v2 update, or an sdk run with none,
+fails, since its figure would not be what it is labelled.
 """
 
 from __future__ import annotations
@@ -22,7 +31,14 @@ def one_run(
 ) -> dict[str, Any]:
     task_type = f"tp_{kind.replace('-', '_')}_{round_no}"
     srv.define(task_type)
-    task_ids = srv.task_ids(srv.start(task_type, tasks))
+    sdk_v1 = kind == "sdk-v1"
+    warmup_ids: list[str] = []
+    task_ids: list[str] = []
+    if sdk_v1:
+        srv.refuse_update_v2(task_type)
+        warmup_ids = srv.task_ids(srv.start(task_type, 1))
+    else:
+        task_ids = srv.task_ids(srv.start(task_type, tasks))
     cfg = WorkerConfig(
         kind=kind,
         url=srv.url,
@@ -33,20 +49,37 @@ def one_run(
     )
     server_cpu0 = cpu_seconds(worker_processes(srv.pid))
     with running_worker(cfg, workdir / f"{task_type}.log") as worker:
+        if sdk_v1:
+            srv.wait_settled(warmup_ids, timeout_seconds=60, worker=worker)
+            srv.hold_polls(task_type)
+            try:
+                task_ids = srv.task_ids(srv.start(task_type, tasks))
+                server_cpu0 = cpu_seconds(worker_processes(srv.pid))
+            finally:
+                srv.release_polls(task_type)
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         worker_cpu = cpu_seconds(worker_processes(worker.pid))
     server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0
     marks = srv.marks(task_ids)
     first_claim = min(min(c) for c in marks["claims"].values() if c)
-    last_report = max(max(t for t, s in u if s != "IN_PROGRESS") for u in marks["updates"].values() if u)
+    finals = [(when, via) for u in marks["updates"].values() for when, s, via in u if s != "IN_PROGRESS"]
+    last_report = max(when for when, _ in finals)
     seconds = last_report - first_claim
     statuses = collections.Counter(str(s) for s in marks["statuses"].values())
+    via = collections.Counter(v for _, v in finals)
+    if kind == "sdk-v1" and via.get("v2"):
+        raise RuntimeError(f"sdk-v1 run {round_no}: {via['v2']} final updates still landed through update-v2")
+    if kind == "sdk" and not via.get("v2"):
+        raise RuntimeError(f"sdk run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
         "kind": kind,
         "round": round_no,
         "seconds": seconds,
         "tasks_per_second": tasks / seconds,
         "statuses": dict(statuses),
+        "updates_via": dict(via),  # final updates per endpoint: "v1" POST /api/tasks, "v2" update-v2
+        # update-v2 calls answered 404: sdk-v1's switch to v1, on its warm-up task (1 expected)
+        "v2_refused": sum(marks["refused"].values()) + sum(srv.marks(warmup_ids)["refused"].values()),
         # Diagnostics: where the CPU went. The worker's figure includes its start-up.
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
@@ -63,8 +96,9 @@ def run(
             result = one_run(srv, workdir, kind, round_no, tasks, concurrency)
             log(
                 f"throughput round {round_no + 1}/{rounds} {kind}: {result['seconds']:.2f} s "
-                f"({result['tasks_per_second']:.0f} tasks/s) {result['statuses']}; CPU ms/task: server "
-                f"{result['server_cpu_ms_per_task']:.2f}, worker {result['worker_cpu_ms_per_task']:.2f}"
+                f"({result['tasks_per_second']:.0f} tasks/s) {result['statuses']}, final updates via "
+                f"{result['updates_via']}; CPU ms/task: server {result['server_cpu_ms_per_task']:.2f}, "
+                f"worker {result['worker_cpu_ms_per_task']:.2f}"
             )
             runs.append(result)
     medians = {k: median([r["seconds"] for r in runs if r["kind"] == k]) for k in kinds}
@@ -79,5 +113,7 @@ def run(
         "ratios": {
             "conductor_run_over_floor": ratio(medians.get("conductor-run"), medians.get("floor")),
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),
+            # Diagnostic: the SDK without update-v2's claim-with-the-report, against conductor-run.
+            "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
         },
     }
