@@ -71,6 +71,7 @@ def save_orphans(
     """The sweep's ``on_orphans``: save a FAILED result for each task of ``trees`` in ``directory``
     (the outbox directory), in the outbox of its own server; returns how many were saved."""
     saved = 0
+    latest: dict[str, tuple[TreeRecord, str, TaskResult, int]] = {}
     for tree in trees:
         found = orphan_result(runner_pid, tree.meta)
         if found is None:
@@ -80,12 +81,18 @@ def save_orphans(
                             runner_pid)
             continue
         key, result, poll_count = found
-        outbox = Outbox.for_key(directory, key, clock=clock)
-        if outbox.has_saved(result.task_id):
-            log.info("task %s: the dead runner pid %d already saved its result; keeping that one",
-                     result.task_id, runner_pid)
-            continue
+        # One task, two trees (the runner was handed the task again): only the latest claim can
+        # still be ours; an older pollCount would be dropped as "polled again" at delivery.
+        held = latest.get(result.task_id)
+        if held is None or poll_count > held[3]:
+            latest[result.task_id] = (tree, key, result, poll_count)
+    for tree, key, result, poll_count in latest.values():
         try:
+            outbox = Outbox.for_key(directory, key, clock=clock)
+            if outbox.has_saved(result.task_id):
+                log.info("task %s: a result of it is already saved (delivered first); not adding the "
+                         "dead runner's FAILED", result.task_id)
+                continue
             outbox.save(result, poll_count=poll_count)
         except OSError as exc:
             log.error("task %s: could not save its FAILED report (%s): the server retries it after its "

@@ -27,6 +27,7 @@ from leasecore.orphans import save_orphans, tree_meta
 from leasecore.outbox import Outbox
 from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.process.leftovers import TreeRecord
 from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runner import Runner
 from leasecore.runstatus import StatusTee
@@ -188,7 +189,7 @@ def _serve(
         try:
             # Dead trees first, then their tasks into the outbox, then every saved result out: a
             # retry of a task must never start while its old tree may still run.
-            supervisor.sweep_leftovers(lambda pid, trees: save_orphans(outbox.directory, pid, trees))
+            supervisor.sweep_leftovers(lambda pid, trees: _save_orphans(outbox, pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
             relay.target = runner.handle_signal
@@ -204,6 +205,17 @@ def _serve(
             supervisor.close()  # kills whatever it still holds (a task's leftover descendants)
     finally:
         client.close()
+
+
+def _save_orphans(outbox: Outbox, runner_pid: int, trees: list[TreeRecord]) -> None:
+    """The start-up sweep's hand-over of a dead runner's trees (already killed): queue FAILED reports.
+    Best effort: nothing here may keep the runner from starting (the server retries the tasks after
+    their response timeout anyway), so an error is logged and the dead runner's record is let go."""
+    try:
+        save_orphans(outbox.directory, runner_pid, trees)
+    except Exception:
+        log.exception("could not queue the FAILED reports of the dead runner pid %d's tasks; the server "
+                      "retries them after their response timeout", runner_pid)
 
 
 def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool]) -> None:

@@ -166,8 +166,10 @@ def read_record(record_path: Path) -> dict[str, Any]:
 
     Raises ``OSError`` / ``ValueError`` for a record that cannot be read or parsed.
     """
-    data: dict[str, Any] = json.loads(record_path.read_text())
-    by_key = {str(tree.get("key")): tree for tree in data.get("trees", [])}
+    data = json.loads(record_path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("trees", []), list):
+        raise ValueError(f"{record_path.name}: not a record of task trees")
+    by_key = {str(tree.get("key")): tree for tree in data.get("trees", []) if isinstance(tree, dict)}
     _replay_journal(record_path, by_key)
     data["trees"] = list(by_key.values())
     return data
@@ -235,12 +237,16 @@ def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
     for path in sorted(state_dir.glob("processes-*.json")):
         try:
             data = read_record(path)
-        except (OSError, ValueError):
+            runner_alive = _is_alive(data.get("runner"))
+            forkserver = data.get("forkserver")
+            forkserver_alive = _is_alive(forkserver)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            # Unreadable, or the runner's identity is garbled: whether it still lives cannot be
+            # told, so nothing of it is killed (and the start goes on).
             continue
-        if _is_alive(data.get("runner")):
+        if runner_alive:
             continue  # a live runner (maybe this one): its fork server owns those trees
-        forkserver = data.get("forkserver")
-        if _is_alive(forkserver) and forkserver is not None:
+        if forkserver_alive and forkserver is not None:
             _procfs.signal_verified(int(forkserver["pid"]), int(forkserver["start_time"]), signal.SIGKILL)
         trees = []
         for tree in data["trees"]:
