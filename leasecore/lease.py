@@ -10,7 +10,11 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
 
 * Heartbeats are sent every ``heartbeat_ratio * min(R, heartbeat_timeout)`` counted from the *send*
   time of the newest acknowledged heartbeat (or of the poll); none when that interval is under
-  ``min_heartbeat_interval_seconds`` or lease extension is off. A failed beat is retried after the
+  ``min_heartbeat_interval_seconds`` or lease extension is off. A beat that went out late (its sender
+  was busy: 1000 leases on a loaded machine) keeps the cadence: the next is due one interval after the
+  late beat was *planned*, but at least half an interval after it was sent. Lateness then shortens the
+  next interval instead of stretching every later one, so the gaps the server sees stay near the
+  interval (the lease deadline still counts from the actual send time). A failed beat is retried after the
   ``retry_backoff`` delays (1 s, 1.5 s, 2 s, 2 s, ...) for as long as the lease lasts.
 * Lease deadline = send time of the newest ack (or the poll) + ``min(heartbeat_timeout, R)`` (default
   R, the moment the server may time the task out and hand it to someone else). A heartbeat timeout can
@@ -314,6 +318,7 @@ class Lease:
         self._interval = policy.heartbeat_interval_seconds
         self._polled_at = self._now = polled_at
         self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
+        self._beat_planned_at: float | None = None  # when the beat in flight was due
         self._failures = 0
         self._beat_in_flight = self._check_in_flight = False
         early = 1.0 - policy.first_attempt_spread * random() if policy.first_attempt_spread else 1.0
@@ -435,7 +440,7 @@ class Lease:
         actions = self._advance(now)  # first: an ack processed after the deadline never un-fences
         self._beat_in_flight = False
         self._failures = 0
-        self._record_ack(min(sent_at, now))
+        self._record_ack(min(sent_at, now), planned_at=self._beat_planned_at)
         return actions + self._advance(now)
 
     def on_heartbeat_failed(self, now: float) -> list[Action]:
@@ -563,12 +568,14 @@ class Lease:
         self._now = max(self._now, now)
         return self._now
 
-    def _record_ack(self, sent_at: float) -> None:
+    def _record_ack(self, sent_at: float, *, planned_at: float | None = None) -> None:
         if self._expired:
             return  # too late: the deadline (and what the display shows) stays where it passed
         self._acked_sent_at = max(self._acked_sent_at, sent_at)
         if self._interval is not None:
             self._next_beat_at = self._acked_sent_at + self._interval
+            if planned_at is not None and planned_at < sent_at:  # it went out late: keep the cadence
+                self._next_beat_at = max(planned_at + self._interval, sent_at + self._interval / 2)
 
     def _fence(self, at: float, reason: FenceReason) -> list[Action]:
         if self._reported:
@@ -616,6 +623,7 @@ class Lease:
         beat_due = self._beat_due_at()
         if beat_due is not None and beat_due <= now:
             self._beat_in_flight = True
+            self._beat_planned_at = beat_due
             actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self.lease_deadline))
         check_due = self._check_due_at()
         if check_due is not None and check_due <= now:

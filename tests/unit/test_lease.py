@@ -171,6 +171,35 @@ def test_next_heartbeat_counts_from_the_send_time_of_the_acknowledged_one() -> N
     assert h.lease.lease_deadline == pytest.approx(T0 + 18)
 
 
+def test_a_beat_sent_late_keeps_the_cadence_but_the_deadline_counts_from_its_send() -> None:
+    # Given R=10 s: a beat due at poll+8 that a busy sender only sent at poll+8.3 (acked at poll+8.4)
+    h = Harness(policy(r=10.0))
+    [(_, beat)] = h.run_until(T0 + 8)
+    assert isinstance(beat, SendHeartbeat) and beat.due_at == T0 + 8
+    h.clock.advance(0.4)
+    h.lease.on_heartbeat_ok(h.now, sent_at=T0 + 8.3)
+    # When time runs on
+    actions = h.run_until(T0 + 17)
+    # Then the next beat is due one interval after the late beat was PLANNED (poll+16, not poll+16.3):
+    # the lateness is absorbed once instead of stretching every later gap the server sees ...
+    assert [t for t, a in actions if isinstance(a, SendHeartbeat)] == [T0 + 16]
+    # ... while the lease deadline still counts from the actual send time (conservative)
+    assert h.lease.lease_deadline == pytest.approx(T0 + 18.3)
+
+
+def test_a_very_late_beat_is_followed_after_at_least_half_an_interval() -> None:
+    # Given R=10 s and beats every 3 s (ratio 0.3): the beat due at poll+3 only went out at poll+5
+    h = Harness(policy(r=10.0, heartbeat_ratio=0.3))
+    h.run_until(T0 + 3)
+    h.clock.advance(2.1)
+    h.lease.on_heartbeat_ok(h.now, sent_at=T0 + 5)
+    # When time runs on
+    actions = h.run_until(T0 + 9)
+    # Then the next is not due on the plan (poll+6, only 1 s after the send: a burst after a stall)
+    # but half an interval after the send (poll+6.5)
+    assert [t for t, a in actions if isinstance(a, SendHeartbeat)] == [pytest.approx(T0 + 6.5)]
+
+
 def test_a_task_never_has_two_heartbeats_in_flight() -> None:
     # Given a beat in flight that never answers (its timeout is bounded, but the engine is slow)
     h = Harness(policy(r=10.0))
