@@ -345,14 +345,16 @@ class ForkServer:
         procs: dict[int, _procfs.ProcInfo] | None = None,
         members: set[int] | None = None,
     ) -> None:
+        # Members first, then signals: once the leader dies, its children are re-parented to us, and a
+        # walk of /proc in that moment can miss them (a setsid'ed one would then wait for the KILL).
+        if procs is None or members is None:
+            procs = self._scan()
+            members = self._attribute(procs)[0][tree.key]
         # The leader is our unreaped child, so its pid still names its group: killpg is safe.
         _procfs.killpg_quietly(tree.pid, sig)
         if not tree.exited:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(tree.pid, sig)
-        if procs is None or members is None:
-            procs = self._scan()
-            members = self._attribute(procs)[0][tree.key]
         _procfs.signal_all(procs, members, sig)
         if sig == signal.SIGTERM:  # a stopped process would never see its TERM
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)

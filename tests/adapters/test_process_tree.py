@@ -160,3 +160,29 @@ def test_marker_token_is_unique_per_task(supervisor: Supervisor) -> None:
         first.kill_tree()
         second.kill_tree()
     assert first.wait_gone(10) and second.wait_gone(10)
+
+
+ESCAPEE_UNDER_LEADER = 'sleep 600 & a=$!; setsid sleep 600 & b=$!; echo "pids $$ $a $b"; wait'
+
+
+def _term_a_tree_with_an_escapee_under_its_leader(supervisor: Supervisor) -> None:
+    lines = Lines()
+    command = CommandSpec(shell=ESCAPEE_UNDER_LEADER, kill_grace_seconds=60.0)
+    child = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines)
+    assert wait_until(lambda: lines.find("stdout", "pids ") is not None, 30)
+    line = lines.find("stdout", "pids ")
+    assert line is not None
+    pids = {int(p) for p in line.split()[1:]}
+    assert len(pids) == 3  # the shell, its sleep in the group, the setsid'ed sleep
+    procs = [psutil.Process(p) for p in pids]
+    child.terminate_tree()
+    assert wait_until(lambda: not any(alive(p) for p in procs), 10), "a member waited for the KILL"
+    assert child.wait_gone(10)
+
+
+def test_term_reaches_an_escapee_the_leader_still_parents(supervisor: Supervisor) -> None:
+    """The leader's own setsid'ed child is TERMed with the tree, not left for the KILL after the grace
+    (60 s here): its members are found before the group is signalled. Found by the kill-latency bench
+    (#9): an obeys-term tree sometimes took kill_grace to die; this shape failed every time."""
+    for _ in range(5):
+        _term_a_tree_with_an_escapee_under_its_leader(supervisor)
