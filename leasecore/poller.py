@@ -72,6 +72,10 @@ class PollSettings:
     domain: str | None = None
     paused: bool = False
     interval_seconds: float = 0.1  # pause after an empty poll (doubling while polls stay empty)
+    # Tasks claimed but not yet taken up by the runner (spawned, handed back...): a poll never claims
+    # beyond this, so with a large concurrency the claims follow the spawns instead of running ahead
+    # of them (1000 claimed at once took seconds to start, all under lease, starving the heartbeats).
+    max_unstarted: int = 32
 
 
 def failure_kind(exc: ConductorError) -> FailureKind:
@@ -114,6 +118,7 @@ class Poller:
         self._clock = clock or SystemClock()
         self._cond = threading.Condition()
         self._in_use = 0
+        self._unstarted = 0  # handed to on_task / on_surplus, not yet taken up (see taken_up)
         self.reachability = Reachability()
         self.last_ok_at: datetime | None = None  # wall clock of the last successful poll
         self.backoff_seconds = 0.0  # the current wait before the next poll
@@ -137,6 +142,13 @@ class Poller:
             self._in_use = max(0, self._in_use - count)
             self._cond.notify_all()
 
+    def taken_up(self, count: int = 1) -> None:
+        """The runner has dealt with ``count`` tasks this poller handed over (started, refused or
+        handed back): room for more claims."""
+        with self._cond:
+            self._unstarted = max(0, self._unstarted - count)
+            self._cond.notify_all()
+
     def wake(self) -> None:
         """Make a waiting poller re-check ``stop`` now."""
         with self._cond:
@@ -156,12 +168,15 @@ class Poller:
 
     def _take_slots(self) -> int:
         """Wait for free slots, reserve them and the budget; 0 means stop polling."""
+        cap = max(1, self.settings.max_unstarted)
         with self._cond:
-            while self._in_use >= self.settings.concurrency and not self._stop.is_set():
+            while (self._in_use >= self.settings.concurrency or self._unstarted >= cap) \
+                    and not self._stop.is_set():
                 self._cond.wait(timeout=1.0)
             if self._stop.is_set():
                 return 0
-            granted = self._budget.reserve(self.settings.concurrency - self._in_use)
+            room = min(self.settings.concurrency - self._in_use, cap - self._unstarted)
+            granted = self._budget.reserve(room)
             self._in_use += granted
             return granted
 
@@ -184,6 +199,8 @@ class Poller:
             self._stop.wait(self.backoff_seconds)
             return
         run, surplus = self._split(tasks, count)
+        with self._cond:
+            self._unstarted += len(run) + len(surplus)
         self._note(self.reachability.on_success())
         self.last_ok_at = self._clock.now()
         for task in run:

@@ -228,7 +228,11 @@ class Runner:
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled):
-            self._on_task(event.task, event.polled_at, event.policy, surplus=event.surplus)
+            try:
+                self._on_task(event.task, event.polled_at, event.policy, surplus=event.surplus)
+            finally:
+                plan = self._plans.get(event.task.task_type) or next(iter(self._plans.values()))
+                self._pollers[plan.poll.task_type].taken_up()
         elif isinstance(event, ChildExited):
             self._on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):

@@ -73,6 +73,39 @@ def test_the_poller_runs_or_hands_back_every_task_of_an_oversized_answer(
         assert budget.exhausted
 
 
+def test_the_poller_claims_no_more_than_max_unstarted_until_the_runner_takes_them_up() -> None:
+    """With a large concurrency, claims follow the runner's progress: never more than
+    ``max_unstarted`` tasks handed over and not yet taken up (started, refused or handed back)."""
+    port = FakeConductor()
+    port.add(*(make_task(f"t{i}") for i in range(20)))
+    stop = threading.Event()
+    handed: list[str] = []
+    more = threading.Condition()
+
+    def on_task(task: Task, polled_at: float) -> None:
+        with more:
+            handed.append(task.task_id)
+            more.notify_all()
+
+    poller = Poller(port, PollSettings("t", concurrency=100, timeout_ms=100, max_unstarted=3), on_task,
+                    budget=WorkBudget(None), stop=stop)
+    poller.start()
+    try:
+        for taken in range(0, 18, 3):
+            with more:
+                assert more.wait_for(lambda n=taken: len(handed) >= n + 3, timeout=10), handed
+            # Nothing more is claimed while those 3 wait for the runner (a poll every ~0.1 s at most)
+            assert not stop.wait(0.3)
+            assert len(handed) == taken + 3, handed
+            poller.taken_up(3)
+        with more:
+            assert more.wait_for(lambda: len(handed) == 20, timeout=10), handed
+    finally:
+        stop.set()
+        poller.wake()
+        assert poller.join(10.0)
+
+
 # ---------------------------------------------------------------- the runner
 
 
