@@ -79,6 +79,17 @@ class World:
         when the task finishes (for example after a fault is in place)."""
         return ["/bin/sh", "-c", 'while [ ! -e "$1" ]; do sleep 0.02; done', "gated", str(self.gate)]
 
+    def steal(self, workflow_id: str, worker_id: str = "other-worker") -> Any:
+        """Another client re-queues the workflow's task (a bare IN_PROGRESS update) and another worker
+        polls it: the task is someone else's now (its pollCount one higher). Returns that poll's task."""
+        task_id = str(self.task_of(workflow_id)["taskId"])
+        self.client.request("POST", "/tasks", json_body={
+            "taskId": task_id, "workflowInstanceId": workflow_id, "status": "IN_PROGRESS"}, accept="*/*")
+        (stolen,) = wait_until(lambda: self.client.poll(self.task_type, count=1, timeout_ms=100,
+                                                        worker_id=worker_id), what="the re-poll")
+        assert stolen.task_id == task_id
+        return stolen
+
     def stderr(self, proc: subprocess.Popen[str]) -> str:
         return self.logs[proc.pid].read_text()
 

@@ -87,12 +87,9 @@ def test_the_next_start_reports_a_killed_runners_task_failed_and_it_is_retried_a
 def test_a_killed_runners_task_polled_again_by_another_worker_is_not_reported(world: World) -> None:
     wf, _, _ = _start_and_kill(world, kill_forkserver=False)
     # Another client re-queues the task (bare IN_PROGRESS update) and another worker polls it.
-    task_id = str(world.task_of(wf)["taskId"])
-    world.client.request("POST", "/tasks", json_body={
-        "taskId": task_id, "workflowInstanceId": wf, "status": "IN_PROGRESS"}, accept="*/*")
-    (stolen,) = wait_until(lambda: world.client.poll(world.task_type, count=1, timeout_ms=100,
-                                                     worker_id="other-worker"), what="the re-poll")
-    assert stolen.task_id == task_id and stolen.poll_count == 2
+    stolen = world.steal(wf)
+    task_id = stolen.task_id
+    assert stolen.poll_count == 2
     code, err = world.finish(world.run("--once", "--once-wait", "1", command=_command(world)))
     assert code == exitcodes.NO_TASK, err
     task = world.task_of(wf)

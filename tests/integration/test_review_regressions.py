@@ -140,12 +140,9 @@ def test_a_saved_result_is_not_delivered_over_another_workers_run(world: World) 
         proxy.set_mode("reset")
         wait_until(lambda: proxy.open_connections() == 0, what="the held connections to be cut")
         # Another client re-queues the task and another worker polls it: pollCount 2, not ours
-        task_id = str(world.task_of(wf)["taskId"])
-        world.client.request("POST", "/tasks", json_body={
-            "taskId": task_id, "workflowInstanceId": wf, "status": "IN_PROGRESS"}, accept="*/*")
-        (stolen,) = wait_until(lambda: world.client.poll(world.task_type, count=1, timeout_ms=100,
-                                                         worker_id="other-worker"), what="the re-poll")
-        assert stolen.task_id == task_id and stolen.poll_count == 2
+        stolen = world.steal(wf)
+        task_id = stolen.task_id
+        assert stolen.poll_count == 2
         proxy.set_mode("pass")
         code, err = world.finish(world.run("--once", "--once-wait", "1", url=proxy.url_for("/api")))
     assert code == exitcodes.NO_TASK, err
