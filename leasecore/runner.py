@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import queue
 import signal
@@ -114,9 +115,9 @@ class Runner:
         self._stop_polling = threading.Event()
         self._budget = WorkBudget(self._task_limit())
         self._pollers = {
-            t: Poller(conductor, p.poll, self._on_polled, budget=self._budget, stop=self._stop_polling,
-                      on_exit=lambda tt: self._events.put(PollerExited(tt)), clock=self._clock,
-                      on_surplus=lambda task, at: self._events.put(TaskPolled(task, at, surplus=True)))
+            t: Poller(conductor, p.poll, functools.partial(self._on_polled, poller=t), budget=self._budget,
+                      stop=self._stop_polling, on_exit=lambda tt: self._events.put(PollerExited(tt)),
+                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t))
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
@@ -161,7 +162,10 @@ class Runner:
 
     # ------------------------------------------------------------------ other threads -> queue
 
-    def _on_polled(self, task: Task, polled_at: float) -> None:
+    def _on_surplus(self, task: Task, polled_at: float, *, poller: str) -> None:
+        self._events.put(TaskPolled(task, polled_at, surplus=True, poller=poller))
+
+    def _on_polled(self, task: Task, polled_at: float, *, poller: str = "") -> None:
         # On the poller's thread, for every task of the batch before any is spawned: the lease starts
         # at the poll's send time, so a task waiting for its spawn behind others (1000 at once) is
         # already heartbeated. A task delivered again while it runs here is re-tracked the same way
@@ -174,7 +178,7 @@ class Runner:
         except Exception:  # never lose the task: the main thread tracks it (or reports the failure)
             log.exception("task %s: could not start its lease at poll time", task.task_id)
             policy = None
-        self._events.put(TaskPolled(task, polled_at, policy))
+        self._events.put(TaskPolled(task, polled_at, policy, poller=poller))
 
     # ------------------------------------------------------------------ main loop
 
@@ -230,9 +234,9 @@ class Runner:
         if isinstance(event, TaskPolled):
             try:
                 self._on_task(event.task, event.polled_at, event.policy, surplus=event.surplus)
-            finally:
-                plan = self._plans.get(event.task.task_type) or next(iter(self._plans.values()))
-                self._pollers[plan.poll.task_type].taken_up()
+            finally:  # the poller that claimed it (its plan is found by the task's own type)
+                poller = self._pollers.get(event.poller) or next(iter(self._pollers.values()))
+                poller.taken_up()
         elif isinstance(event, ChildExited):
             self._on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):

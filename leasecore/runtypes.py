@@ -28,6 +28,7 @@ class TaskPolled:
     polled_at: float  # monotonic send time of the poll that delivered it
     policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
     surplus: bool = False  # beyond what the poller may run (no slot, no budget): hand it back
+    poller: str = ""  # the task type of the poller that claimed it ("": unknown, the first one)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ class _Tree:
     """
 
     __slots__ = ("exec_pipe", "exited", "grace_seconds", "key", "kill_at", "known", "pid", "start_time",
-                 "term_sent", "token")  # fmt: skip
+                 "term_sent", "termed", "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
         self.key = key
@@ -89,6 +89,7 @@ class _Tree:
         self.start_time = start_time  # clock ticks since boot, from /proc (0 elsewhere than Linux)
         self.exited = False
         self.term_sent = False
+        self.termed: set[int] = set()  # pids sent the TERM (a member found later gets its own)
         self.kill_at: float | None = None
         self.exec_pipe = -1  # read end of the child's exec-failure pipe until its exec is settled
         # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its
@@ -360,6 +361,7 @@ class ForkServer:
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
             _procfs.signal_all(procs, members, signal.SIGCONT)
             tree.term_sent = True
+            tree.termed |= members | {tree.pid}
 
     def _handle_strays(self, procs: dict[int, _procfs.ProcInfo], strays: set[int], now: float) -> None:
         """TERM each new stray, KILL it after the grace of the last tree that ended."""
@@ -434,6 +436,14 @@ class ForkServer:
             elif tree.exited and not tree.term_sent:  # "the task's tree dies with the task"
                 tree.kill_at = now + tree.grace_seconds
                 self._signal_tree(tree, signal.SIGTERM, procs, members[tree.key])
+            elif tree.term_sent and tree.kill_at is not None:
+                # In its grace: a member that appeared since the TERM (forked and setsid'ed between the
+                # walk and the signal, or by a TERM handler) gets its TERM now, not only the KILL.
+                newcomers = members[tree.key] - tree.termed
+                if newcomers:
+                    _procfs.signal_all(procs, newcomers, signal.SIGTERM)
+                    _procfs.signal_all(procs, newcomers, signal.SIGCONT)
+                    tree.termed |= newcomers
         self._handle_strays(procs, strays, now)
         if self._closing_kill_at is not None and now >= self._closing_kill_at:
             # Escapees that lost their marker belong to no known tree: at close they die too.

@@ -186,3 +186,20 @@ def test_term_reaches_an_escapee_the_leader_still_parents(supervisor: Supervisor
     (#9): an obeys-term tree sometimes took kill_grace to die; this shape failed every time."""
     for _ in range(5):
         _term_a_tree_with_an_escapee_under_its_leader(supervisor)
+
+
+def test_a_member_started_by_a_term_handler_gets_its_own_term_before_the_kill(supervisor: Supervisor) -> None:
+    """A TERM trap that starts a setsid'ed helper on its way out: the helper appeared after the tree's
+    TERM, so it is TERMed when the next walk finds it, not left for the KILL after the grace (60 s)."""
+    lines = Lines()
+    script = 'trap \'setsid sleep 600 & echo "late $!"; exit 0\' TERM; echo ready; sleep 600 & wait'
+    child = supervisor.spawn(make_task(), CommandSpec(shell=script, kill_grace_seconds=60.0), worker_id="w",
+                             on_line=lines)  # fmt: skip
+    assert wait_until(lambda: lines.find("stdout", "ready") is not None, 30)
+    child.terminate_tree()
+    assert wait_until(lambda: lines.find("stdout", "late ") is not None, 30)
+    line = lines.find("stdout", "late ")
+    assert line is not None
+    late = psutil.Process(int(line.split()[1]))
+    assert wait_until(lambda: not alive(late), 10), "the late member waited for the KILL"
+    assert child.wait_gone(10)
