@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import psutil
 
 from leasecore.conductor import ConductorAdmin, ConductorClient
+from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = str(ROOT / "sample_tasks" / "sleeper.sh")
@@ -68,6 +70,29 @@ class World:
         self.state_dir = tmp_path / "state"
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: dict[int, Path] = {}
+
+    def proxy(self) -> FaultProxy:
+        """A fault proxy in front of this world's server (use it as a context manager)."""
+        host, _, port = self.server.url.split("//")[1].split("/")[0].partition(":")
+        return FaultProxy(host, int(port))
+
+    def strand_result(self, proxy: FaultProxy) -> tuple[int, str]:
+        """Run one task through ``proxy`` and leave its COMPLETED result in the outbox: the proxy
+        swallows the final update, and a second SIGTERM stops the runner's retries. The held bytes are
+        then dropped (the proxy is left in RESET), so only the outbox can deliver the result.
+        Returns the runner's exit code and stderr."""
+        proc = self.run(url=proxy.url_for("/api"), command=self.gated_command())
+        wait_until(self.child_pids, what="the child to start")
+        proxy.set_mode("blackhole")  # the final update cannot get through
+        self.gate.touch()  # only now may the child finish
+        wait_until(lambda: "reporting COMPLETED" in self.stderr(proc), what="the child to finish")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM" in self.stderr(proc), what="the first signal handled")
+        proc.send_signal(signal.SIGTERM)  # second signal: stop retrying, keep the result on disk
+        code, err = self.finish(proc)
+        proxy.set_mode("reset")
+        wait_until(lambda: proxy.open_connections() == 0, what="the held connections to be cut")
+        return code, err
 
     @property
     def gate(self) -> Path:
@@ -191,6 +216,18 @@ class World:
                 proc.kill()
             proc.wait(timeout=30)
         self.client.close()
+
+
+def tree_of(pid: int) -> list[int]:
+    """``pid`` and its descendants right now (just ``pid`` once it is gone)."""
+    try:
+        return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [pid]
+
+
+def all_gone(pids: list[int]) -> bool:
+    return all(gone(p) for p in pids)
 
 
 def gone(pid: int) -> bool:

@@ -14,12 +14,10 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from cli import exitcodes
-from tests.faultproxy import FaultProxy
-from tests.integration.helpers import ROOT, World, gone, wait_until
+from tests.integration.helpers import ROOT, World, all_gone, gone, tree_of, wait_until
 from tests.integration.rewriting_relay import RewritingRelay, is_lease
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
@@ -27,22 +25,6 @@ DAEMONIZER = str(ROOT / "sample_tasks" / "daemonizer.py")
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
 pytestmark = pytest.mark.slow
-
-
-def server_address(world: World) -> tuple[str, int]:
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    return host, int(port)
-
-
-def tree_of(pid: int) -> list[int]:
-    try:
-        return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return [pid]
-
-
-def all_gone(pids: list[int]) -> bool:
-    return all(gone(p) for p in pids)
 
 
 def task_log(world: World, workflow_id: str) -> str:
@@ -70,7 +52,7 @@ def test_a_slow_server_never_lets_the_tree_outlive_its_timeout(world: World, lat
     past the server's own response timeout (plus the kill grace)."""
     world.define(responseTimeoutSeconds=2)
     wf = world.start_workflow(seconds=60)
-    with FaultProxy(*server_address(world)) as proxy:
+    with world.proxy() as proxy:
         proc = world.run("--kill-grace", "1", url=proxy.url_for("/api"))
         (pid,) = wait_until(world.child_pids, what="the child to start")
         wait_for_log(world, wf, "sleeping")
@@ -325,7 +307,7 @@ def test_a_password_in_the_server_url_is_never_printed_or_stored(world: World) -
     world.define(responseTimeoutSeconds=3)
     world.start_workflow(seconds=60)
     password = "pw-s3cr3t-in-url"
-    with FaultProxy(*server_address(world)) as proxy:
+    with world.proxy() as proxy:
         proc = world.run("--kill-grace", "1", url=f"http://user:{password}@{proxy.host}:{proxy.port}/api")
         (pid,) = wait_until(world.child_pids, what="the child to start")
         proxy.set_mode("reset")  # every call fails: errors name the calls they failed

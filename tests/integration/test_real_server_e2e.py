@@ -27,7 +27,6 @@ import pytest
 from cli import exitcodes
 from leasecore.config import TaskSettings
 from leasecore.errors import ConductorError
-from tests.faultproxy import FaultProxy
 from tests.integration.helpers import World, wait_until
 from tests.realserver import RealConductorServer
 
@@ -224,8 +223,7 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     r_seconds = 3
     world.define(response_timeout=r_seconds)
     wf = world.start_workflow(seconds=120)
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as proxy:
+    with world.proxy() as proxy:
         proc = world.run("--kill-grace", str(KILL_GRACE_SECONDS), url=proxy.url_for("/api"))
         task_id = world.task_id_of_running(wf)
         tree = world.tree(task_id, at_least=2)

@@ -9,32 +9,14 @@ import json
 import signal
 import time
 
-import psutil
 import pytest
 
 from cli import exitcodes
-from tests.faultproxy import FaultProxy
-from tests.integration.helpers import World, gone, wait_until
+from tests.integration.helpers import World, all_gone, gone, tree_of, wait_until
 
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
 pytestmark = pytest.mark.slow
-
-
-def proxy_for(world: World) -> FaultProxy:
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    return FaultProxy(host, int(port))
-
-
-def tree_of(pid: int) -> list[int]:
-    try:
-        return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return [pid]
-
-
-def all_gone(pids: list[int]) -> bool:
-    return all(gone(p) for p in pids)
 
 
 def wait_for_sleeping(world: World, workflow_id: str) -> None:
@@ -52,7 +34,7 @@ def test_a_heartbeat_timeout_above_r_never_lets_two_copies_run(world: World) -> 
     at R and hands the retry to runner B. A's tree must be dead by then (before: it ran ~8 s more)."""
     world.define(responseTimeoutSeconds=2, retryCount=1)
     wf = world.start_workflow(seconds=60)
-    with proxy_for(world) as proxy:
+    with world.proxy() as proxy:
         a = world.run("--heartbeat-timeout", "10", "--kill-grace", "1", url=proxy.url_for("/api"))
         (pid_a,) = wait_until(world.child_pids, what="runner A's child")
         wait_for_sleeping(world, wf)
@@ -123,22 +105,11 @@ def test_a_saved_result_is_not_delivered_over_another_workers_run(world: World) 
     update) and another worker polled it, so our saved COMPLETED must not end that worker's run."""
     world.define(responseTimeoutSeconds=30)
     wf = world.start_workflow()
-    with proxy_for(world) as proxy:
-        proc = world.run(url=proxy.url_for("/api"), command=world.gated_command())
-        wait_until(world.child_pids, what="the child to start")
-        proxy.set_mode("blackhole")  # the final update cannot get through
-        world.gate.touch()  # only now may the child finish
-        wait_until(lambda: "reporting COMPLETED" in world.stderr(proc), what="the child to finish")
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "received SIGTERM" in world.stderr(proc), what="the first signal handled")
-        proc.send_signal(signal.SIGTERM)  # second signal: stop retrying, keep the result on disk
-        code, err = world.finish(proc)
+    with world.proxy() as proxy:
+        code, err = world.strand_result(proxy)
         assert code == exitcodes.SIGTERM, err
         saved = list((world.state_dir / "outbox").glob("*.json"))
         assert len(saved) == 1 and json.loads(saved[0].read_text())["poll_count"] == 1
-        # The blackhole holds the unanswered update's bytes; drop them so they never reach the server.
-        proxy.set_mode("reset")
-        wait_until(lambda: proxy.open_connections() == 0, what="the held connections to be cut")
         # Another client re-queues the task and another worker polls it: pollCount 2, not ours
         stolen = world.steal(wf)
         task_id = stolen.task_id

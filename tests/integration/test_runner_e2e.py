@@ -97,8 +97,7 @@ def test_a_terminated_workflow_kills_its_child(world: World) -> None:
 def test_a_silent_server_means_the_tree_is_dead_by_the_lease_deadline(world: World) -> None:
     world.define(response_timeout=3)
     wf = world.start_workflow(seconds=120)
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as proxy:
+    with world.proxy() as proxy:
         proc = world.run("--kill-grace", "1", url=proxy.url_for("/api"))
         (pid,) = wait_until(world.child_pids, what="the child to start")
         silenced_at = time.monotonic()
@@ -128,24 +127,10 @@ def test_concurrent_tasks_overlap(world: World) -> None:
 def test_an_undelivered_result_is_delivered_on_the_next_start(world: World) -> None:
     world.define(response_timeout=30)
     wf = world.start_workflow()
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as proxy:
-        proc = world.run(url=proxy.url_for("/api"), command=world.gated_command())
-        wait_until(world.child_pids, what="the child to start")
-        proxy.set_mode("blackhole")  # the final update cannot get through
-        world.gate.touch()  # only now may the child finish
-        wait_until(lambda: "reporting COMPLETED" in world.stderr(proc), what="the child to finish")
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "received SIGTERM" in world.stderr(proc), what="the first signal handled")
-        proc.send_signal(signal.SIGTERM)  # second signal: stop retrying, keep the result on disk
-        code, err = world.finish(proc)
+    with world.proxy() as proxy:
+        code, err = world.strand_result(proxy)
         assert code == exitcodes.SIGTERM, err
         assert list((world.state_dir / "outbox").glob("*.json"))
-        assert world.workflow_status(wf) == "RUNNING"
-        # Abort the connections the black hole held, so the stalled update can never reach the server
-        # late: only the outbox can deliver the result now.
-        proxy.set_mode("reset")
-        wait_until(lambda: proxy.open_connections() == 0, what="the held connections to be aborted")
         assert world.workflow_status(wf) == "RUNNING"
         proxy.set_mode("pass")
         code, err = world.finish(world.run("--once", "--once-wait", "1", url=proxy.url_for("/api")))
@@ -232,8 +217,7 @@ def test_an_exec_timeout_fails_the_task_with_its_reason_and_kills_the_tree(world
 
 
 def test_a_signal_during_setup_ends_the_run_cleanly_and_keeps_saved_results(world: World) -> None:
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as proxy:
+    with world.proxy() as proxy:
         url = proxy.url_for("/api")
         outbox = Outbox(world.state_dir / "outbox", server=url)
         for i in range(6):  # results of tasks the server does not know: each is dropped on a 404
@@ -250,8 +234,7 @@ def test_a_signal_during_setup_ends_the_run_cleanly_and_keeps_saved_results(worl
 
 
 def test_a_stuck_long_poll_does_not_delay_the_exit_past_its_timeout(world: World) -> None:
-    host, port = world.server.url.split("//")[1].split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as proxy:
+    with world.proxy() as proxy:
         proc = world.run("--poll-timeout", "5000", url=proxy.url_for("/api"))
         wait_until(lambda: "serving" in world.stderr(proc), what="the runner to poll")
         proxy.set_mode("blackhole")  # the poll in flight (or the next one) never gets an answer
