@@ -24,9 +24,14 @@ It ignores SIGINT/SIGTERM/SIGHUP: a Ctrl-C or a service manager's TERM is for th
 how to stop (drain or kill). Only EOF or a "shutdown" request stops it.
 
 Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: ``spawn`` (with 3 fds:
-stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace). Events: ``ready``,
-``spawned``/``spawn_failed`` (id), ``exec_failed`` (key, errno, what), ``exited`` (key, code, signal),
-``gone`` (key).
+stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace), ``stats`` (id). Events:
+``ready``, ``spawned``/``spawn_failed`` (id), ``stats`` (id, walks, trees), ``exec_failed`` (key,
+errno, what), ``exited`` (key, code, signal), ``gone`` (key).
+
+Signals asked for are sent once every request already waiting has been read, after one walk of /proc
+for all of them: a runner that stops with hundreds of tasks sends hundreds of ``signal`` requests at
+once, and a walk per request (each O(processes below us)) made the last TERM, and so its KILL, seconds
+late.
 
 A spawn is answered right after the fork (``spawned``: the pid is known and the tree is held), not
 after the child's exec: the child's exec-failure pipe (CLOEXEC: EOF means the exec succeeded) is
@@ -46,6 +51,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -61,6 +67,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _HEADER = struct.Struct(">I")
 _TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members need not be our children)
 _GIVE_UP_SECONDS = 10.0
+_BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _RESET_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE", "SIGXFSZ", "SIGXFZ", "SIGCHLD", "SIGQUIT")
 
 
@@ -142,6 +149,11 @@ class ForkServer:
         self._strays: dict[int, tuple[int, float]] = {}
         self._stray_grace = 10.0  # the grace of the last tree that ended
         self._next_scan_at = 0.0  # a /proc walk costs O(processes below us): at most every tick
+        # Trees to signal once the requests already waiting are read: one walk of /proc for all of
+        # them (a runner stopping with 200 tasks sends 200 TERMs at once; a walk per request took
+        # seconds), in the order asked. A KILL asked after a TERM of the same tree supersedes it.
+        self._pending: dict[str, int] = {}
+        self._walks = 0  # walks of /proc done (``stats``: each costs O(processes below us))
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
@@ -166,13 +178,27 @@ class ForkServer:
                     sigchld = True
                 elif key.data is not None:  # a child's exec-failure pipe: data or EOF
                     self._exec_settled(key.data)
-                elif not self._serve_one():
+                elif not self._serve_waiting():
                     self._begin_close(0.0)
+            self._flush_signals()
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
                 self._reap()
             self._tick()
 
     # requests -------------------------------------------------------------------------------
+
+    def _serve_waiting(self) -> bool:
+        """Serve the request that woke us and every one already waiting behind it (bounded: a
+        flood of requests must not starve reaping and killing); False on EOF."""
+        for _ in range(_BATCH_MAX):
+            if not self._serve_one():
+                return False
+            if self._closing_kill_at is not None:
+                return True  # shutdown: the socket is no longer served
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if not readable:
+                break
+        return True
 
     def _serve_one(self) -> bool:
         try:
@@ -193,6 +219,9 @@ class ForkServer:
             self._signal(message)
         elif op == "shutdown":
             self._begin_close(float(message.get("grace", 0.0)))
+        elif op == "stats":
+            self._reply({"op": "stats", "id": message.get("id"), "walks": self._walks,
+                         "trees": len(self._trees)})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True
@@ -270,26 +299,48 @@ class ForkServer:
         if tree is None:
             return
         now = time.monotonic()
-        if int(req["sig"]) == signal.SIGKILL:
+        sig = int(req["sig"])
+        if sig == signal.SIGKILL:
             tree.kill_at = now
         else:
             grace = req.get("grace")
             deadline = now + float(tree.grace_seconds if grace is None else grace)
             tree.kill_at = deadline if tree.kill_at is None else min(tree.kill_at, deadline)
-        self._signal_tree(tree, int(req["sig"]))
+        if self._pending.get(tree.key) != signal.SIGKILL:
+            self._pending[tree.key] = sig  # sent by _flush_signals, with the others asked meanwhile
+
+    def _flush_signals(self) -> None:
+        """Signal every tree asked for since the last flush, after one walk of /proc for all."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        trees = [(self._trees[key], sig) for key, sig in pending.items() if key in self._trees]
+        if not trees:
+            return
+        procs = self._scan()
+        members = self._attribute(procs)[0]
+        for tree, sig in trees:
+            self._signal_tree(tree, sig, procs, members[tree.key])
 
     def _begin_close(self, grace_seconds: float) -> None:
         now = time.monotonic()
         self._closing_kill_at = now + grace_seconds
         with contextlib.suppress(OSError, ValueError):
             self._selector.unregister(self._sock)
+        self._pending.clear()  # every tree gets its signal now
+        if not self._trees:
+            return
+        procs = self._scan()
+        members = self._attribute(procs)[0]
         for tree in self._trees.values():
             tree.kill_at = min(tree.kill_at or self._closing_kill_at, self._closing_kill_at)
-            self._signal_tree(tree, signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL)
+            self._signal_tree(tree, signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL, procs,
+                              members[tree.key])  # fmt: skip
 
     # killing and reaping ------------------------------------------------------------------------
 
     def _scan(self) -> dict[int, _procfs.ProcInfo]:
+        self._walks += 1
         return _procfs.subtree(self._pid) if _procfs.IS_LINUX else {}
 
     def _attribute(self, procs: dict[int, _procfs.ProcInfo]) -> tuple[dict[str, set[int]], set[int]]:
@@ -340,17 +391,11 @@ class ForkServer:
         return result, set(_procfs.live(procs, strays))
 
     def _signal_tree(
-        self,
-        tree: _Tree,
-        sig: int,
-        procs: dict[int, _procfs.ProcInfo] | None = None,
-        members: set[int] | None = None,
+        self, tree: _Tree, sig: int, procs: dict[int, _procfs.ProcInfo], members: set[int]
     ) -> None:
-        # Members first, then signals: once the leader dies, its children are re-parented to us, and a
-        # walk of /proc in that moment can miss them (a setsid'ed one would then wait for the KILL).
-        if procs is None or members is None:
-            procs = self._scan()
-            members = self._attribute(procs)[0][tree.key]
+        # ``members`` from a walk made before any signal: once the leader dies, its children are
+        # re-parented to us, and a walk of /proc in that moment can miss them (a setsid'ed one would
+        # then wait for the KILL).
         # The leader is our unreaped child, so its pid still names its group: killpg is safe.
         _procfs.killpg_quietly(tree.pid, sig)
         if not tree.exited:

@@ -404,6 +404,13 @@ class Supervisor:
     def forkserver_pid(self) -> int:
         return self._process.pid
 
+    def forkserver_stats(self) -> dict[str, int]:
+        """Counters of the fork server: ``walks`` of /proc so far, ``trees`` held (diagnostics)."""
+        reply = self._call({"op": "stats"}, [])
+        if reply.get("op") != "stats":
+            raise ProcessError("the fork server is gone")
+        return {"walks": int(reply["walks"]), "trees": int(reply["trees"])}
+
     def sweep_leftovers(self, on_orphans: leftovers.OrphanSink | None = None) -> set[int]:
         """Kill the trees recorded in the state directory by runners that died; return their pids.
 
@@ -584,7 +591,7 @@ class Supervisor:
             if not self._cond.wait_for(
                 lambda: request_id in self._replies or self._lost, timeout=_REPLY_TIMEOUT_SECONDS
             ):
-                raise ProcessError("the fork server did not answer a spawn request")
+                raise ProcessError(f"the fork server did not answer a {message['op']} request")
             return self._replies.pop(
                 request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
             )
@@ -603,7 +610,7 @@ class Supervisor:
     def _dispatch(self, event: dict[str, Any]) -> None:
         op = event.get("op")
         with self._cond:
-            if op in ("spawned", "spawn_failed"):
+            if op in ("spawned", "spawn_failed", "stats"):
                 self._replies[int(event["id"])] = event
                 self._cond.notify_all()
                 return

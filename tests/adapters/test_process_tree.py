@@ -203,3 +203,33 @@ def test_a_member_started_by_a_term_handler_gets_its_own_term_before_the_kill(su
     late = psutil.Process(int(line.split()[1]))
     assert wait_until(lambda: not alive(late), 10), "the late member waited for the KILL"
     assert child.wait_gone(10)
+
+
+def test_signals_asked_together_cost_one_walk_of_proc(supervisor: Supervisor) -> None:
+    """A runner that stops sends a TERM per tree at once. The fork server reads every request already
+    waiting, walks /proc once and signals them all; a walk per request (O(processes) each) made the
+    last TERM of 200 tasks, and so its KILL, seconds late (the shutdown bench, #9)."""
+    trees = 30
+    children = [
+        supervisor.spawn(make_task(task_id=f"t{i}"), CommandSpec(argv=("sleep", "300")), worker_id="w")
+        for i in range(trees)
+    ]
+    assert wait_until(lambda: all(len(_tree(c.pid)) == 1 and _tree(c.pid)[0].name() == "sleep"
+                                  for c in children), 30)  # fmt: skip
+    before = supervisor.forkserver_stats()
+    assert before["trees"] == trees
+    forkserver = psutil.Process(supervisor.forkserver_pid)
+    forkserver.suspend()  # the requests queue up in its socket, as they do behind a busy walk
+    try:
+        for child in children:
+            child.terminate_tree(grace_seconds=60)
+    finally:
+        forkserver.resume()
+    for child in children:
+        exit = child.wait(15)
+        assert exit is not None and exit.signal == signal.SIGTERM  # the TERM, not the KILL at 60 s
+        assert child.wait_gone(15)
+    walks = supervisor.forkserver_stats()["walks"] - before["walks"]
+    # One walk for the 30 TERMs, then the walks of the ticks that see the trees end (one every
+    # 50 ms at most, plus a confirming one): far fewer than one per tree.
+    assert walks < trees // 2, f"{walks} walks of /proc for {trees} trees signalled together"
