@@ -7,6 +7,7 @@ default run is bounded (about 10 minutes on a 2-core machine), ``--quick`` takes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,16 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of whole numbers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of numbers >= 1")
+    return values
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a minute or two")
@@ -49,9 +61,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,1000x2,1000x10)")
     p.add_argument("--kill-grace", type=float, default=2.0, help="kill: kill_grace seconds (default 2)")
     p.add_argument("--kill-trials", type=int, help="kill: trials per measure (default 2; quick 1)")
+    p.add_argument("--shutdown-tasks", type=_ints, help="kill: tasks running at SIGTERM, a comma list "
+                   "(default 4,200; quick 4)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
+    p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
     q = args.quick
     args.tasks = args.tasks or (200 if q else 500)
@@ -59,9 +74,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = args.rounds or (1 if q else 3)
     args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (1000, 2), (1000, 10)])
     args.kill_trials = args.kill_trials or (1 if q else 2)
+    args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
     return args
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[str]:
+    if keep:
+        yield tempfile.mkdtemp(prefix="conductor-run-bench-")
+        return
+    with tempfile.TemporaryDirectory(prefix="conductor-run-bench-") as tmp:
+        yield tmp
 
 
 def machine() -> dict[str, Any]:
@@ -104,7 +129,7 @@ def main(argv: list[str]) -> int:
         "command_line": shlex.join(["python", "-m", "bench", *argv]),
         "machine": machine(),
         "versions": versions(),
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep")},
         "errors": [],
         "notes": [],
     }
@@ -112,7 +137,7 @@ def main(argv: list[str]) -> int:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {msg}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="conductor-run-bench-") as tmp:
+    with _workdir(args.keep) as tmp:
         workdir = Path(tmp)
         srv = BenchServer(workdir / "server.log")
         log(f"server at {srv.url} (pid {srv.pid}); work dir {workdir}")
@@ -138,7 +163,7 @@ def main(argv: list[str]) -> int:
                             workdir,
                             kill_grace=args.kill_grace,
                             trials=args.kill_trials,
-                            shutdown_tasks=4,
+                            shutdown_tasks=args.shutdown_tasks,
                             log=log,
                         )
                     elif section == "footprint":

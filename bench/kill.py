@@ -111,7 +111,7 @@ def termination(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, t
 
 def shutdown(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, tasks: int) -> dict[str, Any]:
     worker, _, task_ids, pids_dir = _start(
-        srv, workdir, f"ks_{mode.replace('-', '_')}", mode, tasks, kill_grace
+        srv, workdir, f"ks_{mode.replace('-', '_')}_{tasks}", mode, tasks, kill_grace
     )
     try:
         watch = ExitWatch(_tree_pids(pids_dir, task_ids, worker))
@@ -130,13 +130,20 @@ def shutdown(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, task
             "exit_seconds": exited,
             "trees_gone_seconds": trees,
             "reported_failed": reported,
+            "target_seconds": kill_grace + 0.2,
         }
     finally:
         worker.stop()
 
 
 def run(
-    srv: BenchServer, workdir: Path, *, kill_grace: float, trials: int, shutdown_tasks: int, log: Any
+    srv: BenchServer,
+    workdir: Path,
+    *,
+    kill_grace: float,
+    trials: int,
+    shutdown_tasks: list[int],
+    log: Any,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT_SECONDS,
@@ -154,11 +161,12 @@ def run(
         r = termination(srv, workdir, "ignore-term", kill_grace, trial)
         log(f"kill after workflow termination: {r['latency_seconds']}")
         out["termination"].append(r)
-    for mode in ("obeys-term", "ignore-term"):
-        r = shutdown(srv, workdir, mode, kill_grace, shutdown_tasks)
-        log(
-            f"shutdown ({mode}, {shutdown_tasks} tasks): trees gone {r['trees_gone_seconds']} s, "
-            f"exit {r['exit_seconds']} s, reported FAILED {r['reported_failed']}"
-        )
-        out["shutdown"].append(r)
+    for tasks in shutdown_tasks:
+        for mode in ("obeys-term", "ignore-term"):
+            r = shutdown(srv, workdir, mode, kill_grace, tasks)
+            log(
+                f"shutdown ({mode}, {tasks} tasks): trees gone {r['trees_gone_seconds']} s, "
+                f"exit {r['exit_seconds']} s, reported FAILED {r['reported_failed']}"
+            )
+            out["shutdown"].append(r)
     return out

@@ -67,6 +67,15 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(None if lat is None else lat <= r["target_seconds"]),
                 )
             )
+        for r in kl["shutdown"]:
+            lat, target = r["trees_gone_seconds"], r.get("target_seconds", kl["kill_grace_seconds"] + 0.2)
+            rows.append(
+                (
+                    f"SIGTERM -> {r['tasks']} trees gone <= kill_grace + 200 ms ({r['mode']})",
+                    f"{_f(lat)} s (target {_f(target)})",
+                    _verdict(None if lat is None else lat <= target),
+                )
+            )
     fp = results.get("footprint")
     if fp:
         for r in fp["idle"]:
