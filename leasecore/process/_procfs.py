@@ -168,8 +168,14 @@ def subtree(root: int) -> dict[int, ProcInfo]:
     if not os.path.exists(f"/proc/{root}/task/{root}/children"):
         procs = scan()
         return {pid: procs[pid] for pid in descendants(procs, [root]) if pid != root}
+    return walk(children_of(root))
+
+
+def walk(roots: Iterable[int]) -> dict[int, ProcInfo]:
+    """``roots`` and every descendant of theirs, by pid, from the ``children`` files (the caller
+    checked the kernel has them, see :func:`subtree`)."""
     found: dict[int, ProcInfo] = {}
-    stack = children_of(root)
+    stack = list(roots)
     while stack:
         pid = stack.pop()
         if pid in found:

@@ -405,11 +405,12 @@ class Supervisor:
         return self._process.pid
 
     def forkserver_stats(self) -> dict[str, int]:
-        """Counters of the fork server: ``walks`` of /proc so far, ``trees`` held (diagnostics)."""
+        """Counters of the fork server (diagnostics): ``walks`` of /proc so far, ``walked`` processes
+        they read in all, ``trees`` held now."""
         reply = self._call({"op": "stats"}, [])
         if reply.get("op") != "stats":
             raise ProcessError("the fork server is gone")
-        return {"walks": int(reply["walks"]), "trees": int(reply["trees"])}
+        return {key: int(reply[key]) for key in ("walks", "walked", "trees")}
 
     def sweep_leftovers(self, on_orphans: leftovers.OrphanSink | None = None) -> set[int]:
         """Kill the trees recorded in the state directory by runners that died; return their pids.
