@@ -406,11 +406,11 @@ class Supervisor:
 
     def forkserver_stats(self) -> dict[str, int]:
         """Counters of the fork server (diagnostics): ``walks`` of /proc so far, ``walked`` processes
-        they read in all, ``trees`` held now."""
+        they read in all, ``waitids`` (exit checks), ``trees`` held now."""
         reply = self._call({"op": "stats"}, [])
         if reply.get("op") != "stats":
             raise ProcessError("the fork server is gone")
-        return {key: int(reply[key]) for key in ("walks", "walked", "trees")}
+        return {key: int(reply[key]) for key in ("walks", "walked", "waitids", "trees")}
 
     def sweep_leftovers(self, on_orphans: leftovers.OrphanSink | None = None) -> set[int]:
         """Kill the trees recorded in the state directory by runners that died; return their pids.

@@ -286,3 +286,24 @@ def test_a_tree_ending_among_many_running_ones_walks_only_its_own_processes(supe
     assert walks >= 2  # the grace (TERM ignored) spans several ticks
     assert walked / walks < 5, f"{walked} processes read in {walks} walks: the 40 running trees were read"
     assert all(alive(psutil.Process(c.pid)) for c in quiet)
+
+
+def test_an_exit_among_many_running_trees_checks_only_that_tree(supervisor: Supervisor) -> None:
+    """Each leader's exit wakes the fork server through its pidfd: a SIGCHLD does not ``waitid`` every
+    tree it holds (with 1000 running, that took a quarter of its CPU in the heartbeat bench, #9)."""
+    quiet = [
+        supervisor.spawn(make_task(task_id=f"q{i}"), CommandSpec(argv=("sleep", "300")), worker_id="w")
+        for i in range(40)
+    ]
+    before = supervisor.forkserver_stats()
+    short = [
+        supervisor.spawn(make_task(task_id=f"s{i}"), CommandSpec(argv=("true",)), worker_id="w")
+        for i in range(10)
+    ]
+    for child in short:
+        exit = child.wait(15)
+        assert exit is not None and exit.exit_code == 0
+        assert child.wait_gone(15)
+    checks = supervisor.forkserver_stats()["waitids"] - before["waitids"]
+    assert checks <= 2 * len(short), f"{checks} exit checks for {len(short)} exits among {len(quiet)} trees"
+    assert all(alive(psutil.Process(c.pid)) for c in quiet)
