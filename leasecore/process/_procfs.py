@@ -13,6 +13,7 @@ signal can never be hit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -40,6 +41,17 @@ class ProcInfo(NamedTuple):
     @property
     def is_zombie(self) -> bool:
         return self.state in ("Z", "X")
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot of the kernel (a random id, new at every boot; "" elsewhere than Linux). A pid and
+    start time (clock ticks since boot) name one process only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def read_stat(pid: int) -> ProcInfo | None:

@@ -1,10 +1,13 @@
 """The state directory's record of live task trees, and the sweep of trees a dead runner left.
 
 Each Supervisor keeps ``<state_dir>/processes-<runner pid>.json`` (0600, replaced atomically) listing
-the runner and fork server (pid + start time) and every task tree it holds (leader pid + start time,
-the tree's marker token, its temporary directory). Normally the fork server kills every tree when the
-runner dies; this record covers the case where both died (SIGKILL to both, OOM): the next
-``Supervisor.sweep_leftovers()`` finds the dead runner's record and kills what remains.
+the kernel's boot id, the runner and fork server (pid + start time) and every task tree it holds
+(leader pid + start time, the tree's marker token, its temporary directory). A record from an earlier
+boot is dead by definition: nothing is signalled for it (a pid and start time are reused across
+boots), its trees are only handed to ``on_orphans`` and their directories removed. Normally the
+fork server kills every tree when the runner dies; this record covers the case where both died
+(SIGKILL to both, OOM): the next ``Supervisor.sweep_leftovers()`` finds the dead runner's record and
+kills what remains.
 
 A process is attributed to a recorded tree only on evidence that cannot be a stranger: it carries the
 tree's random marker token in its environment, or its session/group id is the recorded leader's pid
@@ -144,6 +147,7 @@ class StateRecord:
         if self._path is None:
             return
         data = {
+            "boot": _procfs.boot_id(),
             "runner": self._runner,
             "forkserver": self._forkserver,
             "trees": [vars(tree) for tree in self._trees.values()],
@@ -226,6 +230,13 @@ def remove_tmpdir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _from_earlier_boot(recorded: object) -> bool:
+    """Whether a record's boot id names another boot than this one (records of older runners have
+    none: they are taken as of this boot, as before)."""
+    current = _procfs.boot_id()
+    return isinstance(recorded, str) and bool(recorded) and bool(current) and recorded != current
+
+
 def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
     """Kill the trees recorded by runners that are no longer alive; return the pids killed.
 
@@ -237,9 +248,12 @@ def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
     for path in sorted(state_dir.glob("processes-*.json")):
         try:
             data = read_record(path)
-            runner_alive = _is_alive(data.get("runner"))
+            # Written before the last reboot: all of it died then, and a pid with the same start
+            # time now (a service started at boot gets much the same ones each time) is a stranger.
+            earlier_boot = _from_earlier_boot(data.get("boot"))
+            runner_alive = not earlier_boot and _is_alive(data.get("runner"))
             forkserver = data.get("forkserver")
-            forkserver_alive = _is_alive(forkserver)
+            forkserver_alive = not earlier_boot and _is_alive(forkserver)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             # Unreadable, or the runner's identity is garbled: whether it still lives cannot be
             # told, so nothing of it is killed (and the start goes on).
@@ -254,7 +268,8 @@ def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
                 trees.append(TreeRecord.from_json(tree))
             except (KeyError, TypeError, ValueError):
                 continue  # not one of ours to kill: a garbled entry names no process safely
-        killed |= kill_trees(trees)
+        if not earlier_boot:
+            killed |= kill_trees(trees)
         for tree in trees:
             remove_tmpdir(tree.tmpdir)
         runner = data.get("runner") or {}

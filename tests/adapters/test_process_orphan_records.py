@@ -169,3 +169,55 @@ def test_tree_meta_is_asked_before_the_fork_with_the_task_and_worker_id(tmp_path
         trees = leftovers.read_record(path)["trees"]
         assert [(t["pid"], t["meta"]) for t in trees] == [(child.pid, {"task_id": "t-7"})]
     assert asked == [("t-7", "w3")]
+
+
+def _record_naming(state: Path, stranger: subprocess.Popen[bytes], tmpdir: Path, boot: str | None) -> Path:
+    """A dead runner's record whose fork server and tree leader have the pid *and* start time of
+    ``stranger`` (a process in its own session): what a record from before a reboot can look like
+    to a service that gets much the same pids and start times at every boot."""
+    info = _procfs.read_stat(stranger.pid)
+    assert info is not None
+    me = _procfs.read_stat(os.getpid())
+    assert me is not None
+    same = {"pid": stranger.pid, "start_time": info.start_time}
+    data: dict[str, Any] = {
+        "runner": {"pid": os.getpid(), "start_time": me.start_time + 1},  # not us: a dead runner
+        "forkserver": same,
+        "trees": [{"key": "k1", **same, "token": "f" * 32, "tmpdir": str(tmpdir), "meta": dict(META)}],
+    }
+    if boot is not None:
+        data["boot"] = boot
+    state.mkdir(mode=0o700, exist_ok=True)
+    path = state / "processes-999999.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("boot", ["earlier", "this", None], ids=["earlier-boot", "this-boot", "no-boot-id"])
+def test_a_record_from_an_earlier_boot_signals_nothing_but_still_reports_its_tasks(
+    tmp_path: Path, boot: str | None
+) -> None:
+    if not _procfs.boot_id():
+        pytest.skip("no boot id here")
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert wait_until(lambda: (i := _procfs.read_stat(stranger.pid)) is not None and i.state != "R", 10)
+        tmpdir = tmp_path / f"{leftovers.TMP_PREFIX}x"
+        tmpdir.mkdir()
+        boots = {"earlier": "00000000-0000-4000-8000-000000000000", "this": _procfs.boot_id()}
+        recorded = boots.get(boot or "")
+        path = _record_naming(tmp_path / "state", stranger, tmpdir, recorded)
+        got: list[tuple[int, list[leftovers.TreeRecord]]] = []
+        leftovers.sweep(tmp_path / "state", lambda pid, trees: got.append((pid, trees)))
+        # Either way the record is consumed, its task reported and its directory removed ...
+        assert not path.exists() and not tmpdir.exists()
+        assert [(pid, [t.meta for t in trees]) for pid, trees in got] == [(os.getpid(), [META])]
+        # ... but only a record of this boot (or one without a boot id) may signal what it names.
+        if boot == "earlier":
+            assert stranger.poll() is None, "a process of this boot was killed for a record of the last one"
+        else:
+            assert stranger.wait(10) == -signal.SIGKILL
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+        stranger.wait()
