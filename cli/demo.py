@@ -60,7 +60,7 @@ def demo(
 
     work_dir = Path(tempfile.mkdtemp(prefix="conductor-run-demo-"))
     emit = _live_printer(out) if live else _plain_printer()
-    emit(intro(settings))
+    emit(intro(settings, files.task_script))
     verdicts: list[Verdict] = []
     try:
         for scene in scenes:
@@ -142,14 +142,23 @@ def _live_printer(out: Console) -> Callable[[str], None]:
 # ---------------------------------------------------------------------------------------- pure text
 
 
-def intro(settings: DemoSettings) -> str:
+def intro(settings: DemoSettings, task_script: Path) -> str:
     r = settings.response_timeout_seconds
     return (
         "conductor-run demo: three scenes, each with a fresh embedded Conductor server on 127.0.0.1, the\n"
-        "real `conductor-run run --once` as a child process and the task sample_tasks/demo_long.py\n"
+        f"real `conductor-run run --once` as a child process and the task {_shown(task_script)}\n"
         f"(its task def sets responseTimeoutSeconds R = {r}s; the sample task runs much longer).\n"
         "Times are seconds since the scene's runner started."
     )
+
+
+def _shown(path: Path) -> str:
+    """The task script as the user can find it: relative to the current directory when under it
+    (a source checkout: sample_tasks/demo_long.py), else the whole path (an installed wheel's copy)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 def closing(verdicts: list[Verdict]) -> str:

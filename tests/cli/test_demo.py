@@ -136,3 +136,16 @@ def test_live_view_shows_server_runner_tree_and_connection() -> None:
     verdict = tracker.verdict()
     assert not verdict.ok
     assert plain_verdict(verdict).startswith("   FAIL: ")
+
+
+def test_the_intro_names_the_task_script_the_demo_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli.demo import intro
+
+    repo = tmp_path / "repo"
+    (repo / "sample_tasks").mkdir(parents=True)
+    packaged = tmp_path / "site-packages" / "leasecore" / "sample_tasks" / "demo_long.py"
+    monkeypatch.chdir(repo)
+    assert "the task sample_tasks/demo_long.py\n" in intro(SETTINGS, repo / "sample_tasks" / "demo_long.py")
+    assert f"the task {packaged}\n" in intro(SETTINGS, packaged)  # an installed wheel's copy, elsewhere
