@@ -158,6 +158,8 @@ class ForkServer:
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
+        self._waiting = select.poll()  # is another request waiting on the socket? (_serve_waiting)
+        self._waiting.register(self._sock, select.POLLIN)
         self._has_children_files = _procfs.IS_LINUX and os.path.exists(
             f"/proc/{self._pid}/task/{self._pid}/children"
         )
@@ -206,8 +208,7 @@ class ForkServer:
                 return False
             if self._closing_kill_at is not None:
                 return True  # shutdown: the socket is no longer served
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if not readable:
+            if not self._waiting.poll(0):  # poll, not select: the socket's fd may be above 1023
                 break
         return True
 
@@ -270,7 +271,11 @@ class ForkServer:
             if exc.errno in (errno.ENOSYS, errno.EINVAL):
                 self._use_pidfds = False
             return
-        self._selector.register(tree.pidfd, selectors.EVENT_READ, ("exit", tree))
+        try:
+            self._selector.register(tree.pidfd, selectors.EVENT_READ, ("exit", tree))
+        except OSError:  # epoll full (ENOSPC, ENOMEM): found at a SIGCHLD instead
+            os.close(tree.pidfd)
+            tree.pidfd = -1
 
     def _unwatch_exit(self, tree: _Tree) -> None:
         fd, tree.pidfd = tree.pidfd, -1
@@ -399,8 +404,8 @@ class ForkServer:
     ) -> tuple[dict[str, set[int]], set[int]]:
         """Each tree's live members (leader excluded), and the strays: live processes below us whose
         tree is over. Also refreshes each tree's ``known`` members. ``walked``: the keys of the trees
-        whose members ``procs`` holds (``_scan(busy)``; None: all); the others' answers are empty
-        and their ``known`` is left as it was.
+        whose members ``procs`` holds (``_scan(busy)``; None: all); for the others, only what was
+        walked of them (processes re-parented to us) is answered and added to their ``known``.
 
         Every process below us descends from some tree's leader, which started no later than it did.
         A process that nothing else claims (it left the group, wiped its marker and was never seen)
@@ -441,8 +446,11 @@ class ForkServer:
         result: dict[str, set[int]] = {}
         for tree in trees:
             live = set(_procfs.live(procs, members[tree.key])) - {tree.pid}
+            seen = {pid: procs[pid].start_time for pid in live}
             if walked is None or tree.key in walked:
-                tree.known = {pid: procs[pid].start_time for pid in live}
+                tree.known = seen
+            else:  # only what was walked of it (its orphans): add, the rest was not looked at
+                tree.known.update(seen)
             result[tree.key] = live
         return result, set(_procfs.live(procs, strays))
 
@@ -485,6 +493,10 @@ class ForkServer:
         self._waitids += 1
         result = os.waitid(os.P_PID, tree.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         if result is None:
+            # Its pidfd said it exited, yet we cannot wait for it: it is traced (strace -p, gdb), and
+            # only its tracer sees the exit until it lets go. A readable pidfd would wake us for ever:
+            # watch it by SIGCHLD from now on (we get one once the tracer is done).
+            self._unwatch_exit(tree)
             return
         self._unwatch_exit(tree)
         if tree.exec_pipe >= 0:  # it exited, so the pipe is at EOF or holds its failure: say it first

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import resource
 import signal
 import sys
 import time
@@ -307,3 +310,64 @@ def test_an_exit_among_many_running_trees_checks_only_that_tree(supervisor: Supe
     checks = supervisor.forkserver_stats()["waitids"] - before["waitids"]
     assert checks <= 2 * len(short), f"{checks} exit checks for {len(short)} exits among {len(quiet)} trees"
     assert all(alive(psutil.Process(c.pid)) for c in quiet)
+
+
+def test_a_fork_server_whose_socket_is_above_fd_1023_serves_a_burst_of_requests(tmp_path: Path) -> None:
+    """The fork server gets the runner's own fd number for its socket; a runner with ~1000 tasks (pipes
+    for each) starting a new fork server hands it one above 1023, where select() cannot look."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"fd limit {soft}: cannot open fds above 1023")
+    ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        for supervisor in running_supervisor(tmp_path):
+            assert supervisor._sock.fileno() > 1023  # the socket the fork server was handed
+            sleeper = CommandSpec(argv=("sleep", "300"))
+            children = [supervisor.spawn(make_task(task_id=f"t{i}"), sleeper, worker_id="x") for i in "abc"]
+            forkserver = psutil.Process(supervisor.forkserver_pid)
+            forkserver.suspend()  # three requests waiting together: a batch
+            try:
+                for child in children:
+                    child.terminate_tree(grace_seconds=60)
+            finally:
+                forkserver.resume()
+            for child in children:
+                exit = child.wait(15)
+                assert exit is not None and exit.signal == signal.SIGTERM
+            assert forkserver.is_running() and supervisor.forkserver_stats()["trees"] >= 0
+    finally:
+        for fd in ballast:
+            os.close(fd)
+
+
+_PTRACE_SEIZE = 0x4206
+
+
+def _traced_by(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_a_leader_exiting_while_traced_is_reported_once_its_tracer_lets_go(supervisor: Supervisor) -> None:
+    """A traced leader's exit makes its pidfd readable, but only the tracer can wait for it until it
+    has: the fork server must not spin on that pidfd (it falls back to SIGCHLD), and reports the exit
+    once the tracer is done. The tracer is this test (PTRACE_SEIZE: the tracee runs on untouched)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    child = supervisor.spawn(make_task(), CommandSpec(argv=("sleep", "0.5")), worker_id="w")
+    if libc.ptrace(_PTRACE_SEIZE, child.pid, None, None) != 0:
+        pytest.skip(f"cannot trace here: {os.strerror(ctypes.get_errno())}")
+    assert _traced_by(child.pid) == os.getpid()
+    assert wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 10)
+    forkserver = psutil.Process(supervisor.forkserver_pid)
+    busy_before = sum(forkserver.cpu_times()[:2])
+    time.sleep(1.0)  # measuring CPU over a second, not waiting for a condition
+    busy = sum(forkserver.cpu_times()[:2]) - busy_before
+    assert busy < 0.3, f"the fork server used {busy:.2f} s of CPU in 1 s while only the tracer saw the exit"
+    assert child.wait(0.1) is None  # not reported while only the tracer can see it
+    os.waitpid(child.pid, 0)  # the tracer takes the exit: now the real parent is told
+    exit = child.wait(15)
+    assert exit is not None and exit.exit_code == 0
+    assert child.wait_gone(15)
