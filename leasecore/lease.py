@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from leasecore.backoff import Backoff
@@ -130,9 +130,15 @@ class CheckOwnership:
 
 @dataclass(frozen=True)
 class TerminateTree:
-    """Send TERM to the child's whole tree."""
+    """Send TERM to the child's whole tree; its KILL is due ``kill_grace`` after ``at``.
+
+    ``at``: when the fence came due (the deadline itself, not when this action was carried out), so
+    that a TERM carried out late (a runner stopping 500 trees hands them out one by one) does not
+    push its KILL back. Not part of equality: it is a time, the action is what to do.
+    """
 
     reason: FenceReason
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -587,7 +593,7 @@ class Lease:
         self._fence_reason = reason
         # Counted from the deadline itself, so a late tick cannot push the KILL past deadline + grace.
         self._kill_at = at + self.policy.kill_grace_seconds
-        return [TerminateTree(reason)]
+        return [TerminateTree(reason, at)]
 
     def _due_fence(self, now: float) -> tuple[float, FenceReason] | None:
         due = [

@@ -28,7 +28,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
 from leasecore.heartbeat import FinalUpdates
-from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
+from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.poller import Poller, WorkBudget
@@ -330,7 +330,11 @@ class Runner:
                     action.reason.value.replace("_", " "))
         entry.phase = Phase.STOPPING
         try:
-            entry.child.kill_tree() if kill else entry.child.terminate_tree()
+            if isinstance(action, TerminateTree):  # its KILL counts from the fence's own time
+                since = action.at if isinstance(self._clock, SystemClock) else None  # a shared clock
+                entry.child.terminate_tree(since=since)
+            else:
+                entry.child.kill_tree()
         except ProcessError as exc:
             log.error("task %s: could not signal the process tree: %s", task_id, exc)
 

@@ -86,8 +86,8 @@ class _Tree:
     this process is copied (page tables) at each task's fork.
     """
 
-    __slots__ = ("exec_pipe", "exited", "grace_seconds", "key", "kill_at", "known", "pid", "pidfd",
-                 "start_time", "term_sent", "termed", "token")  # fmt: skip
+    __slots__ = ("exec_pipe", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known", "pid",
+                 "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
         self.key = key
@@ -97,6 +97,7 @@ class _Tree:
         self.start_time = start_time  # clock ticks since boot, from /proc (0 elsewhere than Linux)
         self.exited = False
         self.term_sent = False
+        self.kill_sent = False  # the ticks KILL whatever of it still appears from then on
         self.termed: set[int] = set()  # pids sent the TERM (a member found later gets its own)
         self.kill_at: float | None = None
         self.exec_pipe = -1  # read end of the child's exec-failure pipe until its exec is settled
@@ -343,7 +344,11 @@ class ForkServer:
             tree.kill_at = now
         else:
             grace = req.get("grace")
-            deadline = now + float(tree.grace_seconds if grace is None else grace)
+            since = req.get("since")
+            # From when the runner decided (a TERM handed out late must not get a later KILL), never
+            # from the future.
+            start = min(now, float(since)) if isinstance(since, int | float) else now
+            deadline = start + float(tree.grace_seconds if grace is None else grace)
             tree.kill_at = deadline if tree.kill_at is None else min(tree.kill_at, deadline)
         if self._pending.get(tree.key) != signal.SIGKILL:
             self._pending[tree.key] = sig  # sent by _flush_signals, with the others asked meanwhile
@@ -353,7 +358,13 @@ class ForkServer:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
-        trees = [(self._trees[key], sig) for key, sig in pending.items() if key in self._trees]
+        # A KILL asked for a tree already KILLed is the runner's own KILL fence arriving after ours
+        # (hundreds at once when it stops): the ticks already KILL any member that still shows up.
+        trees = [
+            (self._trees[key], sig)
+            for key, sig in pending.items()
+            if key in self._trees and not (sig == signal.SIGKILL and self._trees[key].kill_sent)
+        ]
         if not trees:
             return
         procs = self._scan()
@@ -466,6 +477,8 @@ class ForkServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(tree.pid, sig)
         _procfs.signal_all(procs, members, sig)
+        if sig == signal.SIGKILL:
+            tree.kill_sent = True
         if sig == signal.SIGTERM:  # a stopped process would never see its TERM
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
             _procfs.signal_all(procs, members, signal.SIGCONT)

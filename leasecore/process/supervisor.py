@@ -146,10 +146,12 @@ class Child:
     def exited(self) -> bool:
         return self._exited.is_set()
 
-    def terminate_tree(self, grace_seconds: float | None = None) -> None:
-        """TERM the whole tree; the fork server KILLs what is left after the grace (default: the spec's)."""
+    def terminate_tree(self, grace_seconds: float | None = None, *, since: float | None = None) -> None:
+        """TERM the whole tree; the fork server KILLs what is left after the grace (default: the spec's),
+        counted from ``since`` (a ``time.monotonic()`` value: when the caller decided to stop the
+        tree; the same clock in every process on Linux) or else from when it gets the request."""
         self._supervisor._request(
-            {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds}
+            {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds, "since": since}
         )
 
     def kill_tree(self) -> None:

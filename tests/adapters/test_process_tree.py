@@ -82,6 +82,26 @@ def test_term_ignorer_is_killed_after_the_grace(supervisor: Supervisor) -> None:
     assert exit is not None and exit.signal == signal.SIGKILL
 
 
+@pytest.mark.parametrize("since_offset", [-2.5, 100.0], ids=["decided-earlier", "future-is-now"])
+def test_the_grace_counts_from_when_the_stop_was_decided(supervisor: Supervisor, since_offset: float) -> None:
+    """A TERM handed out late (a runner stopping 500 trees sends them one by one) keeps the KILL at the
+    fence's time + grace: ``since`` = when the runner decided. A ``since`` in the future counts as now."""
+    grace = 3.0
+    lines = Lines()
+    child = supervisor.spawn(
+        make_task(), CommandSpec(argv=sample("term_ignorer.sh")), worker_id="w", on_line=lines
+    )
+    assert wait_until(lambda: lines.find("stdout", "ignoring TERM") is not None, 15)
+    tree = _tree(child.pid)
+    started = time.monotonic()
+    child.terminate_tree(grace_seconds=grace, since=started + since_offset)
+    due = started + (grace + since_offset if since_offset < 0 else grace)  # 0.5 s, or 3 s
+    assert wait_until(lambda: not any(alive(p) for p in tree), due - started + SLACK_SECONDS)
+    assert time.monotonic() >= due - 0.1, "killed before the grace ran out"
+    exit = child.wait(10)
+    assert exit is not None and exit.signal == signal.SIGKILL
+
+
 def test_escapee_that_left_the_group_is_killed_with_the_tree(supervisor: Supervisor) -> None:
     lines = Lines()
     command = CommandSpec(argv=sample("daemonizer.py"), kill_grace_seconds=1.0)

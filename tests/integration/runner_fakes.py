@@ -230,7 +230,7 @@ class RealChild:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    def terminate_tree(self) -> None:
+    def terminate_tree(self, *, since: float | None = None) -> None:
         self._signal(signal.SIGTERM)
 
     def kill_tree(self) -> None:

@@ -325,6 +325,9 @@ def test_the_kill_is_never_later_than_deadline_plus_grace_even_after_a_late_tick
         (T0 + 13, TerminateTree(FenceReason.LEASE_EXPIRED)),
         (T0 + 15, KillTree(FenceReason.LEASE_EXPIRED)),
     ]
+    # And the late TERM carries the deadline, so the fork server's own KILL also counts from it
+    term = h.fences()[0][1]
+    assert isinstance(term, TerminateTree) and term.at == T0 + 10
 
 
 def test_with_lease_extension_disabled_no_beats_but_the_deadline_is_still_enforced() -> None:
