@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from leasecore.models import TaskStatus
-from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.process import Child, CommandSpec, Supervisor, to_task_result
 
 from .process_support import (
     Lines,
@@ -250,6 +250,21 @@ def test_a_member_started_by_a_term_handler_gets_its_own_term_before_the_kill(su
     assert child.wait_gone(10)
 
 
+def _term_together(supervisor: Supervisor, children: list[Child]) -> None:
+    """TERM every tree in one batch of requests (they queue up behind the stopped fork server, as they
+    do behind a busy walk) and check each died of that TERM, not of the KILL after a 60 s grace."""
+    forkserver = psutil.Process(supervisor.forkserver_pid)
+    forkserver.suspend()
+    try:
+        for child in children:
+            child.terminate_tree(grace_seconds=60)
+    finally:
+        forkserver.resume()
+    for child in children:
+        exit = child.wait(15)
+        assert exit is not None and exit.signal == signal.SIGTERM
+
+
 def test_signals_asked_together_cost_one_walk_of_proc(supervisor: Supervisor) -> None:
     """A runner that stops sends a TERM per tree at once. The fork server reads every request already
     waiting, walks /proc once and signals them all; a walk per request (O(processes) each) made the
@@ -263,16 +278,8 @@ def test_signals_asked_together_cost_one_walk_of_proc(supervisor: Supervisor) ->
                                   for c in children), 30)  # fmt: skip
     before = supervisor.forkserver_stats()
     assert before["trees"] == trees
-    forkserver = psutil.Process(supervisor.forkserver_pid)
-    forkserver.suspend()  # the requests queue up in its socket, as they do behind a busy walk
-    try:
-        for child in children:
-            child.terminate_tree(grace_seconds=60)
-    finally:
-        forkserver.resume()
+    _term_together(supervisor, children)
     for child in children:
-        exit = child.wait(15)
-        assert exit is not None and exit.signal == signal.SIGTERM  # the TERM, not the KILL at 60 s
         assert child.wait_gone(15)
     walks = supervisor.forkserver_stats()["walks"] - before["walks"]
     # One walk for the 30 TERMs, then the walks of the ticks that see the trees end (one every
@@ -344,17 +351,8 @@ def test_a_fork_server_whose_socket_is_above_fd_1023_serves_a_burst_of_requests(
             assert supervisor._sock.fileno() > 1023  # the socket the fork server was handed
             sleeper = CommandSpec(argv=("sleep", "300"))
             children = [supervisor.spawn(make_task(task_id=f"t{i}"), sleeper, worker_id="x") for i in "abc"]
-            forkserver = psutil.Process(supervisor.forkserver_pid)
-            forkserver.suspend()  # three requests waiting together: a batch
-            try:
-                for child in children:
-                    child.terminate_tree(grace_seconds=60)
-            finally:
-                forkserver.resume()
-            for child in children:
-                exit = child.wait(15)
-                assert exit is not None and exit.signal == signal.SIGTERM
-            assert forkserver.is_running() and supervisor.forkserver_stats()["trees"] >= 0
+            _term_together(supervisor, children)  # select() raised here: the fork server died
+            assert psutil.Process(supervisor.forkserver_pid).is_running()
     finally:
         for fd in ballast:
             os.close(fd)
