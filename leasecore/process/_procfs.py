@@ -177,15 +177,20 @@ def subtree(root: int) -> dict[int, ProcInfo]:
     fork server calls this at every task exit. Falls back to a full scan when the kernel lacks
     CONFIG_PROC_CHILDREN.
     """
-    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+    if not has_children_files(root):
         procs = scan()
         return {pid: procs[pid] for pid in descendants(procs, [root]) if pid != root}
     return walk(children_of(root))
 
 
+def has_children_files(pid: int) -> bool:
+    """Whether the kernel lists children in /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)."""
+    return os.path.exists(f"/proc/{pid}/task/{pid}/children")
+
+
 def walk(roots: Iterable[int]) -> dict[int, ProcInfo]:
     """``roots`` and every descendant of theirs, by pid, from the ``children`` files (the caller
-    checked the kernel has them, see :func:`subtree`)."""
+    checked the kernel has them: :func:`has_children_files`)."""
     found: dict[int, ProcInfo] = {}
     stack = list(roots)
     while stack:

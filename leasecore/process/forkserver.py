@@ -161,9 +161,7 @@ class ForkServer:
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
         self._waiting = select.poll()  # is another request waiting on the socket? (_serve_waiting)
         self._waiting.register(self._sock, select.POLLIN)
-        self._has_children_files = _procfs.IS_LINUX and os.path.exists(
-            f"/proc/{self._pid}/task/{self._pid}/children"
-        )
+        self._has_children_files = _procfs.IS_LINUX and _procfs.has_children_files(self._pid)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
@@ -505,13 +503,12 @@ class ForkServer:
             return
         self._waitids += 1
         result = os.waitid(os.P_PID, tree.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        if result is None:
-            # Its pidfd said it exited, yet we cannot wait for it: it is traced (strace -p, gdb), and
-            # only its tracer sees the exit until it lets go. A readable pidfd would wake us for ever:
-            # watch it by SIGCHLD from now on (we get one once the tracer is done).
-            self._unwatch_exit(tree)
-            return
+        # Exited, or (if its pidfd woke us yet there is nothing to wait for) traced: only its tracer
+        # (strace -p, gdb) sees the exit until it lets go, and the readable pidfd would wake us for
+        # ever. Either way it is watched by SIGCHLD from now on (we get one when the tracer is done).
         self._unwatch_exit(tree)
+        if result is None:
+            return
         if tree.exec_pipe >= 0:  # it exited, so the pipe is at EOF or holds its failure: say it first
             self._exec_settled(tree)
         tree.exited = True
