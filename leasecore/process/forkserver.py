@@ -70,6 +70,7 @@ _TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members nee
 _GIVE_UP_SECONDS = 10.0
 _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _RESET_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE", "SIGXFSZ", "SIGXFZ", "SIGCHLD", "SIGQUIT")
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
 
 
 def _prctl() -> Any:
@@ -170,8 +171,8 @@ class ForkServer:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
         if self._prctl is not None:
             self._prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        for sig in _IGNORED:
+            signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -243,10 +244,18 @@ class ForkServer:
             self._reply({"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"})
             return
         err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: nothing but syscalls until exec
-            os.close(err_r)
-            self._exec_child(req, fds, err_w)
+        # The fork inherits our SIG_IGN of TERM until it resets its signals: a TERM sent in between (the
+        # runner stopped right after the spawn) would be discarded, and the task would run on until the
+        # KILL a grace later. A blocked signal is never discarded: it waits, and the child takes it
+        # once it has unblocked it, after the reset.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: nothing but syscalls until exec
+                os.close(err_r)
+                self._exec_child(req, fds, err_w, mask)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a TERM to us meanwhile: ignored
         os.close(err_w)
         # Held from now on (the exec may still fail: reported later, see _exec_settled); the start time
         # does not change at exec, so it is read now.
@@ -304,7 +313,9 @@ class ForkServer:
                 errno_value = 0
             self._reply({"op": "exec_failed", "key": tree.key, "errno": errno_value, "what": what})
 
-    def _exec_child(self, req: dict[str, Any], fds: list[int], err_w: int) -> None:
+    def _exec_child(
+        self, req: dict[str, Any], fds: list[int], err_w: int, mask: set[int | signal.Signals]
+    ) -> None:
         step = "setsid"
         try:
             os.setsid()
@@ -316,6 +327,7 @@ class ForkServer:
             for name in _RESET_SIGNALS:
                 if hasattr(signal, name):
                     signal.signal(getattr(signal, name), signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a TERM already sent ends us here
             signal.set_wakeup_fd(-1)
             step = "redirect"
             for target, fd in enumerate(fds):

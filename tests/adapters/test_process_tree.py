@@ -16,6 +16,7 @@ import pytest
 
 from leasecore.models import TaskStatus
 from leasecore.process import Child, CommandSpec, Supervisor, to_task_result
+from leasecore.process import supervisor as supervisor_module
 
 from .process_support import (
     Lines,
@@ -389,3 +390,27 @@ def test_a_leader_exiting_while_traced_is_reported_once_its_tracer_lets_go(super
     exit = child.wait(15)
     assert exit is not None and exit.exit_code == 0
     assert child.wait_gone(15)
+
+
+def test_a_term_sent_before_the_child_has_left_the_fork_server_code_still_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server ignores TERM, and its fork inherits that until it resets its signals before exec.
+    A TERM arriving in between (a runner stopped right after a spawn) was discarded: the task then ran
+    until the KILL, a whole grace later. Here every fork dawdles 0.5 s in setsid to widen that window."""
+    slow_setsid = (
+        "import os, time\n"
+        "_setsid = os.setsid\n"
+        "def _slow_setsid():\n"
+        "    sid = _setsid()\n"
+        "    time.sleep(0.5)\n"
+        "    return sid\n"
+        "os.setsid = _slow_setsid\n"
+    )
+    monkeypatch.setattr(supervisor_module, "_BOOT", slow_setsid + supervisor_module._BOOT)
+    for supervisor in running_supervisor(tmp_path):
+        child = supervisor.spawn(make_task(), CommandSpec(argv=("sleep", "300")), worker_id="w")
+        child.terminate_tree(grace_seconds=60)  # still inside the slow setsid
+        exit = child.wait(10)
+        assert exit is not None, "the TERM was lost: the child waits for the KILL 60 s later"
+        assert exit.signal == signal.SIGTERM

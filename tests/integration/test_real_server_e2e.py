@@ -240,10 +240,13 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     assert code == exitcodes.SIGTERM, err
     assert "lease expired" in err
     # Whatever the runner's best-effort FAILED achieved, the task is over on the server: never COMPLETED.
-    status = wait_until(
-        lambda: (s if (s := world.decide_and_get_task(wf)["status"]) in {"TIMED_OUT", "FAILED"} else None),
+    wait_until(
+        lambda: world.decide_and_get_task(wf)["status"] in {"TIMED_OUT", "FAILED"},
         r_seconds + 30,
         "the server to end the task",
         interval_seconds=DECIDE_EVERY_SECONDS,
     )
-    assert world.workflow_status(wf) == {"TIMED_OUT": "TIMED_OUT", "FAILED": "FAILED"}[status]
+    # Not necessarily the same word as the task's: the server's sweep (TIMED_OUT) and the runner's FAILED
+    # reach the server in the same instant, and it can keep one in the task row and act on the other for
+    # the workflow (seen once: task FAILED, workflow TIMED_OUT).
+    assert world.workflow_status(wf) in {"TIMED_OUT", "FAILED"}
