@@ -64,6 +64,7 @@ class SignalRelay:
         self.first: int | None = None  # the first signal received, if any
         self.count = 0
         self.target: Callable[[int, int], None] | None = None
+        self._interrupting = False
 
     def __call__(self, signum: int, count: int) -> None:
         self.count = count
@@ -72,3 +73,27 @@ class SignalRelay:
         target = self.target
         if target is not None:
             target(signum, count)
+        elif self._interrupting:
+            raise StartupInterrupted(signum)
+
+    @contextmanager
+    def interrupting(self) -> Iterator[None]:
+        """Inside the block, a signal (or one already received) raises ``StartupInterrupted`` in the
+        main thread, out of whatever blocking call it is in: for a start-up step that holds no
+        resource worth finishing (the server check waits up to its timeout on a silent server)."""
+        self._interrupting = True
+        try:
+            if self.first is not None:
+                raise StartupInterrupted(self.first)
+            yield
+        finally:
+            self._interrupting = False
+
+
+class StartupInterrupted(BaseException):
+    """A signal cut a start-up step short (see ``SignalRelay.interrupting``). A ``BaseException``, like
+    ``KeyboardInterrupt``, so that the ``except Exception`` of an HTTP client cannot swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -32,7 +32,7 @@ from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runner import Runner
 from leasecore.runstatus import StatusTee
 from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
-from leasecore.signals import SignalRelay, capture_signals
+from leasecore.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.snapshot import RunnerSnapshot, redact_url
 from leasecore.statefile import (
     StatePublisher,
@@ -183,7 +183,11 @@ def _serve(
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
     try:
-        check_server(client)
+        try:
+            with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
+                check_server(client)
+        except StartupInterrupted as stop:
+            return RunOutcome(signum=stop.signum)
         outbox = Outbox(state_dir / "outbox", server=server.url)
         supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url))
         try:

@@ -7,9 +7,11 @@ not "server unreachable" (exit 4): the user fixes the first problem first.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from cli import exitcodes
@@ -44,3 +46,30 @@ def test_with_a_good_state_dir_the_server_being_down_is_exit_4(tmp_path: Path) -
     done = _run(tmp_path, str(state_dir))
     assert done.returncode == exitcodes.UNREACHABLE, done.stderr
     assert "server unreachable" in done.stderr
+
+
+def test_a_signal_during_the_server_check_ends_the_run_at_once(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers holds the check for its whole timeout (5 s);
+    a SIGTERM meanwhile must end the run then, as a stop (143), not as "server unreachable" (4) later."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/api"
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
+        argv = [sys.executable, "-m", "cli", "run", "--server", url, "--task-type", "t",
+                "--state-dir", str(tmp_path / "state"), "--", sys.executable, "-c", "pass"]
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            conn, _ = silent.accept()  # the check's request is on its way: it waits for an answer now
+            with conn:
+                signalled_at = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=60)
+                took = time.monotonic() - signalled_at
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exitcodes.SIGTERM, err
+    assert "unreachable" not in err and "Traceback" not in err, err
+    assert took < 3.5, f"the stop waited {took:.1f} s for the check's timeout"
