@@ -87,10 +87,11 @@ class _Tree:
     this process is copied (page tables) at each task's fork.
     """
 
-    __slots__ = ("exec_pipe", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known", "pid",
-                 "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
+    __slots__ = ("directory", "exec_pipe", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known",
+                 "pid", "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
+        self.directory = ""  # the task's temporary directory (removed here only if the runner died)
         self.key = key
         self.pid = pid
         self.token = token
@@ -157,6 +158,7 @@ class ForkServer:
         # them (a runner stopping with 200 tasks sends 200 TERMs at once; a walk per request took
         # seconds), in the order asked. A KILL asked after a TERM of the same tree supersedes it.
         self._pending: dict[str, int] = {}
+        self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
@@ -191,12 +193,25 @@ class ForkServer:
                         self._exec_settled(tree)
                     else:
                         self._check_exit(tree)
-                elif not self._serve_waiting():
+                elif not self._serve_waiting():  # EOF without a shutdown: the runner died
+                    self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
                     self._begin_close(0.0)
             self._flush_signals()
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
                 self._reap()
             self._tick()
+        self._remove_orphaned_dirs()
+
+    def _remove_orphaned_dirs(self) -> None:
+        """The runner died: remove the directories of the tasks it held (their input, maybe
+        confidential, would otherwise wait in /tmp for a next start that may never come). The runner's
+        record of them stays: the next start with its state directory still reports the tasks FAILED."""
+        if not self._orphaned_dirs:
+            return
+        from leasecore.process.leftovers import remove_tmpdir  # only now: every fork copies our pages
+
+        for directory in self._orphaned_dirs:
+            remove_tmpdir(directory)
 
     # requests -------------------------------------------------------------------------------
 
@@ -262,6 +277,7 @@ class ForkServer:
         info = _procfs.read_stat(pid)
         tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
         tree.exec_pipe = err_r
+        tree.directory = str(req.get("dir") or "")
         self._trees[tree.key] = tree
         self._selector.register(err_r, selectors.EVENT_READ, ("exec", tree))
         self._watch_exit(tree)

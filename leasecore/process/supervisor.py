@@ -470,7 +470,7 @@ class Supervisor:
         with self._cond:
             self._children[key] = child
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
-                   "token": token, "grace": spec.kill_grace_seconds}  # fmt: skip
+                   "token": token, "grace": spec.kill_grace_seconds, "dir": files.directory}  # fmt: skip
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         stdin = files.open_stdin()

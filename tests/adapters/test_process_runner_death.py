@@ -76,16 +76,22 @@ def _processes(pids: list[int]) -> list[psutil.Process]:
 
 
 def test_sigkilled_runner_takes_every_task_process_with_it(
-    runner: tuple[subprocess.Popen[str], dict[str, list[int] | int]],
+    runner: tuple[subprocess.Popen[str], dict[str, list[int] | int]], tmp_path: Path
 ) -> None:
     proc, info = runner
     assert isinstance(info["pids"], list) and isinstance(info["forkserver"], int)
     tree = _processes(info["pids"])
     forkserver = psutil.Process(info["forkserver"])
     assert tree[0].pid == info["pids"][0] and len(tree) >= 4  # daemon, sh, sleep, daemonizer
+    (record,) = (tmp_path / "state").glob("processes-*.json")
+    tmpdirs = [Path(tree["tmpdir"]) for tree in leftovers.read_record(record)["trees"]]
+    assert len(tmpdirs) == 2 and all(t.is_dir() for t in tmpdirs)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert wait_until(lambda: not any(alive(p) for p in [*tree, forkserver]), 5)
+    # The tasks' directories (their input) go with them; the record stays, for the next start to report.
+    assert not any(t.exists() for t in tmpdirs)
+    assert record.exists()
 
 
 def test_leftovers_of_a_dead_runner_and_fork_server_are_swept(
