@@ -113,8 +113,16 @@ def init_command(
         example = path / DEFAULT_CONFIG_NAME
         typer.echo(f"conductor-run: {path} is a directory; give a file path such as {example}", err=True)
         raise typer.Exit(exitcodes.USAGE)
+    # A symlink is followed: the file it names is written (the link stays), even when it does not
+    # exist yet. Anything but a regular file there (FIFO, device, socket) is refused, never replaced.
+    target = Path(os.path.realpath(path))
     try:
-        _write_new(path, starter_text(), overwrite=force)
+        kind = _not_regular(target)
+        if kind:
+            shown = f"{path} (-> {target})" if path.is_symlink() else str(path)
+            typer.echo(f"conductor-run: {shown} is {kind}; init writes only regular files", err=True)
+            raise typer.Exit(exitcodes.USAGE)
+        _write_new(target, starter_text(), overwrite=force)
     except FileExistsError:
         typer.echo(f"conductor-run: {path} already exists; use --force to overwrite it", err=True)
         raise typer.Exit(exitcodes.USAGE) from None
@@ -124,9 +132,32 @@ def init_command(
     typer.echo(f"Wrote {path}. Check it with: conductor-run config --config {path}")
 
 
+def _not_regular(path: Path) -> str:
+    """What is at ``path`` when it exists and is not a regular file ("a FIFO", ...), else "".
+    ``stat`` only: a FIFO is never opened (opening one would block until a writer came)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return ""
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
 def _write_new(path: Path, text: str, *, overwrite: bool) -> None:
-    """Write ``text`` to ``path`` all or nothing: a failure (disk full) leaves no partial file and,
-    with ``overwrite``, the old file as it was (a temp file in the same directory, then a rename)."""
+    """Write ``text`` to ``path`` (symlinks already resolved) all or nothing: a failure (disk full)
+    leaves no partial file and, with ``overwrite``, the old file as it was (a temp file in the same
+    directory, then a rename). The old file's mode is kept; its owner is not (the file is new)."""
     if not overwrite:
         with open(path, "x", encoding="utf-8") as handle:  # "x": never clobber, even in a race
             try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import stat
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -19,6 +21,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cli import exitcodes
+from cli.init import starter_text
 from cli.main import _register, app
 from cli.render import render_view
 from leasecore.clock import FakeClock
@@ -276,6 +279,88 @@ def test_init_into_a_directory_suggests_a_file(tmp_path: Path) -> None:
     code, _, err = invoke("init", "etc")
     assert code == exitcodes.USAGE
     assert err == "conductor-run: etc is a directory; give a file path such as etc/conductor.toml\n"
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_init_into_a_directory_or_a_link_to_one_is_refused(tmp_path: Path, force: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "link").symlink_to("etc")
+    for name in ("etc", "link"):
+        code, _, err = invoke("init", name, *(["--force"] if force else []))
+        assert code == exitcodes.USAGE
+        example = f"{name}/conductor.toml"
+        assert err == f"conductor-run: {name} is a directory; give a file path such as {example}\n"
+    assert (tmp_path / "link").is_symlink()
+    assert list((tmp_path / "etc").iterdir()) == []
+
+
+def test_init_force_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    # Before: --force renamed a new file over the link, so a conductor.toml kept in a dotfiles
+    # repository lost its link and the repository's copy stayed as it was.
+    dotfiles, project = tmp_path / "dotfiles", tmp_path / "project"
+    dotfiles.mkdir()
+    project.mkdir()
+    real = write(dotfiles / "conductor.toml", "# mine\n")
+    real.chmod(0o640)
+    link = project / "conductor.toml"
+    link.symlink_to("../dotfiles/conductor.toml")
+    code, _, err = invoke("init", str(link))  # without --force the target counts as existing
+    assert code == exitcodes.USAGE
+    assert err == f"conductor-run: {link} already exists; use --force to overwrite it\n"
+    code, out, err = invoke("init", str(link), "--force")
+    assert code == exitcodes.OK, err
+    assert out.startswith(f"Wrote {link}.")
+    assert link.is_symlink() and os.readlink(link) == "../dotfiles/conductor.toml"
+    assert real.read_text(encoding="utf-8") == starter_text()
+    assert real.stat().st_mode & 0o777 == 0o640  # the target's mode, as for a plain file
+    assert [p.name for p in dotfiles.iterdir()] == ["conductor.toml"]  # no temp file left behind
+    assert [p.name for p in project.iterdir()] == ["conductor.toml"]
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_init_through_a_dangling_symlink_creates_its_target(tmp_path: Path, force: bool) -> None:
+    # Before: without --force the link counted as an existing file; with it, it was replaced.
+    (tmp_path / "dotfiles").mkdir()
+    link = tmp_path / "conductor.toml"
+    link.symlink_to("dotfiles/conductor.toml")
+    code, _, err = invoke("init", "conductor.toml", *(["--force"] if force else []))
+    assert code == exitcodes.OK, err
+    assert link.is_symlink() and os.readlink(link) == "dotfiles/conductor.toml"
+    assert (tmp_path / "dotfiles" / "conductor.toml").read_text(encoding="utf-8") == starter_text()
+
+
+_INIT = "import sys\nfrom cli.main import main\nsys.argv = ['conductor-run', *sys.argv[1:]]\nmain()\n"
+
+
+@pytest.mark.parametrize("force", [True, False])
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+@pytest.mark.parametrize("via_link", [False, True])
+def test_init_refuses_what_is_not_a_regular_file(
+    tmp_path: Path, force: bool, kind: str, via_link: bool
+) -> None:
+    # Before: --force renamed a regular file over a FIFO, a socket or (as root) a device node such
+    # as /dev/full and said "Wrote". In a child with a timeout: opening the FIFO would block forever.
+    node = tmp_path / "node"
+    if kind == "FIFO":
+        os.mkfifo(node)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind("node")  # relative (the test runs in tmp_path): a socket path is at most 107 bytes
+        sock.close()
+    path = node
+    if via_link:
+        path = tmp_path / "conductor.toml"
+        path.symlink_to("node")
+    args = [sys.executable, "-c", _INIT, "init", str(path), *(["--force"] if force else [])]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == exitcodes.USAGE, done.stderr
+    shown = f"{path} (-> {node})" if via_link else str(path)
+    assert done.stderr == f"conductor-run: {shown} is a {kind}; init writes only regular files\n"
+    assert done.stdout == ""
+    mode = node.lstat().st_mode
+    assert stat.S_ISFIFO(mode) if kind == "FIFO" else stat.S_ISSOCK(mode)
+    assert path.is_symlink() == via_link
+    assert len(list(tmp_path.iterdir())) == 1 + via_link  # no temp file left behind
 
 
 _SMALL_DISK = (
