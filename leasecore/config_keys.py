@@ -454,15 +454,18 @@ def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
 
 
 def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
+    if spec.name == "url" and isinstance(value, str):
+        # A user:password@ or a ?token=... must not reach a message: masked before the value is cut
+        # short (a cut could fall between a password and its @).
+        value = _QUERY.sub("?***", _USERINFO.sub(r"\1***@", value))
     shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"
-    if spec.name == "url":  # a user:password@ in the URL must not reach a message
-        shown = _USERINFO.sub(r"\1***@", shown)
     return ConfigError(
         f"invalid {spec.name}{shown} (from {source}): expected {allowed}", key=spec.name, source=str(source)
     )
 
 
 _USERINFO = re.compile(r"(://)[^/@\s]*@")
+_QUERY = re.compile(r"[?#].*", re.DOTALL)
 
 
 def _short(value: Any) -> str:

@@ -191,6 +191,19 @@ def test_a_refused_url_never_echoes_its_password() -> None:
     assert "'http://***@localhost:99999/api'" in err
 
 
+def test_a_refused_url_never_echoes_its_query() -> None:
+    url = "http://localhost:99999/api?access_token=s3cret#frag"
+    err = config_error("run", "--task-type", "a", "--server", url, "--", "true")
+    assert "s3cret" not in err and "frag" not in err
+    assert "'http://localhost:99999/api?***'" in err
+
+
+def test_a_long_refused_url_never_echoes_part_of_its_password() -> None:
+    url = "http://" + "u" * 40 + ":" + "p" * 40 + "@localhost:99999/api"
+    err = config_error("run", "--task-type", "a", "--server", url, "--", "true")
+    assert "pppp" not in err and "uuuu" not in err
+
+
 @pytest.mark.parametrize(
     "flag", ["--heartbeat-timeout", "--kill-grace", "--exec-timeout", "--drain-timeout", "--once-wait"]
 )
