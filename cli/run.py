@@ -225,6 +225,8 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     except ConductorAuthError as exc:
+        if exc.without_credentials:  # the message already says what to set
+            raise _fail(f"the server at {url} wants credentials: {exc}", exitcodes.UNREACHABLE) from None
         raise _fail(f"the server at {url} refused our credentials: {exc}. {_credentials_hint(resolved)}",
                     exitcodes.UNREACHABLE) from None
     except ConductorError as exc:

@@ -311,6 +311,7 @@ class ConductorClient:
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
                 error.args = (f"{error} (the server wants credentials: set CONDUCTOR_AUTH_KEY/SECRET)",)
+                error.without_credentials = True  # the message says what to set: callers add no hint
             raise error
         return reply
 

@@ -69,7 +69,13 @@ class ConductorNotFound(ConductorRejected):
 
 
 class ConductorAuthError(ConductorRejected):
-    """Authentication failed (bad key/secret, or 401/403 even after a token refresh)."""
+    """Authentication failed (bad key/secret, or 401/403 even after a token refresh).
+
+    ``without_credentials``: we sent none (none are configured), so the server wants some; the
+    message then already says which variables to set.
+    """
+
+    without_credentials = False
 
 
 class ConductorProtocolError(ConductorError):

@@ -81,7 +81,7 @@ class PollSettings:
 def failure_kind(exc: ConductorError) -> FailureKind:
     """How a failed poll is reported: refused credentials and other rejections are not "unreachable"."""
     if isinstance(exc, ConductorAuthError):
-        return "auth"
+        return "no_credentials" if exc.without_credentials else "auth"
     if isinstance(exc, ConductorRejected):
         return "rejected"
     return "unreachable"

@@ -64,17 +64,19 @@ class PollBackoff:
         return delay * (1.0 - self.policy.jitter * self._rand())
 
 
-FailureKind = Literal["unreachable", "auth", "rejected"]
+FailureKind = Literal["unreachable", "auth", "no_credentials", "rejected"]
 
 _FAILURE_LINES: dict[str, str] = {
     "unreachable": "server unreachable: {error} (will keep retrying)",
     "auth": "the server refused our credentials: {error} (check CONDUCTOR_AUTH_KEY and "
     "CONDUCTOR_AUTH_SECRET; will keep retrying)",
+    "no_credentials": "no credentials are configured: {error} (will keep retrying)",
     "rejected": "the server rejected the poll: {error} (will keep retrying)",
 }
 _RECOVERY_LINES: dict[str, str] = {
     "unreachable": "server reachable again",
     "auth": "the server accepts our credentials again",
+    "no_credentials": "the server accepts polls without credentials again",
     "rejected": "the server accepts the poll again",
 }
 

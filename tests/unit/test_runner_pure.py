@@ -95,10 +95,25 @@ def test_refused_credentials_are_logged_as_such_once_per_change_of_state() -> No
     assert state.reachable and state.kind is None
 
 
+def _sent_without_credentials() -> ConductorAuthError:
+    error = ConductorAuthError("HTTP 401 (the server wants credentials: set CONDUCTOR_AUTH_KEY/SECRET)")
+    error.without_credentials = True
+    return error
+
+
+def test_a_server_that_wants_credentials_we_do_not_have_is_told_once_without_a_double_hint() -> None:
+    error = _sent_without_credentials()
+    _, line = Reachability().on_failure(str(error), failure_kind(error))
+    assert line == ("no credentials are configured: HTTP 401 (the server wants credentials: set "
+                    "CONDUCTOR_AUTH_KEY/SECRET) (will keep retrying)")  # fmt: skip
+    assert line is not None and line.count("CONDUCTOR_AUTH_KEY") == 1 and "refused our" not in line
+
+
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
         (ConductorAuthError("401"), "auth"),
+        (_sent_without_credentials(), "no_credentials"),
         (ConductorNotFound("404"), "rejected"),
         (ConductorRejected("400"), "rejected"),
         (ConductorUnavailable("refused"), "unreachable"),
