@@ -91,6 +91,24 @@ def _short(identifier: str) -> str:
     return identifier if len(identifier) <= _SHORT_ID else identifier[:_SHORT_ID]
 
 
+def _task_labels(records: Sequence[SnapshotRecord]) -> dict[str, str]:
+    """Each task id as the table shows it: the shortest prefix, at least 8 long, that ``status`` finds.
+
+    A prefix that another task's id starts with would be ambiguous (or find that other task, when it
+    is that id), so it is lengthened until none does; an id that is a prefix of another stays whole,
+    which ``find_tasks`` resolves as an exact match. The same id in two runners shares one label.
+    """
+    ids = {t.task_id for r in records if r.snapshot for t in r.snapshot.tasks}
+    labels: dict[str, str] = {}
+    for task_id in ids:
+        others = ids - {task_id}
+        size = _SHORT_ID
+        while size < len(task_id) and any(other.startswith(task_id[:size]) for other in others):
+            size += 1
+        labels[task_id] = task_id[:size]
+    return labels
+
+
 def _server_text(server: ServerHealth, now: datetime) -> Text:
     if server.consecutive_failures:
         text = Text(f"server unreachable: {server.consecutive_failures} failed calls", style="yellow")
@@ -124,7 +142,7 @@ def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
     return header
 
 
-def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime) -> Table:
+def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[str, str]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
     for name in ("TYPE", "TASK", "WORKFLOW", "PID", "STATE", "LEASE", "ELAPSED"):
         table.add_column(name, no_wrap=True)
@@ -138,7 +156,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime) -> Table:
         style = HEALTH_STYLES[health]
         table.add_row(
             Text(_clean(task.task_type)),
-            Text(_short(_clean(task.task_id))),
+            Text(_clean(labels[task.task_id])),
             Text(_short(_clean(task.workflow_id))),
             Text("-" if task.child_pid is None else str(task.child_pid)),
             Text(str(task.state), style=_STATE_STYLES[task.state]),
@@ -153,12 +171,12 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime) -> Table:
     return table
 
 
-def _runner_block(record: SnapshotRecord, now: datetime) -> RenderableType:
+def _runner_block(record: SnapshotRecord, now: datetime, labels: dict[str, str]) -> RenderableType:
     parts: list[RenderableType] = [_runner_header(record, now)]
     snap = record.snapshot
     if snap is not None:
         if snap.tasks:
-            parts.append(_tasks_table(snap, record.is_stale, now))
+            parts.append(_tasks_table(snap, record.is_stale, now, labels))
         else:
             parts.append(Text("  no tasks in flight", style="dim"))
     return Group(*parts)
@@ -171,11 +189,12 @@ def render_status(
     if not records:
         where = f" (state directory {state_dir})" if state_dir is not None else ""
         return Text(_clean(f"No conductor-run runners on this host{where}."))
+    labels = _task_labels(records)
     blocks: list[RenderableType] = []
     for i, record in enumerate(records):
         if i:
             blocks.append(Text(""))
-        blocks.append(_runner_block(record, now))
+        blocks.append(_runner_block(record, now, labels))
     return Group(*blocks)
 
 

@@ -181,6 +181,23 @@ def test_task_lookup_reports_unknown_and_ambiguous_ids() -> None:
     assert "is ambiguous" in to_text(render_view([record], NOW, task_id="7f3c"))
 
 
+def test_the_task_id_in_the_table_is_a_prefix_that_status_task_id_finds() -> None:
+    # Given ids that share their first 8 characters, one of them a prefix of another, and an id
+    # held by two runners (a stale one and a live one)
+    ids = ["qa_task_0001", "qa_task_0002", "qa_task_0002-retry", TASK_ID]
+    records = [
+        a_record(*(a_task(task_id=task_id, child_pid=100 + i) for i, task_id in enumerate(ids))),
+        a_record(a_task(), pid=17, stale_reason="runner process is gone"),
+    ]
+    rows = [line.split() for line in to_text(render_status(records, NOW), width=200).splitlines()]
+    shown = [row[1] for row in rows if row and row[0] == "encode_video"]
+    # Then each is shown as the shortest prefix of at least 8 characters that finds only that task
+    assert shown == ["qa_task_0001", "qa_task_0002", "qa_task_0002-", TASK_ID[:8], TASK_ID[:8]]
+    for task_id, label in zip(ids[:3], shown, strict=False):  # the id held twice is found twice anyway
+        view = to_text(render_view(records, NOW, task_id=label), width=200)
+        assert view.startswith(f"task            {task_id}\n"), (label, view)
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 
