@@ -10,10 +10,13 @@ terminal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -57,6 +60,8 @@ _STATE_STYLES: dict[TaskState, str] = {
     TaskState.UNDELIVERED: "yellow",
 }
 _SHORT_ID = 8
+_TYPE_MIN = 8  # the narrowest a shortened TYPE gets: "encode_…"
+_OUTPUT_MIN = len("LAST OUTPUT")  # narrower, LAST OUTPUT is left out instead
 _MAX_LISTED = 10  # task ids named in an ambiguous-prefix message
 
 
@@ -142,33 +147,124 @@ def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
     return header
 
 
-def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[str, str]) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
-    for name in ("TYPE", "TASK", "WORKFLOW", "PID", "STATE", "LEASE", "ELAPSED"):
-        table.add_column(name, no_wrap=True)
-    for name in ("LAST BEAT", "NEXT BEAT", "LEASE ENDS", "HARD LIMIT"):
-        table.add_column(name, no_wrap=True, justify="right")
-    # Not no_wrap: rich then narrows this column first when the terminal is tight; the cell's own
-    # Text keeps it to one line.
-    table.add_column(Text("LAST OUTPUT", no_wrap=True, overflow="ellipsis"), min_width=6, max_width=60)
-    for task in sorted(snap.tasks, key=lambda t: t.started_at):
+_GAP = 2  # cells are padded one space on each side, so two columns are two spaces apart
+
+
+@dataclass(eq=False)
+class _Column:
+    """One column of the tasks table, with every cell, so that its full width is known."""
+
+    header: str
+    cells: list[Text] = field(default_factory=list)
+    justify: JustifyMethod = "left"
+    shrink_to: int | None = None  # free text: may end in "…" at this width; others are never cut
+    drop_order: int | None = None  # left out, lowest first, when the table cannot fit otherwise
+
+    @property
+    def natural(self) -> int:
+        return max([cell_len(self.header), *(cell.cell_len for cell in self.cells)])
+
+    @property
+    def narrowest(self) -> int:
+        return self.natural if self.shrink_to is None else min(self.natural, self.shrink_to)
+
+
+def _span(widths: Sequence[int]) -> int:
+    return sum(widths) + _GAP * (len(widths) - 1)
+
+
+def _fit(columns: Sequence[_Column], max_width: int) -> list[tuple[_Column, int]]:
+    """Which columns to show in ``max_width`` cells, and how wide.
+
+    Everything at full width when it fits. Otherwise the free-text columns are shortened first, then
+    columns are left out by ``drop_order`` until the rest fits; the room left over goes back to the
+    free-text columns, leftmost first. Ids, pids, states and times are shown whole or not at all.
+    """
+    shown = list(columns)
+    for victim in sorted((c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order or 0):
+        if _span([c.narrowest for c in shown]) <= max_width:
+            break
+        shown.remove(victim)
+    widths = [c.narrowest for c in shown]
+    spare = max_width - _span(widths)
+    for i, column in enumerate(shown):
+        grow = max(0, min(spare, column.natural - widths[i]))
+        widths[i] += grow
+        spare -= grow
+    return list(zip(shown, widths, strict=True))
+
+
+class _TasksTable:
+    """The tasks table, laid out for the width it is drawn in (a terminal's, or ``status``'s own)."""
+
+    def __init__(self, columns: Sequence[_Column], rows: int) -> None:
+        self.columns = list(columns)
+        self.rows = rows
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        everything = _span([c.natural for c in self.columns])
+        return Measurement(_span([width for _, width in _fit(self.columns, 0)]), everything)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        fitted = _fit(self.columns, options.max_width)
+        table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+        for column, width in fitted:
+            table.add_column(
+                column.header, justify=column.justify, width=width, no_wrap=True, overflow="ellipsis"
+            )
+        for row in range(self.rows):
+            table.add_row(*(column.cells[row] for column, _ in fitted))
+        # When even the columns never left out are wider than the terminal, draw them whole anyway:
+        # the console then crops the line at its edge instead of rich cutting every cell.
+        width = max(options.max_width, _span([width for _, width in fitted]))
+        yield from console.render(table, options.update_width(width))
+
+
+def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[str, str]) -> _TasksTable:
+    # Left out on a narrow terminal in the order of drop_order; TASK, PID, STATE and LEASE always stay.
+    type_ = _Column("TYPE", shrink_to=_TYPE_MIN, drop_order=7)
+    task_id = _Column("TASK")
+    workflow = _Column("WORKFLOW", drop_order=4)
+    pid = _Column("PID")
+    state = _Column("STATE")
+    lease = _Column("LEASE")
+    elapsed = _Column("ELAPSED", drop_order=6)
+    last_beat = _Column("LAST BEAT", justify="right", drop_order=3)
+    next_beat = _Column("NEXT BEAT", justify="right", drop_order=2)
+    lease_ends = _Column("LEASE ENDS", justify="right", drop_order=5)
+    hard_limit = _Column("HARD LIMIT", justify="right", drop_order=1)
+    output = _Column("LAST OUTPUT", shrink_to=_OUTPUT_MIN, drop_order=0)
+    tasks = sorted(snap.tasks, key=lambda t: t.started_at)
+    for task in tasks:
         health = lease_health(task, now, runner_stale=stale)
         style = HEALTH_STYLES[health]
-        table.add_row(
-            Text(_clean(task.task_type)),
-            Text(_clean(labels[task.task_id])),
-            Text(_short(_clean(task.workflow_id))),
-            Text("-" if task.child_pid is None else str(task.child_pid)),
-            Text(str(task.state), style=_STATE_STYLES[task.state]),
-            Text(_HEALTH_LABELS[health], style=style),
-            Text(format_duration((now - task.started_at).total_seconds())),
-            Text(format_relative(task.last_ack_at, now)),
-            Text(format_relative(task.next_heartbeat_at, now)),
-            Text(format_relative(task.lease_deadline_at, now), style=style),
-            Text(format_relative(task.hard_deadline_at, now)),
-            Text(_clean(task.last_output_line or ""), style="dim", no_wrap=True, overflow="ellipsis"),
-        )
-    return table
+        type_.cells.append(Text(_clean(task.task_type)))
+        task_id.cells.append(Text(_clean(labels[task.task_id])))
+        workflow.cells.append(Text(_short(_clean(task.workflow_id))))
+        pid.cells.append(Text("-" if task.child_pid is None else str(task.child_pid)))
+        state.cells.append(Text(str(task.state), style=_STATE_STYLES[task.state]))
+        lease.cells.append(Text(_HEALTH_LABELS[health], style=style))
+        elapsed.cells.append(Text(format_duration((now - task.started_at).total_seconds())))
+        last_beat.cells.append(Text(format_relative(task.last_ack_at, now)))
+        next_beat.cells.append(Text(format_relative(task.next_heartbeat_at, now)))
+        lease_ends.cells.append(Text(format_relative(task.lease_deadline_at, now), style=style))
+        hard_limit.cells.append(Text(format_relative(task.hard_deadline_at, now)))
+        output.cells.append(Text(_clean(task.last_output_line or ""), style="dim"))
+    columns = (
+        type_,
+        task_id,
+        workflow,
+        pid,
+        state,
+        lease,
+        elapsed,
+        last_beat,
+        next_beat,
+        lease_ends,
+        hard_limit,
+        output,
+    )
+    return _TasksTable(columns, len(tasks))
 
 
 def _runner_block(record: SnapshotRecord, now: datetime, labels: dict[str, str]) -> RenderableType:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -57,6 +58,21 @@ def test_the_view_shows_each_task_in_flight_from_the_latest_snapshot() -> None:
     parts = ("encode_video", "3f2a9c1e", "4242", "running", "1m15s", "3.0s ago", "in 27.0s", "frame 2 of 9")
     for part in parts:
         assert part in text, (part, text)
+
+
+@pytest.mark.parametrize("width", [60, 100])
+def test_the_view_on_a_narrow_terminal_keeps_the_pid_and_task_id_whole(width: int) -> None:
+    # Given a task with a 7-digit pid and a long type, on a terminal narrower than the whole table
+    snap = snapshot()
+    task = dataclasses.replace(snap.tasks[0], child_pid=2701234, task_type="heal_thumbnails_for_ever")
+    view = LiveView(Console(file=io.StringIO()), now=lambda: NOW)
+    view.update(dataclasses.replace(snap, tasks=(task,)))
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(view.renderable())
+    [row] = [line for line in out.getvalue().splitlines() if line.startswith("heal_")]
+    # Then the pid and the task id prefix are there in full; the type gave way
+    assert " 2701234 " in row and " 3f2a9c1e " in row and len(row.rstrip()) <= width
+    assert "heal_thumbnails_for_ever" not in row
 
 
 def test_the_view_is_only_for_a_terminal_with_text_logs() -> None:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -120,6 +121,63 @@ def test_the_host_view_shows_runners_and_their_tasks() -> None:
     )
     dead = a_record(a_task(), pid=17, stale_reason="runner process is gone")
     assert to_text(render_status([live, dead], NOW)) + "\n" == (GOLDEN / "status_host.txt").read_text()
+
+
+def a_wide_record() -> SnapshotRecord:
+    """Two tasks whose table is 172 columns wide: a long type, a 7-digit pid, a long output line."""
+    return a_record(
+        a_task(),
+        a_task(
+            task_id="a1b2c3d4-9999",
+            task_type="heal_thumbnails_for_ever",
+            child_pid=2701234,
+            state=TaskState.UNDELIVERED,
+            recent_output=("x" * 40,),
+        ),
+    )
+
+
+NARROWEST = "TYPE TASK PID STATE LEASE ELAPSED"
+EVERY_COLUMN = (
+    "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LAST_BEAT NEXT_BEAT LEASE_ENDS HARD_LIMIT LAST_OUTPUT"
+)
+
+
+@pytest.mark.parametrize(
+    ("width", "columns"),
+    [
+        (60, NARROWEST),
+        (80, "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LEASE_ENDS"),
+        (100, "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LAST_BEAT LEASE_ENDS"),
+        (130, EVERY_COLUMN),  # TYPE and LAST OUTPUT shortened
+        (180, EVERY_COLUMN),
+    ],
+)
+def test_a_narrow_terminal_leaves_columns_out_but_never_cuts_ids_pids_states_or_times(
+    width: int, columns: str
+) -> None:
+    lines = to_text(render_status([a_wide_record()], NOW), width=width).splitlines()
+    table = lines[[line.split()[0] for line in lines].index("TYPE") :]
+    assert all(len(line) <= width for line in table), table
+    assert [name.replace(" ", "_") for name in re.split(r" {2,}", table[0].strip())] == columns.split()
+    whole = {
+        "TASK": ("7f3c1a2e", "a1b2c3d4"),
+        "WORKFLOW": ("9b2d0c11", "9b2d0c11"),
+        "PID": ("31337", "2701234"),
+        "STATE": ("running", "undelivered"),
+        "LEASE": ("healthy", "-"),
+        "ELAPSED": ("2m05s", "2m05s"),
+        "LAST_BEAT": ("3.2s ago", "3.2s ago"),
+        "NEXT_BEAT": ("in 4.8s", "in 4.8s"),
+        "LEASE_ENDS": ("in 6.8s", "in 6.8s"),
+        "HARD_LIMIT": ("in 55m00s", "in 55m00s"),
+    }
+    for name in set(columns.split()) & set(whole):
+        for row, value in zip(table[1:], whole[name], strict=True):
+            assert f" {value} " in f" {row} ", (name, value, row)
+    assert table[1].startswith("encode_") and table[2].startswith("heal_th")  # shortened, kept
+    if width >= 172:  # the table's own width
+        assert table[2].startswith("heal_thumbnails_for_ever ") and table[2].endswith("x" * 40)
 
 
 def test_server_trouble_is_shown_on_the_runner_line() -> None:
