@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # rich and the renderers are imported when the command runs, 
 
 REFRESH_PER_SECOND = 4
 RELOAD_SECONDS = 0.5  # how often --watch re-reads the files; relative times tick at every refresh
+_UNBOUNDED_WIDTH = 1_000_000  # "as wide as it needs": what a renderable is measured in, off a terminal
 
 
 def register(app: typer.Typer) -> None:
@@ -87,13 +88,27 @@ def status(
             run_watch(out, load, clock.now, task_id=task_id, state_dir=directory, stop=threading.Event())
             return
         else:
-            out.print(render_view(records, clock.now(), task_id=task_id, state_dir=directory))
+            print_whole(out, render_view(records, clock.now(), task_id=task_id, state_dir=directory))
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     except KeyboardInterrupt:
         raise typer.Exit(exitcodes.OK) from None  # Ctrl-C is how --watch ends
     if task_id is not None:
         raise typer.Exit(_task_exit_code(records, task_id, as_json=as_json))
+
+
+def print_whole(console: Console, renderable: RenderableType) -> None:
+    """Print ``renderable``; off a terminal, as wide as it needs so that no line is cut or wrapped.
+
+    A pipe or a file has no width (rich would assume 80 columns, or $COLUMNS) and is read by grep,
+    awk or ``less -S``: each table row stays one line with every cell whole.
+    """
+    if not console.is_terminal:
+        from rich.measure import Measurement
+
+        unbounded = console.options.update_width(_UNBOUNDED_WIDTH)
+        console.width = max(1, Measurement.get(console, unbounded, renderable).maximum)
+    console.print(renderable)
 
 
 def _fail(message: str, code: int) -> typer.Exit:

@@ -384,6 +384,33 @@ def test_prune_deletes_snapshots_of_dead_runners(app: typer.Typer, tmp_path: Pat
     assert (tmp_path / f"runner-{os.getpid()}.json").exists()
 
 
+@pytest.mark.parametrize("is_terminal", [False, True])
+def test_off_a_terminal_every_row_is_printed_whole_on_one_line(is_terminal: bool) -> None:
+    # Given a console 60 columns wide, a terminal or a pipe (rich's width for a pipe is 80 or $COLUMNS)
+    file = StringIO()
+    console = Console(file=file, width=60, force_terminal=is_terminal, color_system=None)
+    status.print_whole(console, render_status([a_wide_record()], NOW))
+    lines = file.getvalue().splitlines()
+    if is_terminal:  # Then a terminal gets the narrow layout
+        assert max(len(line) for line in lines) <= 60
+        return
+    # Then a pipe gets each line at its full width: the runner line unwrapped, every column, every cell
+    assert lines[0].endswith("server ok, last call 0.4s ago")
+    assert lines[1].split()[-2:] == ["LAST", "OUTPUT"]
+    assert lines[3].split() == [
+        "heal_thumbnails_for_ever", "a1b2c3d4", "9b2d0c11", "2701234", "undelivered", "-", "2m05s", "3.2s",
+        "ago", "in", "4.8s", "in", "6.8s", "in", "55m00s", "x" * 40,
+    ]  # fmt: skip
+
+
+def test_off_a_terminal_a_task_s_output_lines_are_whole() -> None:
+    task = a_task(recent_output=("y" * 150,))
+    file = StringIO()
+    console = Console(file=file, width=60, color_system=None)
+    status.print_whole(console, render_task(a_record(task), task, NOW))
+    assert file.getvalue().splitlines()[-1] == "  " + "y" * 150
+
+
 def test_run_watch_rerenders_as_snapshots_change() -> None:
     # Given a loader that yields a runner from its second call on and stops the view on its third
     stop = threading.Event()
@@ -439,11 +466,15 @@ while True:
 """
 
 
-def run_status(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_status(
+    state: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``conductor-run status`` in a child process, its stdout and stderr pipes."""
     return subprocess.run(
         [sys.executable, "-m", "cli", "status", "--state-dir", str(state), *args],
         capture_output=True,
         text=True,
+        env=env,
         timeout=120,
         check=False,
     )
@@ -500,6 +531,20 @@ def test_a_real_publisher_process_is_live_then_stale_once_killed(
     assert pruned.returncode == 0
     assert pruned.stdout.startswith("Removed 1 stale snapshot file(s).")
     assert not snapshot_file.exists()
+
+
+def test_status_piped_prints_whole_rows_whatever_columns_says(tmp_path: Path) -> None:
+    # Given a live runner (this process) with a long output line, and COLUMNS=60 in the environment
+    output = "frame 120/500 " + "y" * 120
+    publish_here(tmp_path, live_task(child_pid=2701234, recent_output=(output,)))
+    # When status writes to a pipe
+    piped = run_status(tmp_path, env={**os.environ, "COLUMNS": "60"})
+    # Then the row, found by its pid as grep would, holds the task id prefix and the whole output line
+    assert piped.returncode == 0, piped.stderr
+    [row] = [line for line in piped.stdout.splitlines() if " 2701234 " in line]
+    assert row.split()[:4] == ["encode_video", TASK_ID[:8], "9b2d0c11", "2701234"]
+    assert row.rstrip().endswith(output)
+    assert "LAST OUTPUT" in piped.stdout
 
 
 def test_watch_on_a_terminal_refreshes_until_ctrl_c(
