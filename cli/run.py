@@ -19,7 +19,8 @@ import typer
 
 from cli import exitcodes
 from cli.helptext import STATE_DIR_DEFAULT, config_file_help, key_help
-from leasecore.config import ResolvedConfig, load_config
+from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
+from leasecore.config_keys import KEYS
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
@@ -51,6 +52,10 @@ def exit_code_for(outcome: RunOutcome, *, once: bool) -> int:
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.converter = time.gmtime  # UTC, as the trailing Z says
 
     def format(self, record: logging.LogRecord) -> str:
         body: dict[str, Any] = {
@@ -94,9 +99,35 @@ def configure_logging(log_format: str, console: Console | None = None) -> None:
         root.propagate = False
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"conductor-run: {message}", err=True)
+def _fail(message: str, code: int, log_format: str | None) -> typer.Exit:
+    """The one line that ends a run: plain text, or with ``json`` a log line of level error."""
+    if log_format == "json":
+        record = logging.LogRecord("conductor_run", logging.ERROR, __file__, 0, "%s", (message,), None)
+        typer.echo(JsonFormatter().format(record), err=True)
+    else:
+        typer.echo(f"conductor-run: {message}", err=True)
     return typer.Exit(code)
+
+
+def _asked_log_format(flag: str | None, config_flag: str | None) -> str | None:
+    """The log format asked for, for an error of the configuration as a whole (nothing is resolved).
+
+    The merge's order: the flag, else the environment, else the file's ``[worker] log_format`` when
+    the file can be read. An invalid value is not json: its own error stays plain text.
+    """
+    if flag is not None:
+        return flag
+    for name in KEYS["log_format"].env:
+        if os.environ.get(name):
+            return os.environ[name]
+    try:
+        path = find_config_file(config_flag, os.environ, os.getcwd())
+        loaded = load_file(path, cwd=os.getcwd()) if path else None
+    except ConfigError:
+        return None
+    worker = loaded.data.get("worker") if loaded else None
+    value = worker.get("log_format") if isinstance(worker, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def run(
@@ -181,7 +212,8 @@ def run(
     try:
         resolved = load_config(overrides, os.environ, os.getcwd())
     except ConfigError as exc:
-        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
+        asked = _asked_log_format(log_format, config)
+        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, asked) from None
     view = live_view_for(resolved.runner.log_format)
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
@@ -216,6 +248,7 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
     from leasecore.worker import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
+    log_format = resolved.runner.log_format
     try:
         if view is None:
             outcome = run_worker(resolved, environ=os.environ)
@@ -223,16 +256,16 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
             with view.showing():
                 outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update)
     except ConfigError as exc:
-        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
+        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:
         if exc.without_credentials:  # the message already says what to set
             raise _fail(f"the server at {url} wants credentials: {exc}", exitcodes.UNREACHABLE) from None
         raise _fail(f"the server at {url} refused our credentials: {exc}. {_credentials_hint(resolved)}",
-                    exitcodes.UNREACHABLE) from None
+                    exitcodes.UNREACHABLE, log_format) from None
     except ConductorError as exc:
-        raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE) from None
+        raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE, log_format) from None
     except ConductorRunError as exc:
-        raise _fail(str(exc), exitcodes.UNEXPECTED) from None
+        raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
     return exit_code_for(outcome, once=resolved.runner.once)
 
 
