@@ -92,7 +92,7 @@ class TaskSettings:
     """Everything about serving one task type. Durations in seconds unless the name says ms."""
 
     type: str
-    command: tuple[str, ...] | None = None  # exactly one of command / shell is set after resolve
+    command: tuple[str, ...] | None = None  # one of command / shell after resolve (or none: config only)
     shell: str | None = None
     cwd: str = "."  # absolute after resolve
     env: Mapping[str, str] = field(default_factory=dict, repr=False)  # values may be credentials
@@ -205,12 +205,14 @@ def load_config(
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:
-    """Why ``task``'s command cannot start here (missing cwd, program not found); [] when it can.
+    """Why ``task``'s command cannot start here (none, missing cwd, program not found); [] when it can.
 
     Resolves the program the way the supervisor will: a name with a ``/`` relative to the task's
     cwd, else through the child's ``PATH`` (the ``env`` table's, else the runner's).
     """
     where = f"task {task.type!r}"
+    if task.command is None and task.shell is None:  # only when resolved with require_task=False
+        return [_no_command(task.type)]
     if not os.path.isdir(task.cwd):
         what = "is not a directory" if os.path.exists(task.cwd) else "does not exist"
         return [f"{where}: working directory {task.cwd} {what} (cwd from {task.sources.get('cwd', DEFAULT)})"]
@@ -231,6 +233,11 @@ def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str
     else:
         problem = f"{program!r} not found in the child's PATH"
     return [f"{where}: cannot run the command: {problem} (command from {source})"]
+
+
+def _no_command(task_type: str) -> str:
+    return (f'task {task_type!r} has no command: set command = [...] or shell = "..." in its [[task]], '
+            "or give one after -- or with --shell")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -379,7 +386,10 @@ def _resolve_tasks(
             source="flag",
         )
     return tuple(
-        _resolve_task(file, index, wanted, environ, flags, cwd=cwd, hostname=hostname) for index in indexes
+        _resolve_task(
+            file, index, wanted, environ, flags, cwd=cwd, hostname=hostname, require_command=require_task
+        )
+        for index in indexes
     )
 
 
@@ -392,6 +402,7 @@ def _resolve_task(
     *,
     cwd: str,
     hostname: str,
+    require_command: bool,
 ) -> TaskSettings:
     if file is not None and index is not None:
         task_type, type_source = file.task_type(index), file.source("task", index, "type")
@@ -405,7 +416,7 @@ def _resolve_task(
             continue
         found = next((hit for hit in (layer(spec) for layer in layers) if hit), None)
         values[spec.name], sources[spec.name] = found or (_default_of(TaskSettings, spec.name), DEFAULT)
-    _resolve_command(file, index, task_type, flags, values, sources)
+    _resolve_command(file, index, task_type, flags, values, sources, required=require_command)
     _resolve_tables(file, index, values, sources)
     _resolve_paths(file, environ, cwd, hostname, values, sources)
     _cross_check(values, sources)
@@ -484,8 +495,13 @@ def _resolve_command(
     flags: Mapping[str, Any],
     values: dict[str, Any],
     sources: dict[str, Source],
+    *,
+    required: bool,
 ) -> None:
-    """command / shell are one setting: the highest layer that gives either wins, and gives only one."""
+    """command / shell are one setting: the highest layer that gives either wins, and gives only one.
+
+    Not ``required`` (``config``), a task may have neither: ``command_problems`` names that.
+    """
     candidates: list[tuple[dict[str, tuple[Any, Source]], str]] = []
     flag_hits = {name: hit for name in ("command", "shell") if (hit := _flag(KEYS[name], flags))}
     candidates.append((flag_hits, "on the command line"))
@@ -511,9 +527,10 @@ def _resolve_command(
             key="type",
             source="flag --task-type",
         )
+    if not required:
+        return
     raise ConfigError(
-        f'task {task_type!r} has no command: set command = [...] or shell = "..." in its [[task]], '
-        "or give one after -- or with --shell",
+        _no_command(task_type),
         key="command",
         source=str(file.source("task", index, "type")) if file and index is not None else "flag --task-type",
     )

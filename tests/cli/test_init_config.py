@@ -212,3 +212,19 @@ def test_missing_config_file_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyP
     result = _invoke(["config", "--config", "absent.toml"])
     assert result.exit_code == exitcodes.CONFIG
     assert "absent.toml (from --config) not found" in result.output
+
+
+def test_config_shows_a_task_without_a_command_with_a_warning(tmp_path: Path) -> None:
+    # run refuses it (exit 3); config shows the rest and says what run would refuse, as it does for a
+    # command that cannot start. Before: config refused it too, showing nothing.
+    (tmp_path / "c.toml").write_text('[[task]]\ntype = "y"\nkill_grace = 5\n', encoding="utf-8")
+    for args in (["--config", str(tmp_path / "c.toml")],):
+        view = _json(["config", *args])
+        (task,) = view["tasks"]
+        assert "command" not in task["settings"] and "shell" not in task["settings"]
+        assert task["settings"]["kill_grace"]["value"] == 5.0
+        (warning,) = view["warnings"]
+        assert f"task {task['type']!r} has no command" in warning
+        result = _invoke(["run", *args])
+        assert result.exit_code == exitcodes.CONFIG
+        assert "has no command" in result.output
