@@ -12,14 +12,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 from cli import exitcodes
-from cli.helptext import config_file_help
+from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
 
@@ -124,12 +123,14 @@ def _show(value: Any) -> str:
 
 
 def config_command(
-    config: Path | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
-    task_type: str | None = typer.Option(None, "--task-type", metavar="NAME", help="Show only this task."),
+    overrides: dict[str, Any],
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Print the effective configuration per task and where each value came from (secrets masked)."""
-    overrides = {"config": str(config) if config else None, "task_type": task_type}
+    """Print the effective configuration per task and where each value came from (secrets masked).
+
+    Takes the options of run: `conductor-run config OPTIONS` shows what `conductor-run run OPTIONS`
+    would use.
+    """
     try:
         resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
     except ConfigError as exc:
@@ -145,4 +146,4 @@ def config_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("config")(config_command)
+    app.command("config")(with_run_options(config_command))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli import exitcodes
-from cli.helptext import STATE_DIR_DEFAULT, config_file_help, key_help
+from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.config_keys import KEYS
 from leasecore.errors import (
@@ -130,68 +130,7 @@ def _asked_log_format(flag: str | None, config_flag: str | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def run(
-    command: list[str] | None = typer.Argument(None, metavar="-- CMD [ARGS]", hidden=True),
-    config: str | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
-    server: str | None = typer.Option(None, "--server", metavar="URL", help=key_help("url")),
-    task_type: str | None = typer.Option(
-        None, "--task-type", metavar="NAME",
-        help=key_help("type", what="the task type to poll (with a config file: only this [[task]] runs)",
-                      default=""),
-    ),
-    shell: str | None = typer.Option(
-        None, "--shell", metavar="COMMAND",
-        help=key_help("shell", what="run this string with /bin/sh -c instead of -- CMD [ARGS] (task "
-                      "input never enters it)", default=""),
-    ),
-    concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", help=key_help("concurrency")),
-    worker_id: str | None = typer.Option(
-        None, "--worker-id", metavar="NAME", help=key_help("worker_id", default="the hostname")
-    ),
-    domain: str | None = typer.Option(None, "--domain", metavar="NAME", help=key_help("domain")),
-    lease_extend: bool | None = typer.Option(
-        None, "--lease-extend/--no-lease-extend", help=key_help("lease_extend_enabled")
-    ),
-    heartbeat_timeout: float | None = typer.Option(
-        None, "--heartbeat-timeout", metavar="SECONDS",
-        help=key_help("heartbeat_timeout", "s", default="the task's responseTimeoutSeconds"),
-    ),
-    kill_grace: float | None = typer.Option(
-        None, "--kill-grace", metavar="SECONDS", help=key_help("kill_grace", "s")
-    ),
-    exec_timeout: float | None = typer.Option(
-        None, "--exec-timeout", metavar="SECONDS", help=key_help("exec_timeout", "s", zero="none")
-    ),
-    terminal_exit_code: list[int] | None = typer.Option(
-        None, "--terminal-exit-code", metavar="CODE",
-        help=key_help("terminal_exit_codes", what="an exit code reported FAILED_WITH_TERMINAL_ERROR "
-                      "(repeatable; 1..255)", default="none"),
-    ),
-    once: bool | None = typer.Option(
-        None, "--once",
-        help=key_help("once", what="run one task, then exit (exit 6 when none came within --once-wait)"),
-    ),
-    once_wait: float | None = typer.Option(
-        None, "--once-wait", metavar="SECONDS", help=key_help("once_wait", "s")
-    ),
-    max_tasks: int | None = typer.Option(
-        None, "--max-tasks", metavar="N", help=key_help("max_tasks", default="no limit")
-    ),
-    drain: bool | None = typer.Option(None, "--drain", help=key_help("drain")),
-    drain_timeout: float | None = typer.Option(
-        None, "--drain-timeout", metavar="SECONDS", help=key_help("drain_timeout", "s")
-    ),
-    poll_timeout: int | None = typer.Option(
-        None, "--poll-timeout", metavar="MS", help=key_help("poll_timeout", "ms")
-    ),
-    state_dir: str | None = typer.Option(
-        None, "--state-dir", metavar="DIR",
-        help=key_help("state_dir", default=STATE_DIR_DEFAULT),
-    ),
-    log_format: str | None = typer.Option(
-        None, "--log-format", metavar="text|json", help=key_help("log_format")
-    ),
-) -> None:
+def run(overrides: dict[str, Any]) -> None:
     """Poll a task type and run a command for each task, with heartbeats and tree fencing.
 
     The command comes after -- (CMD [ARGS]..., run without a shell; the task's input arrives on stdin,
@@ -199,20 +138,10 @@ def run(
     config file's [[task]] command. Every option below can also be set in the config file or the
     environment, as each says; a flag wins over both.
     """
-    overrides = {
-        "config": config, "server": server, "task_type": task_type, "command": command, "shell": shell,
-        "concurrency": concurrency, "worker_id": worker_id, "domain": domain,
-        "lease_extend_enabled": lease_extend, "heartbeat_timeout": heartbeat_timeout,
-        "kill_grace": kill_grace, "exec_timeout": exec_timeout,
-        "terminal_exit_codes": terminal_exit_code, "once": once, "once_wait": once_wait,
-        "max_tasks": max_tasks,
-        "drain": drain, "drain_timeout": drain_timeout, "poll_timeout": poll_timeout,
-        "state_dir": state_dir, "log_format": log_format,
-    }
     try:
         resolved = load_config(overrides, os.environ, os.getcwd())
     except ConfigError as exc:
-        asked = _asked_log_format(log_format, config)
+        asked = _asked_log_format(overrides["log_format"], overrides["config"])
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, asked) from None
     view = live_view_for(resolved.runner.log_format)
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
@@ -279,4 +208,4 @@ def _credentials_hint(resolved: ResolvedConfig) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(run)
+    app.command("run")(with_run_options(run))

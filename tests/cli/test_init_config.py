@@ -214,11 +214,65 @@ def test_missing_config_file_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "absent.toml (from --config) not found" in result.output
 
 
+# --- config takes run's options: what a run with the same flags would use -----------------------------
+
+
+def test_config_takes_every_option_of_run() -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    run_cmd, config_cmd = (group.commands[name] for name in ("run", "config"))  # type: ignore[attr-defined]
+    options_of = {name: {opt for param in cmd.params for opt in (*param.opts, *param.secondary_opts)}
+                  for name, cmd in (("run", run_cmd), ("config", config_cmd))}
+    assert options_of["run"] <= options_of["config"], options_of["run"] - options_of["config"]
+
+
+def test_config_shows_a_flags_only_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: exit 2, "No such option: --shell" (and a "has no command" error without it).
+    monkeypatch.chdir(tmp_path)
+    view = _json(["config", "--task-type", "x", "--shell", "true"])
+    (task,) = view["tasks"]
+    assert task["type"] == "x"
+    assert task["settings"]["shell"] == {"value": "true", "source": "flag --shell"}
+    assert view["warnings"] == []
+    text = CliRunner().invoke(app, ["config", "--task-type", "x", "--shell", "true"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert "flag --shell" in text.output
+    result = _invoke(["config", "--json", "--server", "http://conductor.example:8080", "--task-type", "x",
+                      "--once", "--", "true", "--fast"])
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    assert view["server"]["url"] == {"value": "http://conductor.example:8080/api", "source": "flag --server"}
+    assert view["runner"]["once"] == {"value": True, "source": "flag --once"}
+    assert view["tasks"][0]["settings"]["command"] == {"value": ["true", "--fast"], "source": "flag --"}
+
+
+def test_config_shows_a_flag_value_with_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    view = _json(["config", "--task-type", "x", "--kill-grace", "5", "--terminal-exit-code", "3",
+                  "--no-lease-extend", "--log-format", "json"])
+    settings = view["tasks"][0]["settings"]
+    assert settings["kill_grace"] == {"value": 5.0, "source": "flag --kill-grace"}
+    assert settings["terminal_exit_codes"] == {"value": [3], "source": "flag --terminal-exit-code"}
+    assert settings["lease_extend_enabled"]["value"] is False
+    assert view["runner"]["log_format"] == {"value": "json", "source": "flag --log-format"}
+
+
+def test_a_config_flag_beats_the_environment_and_the_file(project: Path) -> None:
+    env = {"CONDUCTOR_WORKER_RESIZE_KILL_GRACE": "5"}
+    view = _json(["config", "--task-type", "resize", "--kill-grace", "7", "--shell", "true"], env)
+    settings = view["tasks"][0]["settings"]
+    assert settings["kill_grace"] == {"value": 7.0, "source": "flag --kill-grace"}
+    assert settings["shell"] == {"value": "true", "source": "flag --shell"}  # not the file's
+    without_flag = _json(["config", "--task-type", "resize"], env)["tasks"][0]["settings"]
+    assert without_flag["kill_grace"]["source"] == "env CONDUCTOR_WORKER_RESIZE_KILL_GRACE (task-specific)"
+
+
 def test_config_shows_a_task_without_a_command_with_a_warning(tmp_path: Path) -> None:
     # run refuses it (exit 3); config shows the rest and says what run would refuse, as it does for a
     # command that cannot start. Before: config refused it too, showing nothing.
     (tmp_path / "c.toml").write_text('[[task]]\ntype = "y"\nkill_grace = 5\n', encoding="utf-8")
-    for args in (["--config", str(tmp_path / "c.toml")],):
+    for args in (["--config", str(tmp_path / "c.toml")], ["--task-type", "x", "--kill-grace", "5"]):
         view = _json(["config", *args])
         (task,) = view["tasks"]
         assert "command" not in task["settings"] and "shell" not in task["settings"]
