@@ -188,7 +188,8 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:
         if exc.without_credentials:  # the message already says what to set
-            raise _fail(f"the server at {url} wants credentials: {exc}", exitcodes.UNREACHABLE) from None
+            message = f"the server at {url} wants credentials: {exc}"
+            raise _fail(message, exitcodes.UNREACHABLE, log_format) from None
         raise _fail(f"the server at {url} refused our credentials: {exc}. {_credentials_hint(resolved)}",
                     exitcodes.UNREACHABLE, log_format) from None
     except ConductorError as exc:
