@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
 from leasecore.contact import RecordedLeaseCalls, ServerContact
-from leasecore.errors import ConductorUnavailable
+from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task, TaskResult
@@ -38,6 +39,8 @@ from leasecore.statefile import (
     StatePublisher,
     default_state_dir,
     ensure_state_dir,
+    prune_stale,
+    read_snapshots,
     runner_info_for_this_process,
 )
 
@@ -193,7 +196,14 @@ def _serve(
         try:
             # Dead trees first, then their tasks into the outbox, then every saved result out: a
             # retry of a task must never start while its old tree may still run.
-            supervisor.sweep_leftovers(lambda pid, trees: _save_orphans(outbox, pid, trees))
+            swept: list[int] = []  # the dead runners whose trees were taken over
+
+            def on_orphans(runner_pid: int, trees: list[TreeRecord]) -> None:
+                _save_orphans(outbox, runner_pid, trees)
+                swept.append(runner_pid)
+
+            supervisor.sweep_leftovers(on_orphans)
+            _forget_snapshots(state_dir, swept)
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
             relay.target = runner.handle_signal
@@ -220,6 +230,18 @@ def _save_orphans(outbox: Outbox, runner_pid: int, trees: list[TreeRecord]) -> N
     except Exception:
         log.exception("could not queue the FAILED reports of the dead runner pid %d's tasks; the server "
                       "retries them after their response timeout", runner_pid)
+
+
+def _forget_snapshots(state_dir: Path, runner_pids: list[int]) -> None:
+    """Delete the status snapshots of the dead runners whose trees the sweep just took over: they
+    would go on showing those tasks as running under a dead pid after they are reported FAILED."""
+    if not runner_pids:
+        return
+    try:
+        records = read_snapshots(state_dir, datetime.now(UTC))
+        prune_stale(state_dir, [r for r in records if r.pid in runner_pids])
+    except (ConfigError, OSError) as exc:  # cosmetic: never a reason not to start
+        log.debug("could not remove dead runners' snapshots: %s", exc)
 
 
 def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool]) -> None:

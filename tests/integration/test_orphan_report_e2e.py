@@ -65,6 +65,8 @@ def test_the_next_start_reports_a_killed_runners_task_failed_and_it_is_retried_a
     world: World, kill_forkserver: bool
 ) -> None:
     wf, dead_pid, tree = _start_and_kill(world, kill_forkserver=kill_forkserver)
+    dead_snapshot = world.state_dir / f"runner-{dead_pid}.json"
+    assert dead_snapshot.exists()  # what `status` shows, as STALE, until the next start takes over
     world.gate.touch()  # the retry may now complete at once
     started = time.monotonic()
     code, err = world.finish(world.run("--once", "--once-wait", "20", command=_command(world)))
@@ -78,6 +80,8 @@ def test_the_next_start_reports_a_killed_runners_task_failed_and_it_is_retried_a
             in old["reasonForIncompletion"])
     assert (retry["status"], retry["retryCount"], retry["pollCount"]) == ("COMPLETED", 1, 1)
     assert world.workflow_status(wf) == "COMPLETED"
+    # Its tasks reported, the dead runner's snapshot is gone: it would show them running under it.
+    assert not dead_snapshot.exists()
     assert f"was running under runner pid {dead_pid}, which died" in err
     assert f"delivered the saved result of task {old['taskId']} (FAILED)" in err
     assert not list((world.state_dir / "outbox").glob("*.json"))
