@@ -157,7 +157,10 @@ class Poller:
     def _run(self) -> None:
         try:
             if self.settings.paused:
+                # Idle, not ended: a runner whose every type is paused stays up until stopped (as the
+                # SDKs' workers do), instead of exiting 0 at once and being restarted in a loop.
                 log.info("task type %s is paused: not polling it", self.settings.task_type)
+                self._stop.wait()
                 return
             while not self._stop.is_set():
                 self._poll_once()

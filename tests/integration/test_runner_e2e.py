@@ -49,6 +49,39 @@ def test_once_exit_codes_for_failed_and_for_nothing(world: World) -> None:
     assert time.monotonic() - started < 1 + 15  # the wait, plus start-up and shutdown under load
 
 
+def test_a_paused_task_type_idles_instead_of_ending_the_run(world: World) -> None:
+    """Paused (as the SDKs' workers): not polled, and the runner stays up, as a service must (an exit 0
+    at once would have a Restart=always unit restart it in a loop)."""
+    world.define(response_timeout=10)
+    wf = world.start_workflow(code=0)
+    paused = {"CONDUCTOR_WORKER_ALL_PAUSED": "true"}
+    proc = world.run(env=paused)
+    wait_until(lambda: "is paused: not polling it" in world.stderr(proc), what="the pause logged")
+    # Still running a while later (its snapshot, refreshed every second, keeps changing), and the task
+    # was never handed out:
+    seen: set[str] = set()
+
+    def published() -> bool:
+        for path in world.state_dir.glob("runner-*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                seen.add(json.loads(path.read_text())["updated_at"])
+        return len(seen) >= 3
+
+    wait_until(published, what="the runner to go on publishing its status")
+    assert proc.poll() is None, world.stderr(proc)
+    assert world.task_of(wf)["status"] == "SCHEDULED"
+    proc.send_signal(signal.SIGTERM)
+    code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+    assert "no more work to do" not in err
+    # With --once it is "no task within --once-wait", after that wait, not at once.
+    started = time.monotonic()
+    code, err = world.finish(world.run("--once", "--once-wait", "1", env=paused))
+    assert code == exitcodes.NO_TASK, err
+    assert "--once: no task within 1 s" in err
+    assert time.monotonic() - started >= 1
+
+
 def test_server_unreachable_at_start_is_a_clear_error(world: World) -> None:
     with FaultProxy("127.0.0.1", 9) as proxy:  # port 9 (discard): nothing listens there
         proxy.set_mode("refuse")
