@@ -123,6 +123,11 @@ class Runner:
         self._tasks: dict[str, InFlight] = {}
         self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
         self._pollers_alive = len(self._pollers)
+        # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
+        # or it failed) there is no more work. A paused type's poller only waits for the stop, so a
+        # runner whose every type is paused idles until stopped.
+        self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
+        self._any_polling = bool(self._polling_types)
         self._statuses: list[TaskStatus | None] = []  # per started task, in start order
         self._stopping_since: float | None = None
         self._forced = False
@@ -226,7 +231,9 @@ class Runner:
                 return True
             return False
         limit = self._task_limit()
-        if (limit is not None and len(self._statuses) >= limit) or self._pollers_alive == 0:
+        if (limit is not None and len(self._statuses) >= limit) or (
+            self._any_polling and not self._polling_types
+        ):
             self._begin_stop(None, reason="no more work to do")
         return False
 
@@ -247,6 +254,7 @@ class Runner:
             self._on_shutdown(event)
         elif isinstance(event, PollerExited):
             self._pollers_alive -= 1
+            self._polling_types.discard(event.task_type)
 
     # ------------------------------------------------------------------ one task
 

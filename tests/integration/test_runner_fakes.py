@@ -387,3 +387,43 @@ def test_the_signal_relay_records_until_a_target_is_set_and_forwards_the_count()
     relay.target = None
     relay(1, 3)  # after the run: recorded only
     assert (relay.first, relay.count, got) == (15, 3, [(2, 2)])
+
+
+class _PollerBreaks(FakeConductor):
+    """Polling type "t" fails with a bug (not a ConductorError): its poller thread ends."""
+
+    def poll(self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
+             domain: str | None = None) -> list[Task]:  # fmt: skip
+        if task_type == "t":
+            raise RuntimeError("a bug in the poll")
+        return super().poll(task_type, count=count, timeout_ms=timeout_ms, worker_id=worker_id, domain=domain)
+
+
+def test_with_a_paused_type_beside_it_the_end_of_the_last_polling_type_still_ends_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A paused type's poller waits for the stop (a runner of paused types idles); it must not keep a
+    # runner up whose only polling type has ended.
+    def plan(task_type: str, *, paused: bool = False) -> TaskTypePlan:
+        return TaskTypePlan(poll=PollSettings(task_type, timeout_ms=100, worker_id="w1", paused=paused),
+                            spec=QUICK, worker_id="w1",
+                            make_policy=lambda task: LeasePolicy(response_timeout_seconds=30))  # fmt: skip
+
+    supervisor = FakeSupervisor()
+    runner = Runner([plan("t"), plan("a", paused=True)], conductor=_PollerBreaks(),
+                    make_engine=FakeEngine, supervisor=supervisor, to_result=to_result,
+                    options=RunOptions())  # fmt: skip
+    outcome: list[RunOutcome] = []
+    thread = threading.Thread(target=lambda: outcome.append(runner.run()), daemon=True)
+    caplog.set_level("INFO")
+    thread.start()
+    try:
+        thread.join(30)
+        assert not thread.is_alive(), "the runner idled on with no type left polling"
+    finally:
+        if thread.is_alive():
+            runner.request_stop(force=True)
+            thread.join(30)
+        supervisor.close()
+    assert outcome == [RunOutcome(started=0)]
+    assert "the poller of t failed" in caplog.text and "no more work to do" in caplog.text
