@@ -455,17 +455,26 @@ def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
 
 def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
     if spec.name == "url" and isinstance(value, str):
-        # A user:password@ or a ?token=... must not reach a message: masked before the value is cut
-        # short (a cut could fall between a password and its @).
-        value = _QUERY.sub("?***", _USERINFO.sub(r"\1***@", value))
+        value = _mask_invalid_url(value)
     shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"
     return ConfigError(
         f"invalid {spec.name}{shown} (from {source}): expected {allowed}", key=spec.name, source=str(source)
     )
 
 
-_USERINFO = re.compile(r"(://)[^/@\s]*@")
 _QUERY = re.compile(r"[?#].*", re.DOTALL)
+
+
+def _mask_invalid_url(url: str) -> str:
+    """A URL that failed validation, fit for a message: everything before its last ``@`` (after the
+    scheme, if any) and its query and fragment become ``***``. Crude on purpose: the URL is malformed,
+    so no parser can be trusted to find its password (one with a ``/`` or an ``@`` in it, or no
+    scheme); it is masked before the value is cut short (a cut could fall between password and ``@``)."""
+    before, at, after = url.rpartition("@")
+    if at:
+        scheme, slashes, _ = before.partition("://")
+        url = (f"{scheme}://" if slashes else "") + "***@" + after
+    return _QUERY.sub("?***", url)
 
 
 def _short(value: Any) -> str:

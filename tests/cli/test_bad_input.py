@@ -198,6 +198,17 @@ def test_a_refused_url_never_echoes_its_query() -> None:
     assert "'http://localhost:99999/api?***'" in err
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["https://bob:ab/cd@host", "bob:s3cret@host:8080/api", "https://bob:s3cr@t@host:x", "http://bob:pa?ss@host/api"],
+)  # fmt: skip
+def test_a_refused_url_with_an_odd_password_never_echoes_it(url: str) -> None:
+    # Found in review: a / or @ in the password, or no scheme, slipped past the masking.
+    err = config_error("run", "--task-type", "a", "--server", url, "--", "true")
+    assert "bob" not in err and "ab/cd" not in err and "s3cr" not in err and "pa?ss" not in err, err
+    assert "***@" in err
+
+
 def test_a_long_refused_url_never_echoes_part_of_its_password() -> None:
     url = "http://" + "u" * 40 + ":" + "p" * 40 + "@localhost:99999/api"
     err = config_error("run", "--task-type", "a", "--server", url, "--", "true")
