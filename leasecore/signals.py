@@ -74,6 +74,7 @@ class SignalRelay:
         if target is not None:
             target(signum, count)
         elif self._interrupting:
+            self._interrupting = False  # one raise per block: a second signal must not cut the unwinding
             raise StartupInterrupted(signum)
 
     @contextmanager

@@ -389,6 +389,22 @@ def test_the_signal_relay_records_until_a_target_is_set_and_forwards_the_count()
     assert (relay.first, relay.count, got) == (15, 3, [(2, 2)])
 
 
+def test_the_signal_relay_cuts_a_start_up_step_short_once() -> None:
+    from leasecore.signals import SignalRelay, StartupInterrupted
+
+    relay = SignalRelay()
+    with pytest.raises(StartupInterrupted) as info, relay.interrupting():
+        try:
+            relay(2, 1)  # what the handler does, mid-step
+        finally:
+            relay(15, 2)  # a second signal while the first unwinds: recorded, not raised again
+    assert (info.value.signum, relay.first, relay.count) == (2, 2, 2)
+    relay = SignalRelay()
+    relay(15, 1)  # before the step: it does not even start
+    with pytest.raises(StartupInterrupted), relay.interrupting():
+        pytest.fail("the step ran after a signal")
+
+
 class _PollerBreaks(FakeConductor):
     """Polling type "t" fails with a bug (not a ConductorError): its poller thread ends."""
 
