@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pty
+import random
 import re
 import select
 import signal
@@ -593,3 +594,21 @@ def re_lines(data: bytearray) -> list[str]:
     import re
 
     return re.findall(r"line \d+", data.decode(errors="replace"))
+
+
+def test_task_labels_are_the_shortest_prefix_no_other_id_starts_with() -> None:
+    """The sorted-neighbour labels against the definition, checked pair by pair, on ids built from
+    two letters so that they share long prefixes and some are prefixes of others."""
+    from cli.render import prefix_labels
+
+    rng = random.Random(7)
+    for _ in range(300):
+        count = rng.randint(0, 30)
+        ids = {"".join(rng.choice("ab") for _ in range(rng.randint(1, 14))) for _ in range(count)}
+        expected = {}
+        for task_id in ids:
+            size = 8
+            while size < len(task_id) and any(o.startswith(task_id[:size]) for o in ids - {task_id}):
+                size += 1
+            expected[task_id] = task_id[:size]
+        assert prefix_labels(ids) == expected, ids
