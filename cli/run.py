@@ -43,6 +43,8 @@ def exit_code_for(outcome: RunOutcome, *, once: bool) -> int:
     """The process's exit code for a finished run (README "Exit codes")."""
     if outcome.signum is not None:
         return _SIGNAL_CODES.get(signal.Signals(outcome.signum), 128 + outcome.signum)
+    if outcome.poller_failed:  # a bug ended a poller (its traceback is logged): never a clean 0
+        return exitcodes.UNEXPECTED
     if once:
         if outcome.started == 0:
             return exitcodes.NO_TASK

@@ -109,6 +109,7 @@ class Poller:
         self._on_task = on_task
         self._on_surplus = on_surplus or on_task
         self._on_exit = on_exit
+        self.failed = False  # the thread ended on an unexpected error (set before on_exit is called)
         self._budget = budget
         self._stop = stop
         base = max(0.01, settings.interval_seconds)
@@ -165,6 +166,7 @@ class Poller:
             while not self._stop.is_set():
                 self._poll_once()
         except Exception:  # a thread's top level: log it; the runner sees the poller end
+            self.failed = True
             log.exception("the poller of %s failed", self.settings.task_type)
         finally:
             self._on_exit(self.settings.task_type)

@@ -116,7 +116,8 @@ class Runner:
         self._budget = WorkBudget(self._task_limit())
         self._pollers = {
             t: Poller(conductor, p.poll, functools.partial(self._on_polled, poller=t), budget=self._budget,
-                      stop=self._stop_polling, on_exit=lambda tt: self._events.put(PollerExited(tt)),
+                      stop=self._stop_polling,
+                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed)),
                       clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t))
             for t, p in self._plans.items()
         }
@@ -128,6 +129,7 @@ class Runner:
         # runner whose every type is paused idles until stopped.
         self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
+        self._poller_failed = False
         self._statuses: list[TaskStatus | None] = []  # per started task, in start order
         self._stopping_since: float | None = None
         self._forced = False
@@ -163,7 +165,8 @@ class Runner:
                 self._loop()
             finally:
                 self._close()
-        return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses))
+        return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses),
+                          poller_failed=self._poller_failed)  # fmt: skip
 
     # ------------------------------------------------------------------ other threads -> queue
 
@@ -254,6 +257,7 @@ class Runner:
             self._on_shutdown(event)
         elif isinstance(event, PollerExited):
             self._pollers_alive -= 1
+            self._poller_failed |= event.failed
             self._polling_types.discard(event.task_type)
 
     # ------------------------------------------------------------------ one task

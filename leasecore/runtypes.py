@@ -57,6 +57,7 @@ class ShutdownRequested:
 @dataclass(frozen=True)
 class PollerExited:
     task_type: str
+    failed: bool = False  # it ended on an unexpected error (a bug), logged with its traceback
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class RunOutcome:
     signum: int | None = None  # the signal that stopped the run, if one did
     started: int = 0
     statuses: tuple[TaskStatus | None, ...] = field(default=())  # per started task; None: not reported
+    poller_failed: bool = False  # a poller ended on an unexpected error: exit 1, not a clean stop
 
     @property
     def all_completed(self) -> bool:

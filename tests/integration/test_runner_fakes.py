@@ -441,5 +441,5 @@ def test_with_a_paused_type_beside_it_the_end_of_the_last_polling_type_still_end
             runner.request_stop(force=True)
             thread.join(30)
         supervisor.close()
-    assert outcome == [RunOutcome(started=0)]
+    assert outcome == [RunOutcome(started=0, poller_failed=True)]  # exit 1, not a clean 0
     assert "the poller of t failed" in caplog.text and "no more work to do" in caplog.text

@@ -168,6 +168,12 @@ def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
         ),
         (RunOutcome(signum=signal.SIGINT), False, exitcodes.SIGINT),
         (RunOutcome(signum=signal.SIGHUP), False, exitcodes.SIGHUP),
+        (RunOutcome(poller_failed=True), False, exitcodes.UNEXPECTED),
+        (
+            RunOutcome(started=1, statuses=(TaskStatus.COMPLETED,), poller_failed=True),
+            True,
+            exitcodes.UNEXPECTED,
+        ),
     ],
 )
 def test_exit_code_decision(outcome: RunOutcome, once: bool, expected: int) -> None:
