@@ -268,7 +268,7 @@ class ForkServer:
             pid = os.fork()
             if pid == 0:  # the child: nothing but syscalls until exec
                 os.close(err_r)
-                self._exec_child(req, fds, err_w, mask)
+                self._exec_child(req, fds, err_w)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a TERM to us meanwhile: ignored
         os.close(err_w)
@@ -329,9 +329,7 @@ class ForkServer:
                 errno_value = 0
             self._reply({"op": "exec_failed", "key": tree.key, "errno": errno_value, "what": what})
 
-    def _exec_child(
-        self, req: dict[str, Any], fds: list[int], err_w: int, mask: set[int | signal.Signals]
-    ) -> None:
+    def _exec_child(self, req: dict[str, Any], fds: list[int], err_w: int) -> None:
         step = "setsid"
         try:
             os.setsid()
@@ -343,7 +341,9 @@ class ForkServer:
             for name in _RESET_SIGNALS:
                 if hasattr(signal, name):
                     signal.signal(getattr(signal, name), signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a TERM already sent ends us here
+            # Nothing blocked, whatever the runner was started with (a TERM must reach the task); a
+            # TERM already sent ends us here.
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
             signal.set_wakeup_fd(-1)
             step = "redirect"
             for target, fd in enumerate(fds):

@@ -414,3 +414,26 @@ def test_a_term_sent_before_the_child_has_left_the_fork_server_code_still_ends_i
         exit = child.wait(10)
         assert exit is not None, "the TERM was lost: the child waits for the KILL 60 s later"
         assert exit.signal == signal.SIGTERM
+
+
+def test_a_task_starts_with_no_signal_blocked_whatever_the_runner_started_with(tmp_path: Path) -> None:
+    """A mask passes through fork and exec: a runner started with TERM blocked (by whatever started
+    it) gave its fork server, and each task, a TERM that never arrives."""
+    blocked = {signal.SIGTERM, signal.SIGUSR1}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        supervisors = running_supervisor(tmp_path)
+        supervisor = next(supervisors)  # its fork server starts now, with our mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    try:
+        lines = Lines()
+        show = CommandSpec(argv=("grep", "^SigBlk:", "/proc/self/status"))
+        child = supervisor.spawn(make_task(), show, worker_id="w", on_line=lines)
+        exit = child.wait(30)
+        assert exit is not None and exit.exit_code == 0
+        assert wait_until(lambda: lines.find("stdout", "SigBlk:") is not None, 10)
+        line = lines.find("stdout", "SigBlk:")
+        assert line is not None and int(line.split()[1], 16) == 0, line
+    finally:
+        supervisors.close()
