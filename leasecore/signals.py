@@ -40,11 +40,17 @@ def capture_signals(
         on_signal(signum, count)
 
     previous: dict[signal.Signals, _Handler] = {}
+    mask: set[int | signal.Signals] | None = None
     try:
         for sig in signals:
             previous[sig] = signal.signal(sig, handle)
+        # A mask passes through exec: started with these blocked (by whatever started us), we would
+        # never see a stop.
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         yield True
     finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, old in previous.items():
             signal.signal(sig, old)
 

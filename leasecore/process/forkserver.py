@@ -175,6 +175,7 @@ class ForkServer:
             self._prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         for sig in _IGNORED:
             signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())  # SIGCHLD must wake us, whatever we inherited
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)

@@ -419,7 +419,7 @@ def test_a_term_sent_before_the_child_has_left_the_fork_server_code_still_ends_i
 def test_a_task_starts_with_no_signal_blocked_whatever_the_runner_started_with(tmp_path: Path) -> None:
     """A mask passes through fork and exec: a runner started with TERM blocked (by whatever started
     it) gave its fork server, and each task, a TERM that never arrives."""
-    blocked = {signal.SIGTERM, signal.SIGUSR1}
+    blocked = {signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
         supervisors = running_supervisor(tmp_path)
@@ -435,5 +435,9 @@ def test_a_task_starts_with_no_signal_blocked_whatever_the_runner_started_with(t
         assert wait_until(lambda: lines.find("stdout", "SigBlk:") is not None, 10)
         line = lines.find("stdout", "SigBlk:")
         assert line is not None and int(line.split()[1], 16) == 0, line
+        # Nor the fork server (a blocked SIGCHLD would hide exits from it where it has no pidfds).
+        with open(f"/proc/{supervisor.forkserver_pid}/status") as status:
+            forkserver_blocked = next(x for x in status if x.startswith("SigBlk:"))
+        assert int(forkserver_blocked.split()[1], 16) == 0, forkserver_blocked
     finally:
         supervisors.close()

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cli import exitcodes
 
 
@@ -48,9 +50,19 @@ def test_with_a_good_state_dir_the_server_being_down_is_exit_4(tmp_path: Path) -
     assert "server unreachable" in done.stderr
 
 
-def test_a_signal_during_the_server_check_ends_the_run_at_once(tmp_path: Path) -> None:
+# Starts the run with SIGTERM blocked, as a parent that blocked it would (a mask passes through exec).
+_BLOCKED_TERM = (
+    "import os, signal, sys\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+
+
+@pytest.mark.parametrize("term_blocked", [False, True], ids=["plain", "started-with-term-blocked"])
+def test_a_signal_during_the_server_check_ends_the_run_at_once(tmp_path: Path, term_blocked: bool) -> None:
     """A server that takes the connection and never answers holds the check for its whole timeout (5 s);
-    a SIGTERM meanwhile must end the run then, as a stop (143), not as "server unreachable" (4) later."""
+    a SIGTERM meanwhile must end the run then, as a stop (143), not as "server unreachable" (4) later.
+    Also when the run was started with SIGTERM blocked: it unblocks what it handles."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
@@ -59,6 +71,8 @@ def test_a_signal_during_the_server_check_ends_the_run_at_once(tmp_path: Path) -
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
         argv = [sys.executable, "-m", "cli", "run", "--server", url, "--task-type", "t",
                 "--state-dir", str(tmp_path / "state"), "--", sys.executable, "-c", "pass"]
+        if term_blocked:
+            argv = [sys.executable, "-c", _BLOCKED_TERM, *argv[1:]]
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
         try:
             conn, _ = silent.accept()  # the check's request is on its way: it waits for an answer now
