@@ -262,7 +262,7 @@ class ConductorClient:
             return False
         try:
             data = json.loads(reply.body) if reply.body.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return True
         return not (isinstance(data, dict) and data.get("healthy") is False)
 
@@ -441,7 +441,7 @@ class ConductorClient:
             raise error
         try:
             token = json.loads(reply.body).get("token")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             token = None
         if not isinstance(token, str) or not token:
             raise ConductorProtocolError(
@@ -469,7 +469,7 @@ def _is_token_rejection(reply: Reply) -> bool:
         return False
     try:
         data = json.loads(reply.body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
 

@@ -175,7 +175,7 @@ def _says_not_retryable(body: bytes) -> bool:
         return False
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("retryable") is False
 
@@ -211,7 +211,7 @@ class Reply:
         """The body as JSON; a 2xx body that is not JSON is a :class:`ConductorProtocolError`."""
         try:
             return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested too deep: not a ValueError
             raise ConductorProtocolError(
                 f"{self.method} {self.path}: answer is not JSON",
                 method=self.method,

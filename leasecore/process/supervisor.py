@@ -200,8 +200,14 @@ class Child:
     def _finish(self, stdout_tail: str, stderr_tail: str) -> None:
         assert self._exit_info is not None
         code, sig, ended_at = self._exit_info
-        output, output_error = self._files.read_output()
-        self._files.remove()
+        try:
+            output, output_error = self._files.read_output()
+        except Exception as exc:  # a bug: the task still ends (FAILED), never left unfinished for ever
+            log.exception("task %s: reading its output file failed", self.key)
+            output = None
+            output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {type(exc).__name__})"
+        finally:
+            self._files.remove()
         self._result = ChildExit(
             exit_code=code,
             signal=sig,

@@ -95,9 +95,15 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
         value = json.loads(data)
     except ValueError as exc:
         return None, f"{name} is not valid JSON: {exc}"
+    except RecursionError:  # a few KB of brackets: not a ValueError
+        return None, f"{name} is not valid JSON: nested too deeply"
     if not isinstance(value, dict):
         kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
         return None, f"{name} must hold a JSON object, not {kind}"
-    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT:
+    try:
+        size = len(json.dumps(value))
+    except RecursionError:  # parsed just under the limit, one level deeper to serialise
+        return None, f"{name} is not valid JSON: nested too deeply"
+    if size > OUTPUT_FILE_LIMIT:
         return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT} bytes)"
     return value, None

@@ -93,6 +93,8 @@ def _parse_json(body: bytes, *, empty: Any = None) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(500, f"JSON parse error: {exc}") from None
+    except RecursionError:
+        raise ApiError(500, "JSON parse error: nested too deeply") from None
 
 
 Handler = Callable[[dict[str, str], Query, bytes], Response]

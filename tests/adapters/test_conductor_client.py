@@ -237,7 +237,10 @@ def test_poll_accepts_204(scripted: Any) -> None:
     assert client.poll("shell", count=1, timeout_ms=100) == []
 
 
-@pytest.mark.parametrize("body", [b"<html>oops</html>", b'{"taskId": "t"}', b"[1, 2]"])
+NESTED_INPUT = json.dumps([TASK_JSON])[:-2].encode() + b', "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}]"
+
+
+@pytest.mark.parametrize("body", [b"<html>oops</html>", b'{"taskId": "t"}', b"[1, 2]", NESTED_INPUT])
 def test_poll_rejects_answers_of_the_wrong_shape(scripted: Any, body: bytes) -> None:
     _, client = scripted(lambda req: Answer(200, body))
     with pytest.raises(ConductorProtocolError) as info:

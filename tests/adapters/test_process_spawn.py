@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.process.taskfiles import TaskFiles
 
 from .process_support import Lines, make_task, running_supervisor, sample, spec, wait_until
 
@@ -109,6 +111,41 @@ def test_invalid_output_file_fails_the_task(supervisor: Supervisor) -> None:
     assert result.status == TaskStatus.FAILED
     assert result.reason_for_incompletion is not None
     assert result.reason_for_incompletion.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON")
+
+
+@pytest.mark.parametrize("depth", [1500, 100_000])
+def test_an_output_file_nested_too_deep_fails_the_task(supervisor: Supervisor, depth: int) -> None:
+    # A few KB of brackets made json.loads raise RecursionError, which is not a ValueError: the task
+    # was never finished (no report, its slot and its lease held, a stop waiting for ever).
+    command = CommandSpec(argv=(sys.executable, "-c", f"""
+import os
+with open(os.environ["CONDUCTOR_OUTPUT_FILE"], "w") as f:
+    f.write('{{"a": ' + '[' * {depth} + ']' * {depth} + '}}')
+"""))  # fmt: skip
+    task = make_task()
+    exit = supervisor.spawn(task, command, worker_id="w").wait(30)
+    assert exit is not None and exit.exit_code == 0 and exit.output is None
+    result = to_task_result(task, exit, command, worker_id="w")
+    assert result.status == TaskStatus.FAILED
+    assert result.reason_for_incompletion == "CONDUCTOR_OUTPUT_FILE is not valid JSON: nested too deeply"
+
+
+def test_a_task_whose_files_cannot_be_read_still_finishes(
+    supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever goes wrong reading the output file, the child is finished (result, files removed):
+    # an exception there used to leave it unfinished for ever.
+    def broken(self: Any) -> tuple[None, str]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(TaskFiles, "read_output", broken)
+    task = make_task()
+    child = supervisor.spawn(task, CommandSpec(argv=("true",)), worker_id="w")
+    exit = child.wait(30)
+    assert exit is not None and exit.exit_code == 0 and exit.output is None
+    assert exit.output_error == "CONDUCTOR_OUTPUT_FILE could not be read (internal error: RuntimeError)"
+    assert not os.path.exists(child._files.directory)
+    assert to_task_result(task, exit, CommandSpec(argv=("true",)), worker_id="w").status == TaskStatus.FAILED
 
 
 def test_lines_stream_to_the_sink_while_the_child_runs(supervisor: Supervisor) -> None:
