@@ -120,6 +120,10 @@ class Poller:
         self._cond = threading.Condition()
         self._in_use = 0
         self._unstarted = 0  # handed to on_task / on_surplus, not yet taken up (see taken_up)
+        # Tasks whose child is gone and whose final update is still being sent: they hold no slot,
+        # but at most ``concurrency`` of them may wait, or a server refusing updates while it hands
+        # out tasks would have us claim its whole queue (each lease held, each result kept).
+        self._reporting = 0
         self.reachability = Reachability()
         self.last_ok_at: datetime | None = None  # wall clock of the last successful poll
         self.backoff_seconds = 0.0  # the current wait before the next poll
@@ -141,6 +145,20 @@ class Poller:
         """A task of this type is finished (or was never started): its slot is free again."""
         with self._cond:
             self._in_use = max(0, self._in_use - count)
+            self._cond.notify_all()
+
+    def reporting(self) -> None:
+        """A task's child is gone and its result is being reported: its slot is free for another
+        task, and it counts against the reports that may wait (see ``_take_slots``)."""
+        with self._cond:
+            self._in_use = max(0, self._in_use - 1)
+            self._reporting += 1
+            self._cond.notify_all()
+
+    def reported(self) -> None:
+        """A result counted by ``reporting`` is delivered, saved for later or dropped."""
+        with self._cond:
+            self._reporting = max(0, self._reporting - 1)
             self._cond.notify_all()
 
     def taken_up(self, count: int = 1) -> None:
@@ -175,8 +193,8 @@ class Poller:
         """Wait for free slots, reserve them and the budget; 0 means stop polling."""
         cap = max(1, self.settings.max_unstarted)
         with self._cond:
-            while (self._in_use >= self.settings.concurrency or self._unstarted >= cap) \
-                    and not self._stop.is_set():
+            while (self._in_use >= self.settings.concurrency or self._unstarted >= cap
+                   or self._reporting >= self.settings.concurrency) and not self._stop.is_set():
                 self._cond.wait(timeout=1.0)
             if self._stop.is_set():
                 return 0

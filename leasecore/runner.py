@@ -382,7 +382,10 @@ class Runner:
                                    callback_after_seconds=0)
 
     def _report(self, entry: InFlight, result: TaskResult) -> None:
-        self._release_slot(entry)  # the child is gone: another may start while this one reports
+        if entry.slot_held:  # the child is gone: another may start while this one reports
+            entry.slot_held = False
+            entry.report_held = True
+            self._pollers[entry.plan.poll.task_type].reporting()
         entry.phase = Phase.REPORTING
         entry.result_status = result.status
         opts = self.options
@@ -419,6 +422,9 @@ class Runner:
         if entry.slot_held:
             entry.slot_held = False
             self._pollers[entry.plan.poll.task_type].release()
+        if entry.report_held:
+            entry.report_held = False
+            self._pollers[entry.plan.poll.task_type].reported()
 
     # ------------------------------------------------------------------ stopping
 

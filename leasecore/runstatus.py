@@ -50,6 +50,7 @@ class InFlight:
     tracked: bool = False  # the lease engine knows this task
     phase: Phase = Phase.RUNNING
     slot_held: bool = True  # counts against the task type's concurrency
+    report_held: bool = False  # its result is being reported: counts against the reports that may wait
     fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)

@@ -54,6 +54,7 @@ class FakeConductor:
         self.logs: dict[str, list[str]] = {}
         self.polls = 0
         self.fail_updates = False
+        self.failed_updates = 0  # update calls refused while fail_updates was set
         self.fail_polls = False
         self.poll_error: Exception | None = None  # raised by every poll while set
         self.stuck = threading.Event()  # set: polls hang (past their timeout) until it is cleared
@@ -88,6 +89,8 @@ class FakeConductor:
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
         if self.fail_updates:
+            with self._cond:
+                self.failed_updates += 1
             raise ConductorUnavailable("connection refused")
         with self._cond:
             self.updates.append(result)

@@ -174,6 +174,26 @@ def test_stop_terminates_children_and_reports_them_failed_for_a_prompt_retry(
         assert h.engine.names(task_id) == REPORTED_LIFE
 
 
+def test_while_updates_fail_the_runner_claims_no_more_than_its_concurrency_can_report(
+    harnesses: list[Harness],
+) -> None:
+    # A server that hands out tasks but refuses updates: each finished child frees its slot, and the
+    # runner used to claim the whole queue (every lease held, every result piling up).
+    h = Harness(QUICK, RunOptions(), concurrency=2)
+    harnesses.append(h)
+    h.conductor.fail_updates = True
+    h.conductor.add(*[make_task(f"t{i}") for i in range(20)])
+    h.start()
+    wait_until(lambda: h.conductor.failed_updates >= 20, what="many refused updates")
+    claimed = 20 - len(h.conductor.queued["t"])
+    assert 2 <= claimed <= 4, claimed  # running plus reporting, each at most the concurrency
+    h.conductor.fail_updates = False  # the server takes updates again: the queue drains
+    wait_until(lambda: len(h.conductor.statuses()) == 20, what="every task reported")
+    assert set(h.conductor.statuses().values()) == {TaskStatus.COMPLETED}
+    h.runner.request_stop()
+    h.finish()
+
+
 def test_drain_lets_a_running_task_finish(harnesses: list[Harness]) -> None:
     h = Harness(SLEEP.format(1.5), RunOptions(drain=True, drain_timeout_seconds=60))
     harnesses.append(h)
