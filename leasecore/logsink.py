@@ -50,6 +50,7 @@ class LogBuffer:
         self._max_lines = max_lines
         self._max_line_bytes = max_line_bytes
         self.dropped = 0  # lines dropped since the last batch (overflow or failed sends)
+        self.chars = 0  # characters held: what the streamer's budget over all tasks counts
 
     def __len__(self) -> int:
         return len(self._lines)
@@ -60,9 +61,11 @@ class LogBuffer:
 
     def append(self, line: str) -> None:
         if len(self._lines) >= self._max_lines:
-            self._lines.popleft()
+            self.chars -= len(self._lines.popleft())
             self.dropped += 1
-        self._lines.append(_cut(line, self._max_line_bytes))
+        line = _cut(line, self._max_line_bytes)
+        self._lines.append(line)
+        self.chars += len(line)
 
     def extend(self, lines: list[str], skipped: int = 0) -> None:
         """Append ``lines`` (the newest last); ``skipped`` lines before them were never buffered."""
@@ -72,10 +75,22 @@ class LogBuffer:
             lines = lines[-self._max_lines :]
         over = len(self._lines) + len(lines) - self._max_lines
         for _ in range(max(0, over)):
-            self._lines.popleft()
+            self.chars -= len(self._lines.popleft())
         self.dropped += max(0, over)
         limit = self._max_line_bytes
-        self._lines.extend(_cut(line, limit) for line in lines)
+        cut = [_cut(line, limit) for line in lines]
+        self._lines.extend(cut)
+        self.chars += sum(map(len, cut))
+
+    def shed(self, excess: int) -> int:
+        """Drop the oldest lines (never the newest one) until ``excess`` characters are freed, or
+        only one line is left; returns how many characters were freed."""
+        freed = 0
+        while freed < excess and len(self._lines) > 1:
+            freed += len(self._lines.popleft())
+            self.dropped += 1
+        self.chars -= freed
+        return freed
 
     def take_batch(self, max_lines: int, max_bytes: int) -> str | None:
         """The next batch as one text ("\\n"-joined), or None when nothing is waiting."""
@@ -92,7 +107,9 @@ class LogBuffer:
             line_size = _utf8_len(self._lines[0]) + 1
             if parts and size + line_size > max_bytes:
                 break
-            parts.append(self._lines.popleft())
+            line = self._lines.popleft()
+            self.chars -= len(line)
+            parts.append(line)
             size += line_size
         return "\n".join(parts)
 
@@ -127,6 +144,7 @@ class LogStreamer:
         batch_lines: int = 50,
         batch_bytes: int = 64 * 1024,
         buffer_lines: int = 1000,
+        max_buffered_chars: int = 32 * 1024 * 1024,
         senders: int = 2,
         request_timeout_seconds: float = 5.0,
         new_buffer: Callable[[], LogBuffer] | None = None,
@@ -137,6 +155,11 @@ class LogStreamer:
         self._batch_lines = batch_lines
         self._batch_bytes = batch_bytes
         self._new_buffer = new_buffer or (lambda: LogBuffer(max_lines=buffer_lines))
+        # Over every task: a buffer holds up to 1000 lines of 16 KiB, and with the server stalled and
+        # hundreds of chatty tasks that alone could be gigabytes. Past this budget, the task adding
+        # lines drops its own oldest ones (with the usual "N output lines dropped" note).
+        self._max_chars = max_buffered_chars
+        self._chars = 0
         self._timeout = request_timeout_seconds
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -162,7 +185,9 @@ class LogStreamer:
                 entry = self._tasks.get(task_id)
                 if entry is None or entry.closed:
                     return
+                before = entry.buffer.chars
                 entry.buffer.append(text)
+                self._account(entry.buffer, before)
                 full = len(entry.buffer) >= self._batch_lines
             if full:
                 self._wake.set()
@@ -188,7 +213,9 @@ class LogStreamer:
                 entry = self._tasks.get(task_id)
                 if entry is None or entry.closed:
                     return
+                before = entry.buffer.chars
                 entry.buffer.extend(lines, skipped)
+                self._account(entry.buffer, before)
                 full = len(entry.buffer) >= self._batch_lines
             if full:
                 self._wake.set()
@@ -202,6 +229,18 @@ class LogStreamer:
             if entry is not None:
                 entry.closed = True
         self._wake.set()
+
+    def _account(self, buffer: LogBuffer, before: int) -> None:
+        """Under the lock: count what ``buffer`` gained since ``before``; shed it past the budget."""
+        self._chars += buffer.chars - before
+        if self._chars > self._max_chars:
+            self._chars -= buffer.shed(self._chars - self._max_chars)
+
+    @property
+    def buffered_chars(self) -> int:
+        """Characters waiting in every task's buffer."""
+        with self._lock:
+            return self._chars
 
     def pending(self) -> int:
         """Lines buffered or batches in flight, over all tasks."""
@@ -245,12 +284,15 @@ class LogStreamer:
                     or len(entry.buffer) >= self._batch_lines
                     or now - entry.last_flush_at >= self._interval
                 )
+                before = entry.buffer.chars
                 batch = entry.buffer.take_batch(self._batch_lines, self._batch_bytes) if due else None
+                self._chars += entry.buffer.chars - before
                 if batch is not None:
                     entry.in_flight = True
                     entry.last_flush_at = now
                     batches.append((task_id, batch))
                 elif entry.closed and not len(entry.buffer):
+                    self._chars -= entry.buffer.chars  # 0: nothing left in it
                     del self._tasks[task_id]
         for task_id, batch in batches:
             try:

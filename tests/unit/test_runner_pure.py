@@ -15,7 +15,7 @@ from leasecore.errors import (
     ConductorRejected,
     ConductorUnavailable,
 )
-from leasecore.logsink import LogBuffer
+from leasecore.logsink import LogBuffer, LogStreamer
 from leasecore.models import TaskStatus
 from leasecore.poller import failure_kind
 from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
@@ -142,6 +142,28 @@ def test_log_buffer_drops_the_oldest_lines_and_says_how_many() -> None:
         buf.take_batch(max_lines=50, max_bytes=10_000) == "[conductor-run: 7 output lines dropped]\n7\n8\n9"
     )
     assert buf.dropped == 0
+
+
+class _StalledLogs:
+    def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
+        raise AssertionError("nothing is flushed in this test")
+
+
+def test_the_log_buffers_of_all_tasks_together_stay_within_their_budget() -> None:
+    # A stalled server and many chatty tasks: each buffer alone holds 1000 lines of up to 16 KiB
+    # (16 MB per task, found by a QA pass at 551 MB of RSS for 30 tasks). Not started: no flushes.
+    streamer = LogStreamer(_StalledLogs(), max_buffered_chars=100_000, batch_lines=10**6)
+    sinks = [streamer.open_lines(f"t{i}") for i in range(30)]
+    for _ in range(20):
+        for sink in sinks:
+            sink("stdout", ["x" * 1000] * 10)
+    assert streamer.buffered_chars <= 100_000 + 1000  # the budget, plus the newest line kept
+    quiet = streamer.open("quiet")  # a task that prints one line still gets it in
+    quiet("stdout", "hello")
+    assert streamer.buffered_chars <= 100_000 + 1000 + 5
+    batches = [streamer._tasks[f"t{i}"].buffer.take_batch(10**6, 10**9) for i in range(30)]
+    assert all(b is not None and b.startswith("[conductor-run: ") for b in batches[1:])  # dropped, said so
+    assert streamer._tasks["quiet"].buffer.take_batch(10, 10**6) == "hello"
 
 
 def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
