@@ -97,6 +97,14 @@ class Outbox:
         # One file per (server, task): the same task id on two servers must not collide.
         return self.directory / f"{self._server}-{_SAFE.sub('_', task_id)}.json"
 
+    def any_saved(self) -> bool:
+        """Whether any result (for any server) waits here: a cheap look, no file is read."""
+        try:
+            with os.scandir(self.directory) as found:
+                return any(e.name.endswith(".json") and not e.name.startswith(".") for e in found)
+        except OSError:
+            return False
+
     def has_saved(self, task_id: str) -> bool:
         """Whether a result of ``task_id`` for this server is waiting here."""
         return self._path_for(task_id).is_file()
@@ -133,6 +141,8 @@ class Outbox:
             return []
         found: list[OutboxEntry] = []
         for path in sorted(self.directory.glob("*.json")):
+            if path.name.startswith("."):  # a save in progress (.tmp-*): not a result yet, not ours to drop
+                continue
             try:
                 body = json.loads(path.read_text(encoding="utf-8"))
                 if body.get("server") != self._server:
@@ -150,12 +160,14 @@ class Outbox:
         *,
         stop: Callable[[], bool] = lambda: False,
         read_task: Callable[[str], TaskOwnership | None] | None = None,
+        quiet: bool = False,
     ) -> DeliveryReport:
         """Send every saved result with ``update``; keeps them only while the server is unreachable.
 
         ``stop()`` is asked before each result: True keeps the rest for the next start (a signal).
         ``read_task(task_id)`` (``ConductorClient.get_task_ownership``; None: 404) is asked before
         each delivery: a task no longer ours is dropped with one log line saying why. None: no check.
+        ``quiet``: a server still unreachable is logged at debug level (a retry every few seconds).
         """
         delivered = dropped = kept = 0
         now = self._clock.now().timestamp()
@@ -191,7 +203,8 @@ class Outbox:
                 dropped += 1
                 continue
             except ConductorError as exc:  # unreachable or garbled: keep everything for next time
-                log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)
+                log.log(logging.DEBUG if quiet else logging.WARNING, "could not deliver %d saved result(s) "
+                        "yet: %s", len(pending) - i, exc)  # fmt: skip
                 kept = len(pending) - i
                 break
             log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)

@@ -211,9 +211,12 @@ def _serve(
                 return RunOutcome(signum=relay.first)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
+            redelivery = Redelivery(outbox, client)
+            redelivery.start()
             try:
                 return runner.run(install_signal_handlers=False)
             finally:
+                redelivery.stop()
                 relay.target = None  # every child is dead and reported: later signals are recorded
         finally:
             supervisor.close()  # kills whatever it still holds (a task's leftover descendants)
@@ -244,15 +247,49 @@ def _forget_snapshots(state_dir: Path, runner_pids: list[int]) -> None:
         log.debug("could not remove dead runners' snapshots: %s", exc)
 
 
-def _deliver_saved(outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool]) -> None:
+def _deliver_saved(
+    outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool], quiet: bool = False
+) -> None:
     report = outbox.deliver(
         lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop,
         read_task=lambda task_id: client.get_task_ownership(task_id,
                                                             timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS),
+        quiet=quiet,
     )
     if report.delivered or report.dropped:
         log.info("saved results: %d delivered, %d dropped, %d kept", report.delivered, report.dropped,
                  report.kept)
+
+
+class Redelivery:
+    """While the runner serves: results the reporter saved to the outbox (the server was unreachable
+    past their retry time) are delivered as soon as it answers again, under the start's rules (each
+    only while the task is still ours), instead of waiting for the next start, by which time the
+    server may have retried the task and the finished work be done again."""
+
+    def __init__(self, outbox: Outbox, client: ConductorClient, *, interval_seconds: float = 10.0) -> None:
+        self._outbox = outbox
+        self._client = client
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="outbox-redelivery", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop looking; a delivery in progress ends after its current result (the rest waits)."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if not self._outbox.any_saved():
+                continue
+            try:
+                _deliver_saved(self._outbox, self._client, stop=self._stop.is_set, quiet=True)
+            except Exception:  # a thread's top level: log it, look again later
+                log.exception("delivering saved results failed; will try again")
 
 
 def _make_runner(

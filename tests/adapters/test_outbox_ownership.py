@@ -111,3 +111,17 @@ def test_the_reporter_saves_the_poll_count_it_was_given(tmp_path: Path) -> None:
     reporter.close()
     assert done[0].saved_to is not None
     assert [(e.result.task_id, e.poll_count) for e in outbox.entries()] == [("t1", 4)]
+
+
+def test_a_save_in_progress_is_neither_read_nor_dropped(tmp_path: Path) -> None:
+    # The runner delivers saved results while its reporter may be saving one (a temp file, then a
+    # rename): a half-written temp file read as "unreadable" was deleted under the writer's feet.
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(FAILED, poll_count=1)
+    in_progress = tmp_path / ".tmp-abc123.json"
+    in_progress.write_text('{"version": 1, "serv')
+    assert [e.result.task_id for e in outbox.entries()] == ["t1"]
+    assert in_progress.exists()
+    assert outbox.any_saved()
+    (tmp_path / next(p.name for p in tmp_path.glob("*.json") if not p.name.startswith("."))).unlink()
+    assert not outbox.any_saved()  # only the temp file is left

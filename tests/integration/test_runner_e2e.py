@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -14,9 +15,11 @@ import psutil
 import pytest
 
 from cli import exitcodes
+from leasecore.conductor import ConductorClient
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.outbox import Outbox
 from leasecore.server import EmbeddedServer
+from leasecore.worker import Redelivery
 from tests.faultproxy import FaultProxy
 from tests.integration.helpers import FAILER, ROOT, World, gone, wait_until
 
@@ -171,6 +174,43 @@ def test_an_undelivered_result_is_delivered_on_the_next_start(world: World) -> N
     assert "delivered the saved result of task" in err
     assert world.workflow_status(wf) == "COMPLETED"
     assert not list((world.state_dir / "outbox").glob("*.json"))
+
+
+def test_a_saved_result_is_delivered_while_the_runner_serves_once_the_server_answers(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, only the next start delivered it: a runner that stays up kept it until the server had
+    # retried the task (after R), and the finished work was done again.
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    with world.proxy() as proxy:
+        code, err = world.strand_result(proxy)  # the proxy now cuts every connection
+        assert code == exitcodes.SIGTERM, err
+        url = proxy.url_for("/api")
+        outbox = Outbox(world.state_dir / "outbox", server=url)
+        assert outbox.any_saved()
+        # The outbox's lines, even if a CLI run earlier in this process stopped their propagation.
+        outbox_logger = logging.getLogger("conductor_run.outbox")
+        outbox_logger.addHandler(caplog.handler)
+        level, outbox_logger.level = outbox_logger.level, logging.DEBUG
+        with ConductorClient(url, timeout_seconds=5) as client, contextlib.ExitStack() as undo:
+            undo.callback(outbox_logger.removeHandler, caplog.handler)
+            undo.callback(outbox_logger.setLevel, level)
+            redelivery = Redelivery(outbox, client, interval_seconds=0.05)
+            redelivery.start()
+            try:
+                tried = proxy.accepted
+                wait_until(lambda: proxy.accepted >= tried + 3, what="delivery attempts while cut off")
+                assert outbox.any_saved() and world.workflow_status(wf) == "RUNNING"
+                proxy.set_mode("pass")
+                wait_until(lambda: world.workflow_status(wf) == "COMPLETED", what="the result delivered")
+                wait_until(lambda: not outbox.any_saved(), what="the outbox emptied")
+            finally:
+                redelivery.stop()
+    # Quiet while the server was away (a look every few seconds), one line once it was delivered.
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "could not deliver" in r.getMessage()]
+    assert not warned
+    assert any("delivered the saved result of task" in r.getMessage() for r in caplog.records)
 
 
 # ---------------------------------------------------------------- issue #6: the runner's loose ends
