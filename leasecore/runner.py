@@ -22,6 +22,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
@@ -33,7 +34,7 @@ from leasecore.logsink import LogStreamer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.poller import Poller, WorkBudget
 from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
-from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot
+from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot, undelivered_snapshot
 from leasecore.runtypes import (
     ChildExited,
     ConductorPort,
@@ -52,7 +53,7 @@ from leasecore.runtypes import (
     Tick,
 )
 from leasecore.signals import capture_signals
-from leasecore.snapshot import MAX_OUTPUT_LINES
+from leasecore.snapshot import MAX_OUTPUT_LINES, TaskSnapshot
 
 log = logging.getLogger("conductor_run.runner")
 
@@ -62,6 +63,7 @@ SHUTDOWN_REASON = "worker shutting down"
 # the connection but does not answer) is abandoned rather than allowed to delay the exit.
 _POLLER_JOIN_SLACK_SECONDS = 0.5
 _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
+_UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
 
 
 
@@ -130,6 +132,9 @@ class Runner:
         self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
         self._poller_failed = False
+        # Tasks whose result the reporter saved to the outbox, shown by ``status`` as undelivered
+        # until the file is gone (delivered or dropped by the outbox's redelivery); the newest 100.
+        self._undelivered: dict[str, tuple[Path, TaskSnapshot]] = {}
         self._statuses: list[TaskStatus | None] = []  # per started task, in start order
         self._stopping_since: float | None = None
         self._forced = False
@@ -409,6 +414,10 @@ class Runner:
         status = entry.result_status
         if outcome.delivered and status is not None:
             log.debug("task %s: reported %s", outcome.task_id, status.value)  # INFO: start, result
+        if outcome.saved_to is not None:
+            self._undelivered[outcome.task_id] = (outcome.saved_to, undelivered_snapshot(entry))
+            while len(self._undelivered) > _UNDELIVERED_SHOWN:
+                del self._undelivered[next(iter(self._undelivered))]
         self._forget(entry, status if outcome.delivered else None)
 
     def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
@@ -518,6 +527,11 @@ class Runner:
         if self._status is None:
             return
         tasks = [task_snapshot(e, self._engine, self._clock) for e in self._tasks.values()]
+        for task_id, (path, snapshot) in list(self._undelivered.items()):
+            if not path.exists():  # delivered or dropped since
+                del self._undelivered[task_id]
+            elif task_id not in self._tasks:
+                tasks.append(snapshot)
         self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock))
 
 

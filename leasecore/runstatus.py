@@ -91,6 +91,20 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
     )
 
 
+def undelivered_snapshot(entry: InFlight) -> TaskSnapshot:
+    """A task whose result waits in the outbox: no child, no lease left to keep."""
+    fence = entry.fence
+    return TaskSnapshot(
+        task_id=entry.task.task_id,
+        workflow_id=entry.task.workflow_id,
+        task_type=entry.task.task_type,
+        state=TaskState.UNDELIVERED,
+        started_at=entry.started_at,
+        fence_reason=fence.value if fence is not None else None,
+        recent_output=entry.tail.lines(),
+    )
+
+
 def server_health(pollers: Iterable[Poller], contact: ServerContact, clock: Clock) -> ServerHealth:
     """The server as every call of the runner saw it (polls, heartbeats, ownership checks, log posts,
     updates: ``contact``): the newest answer, the failed calls since, and the pollers' current wait."""
