@@ -22,10 +22,11 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
+    ConductorNotFound,
     ConductorProtocolError,
     ConductorRejected,
 )
-from leasecore.models import TaskResult
+from leasecore.models import TaskResult, TaskStatus
 from leasecore.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
@@ -43,6 +44,7 @@ class ReportOutcome:
     delivered: bool
     saved_to: Path | None = None  # the outbox file, when kept for the next start
     error: str | None = None
+    sent_status: TaskStatus | None = None  # what was delivered instead of the result (see _bare_failure)
 
 
 class Reporter:
@@ -109,7 +111,7 @@ class Reporter:
                 if not isinstance(exc, ConductorAuthError):
                     log.warning("task %s: the server rejected the result (%s); not retrying",
                                 result.task_id, exc)
-                    return ReportOutcome(result.task_id, delivered=False, error=str(exc))
+                    return self._bare_failure(result, exc, deadline)
                 # Refused credentials (rotated, expired) say nothing about the result: retry it, and
                 # keep it in the outbox at the deadline rather than drop it.
                 if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
@@ -121,6 +123,27 @@ class Reporter:
                                                       poll_count)) is not None:
                     return outcome
                 delay = min(self._cap, delay * 2)
+
+    def _bare_failure(self, result: TaskResult, exc: ConductorRejected, deadline: float) -> ReportOutcome:
+        """The server refused the result itself (400, 413, a 500 marked not retryable: too big, too
+        deep, a value it cannot take), not the task (404: gone). Report the task FAILED without its
+        output and logs, once, so that the server retries it now rather than after its response
+        timeout; if that is refused too, nothing more is sent."""
+        refused = ReportOutcome(result.task_id, delivered=False, error=str(exc))
+        already_bare = result.status is TaskStatus.FAILED and not (result.output_data or result.logs)
+        if isinstance(exc, ConductorNotFound) or already_bare:
+            return refused
+        bare = TaskResult(result.task_id, result.workflow_id, TaskStatus.FAILED, worker_id=result.worker_id,
+                          reason_for_incompletion=f"the server refused the task's result ({_short(exc)}); "
+                          "reported without its output")  # fmt: skip
+        try:
+            left = deadline - self._clock.monotonic()
+            self._port.update(bare, timeout_seconds=max(1.0, min(self._timeout, left)))
+        except ConductorError as again:
+            log.warning("task %s: the server refused a bare FAILED too (%s)", result.task_id, again)
+            return refused
+        log.warning("task %s: reported FAILED without its output instead", result.task_id)
+        return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=TaskStatus.FAILED)
 
     def _retry_or_give_up(
         self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float,
@@ -149,3 +172,8 @@ class Reporter:
         log.error("task %s: result %s not delivered after %d attempt(s) (%s); %s",
                   result.task_id, result.status.value, attempts, exc, where)
         return ReportOutcome(result.task_id, delivered=False, saved_to=saved, error=str(exc))
+
+
+def _short(exc: Exception, limit: int = 200) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

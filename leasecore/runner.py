@@ -411,7 +411,7 @@ class Runner:
         entry = self._tasks.get(outcome.task_id)
         if entry is None:
             return
-        status = entry.result_status
+        status = outcome.sent_status or entry.result_status  # a bare FAILED if the result was refused
         if outcome.delivered and status is not None:
             log.debug("task %s: reported %s", outcome.task_id, status.value)  # INFO: start, result
         if outcome.saved_to is not None:

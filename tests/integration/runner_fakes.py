@@ -55,6 +55,8 @@ class FakeConductor:
         self.polls = 0
         self.fail_updates = False
         self.failed_updates = 0  # update calls refused while fail_updates was set
+        self.refuse: Callable[[TaskResult], Exception | None] = lambda result: None  # its error is raised
+        self.refused: list[TaskResult] = []
         self.fail_polls = False
         self.poll_error: Exception | None = None  # raised by every poll while set
         self.stuck = threading.Event()  # set: polls hang (past their timeout) until it is cleared
@@ -92,6 +94,11 @@ class FakeConductor:
             with self._cond:
                 self.failed_updates += 1
             raise ConductorUnavailable("connection refused")
+        error = self.refuse(result)
+        if error is not None:
+            with self._cond:
+                self.refused.append(result)
+            raise error
         with self._cond:
             self.updates.append(result)
 

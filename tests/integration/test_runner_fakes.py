@@ -271,6 +271,27 @@ def test_reporter_gives_up_on_4xx_without_saving(tmp_path: Path) -> None:
     assert outbox.entries() == []
 
 
+def test_a_result_the_server_refuses_is_followed_by_a_bare_failed_so_it_is_retried_now(
+    harnesses: list[Harness],
+) -> None:
+    # A result the server cannot take (Conductor answers 500 'not retryable' for one nested too deep,
+    # 400/413 for others) used to be dropped: the task then sat IN_PROGRESS until its response timeout.
+    from leasecore.errors import ConductorRejected
+
+    h = Harness(QUICK, RunOptions(once=True))
+    harnesses.append(h)
+    error = "POST /tasks -> HTTP 500: JSON parse error: nested too deeply"
+    h.conductor.refuse = lambda r: ConductorRejected(error) if r.status is TaskStatus.COMPLETED else None
+    h.conductor.add(make_task("a"))
+    outcome = h.start().finish()
+    assert [r.status for r in h.conductor.refused] == [TaskStatus.COMPLETED]
+    (sent,) = h.conductor.updates
+    assert (sent.status, dict(sent.output_data), sent.logs) == (TaskStatus.FAILED, {}, ())
+    expected = f"the server refused the task's result ({error}); reported without its output"
+    assert sent.reason_for_incompletion == expected
+    assert outcome.statuses == (TaskStatus.FAILED,)  # what the server has: --once exits 5, not 0
+
+
 def test_saved_results_expire_and_foreign_servers_are_ignored(tmp_path: Path) -> None:
     from leasecore.clock import FakeClock
 
