@@ -8,6 +8,7 @@ may have put there.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -73,6 +74,11 @@ def _write_private(path: str, body: bytes) -> None:
         f.write(body)
 
 
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity: Python reads them, but they are not JSON, and the server would refuse them."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """Read and check the JSON object a child left in ``path`` (see ``TaskFiles.read_output``)."""
     name = "CONDUCTOR_OUTPUT_FILE"
@@ -81,6 +87,8 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     except FileNotFoundError:
         return None, None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the child could point it at any file of ours
+            return None, f"{name} is a symbolic link (not followed): write the JSON into the file itself"
         return None, f"{name} could not be read: {exc.strerror}"
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -92,7 +100,7 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     if not data.strip():
         return None, None
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=_no_constant)
     except ValueError as exc:
         return None, f"{name} is not valid JSON: {exc}"
     except RecursionError:  # a few KB of brackets: not a ValueError

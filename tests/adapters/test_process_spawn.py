@@ -113,6 +113,30 @@ def test_invalid_output_file_fails_the_task(supervisor: Supervisor) -> None:
     assert result.reason_for_incompletion.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON")
 
 
+@pytest.mark.parametrize(
+    ("shell", "reason"),
+    [
+        ('echo \'{"x": NaN}\' > "$CONDUCTOR_OUTPUT_FILE"',
+         "CONDUCTOR_OUTPUT_FILE is not valid JSON: NaN is not a JSON value"),
+        ('echo \'{"x": -Infinity}\' > "$CONDUCTOR_OUTPUT_FILE"',
+         "CONDUCTOR_OUTPUT_FILE is not valid JSON: -Infinity is not a JSON value"),
+        ('f="$CONDUCTOR_OUTPUT_FILE"; echo \'{"x": 1}\' > "$f.real"; ln -sf "$f.real" "$f"',
+         "CONDUCTOR_OUTPUT_FILE is a symbolic link (not followed): write the JSON into the file itself"),
+    ],
+    ids=["nan", "infinity", "symlink"],
+)  # fmt: skip
+def test_an_output_file_the_server_could_not_take_fails_the_task_saying_why(
+    supervisor: Supervisor, shell: str, reason: str
+) -> None:
+    # NaN/Infinity: Python's json reads them and writes them back, a Java server refuses them.
+    command = CommandSpec(shell=shell)
+    task = make_task()
+    exit = supervisor.spawn(task, command, worker_id="w").wait(30)
+    assert exit is not None and exit.exit_code == 0
+    result = to_task_result(task, exit, command, worker_id="w")
+    assert (result.status, result.reason_for_incompletion) == (TaskStatus.FAILED, reason)
+
+
 @pytest.mark.parametrize("depth", [1500, 100_000])
 def test_an_output_file_nested_too_deep_fails_the_task(supervisor: Supervisor, depth: int) -> None:
     # A few KB of brackets made json.loads raise RecursionError, which is not a ValueError: the task
