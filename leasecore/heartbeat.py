@@ -483,8 +483,7 @@ class LeaseEngine:
                 log.warning("task %s: the server no longer knows it (404 on a heartbeat)", job.task_id)
                 outcome = Lease.on_heartbeat_not_found
             except ConductorError as exc:
-                log.warning("task %s: heartbeat failed: %s", job.task_id, exc)
-                outcome = Lease.on_heartbeat_failed
+                return self._outcome(job.task_id, Lease.on_heartbeat_failed, beat_error=str(exc))
             except Exception:  # a bug in the port must not leave the lease waiting forever
                 log.exception("task %s: heartbeat raised unexpectedly", job.task_id)
                 outcome = Lease.on_heartbeat_failed
@@ -505,15 +504,30 @@ class LeaseEngine:
         return self._outcome(job.task_id, outcome, log_loss=True)
 
     def _outcome(
-        self, task_id: str, outcome: Callable[[Lease, float], list[Action]], *, log_loss: bool = False
+        self,
+        task_id: str,
+        outcome: Callable[[Lease, float], list[Action]],
+        *,
+        log_loss: bool = False,
+        beat_error: str | None = None,
     ) -> Fences:
         with self._lock:
             entry = self._entries.get(task_id)
             if entry is None:
                 return []
             known = entry.lease.lost_reason
+            failed_before = entry.lease.consecutive_failures
             fences = self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
             why = entry.lease.lost_reason
+            failed_now = entry.lease.consecutive_failures
+        if beat_error is not None:
+            # Once per task per outage (its retries at debug level): with hundreds of tasks and the
+            # server away, a line per attempt was thousands of lines a minute.
+            level = logging.WARNING if failed_before == 0 else logging.DEBUG
+            log.log(level, "task %s: heartbeat failed: %s (retrying until the lease deadline)", task_id,
+                    beat_error)  # fmt: skip
+        elif failed_before and not failed_now:
+            log.info("task %s: heartbeat acknowledged again after %d failed", task_id, failed_before)
         if log_loss and why is not None and known is None:
             log.warning("task %s: no longer ours: %s", task_id, why)
         return fences

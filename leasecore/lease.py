@@ -440,6 +440,11 @@ class Lease:
         """Time has reached ``now``: do whatever has come due."""
         return self._advance(self._enter(now))
 
+    @property
+    def consecutive_failures(self) -> int:
+        """Failed heartbeats since the last acknowledged one."""
+        return self._failures
+
     def on_heartbeat_ok(self, now: float, sent_at: float) -> list[Action]:
         """The beat sent at ``sent_at`` was acknowledged."""
         now = self._enter(now)

@@ -6,6 +6,7 @@ Timing assertions carry generous margins (the machine is a loaded 2-core box): t
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import statistics
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from leasecore.backoff import Backoff
 from leasecore.clock import FakeClock
 from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
@@ -742,3 +744,36 @@ def test_against_the_embedded_server_the_hard_timeout_counts_from_the_first_star
             assert 2.0 - 0.01 <= t_term - polled_at < 2.0 + MARGIN
         finally:
             engine.stop(timeout_seconds=30)
+
+
+def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
+    engine: LeaseEngine, port: FakePort, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A line per attempt was, with 300 tasks and the server away, 1349 lines in 25 s (a QA pass).
+    logger = logging.getLogger("leasecore.heartbeat")
+    logger.addHandler(caplog.handler)  # whatever an earlier CLI run in this process did to propagation
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not .level =: it clears isEnabledFor's cache
+    propagate, logger.propagate = logger.propagate, False  # and each record once
+    try:
+        port.beat_mode["t1"] = "fail"
+        quick = Backoff(initial_seconds=0.05, multiplier=1.0, max_seconds=0.05)
+        engine.track(task(1), policy(30.0, retry_backoff=quick), polled_at=time.monotonic() - 23.9)
+        with port.cv:
+            assert port.cv.wait_for(lambda: len(port.beats["t1"]) >= 4, timeout=10)
+        port.beat_mode["t1"] = "ok"
+        deadline = time.monotonic() + 10
+        while engine.view("t1").consecutive_failures and time.monotonic() < deadline:
+            with port.cv:
+                port.cv.wait(0.05)  # woken by the next beat
+        assert engine.view("t1").consecutive_failures == 0
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "leasecore.heartbeat"]
+    failed = [level for level, text in lines if "heartbeat failed" in text]
+    assert failed[0] == "WARNING" and set(failed[1:]) == {"DEBUG"} and len(failed) >= 4
+    recovered = [(level, text) for level, text in lines if "acknowledged again" in text]
+    assert len(recovered) == 1 and recovered[0][0] == "INFO"
+    assert recovered[0][1].startswith("task t1: heartbeat acknowledged again after ")

@@ -192,7 +192,8 @@ def test_a_saved_result_is_delivered_while_the_runner_serves_once_the_server_ans
         # The outbox's lines, even if a CLI run earlier in this process stopped their propagation.
         outbox_logger = logging.getLogger("conductor_run.outbox")
         outbox_logger.addHandler(caplog.handler)
-        level, outbox_logger.level = outbox_logger.level, logging.DEBUG
+        level = outbox_logger.level
+        outbox_logger.setLevel(logging.DEBUG)
         with ConductorClient(url, timeout_seconds=5) as client, contextlib.ExitStack() as undo:
             undo.callback(outbox_logger.removeHandler, caplog.handler)
             undo.callback(outbox_logger.setLevel, level)
