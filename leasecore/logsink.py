@@ -177,7 +177,7 @@ class LogStreamer:
     def open(self, task_id: str) -> Callable[[str, str], None]:
         """Start buffering for ``task_id``; returns the ``on_line(stream, line)`` callback."""
         with self._lock:
-            self._tasks[task_id] = _TaskLog(self._new_buffer(), self._clock.monotonic())
+            self._replace(task_id, _TaskLog(self._new_buffer(), self._clock.monotonic()))
 
         def on_line(stream: str, line: str) -> None:
             text = line if stream == "stdout" else f"[{stream}] {line}"
@@ -200,7 +200,7 @@ class LogStreamer:
         a child printing millions of lines costs the streamer O(buffer) per read, not O(lines)."""
         with self._lock:
             buffer = self._new_buffer()
-            self._tasks[task_id] = _TaskLog(buffer, self._clock.monotonic())
+            self._replace(task_id, _TaskLog(buffer, self._clock.monotonic()))
         keep = buffer.max_lines
 
         def on_lines(stream: str, lines: list[str]) -> None:
@@ -229,6 +229,14 @@ class LogStreamer:
             if entry is not None:
                 entry.closed = True
         self._wake.set()
+
+    def _replace(self, task_id: str, entry: _TaskLog) -> None:
+        """Under the lock: a task opened again (an IN_PROGRESS yield polled back) drops what its last
+        run left unsent, and the budget forgets it too."""
+        old = self._tasks.get(task_id)
+        if old is not None:
+            self._chars -= old.buffer.chars
+        self._tasks[task_id] = entry
 
     def _account(self, buffer: LogBuffer, before: int) -> None:
         """Under the lock: count what ``buffer`` gained since ``before``; shed it past the budget."""

@@ -166,6 +166,17 @@ def test_the_log_buffers_of_all_tasks_together_stay_within_their_budget() -> Non
     assert streamer._tasks["quiet"].buffer.take_batch(10, 10**6) == "hello"
 
 
+def test_a_task_opened_again_leaves_nothing_of_its_last_run_in_the_budget() -> None:
+    # Found in review: the second open replaced the entry, and its unsent characters stayed counted
+    # for good (a few such re-polls and every task shed its output down to one line).
+    streamer = LogStreamer(_StalledLogs(), max_buffered_chars=100_000, batch_lines=10**6)
+    streamer.open_lines("t1")("stdout", ["x" * 100] * 500)
+    streamer.close("t1")
+    assert streamer.buffered_chars == 50_000
+    streamer.open("t1")  # its IN_PROGRESS yield, polled back while the old lines were still unsent
+    assert streamer.buffered_chars == 0
+
+
 def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
     buf = LogBuffer(max_lines=10, max_line_bytes=1000)
     buf.append("x" * 5000)
