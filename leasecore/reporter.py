@@ -130,10 +130,17 @@ class Reporter:
         output and logs, once, so that the server retries it now rather than after its response
         timeout; if that is refused too, nothing more is sent."""
         refused = ReportOutcome(result.task_id, delivered=False, error=str(exc))
-        already_bare = result.status is TaskStatus.FAILED and not (result.output_data or result.logs)
-        if isinstance(exc, ConductorNotFound) or already_bare:
+        # Only for a run's final result (never an IN_PROGRESS yield or a hand-back: a FAILED there would
+        # spend a retry of a task that did not fail), only for what says "this body" (not a 404: gone;
+        # not a 409 or a redirect), and only if it would change anything.
+        terminal = result.status in _FINAL
+        body_refused = exc.status_code in _BODY_REFUSED or (exc.status_code or 0) >= 500
+        already_bare = result.status is not TaskStatus.COMPLETED and not (result.output_data or result.logs)
+        if not terminal or not body_refused or already_bare or isinstance(exc, ConductorNotFound):
             return refused
-        bare = TaskResult(result.task_id, result.workflow_id, TaskStatus.FAILED, worker_id=result.worker_id,
+        no_retry = result.status is TaskStatus.FAILED_WITH_TERMINAL_ERROR  # a "no retry" result stays one
+        status = TaskStatus.FAILED_WITH_TERMINAL_ERROR if no_retry else TaskStatus.FAILED
+        bare = TaskResult(result.task_id, result.workflow_id, status, worker_id=result.worker_id,
                           reason_for_incompletion=f"the server refused the task's result ({_short(exc)}); "
                           "reported without its output")  # fmt: skip
         try:
@@ -142,8 +149,8 @@ class Reporter:
         except ConductorError as again:
             log.warning("task %s: the server refused a bare FAILED too (%s)", result.task_id, again)
             return refused
-        log.warning("task %s: reported FAILED without its output instead", result.task_id)
-        return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=TaskStatus.FAILED)
+        log.warning("task %s: reported %s without its output instead", result.task_id, status.value)
+        return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=status)
 
     def _retry_or_give_up(
         self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float,
@@ -172,6 +179,10 @@ class Reporter:
         log.error("task %s: result %s not delivered after %d attempt(s) (%s); %s",
                   result.task_id, result.status.value, attempts, exc, where)
         return ReportOutcome(result.task_id, delivered=False, saved_to=saved, error=str(exc))
+
+
+_FINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.FAILED_WITH_TERMINAL_ERROR})
+_BODY_REFUSED = frozenset({400, 413, 422})  # and a 5xx marked not retryable (a parse error on Conductor)
 
 
 def _short(exc: Exception, limit: int = 200) -> str:

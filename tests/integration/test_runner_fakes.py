@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.lease import FenceReason, LeasePolicy
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.outbox import Outbox
 from leasecore.poller import PollSettings
 from leasecore.reporter import Reporter, ReportOutcome
@@ -281,7 +281,9 @@ def test_a_result_the_server_refuses_is_followed_by_a_bare_failed_so_it_is_retri
     h = Harness(QUICK, RunOptions(once=True))
     harnesses.append(h)
     error = "POST /tasks -> HTTP 500: JSON parse error: nested too deeply"
-    h.conductor.refuse = lambda r: ConductorRejected(error) if r.status is TaskStatus.COMPLETED else None
+    h.conductor.refuse = (
+        lambda r: ConductorRejected(error, status_code=500) if r.status is TaskStatus.COMPLETED else None
+    )
     h.conductor.add(make_task("a"))
     outcome = h.start().finish()
     assert [r.status for r in h.conductor.refused] == [TaskStatus.COMPLETED]
@@ -290,6 +292,38 @@ def test_a_result_the_server_refuses_is_followed_by_a_bare_failed_so_it_is_retri
     expected = f"the server refused the task's result ({error}); reported without its output"
     assert sent.reason_for_incompletion == expected
     assert outcome.statuses == (TaskStatus.FAILED,)  # what the server has: --once exits 5, not 0
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "bare"),
+    [
+        (TaskStatus.FAILED_WITH_TERMINAL_ERROR, 413, TaskStatus.FAILED_WITH_TERMINAL_ERROR),  # stays no-retry
+        (TaskStatus.COMPLETED, 400, TaskStatus.FAILED),
+        (TaskStatus.IN_PROGRESS, 400, None),  # a yield or a hand-back: a FAILED would spend a retry
+        (TaskStatus.COMPLETED, 409, None),  # not "this body": maybe not ours any more
+        (TaskStatus.COMPLETED, 404, None),  # gone
+    ],
+)
+def test_which_refused_results_are_followed_by_a_bare_one(
+    status: TaskStatus, code: int, bare: TaskStatus | None
+) -> None:
+    from leasecore.errors import ConductorNotFound, ConductorRejected
+
+    sent: list[TaskResult] = []
+
+    class Picky:
+        def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+            if result.output_data:
+                kind = ConductorNotFound if code == 404 else ConductorRejected
+                raise kind(f"HTTP {code}", status_code=code)
+            sent.append(result)
+
+    done: list[ReportOutcome] = []
+    reporter = Reporter(Picky(), done.append)
+    reporter.submit(TaskResult("a", "w", status, output_data={"exitCode": 0}), retry_seconds=30)
+    reporter.close()
+    assert [r.status for r in sent] == ([] if bare is None else [bare])
+    assert done[0].delivered is (bare is not None) and done[0].sent_status is bare
 
 
 def test_saved_results_expire_and_foreign_servers_are_ignored(tmp_path: Path) -> None:
