@@ -16,13 +16,16 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process.leftovers import TMP_PREFIX, remove_tmpdir
 
 # The output object is capped so that outputData stays well under Conductor's 3 MB threshold, measured
 # on the re-serialised JSON (escapes can grow text up to 6x).
 OUTPUT_FILE_LIMIT = 1024 * 1024
+OUTPUT_MAX_DEPTH = 256  # Conductor's JSON parser refuses 1000 levels; the report adds some, and frames
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,32 @@ def _input_json(task: Task) -> bytes:
     """``inputData`` as UTF-8 JSON; with ``\\u`` escapes when it holds lone surrogates (a Java
     server can send them), which strict UTF-8 cannot carry but every JSON parser reads."""
     try:
-        return json.dumps(dict(task.input_data), ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return json.dumps(dict(task.input_data)).encode()
+        try:
+            return json.dumps(dict(task.input_data), ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return json.dumps(dict(task.input_data)).encode()
+    except RecursionError:  # parsed on the poller's thread, too deep to write back on this one
+        raise SpawnError("the task's input is nested too deeply to pass on") from None
 
 
 def _write_private(path: str, body: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(body)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _no_constant(name: str) -> Any:
@@ -108,6 +128,8 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(value, dict):
         kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
         return None, f"{name} must hold a JSON object, not {kind}"
+    if _deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
+        return None, f"{name} is not valid JSON: nested too deeply (over {OUTPUT_MAX_DEPTH} levels)"
     try:
         size = len(json.dumps(value))
     except RecursionError:  # parsed just under the limit, one level deeper to serialise
