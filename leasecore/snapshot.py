@@ -324,9 +324,11 @@ def lease_health(task: TaskSnapshot, now: datetime, *, runner_stale: bool = Fals
     """Classify a task's lease at ``now``; pure."""
     if runner_stale:
         return LeaseHealth.STALE
+    if task.state is TaskState.UNDELIVERED:  # its child is long gone, fenced or not: nothing to keep
+        return LeaseHealth.NO_LEASE
     if task.state is TaskState.TERMINATING or task.fence_reason is not None:
         return LeaseHealth.FENCING
-    if task.state is TaskState.UNDELIVERED or task.lease_deadline_at is None:
+    if task.lease_deadline_at is None:
         return LeaseHealth.NO_LEASE
     left = (task.lease_deadline_at - now).total_seconds()
     if left <= 0:

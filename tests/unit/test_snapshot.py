@@ -144,6 +144,8 @@ def test_wall_time_converts_a_monotonic_deadline() -> None:
         ({"state": TaskState.TERMINATING}, False, LeaseHealth.FENCING),
         ({"fence_reason": "OWNERSHIP_LOST"}, False, LeaseHealth.FENCING),
         ({"state": TaskState.UNDELIVERED}, False, LeaseHealth.NO_LEASE),
+        # A fenced task whose result waits in the outbox: no child, no lease; not "fencing" for a day.
+        ({"state": TaskState.UNDELIVERED, "fence_reason": "LEASE_EXPIRED"}, False, LeaseHealth.NO_LEASE),
         ({"lease_deadline_at": None}, False, LeaseHealth.NO_LEASE),
     ],
 )
