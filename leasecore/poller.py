@@ -78,6 +78,9 @@ class PollSettings:
     max_unstarted: int = 32
 
 
+_REPORTS_WAITING_MIN = 8  # see Poller._reporting
+
+
 def failure_kind(exc: ConductorError) -> FailureKind:
     """How a failed poll is reported: refused credentials and other rejections are not "unreachable"."""
     if isinstance(exc, ConductorAuthError):
@@ -121,8 +124,9 @@ class Poller:
         self._in_use = 0
         self._unstarted = 0  # handed to on_task / on_surplus, not yet taken up (see taken_up)
         # Tasks whose child is gone and whose final update is still being sent: they hold no slot,
-        # but at most ``concurrency`` of them may wait, or a server refusing updates while it hands
-        # out tasks would have us claim its whole queue (each lease held, each result kept).
+        # but at most max(concurrency, 8) of them may wait, or a server refusing updates while it
+        # hands out tasks would have us claim its whole queue (each lease held, each result kept).
+        # Not fewer than 8: with one slot, the next poll must not wait for each report's round trip.
         self._reporting = 0
         self.reachability = Reachability()
         self.last_ok_at: datetime | None = None  # wall clock of the last successful poll
@@ -193,8 +197,9 @@ class Poller:
         """Wait for free slots, reserve them and the budget; 0 means stop polling."""
         cap = max(1, self.settings.max_unstarted)
         with self._cond:
+            reports = max(self.settings.concurrency, _REPORTS_WAITING_MIN)
             while (self._in_use >= self.settings.concurrency or self._unstarted >= cap
-                   or self._reporting >= self.settings.concurrency) and not self._stop.is_set():
+                   or self._reporting >= reports) and not self._stop.is_set():
                 self._cond.wait(timeout=1.0)
             if self._stop.is_set():
                 return 0
