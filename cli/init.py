@@ -141,17 +141,9 @@ def _not_regular(path: Path) -> str:
         return ""
     if stat.S_ISREG(mode):
         return ""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
 
 
 def _write_new(path: Path, text: str, *, overwrite: bool) -> None:

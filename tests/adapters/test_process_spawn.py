@@ -102,15 +102,19 @@ def test_in_progress_exit_code(supervisor: Supervisor) -> None:
     assert done.status == TaskStatus.COMPLETED and done.output_data["ready"] is True
 
 
-def test_invalid_output_file_fails_the_task(supervisor: Supervisor) -> None:
-    command = CommandSpec(shell='echo "[1, 2" > "$CONDUCTOR_OUTPUT_FILE"')
+def _failed_for(supervisor: Supervisor, command: CommandSpec) -> str:
+    """Run ``command`` (it exits 0); its result must be FAILED: the reason."""
     task = make_task()
     exit = supervisor.spawn(task, command, worker_id="w").wait(30)
     assert exit is not None and exit.exit_code == 0 and exit.output is None
     result = to_task_result(task, exit, command, worker_id="w")
-    assert result.status == TaskStatus.FAILED
-    assert result.reason_for_incompletion is not None
-    assert result.reason_for_incompletion.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON")
+    assert result.status == TaskStatus.FAILED and result.reason_for_incompletion is not None
+    return result.reason_for_incompletion
+
+
+def test_invalid_output_file_fails_the_task(supervisor: Supervisor) -> None:
+    reason = _failed_for(supervisor, CommandSpec(shell='echo "[1, 2" > "$CONDUCTOR_OUTPUT_FILE"'))
+    assert reason.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON")
 
 
 @pytest.mark.parametrize(
@@ -129,12 +133,7 @@ def test_an_output_file_the_server_could_not_take_fails_the_task_saying_why(
     supervisor: Supervisor, shell: str, reason: str
 ) -> None:
     # NaN/Infinity: Python's json reads them and writes them back, a Java server refuses them.
-    command = CommandSpec(shell=shell)
-    task = make_task()
-    exit = supervisor.spawn(task, command, worker_id="w").wait(30)
-    assert exit is not None and exit.exit_code == 0
-    result = to_task_result(task, exit, command, worker_id="w")
-    assert (result.status, result.reason_for_incompletion) == (TaskStatus.FAILED, reason)
+    assert _failed_for(supervisor, CommandSpec(shell=shell)) == reason
 
 
 @pytest.mark.parametrize("depth", [300, 990, 1500, 100_000])
@@ -146,13 +145,7 @@ import os
 with open(os.environ["CONDUCTOR_OUTPUT_FILE"], "w") as f:
     f.write('{{"a": ' + '[' * {depth} + ']' * {depth} + '}}')
 """))  # fmt: skip
-    task = make_task()
-    exit = supervisor.spawn(task, command, worker_id="w").wait(30)
-    assert exit is not None and exit.exit_code == 0 and exit.output is None
-    result = to_task_result(task, exit, command, worker_id="w")
-    assert result.status == TaskStatus.FAILED
-    assert result.reason_for_incompletion is not None
-    assert result.reason_for_incompletion.startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON: nested too")
+    assert _failed_for(supervisor, command).startswith("CONDUCTOR_OUTPUT_FILE is not valid JSON: nested too")
 
 
 def test_an_input_nested_too_deep_to_write_back_is_a_spawn_error(supervisor: Supervisor) -> None:

@@ -120,6 +120,15 @@ def test_an_unusable_state_dir_found_by_the_worker_is_a_json_error_line(tmp_path
 BAD_GRACE = ("run", "--kill-grace", "-1", "--task-type", "x", "--", "true")
 
 
+def _bad_grace(tmp_path: Path, args: tuple[str, ...], env: dict[str, str], file: str | None) -> str:
+    """``run`` with an invalid --kill-grace, plus ``args``, ``env`` and a conductor.toml: its stderr."""
+    if file is not None:
+        (tmp_path / "conductor.toml").write_text(file, encoding="utf-8")
+    code, _, err = invoke(*BAD_GRACE[:1], *args, *BAD_GRACE[1:], env=env)
+    assert code == exitcodes.CONFIG, err
+    return err
+
+
 @pytest.mark.parametrize(
     ("args", "env", "file"),
     [
@@ -134,11 +143,7 @@ BAD_GRACE = ("run", "--kill-grace", "-1", "--task-type", "x", "--", "true")
 def test_a_configuration_error_is_json_when_json_was_asked_for(
     tmp_path: Path, args: tuple[str, ...], env: dict[str, str], file: str | None
 ) -> None:
-    if file is not None:
-        (tmp_path / "conductor.toml").write_text(file, encoding="utf-8")
-    code, _, err = invoke(*BAD_GRACE[:1], *args, *BAD_GRACE[1:], env=env)
-    assert code == exitcodes.CONFIG, err
-    (error,) = json_lines(err)
+    (error,) = json_lines(_bad_grace(tmp_path, args, env, file))
     assert error["level"] == "error"
     expected = "configuration error: invalid kill_grace = -1.0 (from flag --kill-grace)"
     assert error["message"].startswith(expected)
@@ -156,10 +161,7 @@ def test_a_configuration_error_is_json_when_json_was_asked_for(
 def test_a_configuration_error_stays_plain_text_otherwise(
     tmp_path: Path, args: tuple[str, ...], env: dict[str, str], file: str | None
 ) -> None:
-    if file is not None:
-        (tmp_path / "conductor.toml").write_text(file, encoding="utf-8")
-    code, _, err = invoke(*BAD_GRACE[:1], *args, *BAD_GRACE[1:], env=env)
-    assert code == exitcodes.CONFIG, err
+    err = _bad_grace(tmp_path, args, env, file)
     assert err.startswith("conductor-run: configuration error: invalid kill_grace") and err.count("\n") == 1
 
 
