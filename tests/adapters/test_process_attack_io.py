@@ -105,7 +105,7 @@ def test_many_short_lines_are_all_delivered_fast(supervisor: Supervisor) -> None
     ("setup", "expected"),
     [
         ('rm "$F"; mkfifo "$F"', "not a regular file"),
-        ('rm "$F"; ln -s /etc/passwd "$F"', "could not be read"),
+        ('rm "$F"; ln -s /etc/passwd "$F"', "is a symbolic link (not followed)"),
         ('head -c 5000000 /dev/zero > "$F"', "too large"),
         ('printf "{oops" > "$F"', "not valid JSON"),
         ('printf "[1, 2]" > "$F"', "must hold a JSON object, not an array"),
