@@ -61,6 +61,17 @@ class OutboxEntry:
     result: TaskResult
     saved_at: float  # wall clock, epoch seconds (comparable across runs, unlike monotonic time)
     poll_count: int = 0  # the task's pollCount when we held it (0: unknown, never compared)
+    inode: int = 0  # of the file read: a newer save of the same task (a new file) is not this entry
+
+    def forget(self) -> None:
+        """Delete this entry's file, unless a newer result of the same task replaced it meanwhile
+        (the reporter saves by rename: a new inode), which must not go with it."""
+        try:
+            if self.inode and self.path.stat().st_ino != self.inode:
+                return
+        except FileNotFoundError:
+            return
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -144,11 +155,15 @@ class Outbox:
             if path.name.startswith("."):  # a save in progress (.tmp-*): not a result yet, not ours to drop
                 continue
             try:
-                body = json.loads(path.read_text(encoding="utf-8"))
+                with open(path, encoding="utf-8") as handle:  # the inode of what is read, not of a path
+                    inode = os.fstat(handle.fileno()).st_ino
+                    body = json.loads(handle.read())
                 if body.get("server") != self._server:
                     continue
                 found.append(OutboxEntry(path, result_from_json(body["result"]), float(body["saved_at"]),
-                                         int(body.get("poll_count") or 0)))
+                                         int(body.get("poll_count") or 0), inode))
+            except FileNotFoundError:  # delivered by another runner of this state directory meanwhile
+                continue
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable saved result %s: %s", path.name, exc)
                 path.unlink(missing_ok=True)
@@ -180,7 +195,7 @@ class Outbox:
             if now - entry.saved_at > self.max_age_seconds:
                 log.warning("dropping the saved result of task %s: older than %.0f s", task_id,
                             self.max_age_seconds)
-                entry.path.unlink(missing_ok=True)
+                entry.forget()
                 dropped += 1
                 continue
             try:
@@ -189,7 +204,7 @@ class Outbox:
                 if why is not None:
                     log.warning("dropping the saved result of task %s (%s): no longer ours: %s", task_id,
                                 entry.result.status.value, why)
-                    entry.path.unlink(missing_ok=True)
+                    entry.forget()
                     dropped += 1
                     continue
                 update(entry.result)
@@ -199,7 +214,7 @@ class Outbox:
                 break
             except ConductorRejected as exc:  # 4xx, 404 included: it will never be accepted
                 log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id, exc)
-                entry.path.unlink(missing_ok=True)
+                entry.forget()
                 dropped += 1
                 continue
             except ConductorError as exc:  # unreachable or garbled: keep everything for next time
@@ -208,6 +223,6 @@ class Outbox:
                 kept = len(pending) - i
                 break
             log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)
-            entry.path.unlink(missing_ok=True)
+            entry.forget()
             delivered += 1
         return DeliveryReport(delivered, dropped, kept)

@@ -125,3 +125,20 @@ def test_a_save_in_progress_is_neither_read_nor_dropped(tmp_path: Path) -> None:
     assert outbox.any_saved()
     (tmp_path / next(p.name for p in tmp_path.glob("*.json") if not p.name.startswith("."))).unlink()
     assert not outbox.any_saved()  # only the temp file is left
+
+
+def test_a_newer_result_saved_while_an_older_one_is_delivered_is_kept(tmp_path: Path) -> None:
+    # The redelivery thread reads the old result of a task that has since been polled again here; while
+    # it asks the server, the reporter saves the new run's result at the same path (a rename). The old
+    # one is dropped (no longer ours), and its deletion used to take the new file with it.
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(FAILED, poll_count=1)
+    newer = TaskResult("t1", "w1", TaskStatus.COMPLETED)
+
+    def read_task(task_id: str) -> TaskOwnership:
+        outbox.save(newer, poll_count=2)  # the reporter, meanwhile
+        return TaskOwnership(TaskStatus.IN_PROGRESS, 2, "us")
+
+    report = outbox.deliver(lambda result: None, read_task=read_task)
+    assert (report.delivered, report.dropped) == (0, 1)
+    assert [(e.result.status, e.poll_count) for e in outbox.entries()] == [(TaskStatus.COMPLETED, 2)]
