@@ -300,7 +300,6 @@ class LogStreamer:
                     entry.last_flush_at = now
                     batches.append((task_id, batch))
                 elif entry.closed and not len(entry.buffer):
-                    self._chars -= entry.buffer.chars  # 0: nothing left in it
                     del self._tasks[task_id]
         for task_id, batch in batches:
             try:

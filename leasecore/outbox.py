@@ -109,10 +109,12 @@ class Outbox:
         return self.directory / f"{self._server}-{_SAFE.sub('_', task_id)}.json"
 
     def any_saved(self) -> bool:
-        """Whether any result (for any server) waits here: a cheap look, no file is read."""
+        """Whether a result for this server waits here: a cheap look at the names, no file is read
+        (another server's results, which ``entries`` would read and skip, do not count)."""
+        prefix = f"{self._server}-"
         try:
             with os.scandir(self.directory) as found:
-                return any(e.name.endswith(".json") and not e.name.startswith(".") for e in found)
+                return any(e.name.startswith(prefix) and e.name.endswith(".json") for e in found)
         except OSError:
             return False
 

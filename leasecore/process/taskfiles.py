@@ -27,7 +27,6 @@ OUTPUT_MAX_DEPTH = 256  # Conductor's JSON parser refuses 1000 levels; the repor
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
-
 @dataclass(frozen=True)
 class TaskFiles:
     """Paths of one task's private files."""
@@ -130,10 +129,6 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{name} must hold a JSON object, not {kind}"
     if _deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
         return None, f"{name} is not valid JSON: nested too deeply (over {OUTPUT_MAX_DEPTH} levels)"
-    try:
-        size = len(json.dumps(value))
-    except RecursionError:  # parsed just under the limit, one level deeper to serialise
-        return None, f"{name} is not valid JSON: nested too deeply"
-    if size > OUTPUT_FILE_LIMIT:
+    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT:  # 256 levels serialise without a RecursionError
         return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT} bytes)"
     return value, None

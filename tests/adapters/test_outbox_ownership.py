@@ -142,3 +142,13 @@ def test_a_newer_result_saved_while_an_older_one_is_delivered_is_kept(tmp_path: 
     report = outbox.deliver(lambda result: None, read_task=read_task)
     assert (report.delivered, report.dropped) == (0, 1)
     assert [(e.result.status, e.poll_count) for e in outbox.entries()] == [(TaskStatus.COMPLETED, 2)]
+
+
+def test_any_saved_looks_only_at_this_servers_results(tmp_path: Path) -> None:
+    # The redelivery thread asks every 10 s: another server's results (which entries() reads and
+    # skips) must not make it read every file again each time.
+    Outbox(tmp_path, server="http://other.example/api").save(FAILED, poll_count=1)
+    ours = Outbox(tmp_path, server=URL)
+    assert not ours.any_saved()
+    ours.save(FAILED, poll_count=1)
+    assert ours.any_saved()
