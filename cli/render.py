@@ -9,6 +9,7 @@ terminal.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -113,20 +114,12 @@ def prefix_labels(ids: set[str], shortest: int = _SHORT_ID) -> dict[str, str]:
     ordered = sorted(ids)
     labels: dict[str, str] = {}
     for i, task_id in enumerate(ordered):
-        shared = max(
-            (_common_prefix(task_id, ordered[j]) for j in (i - 1, i + 1) if 0 <= j < len(ordered)), default=0
-        )
+        neighbours = [ordered[j] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
+        # Character by character is what is wanted here: these are ids, not paths.
+        common = (len(os.path.commonprefix((task_id, other))) for other in neighbours)  # noqa: RUF071
+        shared = max(common, default=0)
         labels[task_id] = task_id[: max(shortest, shared + 1)]
     return labels
-
-
-def _common_prefix(a: str, b: str) -> int:
-    size = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        size += 1
-    return size
 
 
 def _server_text(server: ServerHealth, now: datetime) -> Text:
