@@ -4,9 +4,9 @@ Design (DESIGN.md §5). The runner is threaded, so it never forks task commands 
 ``Supervisor`` starts one small single-threaded **fork server** (``forkserver.py``) and talks to it
 over a Unix socket. The fork server
 
-- forks/execs each command in a new session (its own process group) with PR_SET_PDEATHSIG(SIGKILL)
-  set between fork and exec (safe in a single-threaded process; never ``preexec_fn``), and with
-  stdin (the input file), stdout and stderr (pipes) passed over SCM_RIGHTS;
+- starts each command with ``posix_spawn`` (vfork and exec in the C library: no Python runs in the
+  child) in a new session (its own process group), with stdin (the input file), stdout and stderr
+  (pipes) passed over SCM_RIGHTS, the signals it ignores back at default and nothing blocked;
 - is a child subreaper, so descendants that leave the group (setsid, double fork) are re-parented
   to it; it reaps everything it adopts (no zombies);
 - reports each exit from ``waitid`` (never from pipe EOF), but keeps the direct child unreaped until
@@ -18,8 +18,9 @@ over a Unix socket. The fork server
   keep it across setsid and double forks), and all their descendants;
 - on EOF of the control socket (the runner died, even by SIGKILL) TERMs every tree, KILLs after the
   close grace (0 s when the runner died), kills anything else still below it, reaps and exits.
-  If the fork server itself is killed, its direct children die by PDEATHSIG, the Supervisor kills
-  the rest of each tree, and the state directory's record lets the next start sweep what both left.
+  If the fork server itself is killed, the Supervisor kills every tree it held, and the state
+  directory's record lets the next start sweep what both left if the runner died too. The fork
+  server has its own process group: a SIGKILL of the runner's group does not take it along.
 
 Output: one thread per child reads stdout and stderr (a selector), splits lines at 64 KiB, keeps
 bounded tails (200 lines / 64 KiB per stream) and calls ``on_line``. After the exit it drains the

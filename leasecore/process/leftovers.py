@@ -13,8 +13,9 @@ A process is attributed to a recorded tree only on evidence that cannot be a str
 tree's random marker token in its environment, or its session/group id is the recorded leader's pid
 while the leader itself still runs (same pid *and* start time). A session whose leader is gone is
 not evidence at a later sweep: the pid may have been recycled by a stranger that started a session
-and exited, leaving its children in it. Only right after the fork server died (the leaders died with
-it a moment ago) are such sessions trusted (``leaders_just_died``). Signals go through
+and exited, leaving its children in it. Only right after the fork server died (a leader gone now
+exited a moment ago, and its session still holds its tree) are such sessions trusted
+(``leaders_just_died``). Signals go through
 ``_procfs.signal_verified`` (pidfd + start time).
 
 A tree's record may carry ``meta``: an opaque JSON object the Supervisor's owner attached at spawn

@@ -6,7 +6,6 @@
     any other exit code            -> FAILED "exit code 3: <last stderr line>"
     killed by a signal             -> FAILED "killed by SIGKILL"
     timed_out=True                 -> FAILED "exec timeout after 30s"
-    the exec failed (spawn_error)  -> FAILED "could not start the command: <why>"
     output file unusable           -> FAILED with the reason (when the exit alone meant success)
 
 outputData = the output-file object, then ``exitCode``, ``signal``, ``durationSeconds``,
@@ -45,8 +44,6 @@ def _seconds(value: float) -> str:
 
 
 def _status_and_reason(exit: ChildExit, spec: CommandSpec, timed_out: bool) -> tuple[TaskStatus, str]:
-    if exit.spawn_error:
-        return TaskStatus.FAILED, f"could not start the command: {exit.spawn_error}"
     if timed_out:
         return TaskStatus.FAILED, f"exec timeout after {_seconds(spec.exec_timeout_seconds)}"
     if exit.signal is not None:

@@ -73,8 +73,7 @@ class ChildExit:
 
     Exactly one of ``exit_code`` / ``signal`` is set. ``output`` is the JSON object the child wrote
     to CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could
-    not be used. ``spawn_error`` is set when the command never ran: its exec failed (the child then
-    exits 127), and says why.
+    not be used. (A command that cannot be started is a ``SpawnError`` from ``Supervisor.spawn``.)
     """
 
     exit_code: int | None
@@ -84,7 +83,6 @@ class ChildExit:
     stderr_tail: str = ""
     output: Mapping[str, Any] | None = None
     output_error: str | None = None
-    spawn_error: str | None = None
 
 
 def input_env_name(key: str) -> str:

@@ -121,8 +121,6 @@ class Child:
         self._on_done = on_done
         self._clock = clock
         self._exit_info: tuple[int | None, int | None, float] | None = None
-        self._argv0 = ""
-        self._spawn_error: str | None = None  # the exec failed (reported by the fork server)
         self._exited = threading.Event()
         self._done = threading.Event()
         self._gone = threading.Event()
@@ -216,7 +214,6 @@ class Child:
             stderr_tail=stderr_tail,
             output=output,
             output_error=output_error,
-            spawn_error=self._spawn_error,
         )
         self._done.set()
         if self._on_done is not None:
@@ -440,10 +437,8 @@ class Supervisor:
     ) -> Child:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
-        Returns once the fork server has forked the child, not once it has exec'd (the runner's loop
-        does not wait ~1 ms per task for that): an exec that fails (not executable, no ``#!``, a
-        failed ``chdir``...) ends the child instead, and its ``ChildExit`` carries ``spawn_error``
-        (the same words a SpawnError would have).
+        Returns once the child has exec'd its command (the fork server's posix_spawn returns then): an
+        exec that fails (not executable, no ``#!``, a failed ``chdir``...) is a SpawnError saying why.
 
         ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
         Supervisor's output thread (shared by every child): it must return quickly (queue the line),
@@ -455,7 +450,7 @@ class Supervisor:
         """
         argv = spec.command_argv()
         self._ensure_forkserver()
-        cwd = spec.cwd or os.getcwd()
+        cwd = os.path.abspath(spec.cwd or os.getcwd())  # the fork server chdirs to it, from wherever it is
         if not os.path.isdir(cwd):
             raise SpawnError(f"working directory {cwd!r} does not exist")
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
@@ -472,7 +467,6 @@ class Supervisor:
             raise
         key = f"t{next(self._ids)}"
         child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
-        child._argv0 = argv[0]
         with self._cond:
             self._children[key] = child
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
@@ -564,6 +558,9 @@ class Supervisor:
             process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _BOOT, root, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                # Its own process group: a SIGKILL of the runner's group (kill -9 -PGID) leaves it to see
+                # the runner die and kill every tree, instead of taking it along and leaving them all.
+                process_group=0,
                 env={},  # the fork server needs nothing from the runner's environment (credentials!)
             )  # fmt: skip
         except OSError as exc:
@@ -626,9 +623,7 @@ class Supervisor:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 return
-            if op == "exec_failed":
-                child._spawn_error = _spawn_failure(child._argv0, event)
-            elif op == "exited":
+            if op == "exited":
                 child._on_exit(event.get("code"), event.get("signal"))
             elif op == "gone":
                 child._on_gone()
@@ -636,8 +631,8 @@ class Supervisor:
                 self._children.pop(child.key, None)
 
     def _on_forkserver_lost(self) -> None:
-        # EOF: either close() ended it, or it died. Its direct children died with it (PDEATHSIG); the
-        # rest of each tree is found by session/group id and marker token, exactly as a sweep would.
+        # EOF: either close() ended it, or it died. Each tree is found by its leader (pid and start time:
+        # re-parented, or just dead), session/group id and marker token, exactly as a sweep would.
         with self._cond:
             self._lost = True
             self._cond.notify_all()
@@ -645,7 +640,7 @@ class Supervisor:
             records = self._record.trees()
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
-        # The leaders died a moment ago (PDEATHSIG): their session/group ids still name our processes.
+        # A leader that died a moment ago (its own exit) still names our processes by session/group id.
         leftovers.kill_trees(records, leaders_just_died=True)
         with self._cond:
             for child in children:

@@ -50,7 +50,8 @@ time.sleep(600)
 def runner(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, list[int] | int]]]:
     argv = [sys.executable, "-c", RUNNER, str(tmp_path / "state"), *sample("term_ignorer.sh"),
             *sample("daemonizer.py")]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    # Its own process group, as a runner started by a shell or a service manager has.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, process_group=0)
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
@@ -94,6 +95,23 @@ def test_sigkilled_runner_takes_every_task_process_with_it(
     assert record.exists()
 
 
+def test_a_sigkill_to_the_runners_process_group_still_kills_every_tree(
+    runner: tuple[subprocess.Popen[str], dict[str, list[int] | int]],
+) -> None:
+    """``kill -9 -PGID`` (or a supervisor that kills the group it started) must not take the fork server
+    along: it is in a group of its own, sees the runner die, and kills every tree, the setsid'ed daemon
+    and the TERM-ignorer's grandchild included."""
+    proc, info = runner
+    assert isinstance(info["pids"], list) and isinstance(info["forkserver"], int)
+    tree = _processes(info["pids"])
+    forkserver = psutil.Process(info["forkserver"])
+    assert os.getpgid(forkserver.pid) != os.getpgid(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not any(alive(p) for p in tree), 10), [p.pid for p in tree if alive(p)]
+    assert wait_until(lambda: not alive(forkserver), 10)
+
+
 def test_leftovers_of_a_dead_runner_and_fork_server_are_swept(
     runner: tuple[subprocess.Popen[str], dict[str, list[int] | int]], tmp_path: Path
 ) -> None:
@@ -108,8 +126,9 @@ def test_leftovers_of_a_dead_runner_and_fork_server_are_swept(
     os.kill(info["forkserver"], signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    # The direct children die by PDEATHSIG; the setsid'ed daemon does not: that is what the sweep is for.
-    assert direct and wait_until(lambda: not any(alive(p) for p in direct), 5)
+    # Nothing of ours is left to kill the trees (the tasks are started with posix_spawn, which cannot set a
+    # parent-death signal): every process of them lives on until the next start's sweep.
+    assert direct and all(alive(p) for p in direct)
     assert alive(daemon)
     records = list((tmp_path / "state").glob("processes-*.json"))
     assert len(records) == 1
@@ -117,7 +136,7 @@ def test_leftovers_of_a_dead_runner_and_fork_server_are_swept(
     assert len(tmpdirs) == 2 and all(Path(t).is_dir() for t in tmpdirs)
     with Supervisor(tmp_path / "state") as sup:
         killed = sup.sweep_leftovers()
-    assert daemon.pid in killed
+    assert daemon.pid in killed and {p.pid for p in direct} <= killed
     assert wait_until(lambda: not any(alive(p) for p in tree), 5)
     assert not records[0].exists()
     assert not any(Path(t).exists() for t in tmpdirs)

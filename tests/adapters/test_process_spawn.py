@@ -263,16 +263,9 @@ def test_spawn_errors_are_clear(
     tasks_tmp.mkdir()
     environ = {"PATH": os.environ.get("PATH", os.defpath)}
     with Supervisor(tmp_path / "state", environ=environ, tmp_dir=str(tasks_tmp)) as supervisor:
-        try:
-            child = supervisor.spawn(make_task(), command, worker_id="w")
-        except SpawnError as exc:
-            assert re.search(message, str(exc)), exc
-        else:  # an exec failure is known after spawn returns: the child's exit says it, never a hang
-            exit = child.wait(30)
-            assert exit is not None and exit.spawn_error is not None, exit
-            assert re.search(message, exit.spawn_error), exit.spawn_error
-            assert exit.exit_code == 127
-            assert child.wait_gone(30)
+        with pytest.raises(SpawnError) as raised:  # an exec failure too: posix_spawn returns its errno
+            supervisor.spawn(make_task(), command, worker_id="w")
+        assert re.search(message, str(raised.value)), raised.value
     assert list(tasks_tmp.iterdir()) == []  # the task's files are gone, whatever failed
 
 
@@ -306,15 +299,18 @@ def test_json_output_stays_small(supervisor: Supervisor) -> None:
     assert len(body) < 300 * 1024
 
 
-def test_an_exec_failure_is_a_failed_task_with_the_reason(supervisor: Supervisor, tmp_path: Path) -> None:
-    script = tmp_path / "not-a-script"
-    script.write_text("echo hi\n")
-    script.chmod(0o755)
-    command = CommandSpec(argv=(str(script),))
-    exit = supervisor.spawn(make_task(), command, worker_id="w").wait(30)
-    assert exit is not None and exit.spawn_error is not None
-    result = to_task_result(make_task(), exit, command, worker_id="w")
-    assert result.status == TaskStatus.FAILED
-    assert result.reason_for_incompletion is not None
-    assert result.reason_for_incompletion.startswith("could not start the command: cannot start")
-    assert "#!" in result.reason_for_incompletion
+def test_a_relative_working_directory_is_the_same_one_for_every_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server changes its own directory to each task's before the spawn: a relative ``cwd``
+    must be taken from the runner's directory every time, not from the last task's."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for supervisor in running_supervisor(tmp_path):
+        for _ in range(2):
+            lines = Lines()
+            pwd = CommandSpec(argv=("pwd",), cwd="work")
+            exit = supervisor.spawn(make_task(), pwd, worker_id="w", on_line=lines).wait(30)
+            assert exit is not None and exit.exit_code == 0, exit
+            assert wait_until(lambda lines=lines: lines.find("stdout", "/") is not None, 10)
+            assert lines.find("stdout", "/") == str(tmp_path / "work")

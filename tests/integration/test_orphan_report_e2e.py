@@ -52,9 +52,8 @@ def _start_and_kill(world: World, *, kill_forkserver: bool) -> tuple[str, int, l
         os.kill(forkserver, signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    if kill_forkserver:  # the direct child dies by PDEATHSIG; the escapee is left for the sweep
-        wait_until(lambda: gone(pid), timeout_seconds=10, what="the direct child to die with the fork server")
-        assert not any(gone(p) for p in escapee)
+    if kill_forkserver:  # nothing is left to kill the tree: all of it waits for the next start's sweep
+        assert not any(gone(p) for p in tree)
     else:  # the fork server saw the runner die and killed the whole tree
         wait_until(lambda: all(gone(p) for p in tree), timeout_seconds=10, what="the tree to die")
     return wf, proc.pid, tree
