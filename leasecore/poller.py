@@ -149,7 +149,7 @@ class Poller:
         """A task of this type is finished (or was never started): its slot is free again."""
         with self._cond:
             self._in_use = max(0, self._in_use - count)
-            self._cond.notify_all()
+            self._wake_if_free_locked()
 
     def reporting(self) -> None:
         """A task's child is gone and its result is being reported: its slot is free for another
@@ -157,20 +157,20 @@ class Poller:
         with self._cond:
             self._in_use = max(0, self._in_use - 1)
             self._reporting += 1
-            self._cond.notify_all()
+            self._wake_if_free_locked()
 
     def reported(self) -> None:
         """A result counted by ``reporting`` is delivered, saved for later or dropped."""
         with self._cond:
             self._reporting = max(0, self._reporting - 1)
-            self._cond.notify_all()
+            self._wake_if_free_locked()
 
     def taken_up(self, count: int = 1) -> None:
         """The runner has dealt with ``count`` tasks this poller handed over (started, refused or
         handed back): room for more claims."""
         with self._cond:
             self._unstarted = max(0, self._unstarted - count)
-            self._cond.notify_all()
+            self._wake_if_free_locked()
 
     def wake(self) -> None:
         """Make a waiting poller re-check ``stop`` now."""
@@ -193,13 +193,25 @@ class Poller:
         finally:
             self._on_exit(self.settings.task_type)
 
+    def _full_locked(self) -> bool:
+        """No claim may be made now: every slot taken, or too many tasks not started or reporting."""
+        return (
+            self._in_use >= self.settings.concurrency
+            or self._unstarted >= max(1, self.settings.max_unstarted)
+            or self._reporting >= max(self.settings.concurrency, _REPORTS_WAITING_MIN)
+        )
+
+    def _wake_if_free_locked(self) -> None:
+        # Only when a claim has become possible: a wake-up that finds every slot still taken costs the
+        # poller a thread switch and the GIL for nothing, several times per task.
+        if not self._full_locked():
+            self._cond.notify_all()
+
     def _take_slots(self) -> int:
         """Wait for free slots, reserve them and the budget; 0 means stop polling."""
         cap = max(1, self.settings.max_unstarted)
         with self._cond:
-            reports = max(self.settings.concurrency, _REPORTS_WAITING_MIN)
-            while (self._in_use >= self.settings.concurrency or self._unstarted >= cap
-                   or self._reporting >= reports) and not self._stop.is_set():
+            while self._full_locked() and not self._stop.is_set():
                 self._cond.wait(timeout=1.0)
             if self._stop.is_set():
                 return 0

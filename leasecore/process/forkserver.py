@@ -26,7 +26,8 @@ how to stop (drain or kill). Only EOF or a "shutdown" request stops it.
 
 Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: ``spawn`` (with 3 fds:
 stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace), ``stats`` (id). Events:
-``ready``, ``spawned``/``spawn_failed`` (id; a failure names its errno and step: chdir, exec),
+``ready``, ``spawned`` (id, key, pid, start: its start time) / ``spawn_failed`` (id; errno and the
+step that failed: chdir, exec),
 ``stats`` (id, walks, walked, waitids, trees), ``exited`` (key, code, signal), ``gone`` (key).
 
 Signals asked for are sent once every request already waiting has been read, after one walk of /proc
@@ -230,7 +231,7 @@ class ForkServer:
         record of them stays: the next start with its state directory still reports the tasks FAILED."""
         if not self._orphaned_dirs:
             return
-        from leasecore.process.leftovers import remove_tmpdir  # only now: every fork copies our pages
+        from leasecore.process.leftovers import remove_tmpdir  # only now: it imports much we never need
 
         for directory in self._orphaned_dirs:
             remove_tmpdir(directory)
@@ -298,7 +299,7 @@ class ForkServer:
         tree.directory = str(req.get("dir") or "")
         self._trees[tree.key] = tree
         self._watch_exit(tree)
-        self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid})
+        self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
 
     def _watch_exit(self, tree: _Tree) -> None:
         """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree (with

@@ -38,6 +38,7 @@ from typing import Any
 from leasecore.process import _procfs
 
 TMP_PREFIX = "conductor-run-task-"
+TASK_FILE_NAMES = ("input.json", "output.json")  # what a task's directory holds (taskfiles.py)
 _SWEEP_ROUNDS = 20
 
 
@@ -228,7 +229,15 @@ def _pid_in_name(record_path: Path) -> int:
 def remove_tmpdir(path: str) -> None:
     """Remove a task's temporary directory, but only one we created (name prefix checked)."""
     if path and Path(path).name.startswith(TMP_PREFIX):
-        shutil.rmtree(path, ignore_errors=True)
+        try:  # what it holds unless the child added files there: three syscalls, not rmtree's dozen
+            for name in TASK_FILE_NAMES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, name))
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty (or not ours to unlink): the whole of it
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _from_earlier_boot(recorded: object) -> bool:

@@ -88,6 +88,10 @@ def protect_from_children() -> bool:
     return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
 
 
+_PATH_CACHE_SECONDS = 5.0  # how long a command found on PATH is not looked up again
+_PATH_CACHE_SIZE = 64
+
+
 def _resolve_executable(argv0: str, path_var: str, cwd: str) -> str:
     if "/" in argv0:
         return os.path.join(cwd, argv0)
@@ -388,6 +392,7 @@ class Supervisor:
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -425,6 +430,24 @@ class Supervisor:
         """
         return set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
 
+    def _executable(self, argv0: str, path_var: str, cwd: str) -> str:
+        """``argv0`` resolved on ``path_var``, like a shell's hash: a PATH search is a stat per directory
+        (a dozen for a typical PATH, per task), so a command found is reused for a few seconds, as long
+        as it is still executable (one check). A command installed meanwhile in an earlier directory of
+        PATH is picked up once that time is over."""
+        if "/" in argv0:
+            return _resolve_executable(argv0, path_var, cwd)
+        key = (argv0, path_var, cwd)
+        now = time.monotonic()  # real time: it bounds how stale a real directory listing may be
+        known = self._paths.get(key)
+        if known is not None and now - known[1] < _PATH_CACHE_SECONDS and os.access(known[0], os.X_OK):
+            return known[0]
+        path = _resolve_executable(argv0, path_var, cwd)
+        if len(self._paths) >= _PATH_CACHE_SIZE:
+            self._paths.clear()
+        self._paths[key] = (path, now)
+        return path
+
     def spawn(
         self,
         task: Task,
@@ -461,7 +484,7 @@ class Supervisor:
             output_file=files.output_path, tree_token=token,
         )  # fmt: skip
         try:
-            path = _resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+            path = self._executable(argv[0], env.get("PATH", os.defpath), cwd)
         except SpawnError:
             files.remove()
             raise
@@ -488,9 +511,8 @@ class Supervisor:
             raise SpawnError(_spawn_failure(argv[0], reply))
         child.pid = int(reply["pid"])
         self._output.add(child, out_r, err_r)
-        info = _procfs.read_stat(child.pid)
-        record = leftovers.TreeRecord(key, child.pid, info.start_time if info else 0, token, files.directory,
-                                      meta)
+        start_time = int(reply.get("start") or 0)  # read by the fork server, which holds the pid
+        record = leftovers.TreeRecord(key, child.pid, start_time, token, files.directory, meta)
         with self._cond:
             if not child._gone.is_set():
                 self._record.add(record)

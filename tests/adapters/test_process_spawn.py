@@ -314,3 +314,55 @@ def test_a_relative_working_directory_is_the_same_one_for_every_task(
             assert exit is not None and exit.exit_code == 0, exit
             assert wait_until(lambda lines=lines: lines.find("stdout", "/") is not None, 10)
             assert lines.find("stdout", "/") == str(tmp_path / "work")
+
+
+def test_a_task_directory_the_child_filled_is_removed_whole(supervisor: Supervisor) -> None:
+    """The directory is removed with three calls when it holds only our two files; files and
+    directories the child added there (and an output file it replaced by a directory) are removed
+    too."""
+    lines = Lines()
+    command = CommandSpec(
+        shell='d=$(dirname "$CONDUCTOR_INPUT_FILE"); echo "dir $d"; mkdir -p "$d/sub/deeper"; '
+        'touch "$d/sub/x" "$d/y"; rm "$CONDUCTOR_OUTPUT_FILE"; mkdir "$CONDUCTOR_OUTPUT_FILE"'
+    )
+    exit = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines).wait(30)
+    assert exit is not None and exit.exit_code == 0, exit
+    line = lines.find("stdout", "dir ")
+    assert line is not None
+    assert not Path(line.split(" ", 1)[1]).exists()
+
+
+def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PATH search is cached for a few seconds (a stat per directory per task otherwise), but never
+    past the command's removal: the next spawn finds the copy further down PATH. With the cache time
+    over, a copy installed in an earlier directory is picked up."""
+    dirs = [tmp_path / name for name in ("first", "second", "zeroth")]
+    for directory in dirs:
+        directory.mkdir()
+
+    def install(directory: Path) -> None:
+        script = directory / "which-one"
+        script.write_text(f"#!/bin/sh\necho {directory.name}\n")
+        script.chmod(0o755)
+
+    install(dirs[0])
+    install(dirs[1])
+    path_var = os.pathsep.join(str(d) for d in (dirs[2], dirs[0], dirs[1], "/usr/bin", "/bin"))
+    with Supervisor(tmp_path / "state", environ={"PATH": path_var}) as supervisor:
+
+        def run() -> str | None:
+            lines = Lines()
+            which = CommandSpec(argv=("which-one",))
+            exit = supervisor.spawn(make_task(), which, worker_id="w", on_line=lines).wait(30)
+            assert exit is not None and exit.exit_code == 0, exit
+            assert wait_until(lambda: lines.items, 10)
+            return lines.items[0][1]
+
+        assert run() == "first"
+        (dirs[0] / "which-one").unlink()
+        assert run() == "second"
+        monkeypatch.setattr("leasecore.process.supervisor._PATH_CACHE_SECONDS", 0.0)
+        install(dirs[2])
+        assert run() == "zeroth"
