@@ -118,6 +118,21 @@ def is_secret_name(name: str, extra_patterns: tuple[str, ...] = ()) -> bool:
     return any(fnmatch.fnmatchcase(upper, p.upper()) for p in (*CREDENTIAL_PATTERNS, *extra_patterns))
 
 
+def inherited_env(base: Mapping[str, str], spec: CommandSpec) -> dict[str, str]:
+    """What every task of ``spec`` inherits: ``base`` + ``spec.env``, minus secrets, stale
+    ``CONDUCTOR_INPUT_*`` values and what exec cannot carry. The same for every task of ``spec``: a
+    caller may keep it and hand it to ``build_child_env`` (``Supervisor`` does, per spec)."""
+    merged = {**base, **spec.env}
+    return {
+        name: value
+        for name, value in merged.items()
+        if not is_secret_name(name, spec.secret_env_names)
+        and not name.upper().startswith("CONDUCTOR_INPUT_")  # stale values from the runner's own env
+        and _exec_safe(name)
+        and _exec_safe(value)
+    }
+
+
 def build_child_env(
     base: Mapping[str, str],
     spec: CommandSpec,
@@ -127,6 +142,7 @@ def build_child_env(
     input_file: str,
     output_file: str,
     tree_token: str,
+    inherited: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
 
@@ -134,16 +150,9 @@ def build_child_env(
     left out (it is still in stdin and the input file) when exec could not carry it (NUL byte, lone
     surrogate, over the size budgets), when its name is reserved (``CONDUCTOR_INPUT_FILE``), or when
     two keys map to the same name (``a-b`` and ``A_B``): neither is set rather than a guess.
+    ``inherited``: ``inherited_env(base, spec)`` computed earlier (it filters every variable).
     """
-    merged = {**base, **spec.env}
-    env = {
-        name: value
-        for name, value in merged.items()
-        if not is_secret_name(name, spec.secret_env_names)
-        and not name.upper().startswith("CONDUCTOR_INPUT_")  # stale values from the runner's own env
-        and _exec_safe(name)
-        and _exec_safe(value)
-    }
+    env = dict(inherited_env(base, spec) if inherited is None else inherited)
     env.update(
         CONDUCTOR_TASK_ID=task.task_id,
         CONDUCTOR_WORKFLOW_ID=task.workflow_id,

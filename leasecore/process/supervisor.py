@@ -48,7 +48,7 @@ from leasecore.models import Task
 from leasecore.process import _procfs, leftovers
 from leasecore.process.forkserver import recv_frame, send_frame
 from leasecore.process.output import StreamCapture
-from leasecore.process.spec import ChildExit, CommandSpec, build_child_env
+from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
 from leasecore.process.taskfiles import TaskFiles
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def protect_from_children() -> bool:
 
 
 _PATH_CACHE_SECONDS = 5.0  # how long a command found on PATH is not looked up again
-_PATH_CACHE_SIZE = 64
+_CACHE_SIZE = 64  # entries kept by each of the per-spawn caches below
 
 
 def _resolve_executable(argv0: str, path_var: str, cwd: str) -> str:
@@ -393,6 +393,7 @@ class Supervisor:
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
+        self._inherited: dict[int, tuple[CommandSpec, dict[str, str]]] = {}  # see _inherited_env
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -430,6 +431,18 @@ class Supervisor:
         """
         return set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
 
+    def _inherited_env(self, spec: CommandSpec) -> dict[str, str]:
+        """``inherited_env`` of our environment and ``spec``, kept per spec (a runner has one per task
+        type): filtering every variable of the environment was a good part of a spawn's Python work."""
+        known = self._inherited.get(id(spec))
+        if known is not None and known[0] is spec:  # the same object, not one that took its id
+            return known[1]
+        env = inherited_env(self._environ, spec)
+        if len(self._inherited) >= _CACHE_SIZE:
+            self._inherited.clear()
+        self._inherited[id(spec)] = (spec, env)
+        return env
+
     def _executable(self, argv0: str, path_var: str, cwd: str) -> str:
         """``argv0`` resolved on ``path_var``, like a shell's hash: a PATH search is a stat per directory
         (a dozen for a typical PATH, per task), so a command found is reused for a few seconds, as long
@@ -443,7 +456,7 @@ class Supervisor:
         if known is not None and now - known[1] < _PATH_CACHE_SECONDS and os.access(known[0], os.X_OK):
             return known[0]
         path = _resolve_executable(argv0, path_var, cwd)
-        if len(self._paths) >= _PATH_CACHE_SIZE:
+        if len(self._paths) >= _CACHE_SIZE:
             self._paths.clear()
         self._paths[key] = (path, now)
         return path
@@ -481,7 +494,7 @@ class Supervisor:
         token = secrets.token_hex(16)
         env = build_child_env(
             self._environ, spec, task, worker_id=worker_id, input_file=files.input_path,
-            output_file=files.output_path, tree_token=token,
+            output_file=files.output_path, tree_token=token, inherited=self._inherited_env(spec),
         )  # fmt: skip
         try:
             path = self._executable(argv[0], env.get("PATH", os.defpath), cwd)

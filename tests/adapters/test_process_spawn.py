@@ -366,3 +366,21 @@ def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(
         monkeypatch.setattr("leasecore.process.supervisor._PATH_CACHE_SECONDS", 0.0)
         install(dirs[2])
         assert run() == "zeroth"
+
+
+def test_each_command_spec_gets_its_own_environment(supervisor: Supervisor) -> None:
+    """The inherited part of the environment is computed once per spec and kept: two specs (two
+    task types) must each keep theirs, and a secret named by one is not dropped for the other."""
+    specs = [
+        CommandSpec(shell='echo "v=$FLAVOUR k=${KEPT-unset}"', env={"FLAVOUR": "one", "KEPT": "yes"}),
+        CommandSpec(shell='echo "v=$FLAVOUR k=${KEPT-unset}"', env={"FLAVOUR": "two", "KEPT": "no"},
+                    secret_env_names=("KEPT",)),
+    ]
+    seen = []
+    for command in [*specs, *specs]:
+        lines = Lines()
+        exit = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines).wait(30)
+        assert exit is not None and exit.exit_code == 0, exit
+        assert wait_until(lambda lines=lines: lines.find("stdout", "v=") is not None, 10)
+        seen.append(lines.find("stdout", "v="))
+    assert seen == ["v=one k=yes", "v=two k=unset"] * 2
