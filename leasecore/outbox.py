@@ -11,17 +11,25 @@ Before a result is delivered the task is read back (``read_task``): a task that 
 re-queued (SCHEDULED), gone, or polled again since (a pollCount above ours) is no longer ours, and
 our old result would overwrite another worker's run of it, so it is dropped instead (the same rule
 as a running lease's ownership check, ``lease.ownership_lost_reason``).
+
+Several runners may share a state directory, and each delivers the outbox (at its start, then every
+few seconds): a result is **claimed** before it is sent, by renaming its file to
+``.claim-<pid>-<start time>-<name>``. A rename succeeds once, so only one runner sends it. Delivered
+or dropped, the claim is deleted; kept (the server unreachable), it is renamed back, unless a newer
+result of the task was saved meanwhile (that one wins). A claim whose runner died (pid and start time)
+is renamed back by the next delivery of any runner of that server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,11 +38,69 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.lease import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
+from leasecore.process import _procfs
 
 log = logging.getLogger("conductor_run.outbox")
 
 DEFAULT_MAX_AGE_SECONDS = 24 * 3600.0
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_CLAIM = re.compile(r"\.claim-(\d+)-(\d+)-(.+\.json)")  # .claim-<pid>-<start time>-<name>
+
+
+def _this_process() -> str:
+    """``<pid>-<start time>``: who holds a claim (a recycled pid has another start time)."""
+    info = _procfs.read_stat(os.getpid())
+    return f"{os.getpid()}-{info.start_time if info else 0}"
+
+
+def _alive(pid: int, start_time: int) -> bool:
+    info = _procfs.read_stat(pid)
+    if info is None:
+        return not _procfs.IS_LINUX and _pid_exists(pid)  # elsewhere: the pid alone
+    return not info.is_zombie and info.start_time == start_time
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _put_back(claim: Path, path: Path) -> None:
+    """Rename a claimed file back to ``path``, unless a newer save took that name meanwhile (then the
+    claimed, older result goes): a link cannot replace an existing file, a rename could."""
+    try:
+        os.link(claim, path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        return
+    except OSError:  # no hard links on this file system: a rename, if the name is still free
+        if path.exists():
+            claim.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(OSError):  # else the claim stays, put back once we are gone
+                os.rename(claim, path)
+        return
+    claim.unlink(missing_ok=True)
+
+
+def still_saved(paths: Collection[Path]) -> set[Path]:
+    """Which of ``paths`` (files ``Outbox.save`` returned) still wait for delivery: a file being
+    sent right now (claimed, renamed) still counts, until it is delivered or dropped."""
+    present: set[Path] = set()
+    for directory in {path.parent for path in paths}:
+        try:
+            with os.scandir(directory) as found:
+                names = {m.group(3) if (m := _CLAIM.fullmatch(e.name)) else e.name for e in found}
+        except OSError:
+            continue
+        present |= {path for path in paths if path.parent == directory and path.name in names}
+    return present
 
 
 def server_key(base_url: str) -> str:
@@ -73,6 +139,23 @@ class OutboxEntry:
             return
         self.path.unlink(missing_ok=True)
 
+    def claim(self, owner: str) -> Path | None:
+        """Take this entry's file for sending (see the module docstring); None when another runner has
+        it, or when the file is no longer the one read (a newer save: left for the next round)."""
+        claimed = self.path.with_name(f".claim-{owner}-{self.path.name}")
+        try:
+            os.rename(self.path, claimed)
+        except FileNotFoundError:
+            return None
+        try:
+            inode = claimed.stat().st_ino
+        except FileNotFoundError:
+            return None
+        if self.inode and inode != self.inode:
+            _put_back(claimed, self.path)
+            return None
+        return claimed
+
 
 @dataclass(frozen=True)
 class DeliveryReport:
@@ -96,6 +179,7 @@ class Outbox:
         self._server = server_key(server)
         self._clock = clock or SystemClock()
         self.max_age_seconds = max_age_seconds
+        self._owner = _this_process()
 
     @classmethod
     def for_key(cls, directory: Path, key: str, *, clock: Clock | None = None) -> Outbox:
@@ -114,9 +198,31 @@ class Outbox:
         prefix = f"{self._server}-"
         try:
             with os.scandir(self.directory) as found:
-                return any(e.name.startswith(prefix) and e.name.endswith(".json") for e in found)
+                return any(self._ours(e.name, prefix) for e in found)
         except OSError:
             return False
+
+    @staticmethod
+    def _ours(name: str, prefix: str) -> bool:
+        """A saved result of ours, or a claim of one (its runner may have died: a delivery puts it back)."""
+        claim = _CLAIM.fullmatch(name)
+        if claim is not None:
+            name = claim.group(3)
+        return name.startswith(prefix) and name.endswith(".json")
+
+    def _recover_claims(self) -> None:
+        """Put back the claims of our server's results whose runner is gone."""
+        prefix = f"{self._server}-"
+        try:
+            with os.scandir(self.directory) as found:
+                claims = [(e.name, _CLAIM.fullmatch(e.name)) for e in found]
+        except OSError:
+            return
+        for name, claim in claims:
+            if claim is None or not claim.group(3).startswith(prefix):
+                continue
+            if not _alive(int(claim.group(1)), int(claim.group(2))):
+                _put_back(self.directory / name, self.directory / claim.group(3))
 
     def has_saved(self, task_id: str) -> bool:
         """Whether a result of ``task_id`` for this server is waiting here."""
@@ -188,12 +294,14 @@ class Outbox:
         """
         delivered = dropped = kept = 0
         now = self._clock.now().timestamp()
+        self._recover_claims()
         pending = self.entries()
         for i, entry in enumerate(pending):
             if stop():
                 kept = len(pending) - i
                 break
             task_id = entry.result.task_id
+            claimed: Path | None = None
             if now - entry.saved_at > self.max_age_seconds:
                 log.warning("dropping the saved result of task %s: older than %.0f s", task_id,
                             self.max_age_seconds)
@@ -209,22 +317,37 @@ class Outbox:
                     entry.forget()
                     dropped += 1
                     continue
+                claimed = entry.claim(self._owner)
+                if claimed is None:  # another runner of this state directory sends it (or a newer one came)
+                    continue
                 update(entry.result)
             except ConductorAuthError as exc:  # our credentials, not the result: keep it for later
+                if claimed is not None:
+                    _put_back(claimed, entry.path)
                 log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)
                 kept = len(pending) - i
                 break
             except ConductorRejected as exc:  # 4xx, 404 included: it will never be accepted
                 log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id, exc)
-                entry.forget()
+                if claimed is not None:
+                    claimed.unlink(missing_ok=True)
+                else:
+                    entry.forget()
                 dropped += 1
                 continue
             except ConductorError as exc:  # unreachable or garbled: keep everything for next time
+                if claimed is not None:
+                    _put_back(claimed, entry.path)
                 log.log(logging.DEBUG if quiet else logging.WARNING, "could not deliver %d saved result(s) "
                         "yet: %s", len(pending) - i, exc)  # fmt: skip
                 kept = len(pending) - i
                 break
+            except BaseException:  # a bug or a signal: the result stays for a later delivery
+                if claimed is not None:
+                    _put_back(claimed, entry.path)
+                raise
+            if claimed is not None:
+                claimed.unlink(missing_ok=True)
             log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)
-            entry.forget()
             delivered += 1
         return DeliveryReport(delivered, dropped, kept)

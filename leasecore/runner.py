@@ -32,6 +32,7 @@ from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.outbox import still_saved
 from leasecore.poller import Poller, WorkBudget
 from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot, undelivered_snapshot
@@ -527,8 +528,9 @@ class Runner:
         if self._status is None:
             return
         tasks = [task_snapshot(e, self._engine, self._clock) for e in self._tasks.values()]
+        waiting = still_saved([path for path, _ in self._undelivered.values()]) if self._undelivered else ()
         for task_id, (path, snapshot) in list(self._undelivered.items()):
-            if not path.exists():  # delivered or dropped since
+            if path not in waiting:  # delivered or dropped since
                 del self._undelivered[task_id]
             elif task_id not in self._tasks:
                 tasks.append(snapshot)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.outbox import Outbox
+from leasecore.outbox import DeliveryReport, Outbox, still_saved
 from leasecore.reporter import Reporter, ReportOutcome
 
 URL = "http://conductor.example/api"
@@ -152,3 +154,95 @@ def test_any_saved_looks_only_at_this_servers_results(tmp_path: Path) -> None:
     assert not ours.any_saved()
     ours.save(FAILED, poll_count=1)
     assert ours.any_saved()
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_two_runners_sharing_a_state_directory_deliver_a_saved_result_once(tmp_path: Path) -> None:
+    # Each runner's redelivery reads the outbox; both found the same file and both sent it (a saved
+    # IN_PROGRESS re-queued the task twice). The second delivery runs while the first one's update
+    # is on its way: it must find nothing to send.
+    first, second = Outbox(tmp_path, server=URL), Outbox(tmp_path, server=URL)
+    first.save(FAILED, poll_count=1)
+    sent: list[str] = []
+    inner: list[DeliveryReport] = []
+
+    def update_first(result: TaskResult) -> None:
+        inner.append(second.deliver(lambda r: sent.append(f"second {r.task_id}"), read_task=ours))
+        sent.append(f"first {result.task_id}")
+
+    report = first.deliver(update_first, read_task=ours)
+    assert sent == ["first t1"]
+    assert (report.delivered, inner[0].delivered) == (1, 0)
+    assert list(tmp_path.iterdir()) == []  # the claim is gone with the delivery
+
+
+def ours(task_id: str) -> TaskOwnership:
+    return TaskOwnership(TaskStatus.IN_PROGRESS, 1, "us")
+
+
+def test_a_result_whose_delivery_failed_is_back_under_its_name(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    path = outbox.save(FAILED, poll_count=1)
+
+    def unreachable(result: TaskResult) -> None:
+        assert not path.exists() and outbox.any_saved()  # claimed, and still counted as waiting
+        assert still_saved([path]) == {path}
+        raise ConductorUnavailable("connection refused")
+
+    assert outbox.deliver(unreachable, read_task=ours).kept == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert outbox.deliver(lambda r: None, read_task=ours).delivered == 1
+    assert still_saved([path]) == set()
+
+
+def test_a_newer_save_during_a_failed_delivery_wins(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    path = outbox.save(FAILED, poll_count=1)
+    newer = TaskResult("t1", "w1", TaskStatus.COMPLETED)
+
+    def unreachable(result: TaskResult) -> None:
+        outbox.save(newer, poll_count=2)  # the reporter, meanwhile
+        raise ConductorUnavailable("connection refused")
+
+    outbox.deliver(unreachable, read_task=ours)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert [(e.result.status, e.poll_count) for e in outbox.entries()] == [(TaskStatus.COMPLETED, 2)]
+
+
+def test_a_claim_of_a_dead_runner_is_delivered_and_a_live_ones_is_left_alone(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path, server=URL)
+    dead = outbox.save(FAILED, poll_count=1)
+    dead_claim = dead.with_name(f".claim-{_dead_pid()}-1-{dead.name}")
+    dead.rename(dead_claim)
+    live = outbox.save(TaskResult("t2", "w1", TaskStatus.COMPLETED), poll_count=1)
+    with open(f"/proc/{os.getpid()}/stat") as stat:
+        start_time = int(stat.read().rsplit(")", 1)[1].split()[19])
+    live_claim = live.with_name(f".claim-{os.getpid()}-{start_time}-{live.name}")
+    live.rename(live_claim)
+    assert outbox.any_saved()
+    sent: list[str] = []
+    report = outbox.deliver(lambda r: sent.append(r.task_id), read_task=ours)
+    assert sent == ["t1"] and report.delivered == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live_claim.name]  # being sent by someone else
+
+
+def test_without_hard_links_a_failed_delivery_is_renamed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    outbox = Outbox(tmp_path, server=URL)
+    path = outbox.save(FAILED, poll_count=1)
+
+    def unreachable(result: TaskResult) -> None:
+        raise ConductorUnavailable("connection refused")
+
+    assert outbox.deliver(unreachable, read_task=ours).kept == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

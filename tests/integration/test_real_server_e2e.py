@@ -240,12 +240,17 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     assert code == exitcodes.SIGTERM, err
     assert "lease expired" in err
     # Whatever the runner's best-effort FAILED achieved, the task is over on the server: never COMPLETED.
-    wait_until(
-        lambda: world.decide_and_get_task(wf)["status"] in {"TIMED_OUT", "FAILED"},
-        r_seconds + 30,
-        "the server to end the task",
-        interval_seconds=DECIDE_EVERY_SECONDS,
-    )
+    seen: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        seen.append(world.decide_and_get_task(wf))
+        return seen[-1]["status"] in {"TIMED_OUT", "FAILED"}
+
+    try:
+        wait_until(ended, r_seconds + 30, "the server to end the task", interval_seconds=DECIDE_EVERY_SECONDS)
+    except AssertionError:  # what the server still showed, and what the runner said
+        last = {k: seen[-1].get(k) for k in ("status", "pollCount", "updateTime", "reasonForIncompletion")}
+        raise AssertionError(f"task still {last} on the server; the runner said:\n{err[-3000:]}") from None
     # Not necessarily the same word as the task's: the server's sweep (TIMED_OUT) and the runner's FAILED
     # reach the server in the same instant, and it can keep one in the task row and act on the other for
     # the workflow (seen once: task FAILED, workflow TIMED_OUT).
