@@ -291,8 +291,9 @@ class ForkServer:
                 file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
                 setsid=True, setsigdef=self._sigdef, setsigmask=(),
             )  # fmt: skip
-        except OSError as exc:
-            self._reply({"op": "spawn_failed", "id": req["id"], "errno": exc.errno or 0, "what": step})
+        except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
+            code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
+            self._reply({"op": "spawn_failed", "id": req["id"], "errno": code, "what": step})
             return
         info = _procfs.read_stat(pid)
         tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)

@@ -485,6 +485,8 @@ class Supervisor:
         thread of its own per child to learn of it.
         """
         argv = spec.command_argv()
+        if any("\0" in arg for arg in argv):
+            raise SpawnError("the command holds a NUL byte, which no argument can carry")
         self._ensure_forkserver()
         cwd = os.path.abspath(spec.cwd or os.getcwd())  # the fork server chdirs to it, from wherever it is
         if not os.path.isdir(cwd):

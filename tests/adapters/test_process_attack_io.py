@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 import sys
 import time
@@ -181,6 +183,29 @@ def test_a_task_id_with_a_nul_byte_is_a_spawn_error_or_runs(supervisor: Supervis
         ).wait(30)
     except SpawnError:
         return
+    assert exit is not None and exit.exit_code == 0
+
+
+def test_a_bad_spawn_request_fails_that_task_and_never_the_fork_server(supervisor: Supervisor) -> None:
+    """The fork server calls posix_spawn itself: an argument it raises on (a NUL byte: ValueError, not
+    OSError) killed it, and with it every task tree it held. The Supervisor refuses such a command
+    first, and the fork server answers a request that gets through with a failure."""
+    sleeper = supervisor.spawn(make_task(task_id="s"), CommandSpec(argv=("sleep", "300")), worker_id="w")
+    forkserver = supervisor.forkserver_pid
+    with pytest.raises(SpawnError, match="NUL byte"):
+        supervisor.spawn(make_task(), CommandSpec(argv=("echo", "a\x00b")), worker_id="w")
+    fds = [os.open(os.devnull, flags) for flags in (os.O_RDONLY, os.O_WRONLY, os.O_WRONLY)]
+    try:
+        reply = supervisor._call(
+            {"op": "spawn", "key": "raw", "path": "/bin/echo", "argv": ["echo", "a\x00b"], "env": {},
+             "cwd": "/", "token": "x" * 32, "grace": 1.0, "dir": ""}, fds,
+        )  # fmt: skip
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert reply["op"] == "spawn_failed" and reply["errno"] == errno.EINVAL, reply
+    assert supervisor.forkserver_pid == forkserver and sleeper.wait(0.1) is None  # nothing else ended
+    exit = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(30)
     assert exit is not None and exit.exit_code == 0
 
 
