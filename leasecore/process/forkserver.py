@@ -47,9 +47,13 @@ longer takes it along: it sees the runner die and kills every tree, grandchildre
 
 The child's signal state: dispositions this process ignores (INT/TERM/HUP, and PIPE/XFSZ from
 Python) are reset to default, handlers are reset by the exec, and the mask is emptied, in the child
-before its exec. The C library blocks every signal across the vfork, so a TERM sent to the new pid in
-that window is held, not discarded, and ends the child once its mask is emptied. Every fd of this
-process is close-on-exec (the fds a spawn request brings too): the child gets exactly 0, 1 and 2.
+before its exec. Every fd of this process is close-on-exec (the fds a spawn request brings too): the
+child gets exactly 0, 1 and 2.
+
+The cost of doing the chdir and the exec here rather than in a forked child: one that hangs (a
+stalled NFS mount as the task's cwd or program) stops this loop, and with it every kill, until it
+returns. The runner's own checks before a spawn (the cwd exists, the PATH search) stat the same
+paths, so it was stuck there already in that case.
 
 Imports are stdlib only and few: this process lives as long as the runner, and its memory counts in
 the runner's footprint. The Supervisor boots it without running the package ``__init__`` files (which

@@ -206,8 +206,11 @@ def kill_trees(trees: list[TreeRecord], *, leaders_just_died: bool = False) -> s
         procs = _procfs.scan()
         targets: set[int] = set()
         for tree in trees:
-            leader = procs.get(tree.pid)
-            leader_is_ours = leaders_just_died if leader is None else leader.start_time == tree.start_time
+            # pid 0: a spawn under way, known by its token only (never "sid/pgid 0": the kernel threads)
+            leader = procs.get(tree.pid) if tree.pid > 0 else None
+            leader_is_ours = tree.pid > 0 and (
+                leaders_just_died if leader is None else leader.start_time == tree.start_time
+            )
             roots = {p.pid for p in procs.values() if leader_is_ours and tree.pid in (p.sid, p.pgid)}
             roots |= {pid for pid in procs if _procfs.read_marker(pid) == tree.token}
             targets |= _procfs.descendants(procs, roots)

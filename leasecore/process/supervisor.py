@@ -62,7 +62,7 @@ _BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one
 _F_SETPIPE_SZ = 1031
 # Boots the fork server from the source tree at argv[1] *without* running leasecore/__init__.py and
 # leasecore/process/__init__.py (bare package stubs stand in): those import the runner's side
-# (models, subprocess, threading, logging), doubling the size of the process every task forks from.
+# (models, subprocess, threading, logging), doubling the fork server's memory for nothing.
 _BOOT = (
     "import sys, types\n"
     "for name in ('leasecore', 'leasecore.process'):\n"
@@ -394,6 +394,8 @@ class Supervisor:
         self._ids = itertools.count(1)
         self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
         self._inherited: dict[int, tuple[CommandSpec, dict[str, str]]] = {}  # see _inherited_env
+        self._spawning: dict[str, leftovers.TreeRecord] = {}  # asked for, not recorded yet (see spawn)
+        self._abandoned: set[int] = set()  # spawn requests whose answer came too late: see _dispatch
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -488,7 +490,9 @@ class Supervisor:
         if any("\0" in arg for arg in argv):
             raise SpawnError("the command holds a NUL byte, which no argument can carry")
         self._ensure_forkserver()
-        cwd = os.path.abspath(spec.cwd or os.getcwd())  # the fork server chdirs to it, from wherever it is
+        cwd = spec.cwd or os.getcwd()
+        if not os.path.isabs(cwd):  # the fork server chdirs to it, from wherever it is (not normalised:
+            cwd = os.path.join(os.getcwd(), cwd)  # "link/.." must mean what a chdir makes of it)
         if not os.path.isdir(cwd):
             raise SpawnError(f"working directory {cwd!r} does not exist")
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
@@ -507,22 +511,32 @@ class Supervisor:
         child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
         with self._cond:
             self._children[key] = child
+            # Until its record is written, the tree is known by its marker token only: should the fork
+            # server die right after the spawn (no parent-death signal any more), it is killed by that.
+            self._spawning[key] = leftovers.TreeRecord(key, 0, 0, token, files.directory, meta)
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
                    "token": token, "grace": spec.kill_grace_seconds, "dir": files.directory}  # fmt: skip
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        stdin = files.open_stdin()
+        reply: dict[str, Any] | None = None
         try:
-            reply = self._call(request, [stdin, out_w, err_w])
+            stdin = files.open_stdin()
+            try:
+                reply = self._call(request, [stdin, out_w, err_w])
+            finally:
+                os.close(stdin)
         finally:
-            for fd in (stdin, out_w, err_w):
+            for fd in (out_w, err_w):
                 os.close(fd)
+            if reply is None or reply.get("op") != "spawned":  # failed, or no answer (ProcessError)
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                files.remove()
+                with self._cond:
+                    self._children.pop(key, None)
+                    self._spawning.pop(key, None)
+        assert reply is not None  # else _call raised
         if reply.get("op") != "spawned":
-            for fd in (out_r, err_r):
-                os.close(fd)
-            files.remove()
-            with self._cond:
-                self._children.pop(key, None)
             raise SpawnError(_spawn_failure(argv[0], reply))
         child.pid = int(reply["pid"])
         self._output.add(child, out_r, err_r)
@@ -531,6 +545,7 @@ class Supervisor:
         with self._cond:
             if not child._gone.is_set():
                 self._record.add(record)
+            self._spawning.pop(key, None)
         return child
 
     def close(self, grace_seconds: float = 0.0) -> None:
@@ -634,6 +649,8 @@ class Supervisor:
             if not self._cond.wait_for(
                 lambda: request_id in self._replies or self._lost, timeout=_REPLY_TIMEOUT_SECONDS
             ):
+                if message["op"] == "spawn":
+                    self._abandoned.add(request_id)
                 raise ProcessError(f"the fork server did not answer a {message['op']} request")
             return self._replies.pop(
                 request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
@@ -652,11 +669,22 @@ class Supervisor:
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         op = event.get("op")
+        late = False
         with self._cond:
             if op in ("spawned", "spawn_failed", "stats"):
-                self._replies[int(event["id"])] = event
-                self._cond.notify_all()
-                return
+                late = int(event["id"]) in self._abandoned
+                if late:
+                    self._abandoned.discard(int(event["id"]))
+                else:
+                    self._replies[int(event["id"])] = event
+                    self._cond.notify_all()
+        if op in ("spawned", "spawn_failed", "stats"):
+            if late and op == "spawned":  # reported FAILED already ("did not answer"): it must not run
+                log.warning("a task's command started after its spawn had been given up: killing it")
+                with contextlib.suppress(ProcessError):
+                    self._request({"op": "signal", "key": str(event.get("key")), "sig": signal.SIGKILL})
+            return
+        with self._cond:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 return
@@ -674,7 +702,7 @@ class Supervisor:
             self._lost = True
             self._cond.notify_all()
             children = list(self._children.values())
-            records = self._record.trees()
+            records = self._record.trees() + list(self._spawning.values())  # the latter by token only
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.

@@ -1,0 +1,98 @@
+"""Spawns that go wrong between the request and its record: no answer in time, a fork server that
+dies right after starting the command, a working directory through a symbolic link.
+
+The fork server starts commands with posix_spawn, so no parent-death signal covers a command whose
+tree the runner has not recorded yet; these are the windows that signal used to close.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from leasecore.errors import ProcessError, SpawnError
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process import supervisor as supervisor_module
+
+from .process_support import Lines, make_task, wait_until
+
+MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
+
+
+def _ours() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.info["cmdline"] == ["sleep", MARK_SECONDS]:
+            found.append(process)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    yield
+    for process in _ours():
+        process.kill()
+
+
+def _boot_with(monkeypatch: pytest.MonkeyPatch, patch: str) -> None:
+    """Run ``patch`` in the fork server before it starts (it replaces ``os.posix_spawn`` there)."""
+    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+
+
+def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spawn the fork server does not answer in time (a hung exec) fails that task; its pipes,
+    directory and entry must not be left behind, and when the command does start later (the runner has
+    reported the task FAILED by then, and the server will retry it) it is killed, not left running
+    unrecorded."""
+    _boot_with(monkeypatch, "import os, time\n_spawn = os.posix_spawn\n"
+               "def _slow(*a, **k):\n    time.sleep(1.0)\n    return _spawn(*a, **k)\n"
+               "os.posix_spawn = _slow\n")  # fmt: skip
+    tasks_tmp = tmp_path / "task-tmp"
+    tasks_tmp.mkdir()
+    with Supervisor(tmp_path / "state", tmp_dir=str(tasks_tmp)) as supervisor:
+        first = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(30)
+        assert first is not None and first.exit_code == 0  # the fork server is up (slowly)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
+        with pytest.raises(ProcessError, match="did not answer"):
+            supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
+        assert list(tasks_tmp.iterdir()) == []
+        assert len(os.listdir("/proc/self/fd")) <= fds_before
+        assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
+        assert not [p for p in _ours() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_command_started_just_before_its_fork_server_died_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server dies right after posix_spawn, before it could answer: the runner has no record
+    of the tree yet, and no parent-death signal takes the command along. It is found by its marker
+    token and killed."""
+    _boot_with(monkeypatch, "import os\n_spawn = os.posix_spawn\n"
+               "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
+               "os.posix_spawn = _then_die\n")  # fmt: skip
+    with Supervisor(tmp_path / "state") as supervisor:
+        with pytest.raises(SpawnError, match="fork server lost"):
+            supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
+        assert wait_until(lambda: not [p for p in _ours() if p.status() != psutil.STATUS_ZOMBIE], 10)
+
+
+def test_a_working_directory_through_a_symbolic_link_means_what_chdir_makes_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    monkeypatch.chdir(tmp_path)
+    lines = Lines()
+    with Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)}) as supervisor:
+        pwd = CommandSpec(argv=("pwd", "-P"), cwd="link/..")
+        exit = supervisor.spawn(make_task(), pwd, worker_id="w", on_line=lines).wait(30)
+    assert exit is not None and exit.exit_code == 0, exit
+    assert lines.find("stdout", "/") == os.path.realpath(tmp_path / "real")
