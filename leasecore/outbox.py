@@ -225,8 +225,12 @@ class Outbox:
                 _put_back(self.directory / name, self.directory / claim.group(3))
 
     def has_saved(self, task_id: str) -> bool:
-        """Whether a result of ``task_id`` for this server is waiting here."""
-        return self._path_for(task_id).is_file()
+        """Whether a result of ``task_id`` for this server is waiting here, or claimed for sending (by a
+        runner that may have died: it is put back, and must not lose to a newer save meanwhile)."""
+        path = self._path_for(task_id)
+        if path.is_file():
+            return True
+        return bool(still_saved([path]))
 
     def save(self, result: TaskResult, *, poll_count: int = 0) -> Path:
         """Write ``result`` atomically to a private file; returns its path.

@@ -246,3 +246,14 @@ def test_without_hard_links_a_failed_delivery_is_renamed_back(
 
     assert outbox.deliver(unreachable, read_task=ours).kept == 1
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_result_claimed_by_a_runner_that_died_is_still_saved_for_its_task(tmp_path: Path) -> None:
+    # The next start saves a FAILED for each task of the dead runner's trees unless a result of the
+    # task is saved already: one its redelivery had claimed when it died counts, or the put-back would
+    # then lose to that FAILED ("the newer save wins") and the real result would be gone.
+    outbox = Outbox(tmp_path, server=URL)
+    path = outbox.save(FAILED, poll_count=1)
+    path.rename(path.with_name(f".claim-{_dead_pid()}-1-{path.name}"))
+    assert outbox.has_saved("t1")
+    assert not outbox.has_saved("t2")
