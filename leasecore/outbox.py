@@ -38,7 +38,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.lease import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.process import _procfs
+from leasecore.statefile import ProcessState, probe_process, process_start_ticks
 
 log = logging.getLogger("conductor_run.outbox")
 
@@ -49,25 +49,12 @@ _CLAIM = re.compile(r"\.claim-(\d+)-(\d+)-(.+\.json)")  # .claim-<pid>-<start ti
 
 def _this_process() -> str:
     """``<pid>-<start time>``: who holds a claim (a recycled pid has another start time)."""
-    info = _procfs.read_stat(os.getpid())
-    return f"{os.getpid()}-{info.start_time if info else 0}"
+    return f"{os.getpid()}-{process_start_ticks(os.getpid()) or 0}"
 
 
 def _alive(pid: int, start_time: int) -> bool:
-    info = _procfs.read_stat(pid)
-    if info is None:
-        return not _procfs.IS_LINUX and _pid_exists(pid)  # elsewhere: the pid alone
-    return not info.is_zombie and info.start_time == start_time
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    # The status snapshot's rule (pid, then start time where /proc has one).
+    return probe_process(pid, start_time or None) is ProcessState.ALIVE
 
 
 def _put_back(claim: Path, path: Path) -> None:
