@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.snapshot import ServerHealth, TaskSnapshot, TaskState
 
 
 def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 30.0, what: str = "condition") -> None:
@@ -282,3 +283,29 @@ def to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: b
     return TaskResult(
         task.task_id, task.workflow_id, TaskStatus.FAILED, reason_for_incompletion=why, worker_id=worker_id
     )
+
+
+class Published:
+    """A StatusPort keeping what each publish showed: the tasks of the latest, every server health."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tasks: list[TaskSnapshot] = []
+        self.healths: list[ServerHealth] = []
+
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
+        with self.lock:
+            self.tasks = list(tasks)
+            self.healths.append(server)
+        return True
+
+    def remove(self) -> None:
+        pass
+
+    def latest(self) -> ServerHealth:
+        with self.lock:
+            return self.healths[-1]
+
+    def states(self) -> list[tuple[str, TaskState]]:
+        with self.lock:
+            return [(t.task_id, t.state) for t in self.tasks]

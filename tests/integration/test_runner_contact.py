@@ -6,7 +6,7 @@ Real child processes, an in-memory Conductor; the second test runs the real ``Le
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from leasecore.contact import RecordedLeaseCalls, ServerContact
@@ -17,11 +17,11 @@ from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 from leasecore.poller import PollSettings
 from leasecore.runner import Runner
 from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
-from leasecore.snapshot import ServerHealth, TaskSnapshot
 from tests.integration.runner_fakes import (
     FakeConductor,
     FakeEngine,
     FakeSupervisor,
+    Published,
     make_task,
     to_result,
     wait_until,
@@ -91,26 +91,6 @@ class LeaseServer:
         if self.failing.is_set():
             raise ConductorUnavailable("connection refused (test)")
         return TaskOwnership(TaskStatus.IN_PROGRESS)
-
-
-class Published:
-    """A StatusPort keeping the server health of every publish."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.healths: list[ServerHealth] = []
-
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
-        with self.lock:
-            self.healths.append(server)
-        return True
-
-    def remove(self) -> None:
-        pass
-
-    def latest(self) -> ServerHealth:
-        with self.lock:
-            return self.healths[-1]
 
 
 def test_heartbeats_are_server_contact_while_every_slot_is_busy_and_their_failures_are_failures() -> None:

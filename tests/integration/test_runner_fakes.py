@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +16,12 @@ from leasecore.poller import PollSettings
 from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.runner import Runner
 from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
-from leasecore.snapshot import ServerHealth, TaskSnapshot, TaskState
+from leasecore.snapshot import TaskState
 from tests.integration.runner_fakes import (
     FakeConductor,
     FakeEngine,
     FakeSupervisor,
+    Published,
     make_task,
     to_result,
     wait_until,
@@ -521,29 +522,9 @@ def test_with_a_paused_type_beside_it_the_end_of_the_last_polling_type_still_end
     assert "the poller of t failed" in caplog.text and "no more work to do" in caplog.text
 
 
-class _Snapshots:
-    """A StatusPort keeping the tasks of the latest publish."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.latest: list[TaskSnapshot] = []
-
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
-        with self.lock:
-            self.latest = list(tasks)
-        return True
-
-    def remove(self) -> None:
-        pass
-
-    def states(self) -> list[tuple[str, TaskState]]:
-        with self.lock:
-            return [(t.task_id, t.state) for t in self.latest]
-
-
 def test_a_result_kept_in_the_outbox_shows_as_undelivered_until_its_file_is_gone(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path / "outbox", server="http://x/api")
-    conductor, supervisor, shots = FakeConductor(), FakeSupervisor(), _Snapshots()
+    conductor, supervisor, shots = FakeConductor(), FakeSupervisor(), Published()
     conductor.fail_updates = True
     conductor.add(make_task("a"))
     plan = TaskTypePlan(poll=PollSettings("t", timeout_ms=100, worker_id="w1"), spec=QUICK, worker_id="w1",
