@@ -49,20 +49,25 @@ def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
     """A spawn the fork server does not answer in time (a hung exec) fails that task; its pipes,
     directory and entry must not be left behind, and when the command does start later (the runner has
     reported the task FAILED by then, and the server will retry it) it is killed, not left running
-    unrecorded."""
+    unrecorded. The fork server holds that spawn until the test opens a gate (a file)."""
+    gate = tmp_path / "gate"
     _boot_with(monkeypatch, "import os, time\n_spawn = os.posix_spawn\n"
-               "def _slow(*a, **k):\n    time.sleep(1.0)\n    return _spawn(*a, **k)\n"
-               "os.posix_spawn = _slow\n")  # fmt: skip
+               "def _held(path, argv, *a, **k):\n"
+               f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
+               "        time.sleep(0.01)\n"
+               "    return _spawn(path, argv, *a, **k)\n"
+               "os.posix_spawn = _held\n")  # fmt: skip
     tasks_tmp = tmp_path / "task-tmp"
     tasks_tmp.mkdir()
     with Supervisor(tmp_path / "state", tmp_dir=str(tasks_tmp)) as supervisor:
         first = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(30)
-        assert first is not None and first.exit_code == 0  # the fork server is up (slowly)
+        assert first is not None and first.exit_code == 0  # the fork server is up
         fds_before = len(os.listdir("/proc/self/fd"))
         monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         with pytest.raises(ProcessError, match="did not answer"):
             supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
         monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
+        gate.touch()  # the held spawn goes ahead now, after its task was given up
         assert list(tasks_tmp.iterdir()) == []
         assert len(os.listdir("/proc/self/fd")) <= fds_before
         assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
