@@ -1,21 +1,28 @@
-"""A lean keep-alive HTTP/1.1 transport on ``http.client`` for the Conductor client's plain-HTTP calls.
+"""A lean keep-alive HTTP/1.1 transport on a plain socket for the Conductor client's plain-HTTP calls.
 
 Why: a ``requests`` call costs about 1 ms of CPU (session merging, hooks, urllib3's pool, header
-objects); the runner makes four of them per task (poll, update, heartbeats, ownership checks), on
-the same 2 cores as its children. This transport does the same exchange in a fraction of that.
+objects), and even ``http.client`` ~0.17 ms (its header parsing goes through ``email.parser``, and a
+socket with a timeout polls before every send and read). The runner makes several calls per task
+(poll, update, heartbeats, ownership checks) on the same 2 cores as its children, from several
+threads: each system call that releases the GIL in a busy process can cost a thread switch, so the
+exchange here is one ``send`` and, for a small answer, one ``recv``.
 
-What it keeps from the ``requests`` path (``ConductorClient`` decides which one a call takes):
+What it keeps:
 
 * one deadline bounds the whole attempt: connecting, sending, the status line and headers, and every
-  read of the body (the socket's timeout is set to what is left before each step);
+  read of the body (the kernel times each send and receive: ``SO_SNDTIMEO``/``SO_RCVTIMEO`` are set
+  to what is left before each step);
 * a bounded pool of idle keep-alive connections shared by every thread (LIFO: the warmest first);
-  a connection the server closed while it sat idle is noticed before use (readable with nothing
-  asked = EOF) and dropped;
+  a connection the server closed while it sat idle is noticed before use (a peek finds EOF) and
+  dropped;
 * a reused connection that turns out dead (reset, closed before the status line) is replaced once by
   a fresh one, but only for a call the caller marks ``idempotent``: never for a poll, whose lost
   answer would lose claimed tasks;
-* errors are raised as the library's own (``OSError``, ``http.client.HTTPException``): the caller
-  translates them (``conductor_http.translate_errors``), so the mapping lives in one place.
+* answers framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection;
+  interim ``1xx`` answers skipped; ``Connection: close`` (and HTTP/1.0) honoured; the status line and
+  headers bounded (64 KiB, 100 fields), the body by the caller's limit;
+* errors are raised as the standard library's own (``OSError``, ``http.client.HTTPException``): the
+  caller translates them (``conductor_http.translate_errors``), so the mapping lives in one place.
 
 Plain ``http://`` only, and only when no proxy applies to the host (``requests`` honours
 ``HTTP_PROXY``; this transport does not speak to proxies). Everything else stays on ``requests``.
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import http.client
 import logging
-import select
+import re
+import socket
+import struct
 import threading
 from collections.abc import Callable, Mapping
 
@@ -34,6 +43,14 @@ __all__ = ["AnswerTooLarge", "LeanTransport", "StaleConnection"]
 log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
+_MAX_HEAD_BYTES = 64 * 1024  # the status line and every header field together
+_MAX_FIELDS = 100  # http.client's limit too
+_MAX_LINE_BYTES = 4096  # one chunk-size or trailer line
+_INLINE_BODY_BYTES = 64 * 1024  # a body up to this size goes out in the same send as the head
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
+_BAD_VALUE = re.compile(r"[\r\n\0]")  # what would end a header line early (header injection)
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")  # a request target never holds controls or spaces
+_PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
 
 
 class StaleConnection(ConnectionError):
@@ -49,10 +66,12 @@ class LeanTransport:
 
     def __init__(self, host: str, port: int, *, max_idle: int, monotonic: Callable[[], float]) -> None:
         self._host, self._port = host, port
+        name = f"[{host}]" if ":" in host else host  # an IPv6 literal is bracketed in Host
+        self._host_field = f"Host: {name}" if port == 80 else f"Host: {name}:{port}"
         self._max_idle = max_idle
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[socket.socket] = []
         self._closed = False
         self.opened = 0  # connections made so far (diagnostics, tests)
 
@@ -61,8 +80,8 @@ class LeanTransport:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        for sock in idle:
+            sock.close()
 
     def send(
         self,
@@ -76,91 +95,265 @@ class LeanTransport:
         max_body_bytes: int,
     ) -> tuple[int, bytes]:
         """One exchange: (status, the whole body). Raises ``OSError``/``HTTPException`` (``TimeoutError``
-        when the deadline passes), ``AnswerTooLarge`` for a body over ``max_body_bytes``."""
-        conn, reused = self._take(deadline)
+        when the deadline passes), ``AnswerTooLarge`` for a body over ``max_body_bytes``, ``ValueError``
+        for a target or header that cannot be sent as is."""
+        request = self._request_bytes(method, target, body, headers)
+        sock, reused = self._take(deadline)
         try:
-            return self._exchange(conn, method, target, body, headers, deadline, max_body_bytes)
+            return self._exchange(sock, method, request, body, deadline, max_body_bytes)
         except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
-            conn.close()
+            sock.close()
             if not reused:
                 raise
             if not idempotent:
                 raise StaleConnection(f"a kept-alive connection died under the request ({exc!r})") from exc
         except BaseException:
-            conn.close()
+            sock.close()
             raise
         # A dead keep-alive connection: once more on a fresh one (idempotent calls only).
         log.debug(
             "a kept-alive connection died under %s %s; sending it once more on a new one", method, target
         )
-        conn = self._connect(deadline)
+        sock = self._connect(deadline)
         try:
-            return self._exchange(conn, method, target, body, headers, deadline, max_body_bytes)
+            return self._exchange(sock, method, request, body, deadline, max_body_bytes)
         except BaseException:
-            conn.close()
+            sock.close()
             raise
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _take(self, deadline: float) -> tuple[http.client.HTTPConnection, bool]:
+    def _request_bytes(
+        self, method: str, target: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> bytes:
+        """The request line and header section (the body itself is not copied in here)."""
+        if not _TOKEN.fullmatch(method) or not target or _BAD_TARGET.search(target):
+            raise ValueError(f"cannot send {method!r} {target!r}: not a valid request line")
+        lines = [f"{method} {target} HTTP/1.1", self._host_field, "Accept-Encoding: identity"]
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+                raise ValueError(f"invalid HTTP header {name!r}: a name must be a token, a value one line")
+            lines.append(f"{name}: {value}")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        lines.append("\r\n")
+        return "\r\n".join(lines).encode("latin-1")
+
+    def _take(self, deadline: float) -> tuple[socket.socket, bool]:
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
+                sock = self._idle.pop() if self._idle else None
+            if sock is None:
                 return self._connect(deadline), False
-            if _still_open(conn):
-                return conn, True
-            conn.close()
+            if _still_open(sock):
+                return sock, True
+            sock.close()
 
-    def _connect(self, deadline: float) -> http.client.HTTPConnection:
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=_left(deadline, self._monotonic))
-        conn.connect()  # TCP_NODELAY is set by http.client
+    def _connect(self, deadline: float) -> socket.socket:
+        sock = socket.create_connection((self._host, self._port), timeout=_left(deadline, self._monotonic))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Blocking from here: the kernel times each send and recv (_arm), one system call each,
+            # where a Python timeout adds a poll before every one.
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
         with self._lock:
             self.opened += 1
-        return conn
+        return sock
 
     def _exchange(
         self,
-        conn: http.client.HTTPConnection,
+        sock: socket.socket,
         method: str,
-        target: str,
+        request: bytes,
         body: bytes | None,
-        headers: Mapping[str, str],
         deadline: float,
         max_body_bytes: int,
     ) -> tuple[int, bytes]:
-        sock = conn.sock
-        assert sock is not None  # connected by _take/_connect
-        sock.settimeout(_left(deadline, self._monotonic))
-        conn.request(method, target, body=body, headers=dict(headers))
-        sock.settimeout(_left(deadline, self._monotonic))
-        response = conn.getresponse()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            sock.settimeout(_left(deadline, self._monotonic))
-            chunk = response.read1(_CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise AnswerTooLarge(f"answer larger than {max_body_bytes} bytes")
-            chunks.append(chunk)
-        if response.length:  # EOF before the Content-Length was read: a cut answer, not a short one
-            raise http.client.IncompleteRead(b"".join(chunks), response.length)
-        response.close()  # read to its end: frees the connection for the next request (socket stays)
-        if response.will_close:
-            conn.close()
+        _arm(sock, socket.SO_SNDTIMEO, _left(deadline, self._monotonic))
+        try:
+            if body and len(body) > _INLINE_BODY_BYTES:
+                sock.sendall(request)
+                sock.sendall(body)
+            else:
+                sock.sendall(request + body if body else request)
+        except BlockingIOError:  # SO_SNDTIMEO ran out
+            raise TimeoutError("timed out") from None
+        reader = _AnswerReader(sock, deadline, self._monotonic)
+        status, keep_alive, fields = reader.head()
+        while 100 <= status < 200:  # interim answers (100 Continue, 103 Early Hints): the real one follows
+            if status == 101:
+                raise http.client.HTTPException("the server switched protocols (101) unasked")
+            status, keep_alive, fields = reader.head()
+        answer, framed = reader.body(method, status, fields, max_body_bytes)
+        if keep_alive and framed and not reader.buffered:
+            self._give_back(sock)
         else:
-            self._give_back(conn)
-        return response.status, b"".join(chunks)
+            sock.close()
+        return status, answer
 
-    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+    def _give_back(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(conn)
+                self._idle.append(sock)
                 return
-        conn.close()
+        sock.close()
+
+
+class _AnswerReader:
+    """Reads one answer from a blocking socket, every ``recv`` bounded by the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float, monotonic: Callable[[], float]) -> None:
+        self._sock = sock
+        self._deadline = deadline
+        self._monotonic = monotonic
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received past the answer (a server that says more than it was asked: not reused)."""
+        return len(self._buf)
+
+    def head(self) -> tuple[int, bool, dict[bytes, bytes]]:
+        """(status, whether the server keeps the connection open, lower-cased header fields)."""
+        start = 0
+        while (end := self._buf.find(b"\r\n\r\n", start)) < 0:
+            if len(self._buf) > _MAX_HEAD_BYTES:
+                raise http.client.LineTooLong("answer's header section")
+            start = max(0, len(self._buf) - 3)
+            data = self._recv()
+            if not data:
+                if not self._buf:
+                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
+                raise http.client.IncompleteRead(bytes(self._buf))
+            self._buf += data
+        if end > _MAX_HEAD_BYTES:
+            raise http.client.LineTooLong("answer's header section")
+        lines = bytes(self._buf[:end]).split(b"\r\n")
+        del self._buf[: end + 4]
+        status_line = lines[0]
+        parts = status_line.split(None, 2)
+        version, code = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")
+        if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+            raise http.client.BadStatusLine(repr(status_line[:100]))
+        status = int(code)
+        if len(lines) - 1 > _MAX_FIELDS:
+            raise http.client.HTTPException(f"got more than {_MAX_FIELDS} header fields")
+        fields: dict[bytes, bytes] = {}
+        name = b""
+        for line in lines[1:]:
+            if line[:1] in (b" ", b"\t") and name:  # obsolete line folding: part of the field above
+                fields[name] += b" " + line.strip()
+                continue
+            name, colon, value = line.partition(b":")
+            name = name.strip().lower()
+            if not colon or not name:
+                raise http.client.HTTPException(f"malformed header line {line[:100]!r}")
+            value = value.strip()
+            if name in fields:  # repeated: a list (RFC 9110 5.3); Content-Length must agree
+                if name == b"content-length" and fields[name] != value:
+                    raise http.client.HTTPException("conflicting Content-Length fields")
+                if name != b"content-length":
+                    fields[name] += b", " + value
+            else:
+                fields[name] = value
+        tokens = [t.strip() for t in fields.get(b"connection", b"").lower().split(b",")]
+        keep_alive = b"close" not in tokens if version == b"HTTP/1.1" else b"keep-alive" in tokens
+        return status, keep_alive, fields
+
+    def body(
+        self, method: str, status: int, fields: dict[bytes, bytes], max_bytes: int
+    ) -> tuple[bytes, bool]:
+        """(the body, whether it was framed: a body read to the connection's end is not)."""
+        if method == "HEAD" or status in (204, 304):
+            return b"", True
+        coding = fields.get(b"transfer-encoding")
+        if coding is not None:
+            if coding.lower().rsplit(b",", 1)[-1].strip() != b"chunked":
+                raise http.client.HTTPException(f"unsupported Transfer-Encoding {coding[:50]!r}")
+            return self._chunked(max_bytes), True
+        length = fields.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise http.client.HTTPException(f"invalid Content-Length {length[:50]!r}")
+            size = int(length)
+            if size > max_bytes:
+                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+            return self._exactly(size), True
+        return self._to_end(max_bytes), False
+
+    def _recv(self) -> bytes:
+        _arm(self._sock, socket.SO_RCVTIMEO, _left(self._deadline, self._monotonic))
+        try:
+            return self._sock.recv(_CHUNK)
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise TimeoutError("timed out") from None
+
+    def _exactly(self, size: int) -> bytes:
+        if len(self._buf) >= size:
+            data = bytes(self._buf[:size])
+            del self._buf[:size]
+            return data
+        parts = [bytes(self._buf)]
+        have = len(self._buf)
+        self._buf.clear()
+        while have < size:
+            data = self._recv()
+            if not data:
+                raise http.client.IncompleteRead(b"".join(parts), size - have)
+            if have + len(data) > size:
+                self._buf += data[size - have :]
+                data = data[: size - have]
+            parts.append(data)
+            have += len(data)
+        return b"".join(parts)
+
+    def _line(self) -> bytes:
+        start = 0
+        while (end := self._buf.find(b"\r\n", start)) < 0:
+            if len(self._buf) > _MAX_LINE_BYTES:
+                raise http.client.LineTooLong("chunk size or trailer line")
+            start = max(0, len(self._buf) - 1)
+            data = self._recv()
+            if not data:
+                raise http.client.IncompleteRead(bytes(self._buf))
+            self._buf += data
+        line = bytes(self._buf[:end])
+        del self._buf[: end + 2]
+        return line
+
+    def _chunked(self, max_bytes: int) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            size_text = self._line().split(b";", 1)[0].strip()
+            if not size_text or size_text.strip(b"0123456789abcdefABCDEF") or len(size_text) > 16:
+                raise http.client.HTTPException(f"invalid chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
+            if size == 0:
+                for _ in range(_MAX_FIELDS + 1):  # trailer fields, then the empty line
+                    if not self._line():
+                        return b"".join(parts)
+                raise http.client.HTTPException(f"got more than {_MAX_FIELDS} trailer fields")
+            total += size
+            if total > max_bytes:
+                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+            parts.append(self._exactly(size))
+            if self._exactly(2) != b"\r\n":
+                raise http.client.HTTPException("a chunk does not end where its size says")
+
+    def _to_end(self, max_bytes: int) -> bytes:
+        parts = [bytes(self._buf)]
+        self._buf.clear()
+        total = len(parts[0])
+        while total <= max_bytes and (data := self._recv()):
+            total += len(data)
+            parts.append(data)
+        if total > max_bytes:
+            raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+        return b"".join(parts)
 
 
 def _left(deadline: float, monotonic: Callable[[], float]) -> float:
@@ -170,11 +363,21 @@ def _left(deadline: float, monotonic: Callable[[], float]) -> float:
     return left
 
 
-def _still_open(conn: http.client.HTTPConnection) -> bool:
-    """An idle keep-alive socket that is readable has been closed (or spoken to) by the server."""
-    sock = conn.sock
-    if sock is None:
+def _arm(sock: socket.socket, option: int, seconds: float) -> None:
+    """Bound the socket's next sends or receives to ``seconds`` (never 0: that means for ever)."""
+    whole = min(int(seconds), 2**31 - 1)
+    micros = min(999_999, int((seconds - whole) * 1_000_000))
+    if whole == 0:
+        micros = max(1, micros)
+    sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", whole, micros))
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """An idle keep-alive socket with anything to read has been closed (or spoken to) by the server."""
+    try:
+        sock.recv(1, _PEEK)  # EOF or bytes nobody asked for
+    except BlockingIOError:
+        return True  # nothing to read: still open
+    except OSError:
         return False
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return not poller.poll(0)
+    return False

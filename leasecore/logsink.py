@@ -226,8 +226,14 @@ class LogStreamer:
         """No more lines will come for ``task_id``: send the rest soon, then forget the task."""
         with self._lock:
             entry = self._tasks.get(task_id)
-            if entry is not None:
-                entry.closed = True
+            if entry is None:
+                return
+            if not entry.in_flight and not len(entry.buffer) and not entry.buffer.dropped:
+                # Nothing left to send (a quiet task, or all sent): forget it here. Waking the
+                # flusher for it was one more thread switch per task for nothing.
+                del self._tasks[task_id]
+                return
+            entry.closed = True
         self._wake.set()
 
     def _replace(self, task_id: str, entry: _TaskLog) -> None:

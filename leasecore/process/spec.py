@@ -153,19 +153,24 @@ def build_child_env(
     ``inherited``: ``inherited_env(base, spec)`` computed earlier (it filters every variable).
     """
     env = dict(inherited_env(base, spec) if inherited is None else inherited)
-    env.update(
-        CONDUCTOR_TASK_ID=task.task_id,
-        CONDUCTOR_WORKFLOW_ID=task.workflow_id,
-        CONDUCTOR_TASK_TYPE=task.task_type,
-        CONDUCTOR_TASK_REF_NAME=task.reference_name,
-        CONDUCTOR_RETRY_COUNT=str(task.retry_count),
-        CONDUCTOR_POLL_COUNT=str(task.poll_count),
-        CONDUCTOR_WORKER_ID=worker_id,
-        CONDUCTOR_INPUT_FILE=input_file,
-        CONDUCTOR_OUTPUT_FILE=output_file,
-    )
+    task_vars = {
+        "CONDUCTOR_TASK_ID": task.task_id,
+        "CONDUCTOR_WORKFLOW_ID": task.workflow_id,
+        "CONDUCTOR_TASK_TYPE": task.task_type,
+        "CONDUCTOR_TASK_REF_NAME": task.reference_name,
+        "CONDUCTOR_RETRY_COUNT": str(task.retry_count),
+        "CONDUCTOR_POLL_COUNT": str(task.poll_count),
+        "CONDUCTOR_WORKER_ID": worker_id,
+        "CONDUCTOR_INPUT_FILE": input_file,
+        "CONDUCTOR_OUTPUT_FILE": output_file,
+    }
     # The task's identity comes from the server: a value exec cannot carry is dropped, not fatal.
-    env = {name: value for name, value in env.items() if _exec_safe(value)}
+    # (The inherited part is filtered already: only these need the check.)
+    for name, value in task_vars.items():
+        if _exec_safe(value):
+            env[name] = value
+        else:
+            env.pop(name, None)
     claims: dict[str, int] = {}
     for key in task.input_data:
         name = input_env_name(str(key))

@@ -177,6 +177,19 @@ def test_a_task_opened_again_leaves_nothing_of_its_last_run_in_the_budget() -> N
     assert streamer.buffered_chars == 0
 
 
+def test_a_quiet_task_is_forgotten_at_its_close_without_waking_the_flusher() -> None:
+    # Waking the flusher thread for a task with nothing to send was a thread switch per task (#9).
+    streamer = LogStreamer(_StalledLogs(), max_buffered_chars=100_000, batch_lines=10**6)
+    streamer.open_lines("quiet")
+    streamer.close("quiet")
+    assert "quiet" not in streamer._tasks and not streamer._wake.is_set()
+    # A task with lines left still hands them to the flusher at its close.
+    streamer.open_lines("chatty")("stdout", ["last words"])
+    streamer.close("chatty")
+    assert streamer._tasks["chatty"].closed and streamer._wake.is_set()
+    assert streamer._tasks["chatty"].buffer.take_batch(10, 10**6) == "last words"
+
+
 def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
     buf = LogBuffer(max_lines=10, max_line_bytes=1000)
     buf.append("x" * 5000)
