@@ -154,6 +154,32 @@ def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], li
     return json.loads(_recv_exactly(sock, length)), list(fds)
 
 
+class FrameReader:
+    """The frames of a socket that carries no fds (the fork server's events and replies), read in as
+    few ``recv`` calls as they arrive in: an exit and its tree's end usually come in one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def next(self) -> dict[str, Any] | None:
+        """The next message; None on EOF; EOFError when the socket ends inside a message."""
+        while True:
+            if len(self._buf) >= _HEADER.size:
+                (length,) = _HEADER.unpack_from(self._buf)
+                end = _HEADER.size + length
+                if len(self._buf) >= end:
+                    body = bytes(self._buf[_HEADER.size : end])
+                    del self._buf[:end]
+                    return json.loads(body)  # type: ignore[no-any-return]
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                if self._buf:
+                    raise EOFError("control socket closed mid-message")
+                return None
+            self._buf += chunk
+
+
 def _recv_exactly(sock: socket.socket, count: int) -> bytes:
     chunks = []
     while count > 0:

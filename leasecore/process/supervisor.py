@@ -46,7 +46,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.models import Task
 from leasecore.process import _procfs, leftovers
-from leasecore.process.forkserver import recv_frame, send_frame
+from leasecore.process.forkserver import FrameReader, recv_frame, send_frame
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
 from leasecore.process.taskfiles import TaskFiles
@@ -496,8 +496,8 @@ class Supervisor:
         if not os.path.isdir(cwd):
             raise SpawnError(f"working directory {cwd!r} does not exist")
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
-        files = TaskFiles.create(task, parent=self._tmp_dir)
         token = secrets.token_hex(16)
+        files = TaskFiles.create(task, parent=self._tmp_dir, unique=token)
         env = build_child_env(
             self._environ, spec, task, worker_id=worker_id, input_file=files.input_path,
             output_file=files.output_path, tree_token=token, inherited=self._inherited_env(spec),
@@ -657,14 +657,15 @@ class Supervisor:
             )
 
     def _read_events(self, sock: socket.socket) -> None:
+        frames = FrameReader(sock)
         while True:
             try:
-                frame = recv_frame(sock)
+                event = frames.next()
             except (OSError, EOFError, ValueError):
-                frame = None
-            if frame is None:
+                event = None
+            if event is None:
                 break
-            self._dispatch(frame[0])
+            self._dispatch(event)
         self._on_forkserver_lost()
 
     def _dispatch(self, event: dict[str, Any]) -> None:

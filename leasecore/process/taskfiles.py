@@ -36,9 +36,22 @@ class TaskFiles:
     output_path: str
 
     @classmethod
-    def create(cls, task: Task, *, parent: str | None = None) -> TaskFiles:
-        """Make the directory and both files; the input file holds ``task.input_data`` as JSON."""
-        directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
+    def create(cls, task: Task, *, parent: str | None = None, unique: str | None = None) -> TaskFiles:
+        """Make the directory and both files; the input file holds ``task.input_data`` as JSON.
+
+        ``unique``: random hex (the tree's marker token) to name the directory by, instead of
+        ``mkdtemp``'s own draw (a pid check and eight random choices per task); a name taken
+        already falls back to ``mkdtemp``."""
+        directory = None
+        if unique:
+            path = os.path.join(os.path.abspath(parent or tempfile.gettempdir()), TMP_PREFIX + unique[:16])
+            try:
+                os.mkdir(path, 0o700)  # fails on anything already there, a symlink included
+                directory = path
+            except FileExistsError:
+                pass
+        if directory is None:
+            directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
         input_name, output_name = TASK_FILE_NAMES
         files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name))
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
+from leasecore.process.forkserver import FrameReader, send_frame
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT, input_env_name
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, read_output_file
@@ -266,3 +269,27 @@ def test_output_file_missing_or_not_regular(tmp_path: Path) -> None:
     assert value is None and error is not None
     (tmp_path / "dir.json").mkdir()
     assert read_output_file(str(tmp_path / "dir.json"))[1] is not None
+
+
+def test_frame_reader_takes_frames_however_the_bytes_arrive() -> None:
+    # Several frames in one recv (an exit and its tree's end), one frame over several, then EOF.
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        frames = FrameReader(ours)
+        send_frame(theirs, {"op": "exited", "key": "t1"})
+        send_frame(theirs, {"op": "gone", "key": "t1"})
+        assert frames.next() == {"op": "exited", "key": "t1"}
+        assert frames.next() == {"op": "gone", "key": "t1"}
+        body = json.dumps({"op": "spawned", "argv": ["x" * 200_000]}).encode()
+        whole = struct.pack(">I", len(body)) + body
+        for start in range(0, len(whole), 70_000):  # larger than one recv reads
+            theirs.sendall(whole[start : start + 70_000])
+        assert frames.next() == {"op": "spawned", "argv": ["x" * 200_000]}
+        theirs.sendall(whole[:10])  # a message cut by the socket's end
+        theirs.shutdown(socket.SHUT_WR)
+        with pytest.raises(EOFError):
+            frames.next()
+    left, right = socket.socketpair()
+    with left, right:
+        right.shutdown(socket.SHUT_WR)
+        assert FrameReader(left).next() is None  # a clean EOF between messages

@@ -238,6 +238,27 @@ def test_temporary_files_are_private_and_removed(supervisor: Supervisor) -> None
     assert not Path(modes_and_path[3]).parent.exists()
 
 
+def test_a_task_directory_named_by_its_token_falls_back_when_the_name_is_taken(tmp_path: Path) -> None:
+    # Named by the tree's random token (no mkdtemp draw per task); a name already there, even a
+    # symlink to somewhere else, is never used: mkdtemp picks another.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "conductor-run-task-0123456789abcdef").symlink_to(elsewhere)
+    taken = TaskFiles.create(make_task({"a": 1}), parent=str(tmp_path), unique="0123456789abcdef" * 2)
+    fresh = TaskFiles.create(make_task({"a": 2}), parent=str(tmp_path), unique="fedcba9876543210" * 2)
+    try:
+        assert Path(fresh.directory) == tmp_path / "conductor-run-task-fedcba9876543210"
+        assert Path(taken.directory).parent == tmp_path and not Path(taken.directory).is_symlink()
+        assert Path(taken.directory).name.startswith("conductor-run-task-")
+        assert list(elsewhere.iterdir()) == []
+        assert json.loads(Path(taken.input_path).read_text()) == {"a": 1}
+        assert (Path(fresh.directory).stat().st_mode & 0o777) == 0o700
+    finally:
+        taken.remove()
+        fresh.remove()
+    assert not Path(taken.directory).exists() and not Path(fresh.directory).exists()
+
+
 @pytest.mark.parametrize(
     ("command", "message"),
     [
