@@ -154,30 +154,21 @@ def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], li
     return json.loads(_recv_exactly(sock, length)), list(fds)
 
 
-class FrameReader:
-    """The frames of a socket that carries no fds (the fork server's events and replies), read in as
-    few ``recv`` calls as they arrive in: an exit and its tree's end usually come in one."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._buf = bytearray()
-
-    def next(self) -> dict[str, Any] | None:
-        """The next message; None on EOF; EOFError when the socket ends inside a message."""
-        while True:
-            if len(self._buf) >= _HEADER.size:
-                (length,) = _HEADER.unpack_from(self._buf)
-                end = _HEADER.size + length
-                if len(self._buf) >= end:
-                    body = bytes(self._buf[_HEADER.size : end])
-                    del self._buf[:end]
-                    return json.loads(body)  # type: ignore[no-any-return]
-            chunk = self._sock.recv(1 << 16)
-            if not chunk:
-                if self._buf:
-                    raise EOFError("control socket closed mid-message")
-                return None
-            self._buf += chunk
+def take_frames(buffer: bytearray) -> list[dict[str, Any]]:
+    """Remove the complete messages at the start of ``buffer`` (bytes received so far from a socket
+    that carries no fds) and return them; an incomplete one stays there for more bytes. ValueError
+    for a message that is not JSON."""
+    messages = []
+    start = 0
+    while len(buffer) - start >= _HEADER.size:
+        (length,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + length
+        if len(buffer) < end:
+            break
+        messages.append(json.loads(bytes(buffer[start + _HEADER.size : end])))
+        start = end
+    del buffer[:start]
+    return messages
 
 
 def _recv_exactly(sock: socket.socket, count: int) -> bytes:

@@ -1,13 +1,14 @@
 """The runner's side of process supervision: ``Supervisor`` (owns the fork server) and ``Child``.
 
-Threads: one event thread per Supervisor reads the fork server's messages (spawn replies, exits,
-"tree gone"); one output thread per Supervisor reads every child's stdout and stderr with one
-selector, feeds the bounded captures, calls ``on_line``/``on_lines``, and on exit builds the
-``ChildExit``, removes the task's temporary files and calls ``on_done``. Exit comes from the fork
-server's ``waitid``, never from pipe EOF: after the exit, the output thread drains the child's pipes
-for at most ``output_drain_seconds`` and then closes them, so a grandchild holding stdout cannot keep
-a finished task open. (One thread for all children, not one per child: a thread, an epoll fd and a
-wake-up pipe per task cost more than running ``true`` itself.)
+Threads: one reader thread per Supervisor ("child-output") reads, with one selector, the fork
+server's messages (spawn replies, exits, "tree gone") and every child's stdout and stderr: it feeds
+the bounded captures, calls ``on_line``/``on_lines``, and on exit builds the ``ChildExit``, removes
+the task's temporary files and calls ``on_done``. Exit comes from the fork server's ``waitid``, never
+from pipe EOF: after the exit, the reader drains the child's pipes for at most
+``output_drain_seconds`` and then closes them, so a grandchild holding stdout cannot keep a finished
+task open. (One thread for all children, not one per child: a thread, an epoll fd and a wake-up pipe
+per task cost more than running ``true`` itself; and one for the fork server too, since a second
+one cost two GIL-contended thread switches per task.)
 
 If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
 starts a new one: a lost fork server costs the tasks it held, not every task after them.
@@ -46,7 +47,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.models import Task
 from leasecore.process import _procfs, leftovers
-from leasecore.process.forkserver import FrameReader, recv_frame, send_frame
+from leasecore.process.forkserver import recv_frame, send_frame, take_frames
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
 from leasecore.process.taskfiles import TaskFiles
@@ -160,7 +161,7 @@ class Child:
         """KILL the whole tree now (the group and every escapee)."""
         self._supervisor._request({"op": "signal", "key": self.key, "sig": signal.SIGKILL})
 
-    # called by the Supervisor's event thread --------------------------------------------------
+    # called on the reader thread, for the fork server's messages -----------------------------------
 
     def _on_exit(self, code: int | None, sig: int | None) -> None:
         if self._exit_info is None:
@@ -227,17 +228,38 @@ class Child:
                 log.exception("on_done sink failed for task %s", self.key)
 
 
-class _OutputReader:
-    """The one thread that reads every child's pipes (one selector) and finishes each child.
+class _ServerLink:
+    """The fork server's socket, as the reader thread reads it."""
 
-    Other threads only queue work for it (``add``, ``exited``) and wake it through a pipe; a child's
-    pipes, captures and drain deadline are touched by this thread alone.
+    __slots__ = ("buffer", "done", "on_eof", "on_event", "sock")
+
+    def __init__(
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
+    ) -> None:
+        self.sock = sock
+        self.buffer = bytearray()  # bytes of a message not complete yet
+        self.on_event = on_event
+        self.on_eof = on_eof
+        self.done = threading.Event()  # set once on_eof has returned
+
+
+class _OutputReader:
+    """The one thread that reads every child's pipes and the fork server's messages (one selector),
+    and finishes each child.
+
+    One thread for both: a task's exit comes from the fork server and its end of output from its
+    pipes, and its own thread for each made two thread switches (and a hand-off through a pipe) per
+    task in a process where every switch contends for the GIL. Other threads only queue work for it
+    (``add``, ``exited``, ``watch_server``) and wake it through a pipe; a child's pipes, captures and
+    drain deadline, and the fork server's socket, are touched by this thread alone. It never blocks
+    on anything but its selector: the fork server writes whole messages, and what has come of one is
+    kept until the rest arrives.
     """
 
     def __init__(self, drain_seconds: float) -> None:
         self._drain_seconds = drain_seconds
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, Child, int, int]] = []
+        self._pending: list[Callable[[], None]] = []
         self._children: set[Child] = set()  # added and not yet finished
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -247,11 +269,30 @@ class _OutputReader:
 
     def add(self, child: Child, out_r: int, err_r: int) -> None:
         """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished)."""
-        self._queue(("add", child, out_r, err_r))
+
+        def register() -> None:
+            self._register(child, out_r, err_r)
+            self._check_exit(child)  # its exit may have come first
+
+        self._queue(register)
 
     def exited(self, child: Child) -> None:
         """``child`` exited: drain its pipes for at most the drain time, then finish it."""
-        self._queue(("exited", child, -1, -1))
+        self._queue(lambda: self._check_exit(child))
+
+    def watch_server(
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
+    ) -> threading.Event:
+        """Read the fork server's messages on this thread from now on: ``on_event(message)`` for each,
+        then ``on_eof()`` once, at the socket's end (or an unreadable message). Returns an Event set
+        once ``on_eof`` has returned."""
+        link = _ServerLink(sock, on_event, on_eof)
+
+        def register() -> None:
+            self._selector.register(sock.fileno(), selectors.EVENT_READ, link)
+
+        self._queue(register)
+        return link.done
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """End the thread once every child added is finished (bounded wait)."""
@@ -267,7 +308,7 @@ class _OutputReader:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _queue(self, item: tuple[str, Child, int, int]) -> None:
+    def _queue(self, item: Callable[[], None]) -> None:
         with self._lock:
             self._pending.append(item)
             if self._thread is None:
@@ -286,10 +327,8 @@ class _OutputReader:
                 done = self._stopping and not self._children and not pending
             if done:
                 return
-            for op, child, out_r, err_r in pending:
-                if op == "add":
-                    self._register(child, out_r, err_r)
-                self._check_exit(child)
+            for work in pending:
+                work()
             now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
             deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
             for child in [
@@ -301,6 +340,9 @@ class _OutputReader:
                 if key.fd == self._wake_r:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 4096)
+                    continue
+                if isinstance(key.data, _ServerLink):
+                    self._read_server(key.data)
                     continue
                 child = key.data
                 try:
@@ -317,6 +359,27 @@ class _OutputReader:
         for fd in (out_r, err_r):
             self._selector.register(fd, selectors.EVENT_READ, child)
         self._children.add(child)
+
+    def _read_server(self, link: _ServerLink) -> None:
+        try:
+            data = link.sock.recv(1 << 16)
+            link.buffer += data
+            messages = take_frames(link.buffer) if data else []
+        except (OSError, ValueError) as exc:
+            log.debug("the fork server's socket failed: %s", exc)
+            data, messages = b"", []
+        for message in messages:
+            try:
+                link.on_event(message)
+            except Exception:  # a bug handling one message must not stop every child's output
+                log.exception("handling a fork server message failed: %r", message)
+        if data:
+            return
+        self._selector.unregister(link.sock.fileno())
+        try:
+            link.on_eof()
+        finally:
+            link.done.set()
 
     def _read(self, child: Child, fd: int) -> None:
         data = os.read(fd, _READ_BYTES)
@@ -405,7 +468,7 @@ class Supervisor:
         self._output = _OutputReader(output_drain_seconds)
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
-        self._events = self._start_events(self._sock)
+        self._server_done = self._output.watch_server(self._sock, self._dispatch, self._on_forkserver_lost)
 
     def __enter__(self) -> Supervisor:
         return self
@@ -564,7 +627,7 @@ class Supervisor:
             leftovers.kill_trees(self._record.trees(), leaders_just_died=True)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._events.join(timeout=10.0)
+        self._server_done.wait(timeout=10.0)
         self._sock.close()
         for child in list(self._children.values()):
             child.wait(timeout=self._drain_seconds + 5.0)
@@ -572,13 +635,6 @@ class Supervisor:
         self._record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------
-
-    def _start_events(self, sock: socket.socket) -> threading.Thread:
-        thread = threading.Thread(
-            target=self._read_events, args=(sock,), name="forkserver-events", daemon=True
-        )
-        thread.start()
-        return thread
 
     def _ensure_forkserver(self) -> None:
         """Start a new fork server if the last one died (its trees were killed already)."""
@@ -588,7 +644,7 @@ class Supervisor:
                     return
                 if self._closing:
                     raise ProcessError("the supervisor is closed")
-            self._events.join(timeout=30.0)  # the old event thread has killed what the old server held
+            self._server_done.wait(timeout=30.0)  # what the old server held is killed once it is set
             with contextlib.suppress(OSError):
                 self._process.kill()
             self._process.wait()
@@ -600,7 +656,7 @@ class Supervisor:
             old.close()
             with self._cond:
                 self._record.set_forkserver(process.pid)
-            self._events = self._start_events(sock)
+            self._server_done = self._output.watch_server(sock, self._dispatch, self._on_forkserver_lost)
             log.warning("started a new fork server (pid %d) after the last one died", process.pid)
 
     def _start_forkserver(self) -> tuple[socket.socket, subprocess.Popen[bytes]]:
@@ -655,18 +711,6 @@ class Supervisor:
             return self._replies.pop(
                 request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
             )
-
-    def _read_events(self, sock: socket.socket) -> None:
-        frames = FrameReader(sock)
-        while True:
-            try:
-                event = frames.next()
-            except (OSError, EOFError, ValueError):
-                event = None
-            if event is None:
-                break
-            self._dispatch(event)
-        self._on_forkserver_lost()
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         op = event.get("op")

@@ -13,7 +13,7 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
-from leasecore.process.forkserver import FrameReader, send_frame
+from leasecore.process.forkserver import send_frame, take_frames
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT, input_env_name
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, read_output_file
@@ -271,25 +271,22 @@ def test_output_file_missing_or_not_regular(tmp_path: Path) -> None:
     assert read_output_file(str(tmp_path / "dir.json"))[1] is not None
 
 
-def test_frame_reader_takes_frames_however_the_bytes_arrive() -> None:
-    # Several frames in one recv (an exit and its tree's end), one frame over several, then EOF.
+def test_take_frames_takes_whole_messages_however_the_bytes_arrive() -> None:
+    # Several messages in one read (an exit and its tree's end), one message over several reads.
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        frames = FrameReader(ours)
         send_frame(theirs, {"op": "exited", "key": "t1"})
         send_frame(theirs, {"op": "gone", "key": "t1"})
-        assert frames.next() == {"op": "exited", "key": "t1"}
-        assert frames.next() == {"op": "gone", "key": "t1"}
         body = json.dumps({"op": "spawned", "argv": ["x" * 200_000]}).encode()
-        whole = struct.pack(">I", len(body)) + body
-        for start in range(0, len(whole), 70_000):  # larger than one recv reads
-            theirs.sendall(whole[start : start + 70_000])
-        assert frames.next() == {"op": "spawned", "argv": ["x" * 200_000]}
-        theirs.sendall(whole[:10])  # a message cut by the socket's end
-        theirs.shutdown(socket.SHUT_WR)
-        with pytest.raises(EOFError):
-            frames.next()
-    left, right = socket.socketpair()
-    with left, right:
-        right.shutdown(socket.SHUT_WR)
-        assert FrameReader(left).next() is None  # a clean EOF between messages
+        theirs.sendall(struct.pack(">I", len(body)) + body[:100])
+        buffer = bytearray()
+        while len(buffer) < 2 * 4 + 60:
+            buffer += ours.recv(1 << 16)
+        assert take_frames(buffer) == [{"op": "exited", "key": "t1"}, {"op": "gone", "key": "t1"}]
+        assert take_frames(buffer) == []  # the third is not whole yet: kept
+        theirs.sendall(body[100:])
+        while not (messages := take_frames(buffer)):
+            buffer += ours.recv(1 << 16)
+        assert messages == [{"op": "spawned", "argv": ["x" * 200_000]}] and buffer == bytearray()
+    with pytest.raises(ValueError):
+        take_frames(bytearray(struct.pack(">I", 3) + b"{no"))
