@@ -263,6 +263,7 @@ class _OutputReader:
         self._children: set[Child] = set()  # added and not yet finished
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._ident: int | None = None  # the reader thread's, once it runs
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -277,8 +278,12 @@ class _OutputReader:
         self._queue(register)
 
     def exited(self, child: Child) -> None:
-        """``child`` exited: drain its pipes for at most the drain time, then finish it."""
-        self._queue(lambda: self._check_exit(child))
+        """``child`` exited: drain its pipes for at most the drain time, then finish it. On the reader
+        thread itself (the fork server's exit message is read there) at once, with no wake-up."""
+        if threading.get_ident() == self._ident:
+            self._check_exit(child)
+        else:
+            self._queue(lambda: self._check_exit(child))
 
     def watch_server(
         self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
@@ -321,6 +326,7 @@ class _OutputReader:
             os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         while True:
             with self._lock:
                 pending, self._pending = self._pending, []
@@ -733,12 +739,12 @@ class Supervisor:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 return
-            if op == "exited":
-                child._on_exit(event.get("code"), event.get("signal"))
-            elif op == "gone":
+            if op == "gone":
                 child._on_gone()
                 self._record.remove(child.key)
                 self._children.pop(child.key, None)
+        if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
+            child._on_exit(event.get("code"), event.get("signal"))
 
     def _on_forkserver_lost(self) -> None:
         # EOF: either close() ended it, or it died. Each tree is found by its leader (pid and start time:
