@@ -250,7 +250,8 @@ class _OutputReader:
     One thread for both: a task's exit comes from the fork server and its end of output from its
     pipes, and its own thread for each made two thread switches (and a hand-off through a pipe) per
     task in a process where every switch contends for the GIL. Other threads only queue work for it
-    (``add``, ``exited``, ``watch_server``) and wake it through a pipe; a child's pipes, captures and
+    (``exited``, ``watch_server``) and wake it through a pipe; a child's pipes are taken over here when
+    its ``spawned`` reply is read (``add_here``: no wake-up per spawn). A child's pipes, captures and
     drain deadline, and the fork server's socket, are touched by this thread alone. It never blocks
     on anything but its selector: the fork server writes whole messages, and what has come of one is
     kept until the rest arrives.
@@ -268,14 +269,12 @@ class _OutputReader:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
 
-    def add(self, child: Child, out_r: int, err_r: int) -> None:
-        """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished)."""
-
-        def register() -> None:
-            self._register(child, out_r, err_r)
-            self._check_exit(child)  # its exit may have come first
-
-        self._queue(register)
+    def add_here(self, child: Child, out_r: int, err_r: int) -> None:
+        """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished).
+        Called on the reader thread itself, when it reads the child's ``spawned`` reply: no wake-up."""
+        assert threading.get_ident() == self._ident
+        self._register(child, out_r, err_r)
+        self._check_exit(child)
 
     def exited(self, child: Child) -> None:
         """``child`` exited: drain its pipes for at most the drain time, then finish it. On the reader
@@ -464,6 +463,7 @@ class Supervisor:
         self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
         self._inherited: dict[int, tuple[CommandSpec, dict[str, str]]] = {}  # see _inherited_env
         self._spawning: dict[str, leftovers.TreeRecord] = {}  # asked for, not recorded yet (see spawn)
+        self._pipes: dict[str, tuple[int, int]] = {}  # read ends of spawns not answered yet (see spawn)
         self._abandoned: set[int] = set()  # spawn requests whose answer came too late: see _dispatch
         self._closing = False
         self._lost = False
@@ -566,7 +566,10 @@ class Supervisor:
             raise SpawnError(f"working directory {cwd!r} does not exist")
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         token = secrets.token_hex(16)
-        files = TaskFiles.create(task, parent=self._tmp_dir, unique=token)
+        try:
+            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token)
+        except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
+            raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
         env = build_child_env(
             self._environ, spec, task, worker_id=worker_id, input_file=files.input_path,
             output_file=files.output_path, tree_token=token, inherited=self._inherited_env(spec),
@@ -578,15 +581,26 @@ class Supervisor:
             raise
         key = f"t{next(self._ids)}"
         child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
+        pipes: list[int] = []
+        try:
+            pipes.extend(os.pipe())
+            pipes.extend(os.pipe())
+        except OSError as exc:  # out of file descriptors: this task fails, the runner goes on
+            for fd in pipes:
+                os.close(fd)
+            files.remove()
+            raise SpawnError(f"cannot make the command's output pipes: {exc.strerror or exc}") from exc
+        out_r, out_w, err_r, err_w = pipes
         with self._cond:
             self._children[key] = child
             # Until its record is written, the tree is known by its marker token only: should the fork
             # server die right after the spawn (no parent-death signal any more), it is killed by that.
             self._spawning[key] = leftovers.TreeRecord(key, 0, 0, token, files.directory, meta)
+            # The reader thread takes the pipes' read ends when it reads the `spawned` reply (no
+            # wake-up of its own for them); until then, and on any failure, they are ours.
+            self._pipes[key] = (out_r, err_r)
         request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
                    "token": token, "grace": spec.kill_grace_seconds, "dir": files.directory}  # fmt: skip
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
         reply: dict[str, Any] | None = None
         try:
             stdin = files.open_stdin()
@@ -598,17 +612,17 @@ class Supervisor:
             for fd in (out_w, err_w):
                 os.close(fd)
             if reply is None or reply.get("op") != "spawned":  # failed, or no answer (ProcessError)
-                for fd in (out_r, err_r):
-                    os.close(fd)
-                files.remove()
                 with self._cond:
                     self._children.pop(key, None)
                     self._spawning.pop(key, None)
+                    self._pipes.pop(key, None)  # a late `spawned` finds them gone (see _dispatch)
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                files.remove()
         assert reply is not None  # else _call raised
         if reply.get("op") != "spawned":
             raise SpawnError(_spawn_failure(argv[0], reply))
         child.pid = int(reply["pid"])
-        self._output.add(child, out_r, err_r)
         start_time = int(reply.get("start") or 0)  # read by the fork server, which holds the pid
         record = leftovers.TreeRecord(key, child.pid, start_time, token, files.directory, meta)
         with self._cond:
@@ -721,14 +735,21 @@ class Supervisor:
     def _dispatch(self, event: dict[str, Any]) -> None:
         op = event.get("op")
         late = False
+        started: tuple[Child, tuple[int, int]] | None = None
         with self._cond:
             if op in ("spawned", "spawn_failed", "stats"):
                 late = int(event["id"]) in self._abandoned
                 if late:
                     self._abandoned.discard(int(event["id"]))
                 else:
+                    key = str(event.get("key"))
+                    if op == "spawned" and key in self._pipes and key in self._children:
+                        # Its pipes are read here from now on; on a failure the spawn closes them.
+                        started = (self._children[key], self._pipes.pop(key))
                     self._replies[int(event["id"])] = event
                     self._cond.notify_all()
+        if started is not None:
+            self._output.add_here(started[0], *started[1])
         if op in ("spawned", "spawn_failed", "stats"):
             if late and op == "spawned":  # reported FAILED already ("did not answer"): it must not run
                 log.warning("a task's command started after its spawn had been given up: killing it")

@@ -7,6 +7,7 @@ tree the runner has not recorded yet; these are the windows that signal used to 
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
 from leasecore.process import supervisor as supervisor_module
 
-from .process_support import Lines, make_task, wait_until
+from .process_support import Lines, make_task, spec, wait_until
 
 MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
 
@@ -101,3 +102,40 @@ def test_a_working_directory_through_a_symbolic_link_means_what_chdir_makes_of_i
         exit = supervisor.spawn(make_task(), pwd, worker_id="w", on_line=lines).wait(30)
     assert exit is not None and exit.exit_code == 0, exit
     assert lines.find("stdout", "/") == os.path.realpath(tmp_path / "real")
+
+
+def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full /tmp (ENOSPC) or no fd left (EMFILE) used to raise a bare OSError out of spawn, which
+    # the runner only expects for bugs: it ended the run. Each is a SpawnError for this task now,
+    # with nothing left behind, and the next spawn works.
+    sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
+                     tmp_dir=str(tmp_path / "no-such-dir"))
+    try:
+        with pytest.raises(SpawnError, match="cannot make the task's files"):
+            sup.spawn(make_task({}), spec("true"), worker_id="w")
+        sup._tmp_dir = str(tmp_path)
+        real_pipe = os.pipe
+        made: list[int] = []
+
+        def pipe_then_emfile() -> tuple[int, int]:
+            if made:
+                raise OSError(errno.EMFILE, "Too many open files")
+            fds = real_pipe()
+            made.extend(fds)
+            return fds
+
+        monkeypatch.setattr(os, "pipe", pipe_then_emfile)
+        with pytest.raises(SpawnError, match="output pipes: Too many open files"):
+            sup.spawn(make_task({}), spec("true"), worker_id="w")
+        monkeypatch.setattr(os, "pipe", real_pipe)
+        for fd in made:  # the first pipe was closed again
+            with pytest.raises(OSError):
+                os.fstat(fd)
+        assert not sup._children and not sup._spawning and not sup._pipes
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("conductor-run-task-")] == []
+        exit_ = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
+        assert exit_ is not None and exit_.exit_code == 0
+    finally:
+        sup.close()
