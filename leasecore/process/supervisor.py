@@ -760,10 +760,10 @@ class Supervisor:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 return
-            if op == "gone":
-                child._on_gone()
+            if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
                 self._record.remove(child.key)
                 self._children.pop(child.key, None)
+                child._on_gone()
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
             child._on_exit(event.get("code"), event.get("signal"))
 

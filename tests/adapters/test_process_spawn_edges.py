@@ -61,8 +61,11 @@ def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
     tasks_tmp = tmp_path / "task-tmp"
     tasks_tmp.mkdir()
     with Supervisor(tmp_path / "state", tmp_dir=str(tasks_tmp)) as supervisor:
-        first = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(30)
+        child = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w")
+        first = child.wait(30)
         assert first is not None and first.exit_code == 0  # the fork server is up
+        # Its tree's end, too: that opens the state record's journal (an fd kept from then on).
+        assert child.wait_gone(30)
         fds_before = len(os.listdir("/proc/self/fd"))
         monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         with pytest.raises(ProcessError, match="did not answer"):
