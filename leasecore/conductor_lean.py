@@ -218,17 +218,7 @@ class _AnswerReader:
 
     def head(self) -> tuple[int, bool, dict[bytes, bytes]]:
         """(status, whether the server keeps the connection open, lower-cased header fields)."""
-        start = 0
-        while (end := self._buf.find(b"\r\n\r\n", start)) < 0:
-            if len(self._buf) > _MAX_HEAD_BYTES:
-                raise http.client.LineTooLong("answer's header section")
-            start = max(0, len(self._buf) - 3)
-            data = self._recv()
-            if not data:
-                if not self._buf:
-                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
-                raise http.client.IncompleteRead(bytes(self._buf))
-            self._buf += data
+        end = self._find(b"\r\n\r\n", _MAX_HEAD_BYTES, "answer's header section", first=True)
         if end > _MAX_HEAD_BYTES:
             raise http.client.LineTooLong("answer's header section")
         lines = bytes(self._buf[:end]).split(b"\r\n")
@@ -310,16 +300,25 @@ class _AnswerReader:
             have += len(data)
         return b"".join(parts)
 
-    def _line(self) -> bytes:
+    def _find(self, delimiter: bytes, limit: int, what: str, *, first: bool = False) -> int:
+        """Where ``delimiter`` starts in the buffer, receiving until it comes (at most ``limit`` bytes
+        before it). ``first``: nothing of the answer read yet, so an EOF now is the server closing an
+        idle connection (RemoteDisconnected), not a cut answer."""
         start = 0
-        while (end := self._buf.find(b"\r\n", start)) < 0:
-            if len(self._buf) > _MAX_LINE_BYTES:
-                raise http.client.LineTooLong("chunk size or trailer line")
-            start = max(0, len(self._buf) - 1)
+        while (end := self._buf.find(delimiter, start)) < 0:
+            if len(self._buf) > limit:
+                raise http.client.LineTooLong(what)
+            start = max(0, len(self._buf) - len(delimiter) + 1)
             data = self._recv()
             if not data:
+                if first and not self._buf:
+                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
                 raise http.client.IncompleteRead(bytes(self._buf))
             self._buf += data
+        return end
+
+    def _line(self) -> bytes:
+        end = self._find(b"\r\n", _MAX_LINE_BYTES, "chunk size or trailer line")
         line = bytes(self._buf[:end])
         del self._buf[: end + 2]
         return line

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,51 +17,27 @@ from leasecore.conductor import ConductorClient, translate_errors
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskResult, TaskStatus
 
+from .rawsocket import ThreadedSocketServer
+
 # What the raw server does with the n-th request (0-based) on a connection: answer it, or close the
 # connection without a word, or send a cut answer.
 Behaviour = Callable[[int], str]  # "answer" | "answer-then-close" | "close" | "cut"
 
 
-class RawServer:
+class RawServer(ThreadedSocketServer):
     """HTTP/1.1 keep-alive by hand: one thread per connection, a behaviour per request of it."""
 
     def __init__(self, behaviour: Behaviour, body: bytes = b"[]") -> None:
         self.behaviour = behaviour
         self.body = body
-        self.lock = threading.Lock()
-        self.connections = 0
         self.requests: list[tuple[int, str]] = []  # (connection number, request line)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.threads: list[threading.Thread] = []
-        self.accepter = threading.Thread(target=self._accept, daemon=True)
-        self.accepter.start()
+        super().__init__()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
-        self.listener.close()
-        self.accepter.join(10)
-        for thread in self.threads:
-            thread.join(10)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.connections += 1
-                number = self.connections
-            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
+    def serve(self, conn: socket.socket, number: int) -> None:
         conn.settimeout(10)
         reader = conn.makefile("rb")
         try:

@@ -14,46 +14,22 @@ import pytest
 
 from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
 
+from .rawsocket import ThreadedSocketServer
+
 # What the server does for one request: write these bytes, or call this with the connection.
 Answer = bytes | Callable[[socket.socket], None]
 CLOSE = b""  # an empty answer: close the connection without a word
 
 
-class ScriptedServer:
+class ScriptedServer(ThreadedSocketServer):
     """Answers the n-th request it reads (over all connections) with ``answers[n]``."""
 
     def __init__(self, answers: list[Answer]) -> None:
         self.answers = list(answers)
-        self.lock = threading.Lock()
         self.requests: list[tuple[int, bytes]] = []  # (connection number, request head + body)
-        self.connections = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.threads: list[threading.Thread] = []
-        self.accepter = threading.Thread(target=self._accept, daemon=True)
-        self.accepter.start()
+        super().__init__()
 
-    def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        self.accepter.join(10)
-        for thread in self.threads:
-            thread.join(10)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.connections += 1
-                number = self.connections
-            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
+    def serve(self, conn: socket.socket, number: int) -> None:
         conn.settimeout(10)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffer = b""
