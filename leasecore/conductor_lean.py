@@ -128,7 +128,8 @@ class LeanTransport:
     ) -> bytes:
         """The request line and header section (the body itself is not copied in here)."""
         if not _TOKEN.fullmatch(method) or not target or _BAD_TARGET.search(target):
-            raise ValueError(f"cannot send {method!r} {target!r}: not a valid request line")
+            # InvalidURL, as http.client raised: an HTTPException, so the caller's translation sees it
+            raise http.client.InvalidURL(f"cannot send {method!r} {target!r}: not a valid request line")
         lines = [f"{method} {target} HTTP/1.1", self._host_field, "Accept-Encoding: identity"]
         for name, value in headers.items():
             if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
@@ -172,15 +173,11 @@ class LeanTransport:
         deadline: float,
         max_body_bytes: int,
     ) -> tuple[int, bytes]:
-        _arm(sock, socket.SO_SNDTIMEO, _left(deadline, self._monotonic))
-        try:
-            if body and len(body) > _INLINE_BODY_BYTES:
-                sock.sendall(request)
-                sock.sendall(body)
-            else:
-                sock.sendall(request + body if body else request)
-        except BlockingIOError:  # SO_SNDTIMEO ran out
-            raise TimeoutError("timed out") from None
+        if body and len(body) > _INLINE_BODY_BYTES:
+            self._send_all(sock, request, deadline)
+            self._send_all(sock, body, deadline)
+        else:
+            self._send_all(sock, request + body if body else request, deadline)
         reader = _AnswerReader(sock, deadline, self._monotonic)
         status, keep_alive, fields = reader.head()
         while 100 <= status < 200:  # interim answers (100 Continue, 103 Early Hints): the real one follows
@@ -193,6 +190,18 @@ class LeanTransport:
         else:
             sock.close()
         return status, answer
+
+    def _send_all(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+        """``sendall``, with the deadline re-armed before each ``send``: SO_SNDTIMEO bounds one call,
+        and a slow reader that takes a little at a time would let ``sendall`` run on past it."""
+        view = memoryview(data)
+        while view:
+            _arm(sock, socket.SO_SNDTIMEO, _left(deadline, self._monotonic))
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:  # SO_SNDTIMEO ran out with nothing sent
+                raise TimeoutError("timed out") from None
+            view = view[sent:]
 
     def _give_back(self, sock: socket.socket) -> None:
         with self._lock:

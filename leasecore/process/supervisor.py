@@ -333,7 +333,10 @@ class _OutputReader:
             if done:
                 return
             for work in pending:
-                work()
+                try:
+                    work()
+                except Exception:  # the one reader thread must outlive a bug in any piece of work
+                    log.exception("the output reader's work failed; continuing")
             now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
             deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
             for child in [
@@ -383,6 +386,8 @@ class _OutputReader:
         self._selector.unregister(link.sock.fileno())
         try:
             link.on_eof()
+        except Exception:  # e.g. the state record unwritable: the reader must go on for the next server
+            log.exception("handling the fork server's end failed")
         finally:
             link.done.set()
 
@@ -553,7 +558,8 @@ class Supervisor:
         ``on_lines(stream, lines)`` (instead) gets the complete lines of each read as one list: far
         cheaper for a chatty child. ``on_done(exit)`` is
         called once, from the output thread, when ``wait`` would return the exit: the caller needs no
-        thread of its own per child to learn of it.
+        thread of its own per child to learn of it. None of the three may call ``spawn``: that thread
+        also reads the fork server's replies, so such a spawn would wait for its own reply and fail.
         """
         argv = spec.command_argv()
         if any("\0" in arg for arg in argv):
@@ -603,7 +609,10 @@ class Supervisor:
                    "token": token, "grace": spec.kill_grace_seconds, "dir": files.directory}  # fmt: skip
         reply: dict[str, Any] | None = None
         try:
-            stdin = files.open_stdin()
+            try:
+                stdin = files.open_stdin()
+            except OSError as exc:  # no fd left: this task fails, the runner goes on
+                raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
                 reply = self._call(request, [stdin, out_w, err_w])
             finally:
@@ -615,9 +624,12 @@ class Supervisor:
                 with self._cond:
                     self._children.pop(key, None)
                     self._spawning.pop(key, None)
-                    self._pipes.pop(key, None)  # a late `spawned` finds them gone (see _dispatch)
-                for fd in (out_r, err_r):
-                    os.close(fd)
+                    # Still ours unless the reader took them with a `spawned` reply this spawn then
+                    # missed (a fork server restarted meanwhile cleared it): then the reader closes them.
+                    ours = self._pipes.pop(key, None) is not None
+                if ours:
+                    for fd in (out_r, err_r):
+                        os.close(fd)
                 files.remove()
         assert reply is not None  # else _call raised
         if reply.get("op") != "spawned":
@@ -761,9 +773,11 @@ class Supervisor:
             if child is None:
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
-                self._record.remove(child.key)
                 self._children.pop(child.key, None)
-                child._on_gone()
+                try:
+                    self._record.remove(child.key)
+                finally:  # an unwritable record must not leave wait_gone waiting for ever
+                    child._on_gone()
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
             child._on_exit(event.get("code"), event.get("signal"))
 

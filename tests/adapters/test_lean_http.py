@@ -124,7 +124,7 @@ def test_a_header_that_would_break_the_head_is_refused_before_anything_is_sent(
     with pytest.raises(ValueError, match="invalid HTTP header"):
         transport.send("GET", "/api/x", None, {name: value}, time.monotonic() + 5, idempotent=True,
                        max_body_bytes=1024)
-    with pytest.raises(ValueError, match="not a valid request line"):
+    with pytest.raises(http.client.InvalidURL, match="not a valid request line"):  # translated as HTTP
         transport.send("GET", "/api/x y", None, {}, time.monotonic() + 5, idempotent=True,
                        max_body_bytes=1024)
     assert transport.opened == 0 and server.requests == []
@@ -300,5 +300,35 @@ def test_a_server_that_never_reads_cannot_hold_the_send_past_the_deadline(
         waiter.join(5)
         for conn in accepted:
             conn.close()
+        listener.close()
+    assert elapsed < 2.0
+
+
+def test_a_server_that_reads_slowly_cannot_stretch_the_send_past_the_deadline() -> None:
+    # SO_SNDTIMEO bounds one send(2): a reader taking a little at a time made sendall run on for as
+    # long as it kept taking (found in review). The deadline is re-armed before each send.
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while not stop.is_set() and conn.recv(1024):
+                stop.wait(0.01)  # ~100 KB/s: a 16 MB body would take minutes
+
+    reader = threading.Thread(target=trickle, daemon=True)
+    reader.start()
+    transport = LeanTransport("127.0.0.1", listener.getsockname()[1], max_idle=1, monotonic=time.monotonic)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            transport.send("POST", "/api/tasks", b"x" * (16 << 20), {}, time.monotonic() + 0.5,
+                           idempotent=False, max_body_bytes=1024)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        transport.close()
+        reader.join(5)
         listener.close()
     assert elapsed < 2.0

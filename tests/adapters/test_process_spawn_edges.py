@@ -142,3 +142,22 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
         assert exit_ is not None and exit_.exit_code == 0
     finally:
         sup.close()
+
+
+def test_a_state_record_that_cannot_be_written_at_a_trees_end_stops_nothing(tmp_path: Path) -> None:
+    # Found in review: 'gone' removed the tree's record before waking wait_gone, on the one reader
+    # thread; a failing write (a full disk) left wait_gone waiting for ever. Now the tree still
+    # ends, and the reader goes on to the next task.
+    sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)})
+    try:
+        def full(key: str) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        sup._record.remove = full  # type: ignore[method-assign]
+        child = sup.spawn(make_task({}), spec("true"), worker_id="w")
+        assert child.wait(30) is not None
+        assert child.wait_gone(30)
+        again = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
+        assert again is not None and again.exit_code == 0
+    finally:
+        sup.close()
