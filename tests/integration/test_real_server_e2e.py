@@ -240,11 +240,13 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     assert code == exitcodes.SIGTERM, err
     assert "lease expired" in err
     # Whatever the runner's best-effort FAILED achieved, the task is over on the server: never COMPLETED.
+    # CANCELED too (seen in CI, 22 ms after the runner's FAILED): the server's sweep and that FAILED
+    # race inside the server, and ending the workflow cancels a task it still read as running.
     seen: list[dict[str, Any]] = []
 
     def ended() -> bool:
         seen.append(world.decide_and_get_task(wf))
-        return seen[-1]["status"] in {"TIMED_OUT", "FAILED"}
+        return seen[-1]["status"] in {"TIMED_OUT", "FAILED", "CANCELED"}
 
     try:
         wait_until(ended, r_seconds + 30, "the server to end the task", interval_seconds=DECIDE_EVERY_SECONDS)
@@ -253,5 +255,5 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
         raise AssertionError(f"task still {last} on the server; the runner said:\n{err[-3000:]}") from None
     # Not necessarily the same word as the task's: the server's sweep (TIMED_OUT) and the runner's FAILED
     # reach the server in the same instant, and it can keep one in the task row and act on the other for
-    # the workflow (seen once: task FAILED, workflow TIMED_OUT).
-    assert world.workflow_status(wf) in {"TIMED_OUT", "FAILED"}
+    # the workflow (seen once: task FAILED, workflow TIMED_OUT). Over, either way: not running, not done.
+    assert world.workflow_status(wf) in {"TIMED_OUT", "FAILED", "TERMINATED"}
