@@ -250,7 +250,7 @@ class _OutputReader:
     One thread for both: a task's exit comes from the fork server and its end of output from its
     pipes, and its own thread for each made two thread switches (and a hand-off through a pipe) per
     task in a process where every switch contends for the GIL. Other threads only queue work for it
-    (``exited``, ``watch_server``) and wake it through a pipe; a child's pipes are taken over here when
+    (``watch_server``) and wake it through a pipe; a child's pipes are taken over here when
     its ``spawned`` reply is read (``add_here``: no wake-up per spawn). A child's pipes, captures and
     drain deadline, and the fork server's socket, are touched by this thread alone. It never blocks
     on anything but its selector: the fork server writes whole messages, and what has come of one is
@@ -277,12 +277,10 @@ class _OutputReader:
         self._check_exit(child)
 
     def exited(self, child: Child) -> None:
-        """``child`` exited: drain its pipes for at most the drain time, then finish it. On the reader
-        thread itself (the fork server's exit message is read there) at once, with no wake-up."""
-        if threading.get_ident() == self._ident:
-            self._check_exit(child)
-        else:
-            self._queue(lambda: self._check_exit(child))
+        """``child`` exited: drain its pipes for at most the drain time, then finish it. Called on the
+        reader thread itself (exits come in the fork server's messages, read there): at once."""
+        assert threading.get_ident() == self._ident
+        self._check_exit(child)
 
     def watch_server(
         self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
