@@ -302,10 +302,15 @@ class Runner:
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
         task_id = task.task_id
-        try:
-            entry.child = self._supervisor.spawn(
+
+        def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
+            log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
+                     task.workflow_id, child.pid)
+
+        try:  # returns without waiting for the exec: the next event is handled meanwhile
+            entry.child = self._supervisor.start(
                 task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
-                on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)),
+                on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
             )  # fmt: skip
         except ProcessError as exc:
             log.error("task %s: could not start the command: %s", task.task_id, exc)
@@ -314,8 +319,6 @@ class Runner:
             self._report(entry, _failed(task, plan, f"could not start the command: {exc}"))
             return
         self._engine.child_started(task.task_id)
-        log.info("task %s (%s, workflow %s) started: pid %d", task.task_id, task.task_type,
-                 task.workflow_id, entry.child.pid)
 
     def _hand_back(self, task: Task, plan: TaskTypePlan) -> None:
         """A task polled beyond our slots and budget: never dropped (the server counts it as ours until
@@ -363,6 +366,12 @@ class Runner:
         self._engine.child_exited(task_id)
         self._logs.close(task_id)
         entry.fence = self._engine.fence_reason(task_id)
+        start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
+        if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
+            log.error("task %s: could not start the command: %s", task_id, start_error)
+            why = f"could not start the command: {start_error}"
+            self._report(entry, _failed(entry.task, entry.plan, why))
+            return
         if entry.fence is FenceReason.OWNERSHIP_LOST:
             log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "
                         "its tree was killed and nothing is reported", task_id)

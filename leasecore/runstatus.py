@@ -79,7 +79,7 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
         task_type=entry.task.task_type,
         state=_STATES[entry.phase],
         started_at=entry.started_at,
-        child_pid=entry.child.pid if entry.child is not None else None,
+        child_pid=(entry.child.pid or None) if entry.child is not None else None,  # 0: starting
         last_ack_at=wall_time(view.last_ack_at, clock) if view else None,
         next_heartbeat_at=wall_time(view.next_heartbeat_at, clock) if view else None,
         lease_deadline_at=wall_time(view.lease_deadline, clock) if view else None,

@@ -103,8 +103,9 @@ class EnginePort(Protocol):
 
 
 class ChildPort(Protocol):
-    """A running task tree (``leasecore.process`` child handle). Its exit reaches the runner through
-    ``SupervisorPort.spawn(on_done=...)``; ``wait`` is for callers that have a thread to block."""
+    """A task tree (``leasecore.process`` child handle), started or being started. Its exit reaches
+    the runner through ``SupervisorPort.start(on_done=...)``; ``wait`` is for callers that have a
+    thread to block. ``pid`` is 0 until the command runs."""
 
     @property
     def pid(self) -> int: ...
@@ -115,12 +116,14 @@ class ChildPort(Protocol):
 
 
 class SupervisorPort(Protocol):
-    """What the runner needs from ``Supervisor``."""
+    """What the runner needs from ``Supervisor``: ``start`` returns without waiting for the exec; a
+    command that never runs ends as ``on_done(exit)`` with ``exit.start_error`` set."""
 
-    def spawn(
+    def start(
         self, task: Task, spec: Any, *, worker_id: str,
         on_lines: Callable[[str, list[str]], None] | None = None,
         on_done: Callable[[Any], None] | None = None,
+        on_started: Callable[[Any], None] | None = None,
     ) -> ChildPort: ...
 
 

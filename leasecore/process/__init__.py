@@ -33,7 +33,8 @@ Public API::
 
     supervisor = Supervisor(state_dir, clock=..., environ=..., tree_meta=...)
     supervisor.sweep_leftovers(on_orphans=None) -> set[int]   # on_orphans(runner_pid, trees)
-    child = supervisor.spawn(task, spec, worker_id="w1", on_line=sink)
+    child = supervisor.spawn(task, spec, worker_id="w1", on_line=sink)   # returns after the exec
+    child = supervisor.start(task, spec, worker_id="w1", on_done=done, on_started=started)  # at once
     child.pid; child.started_at; child.exited
     child.wait(timeout) -> ChildExit | None;  child.wait_gone(timeout) -> bool
     child.terminate_tree(grace_seconds=None); child.kill_tree()

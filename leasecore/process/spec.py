@@ -71,9 +71,11 @@ class CommandSpec:
 class ChildExit:
     """How a task's direct child ended, with bounded output tails and the output-file object.
 
-    Exactly one of ``exit_code`` / ``signal`` is set. ``output`` is the JSON object the child wrote
-    to CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could
-    not be used. (A command that cannot be started is a ``SpawnError`` from ``Supervisor.spawn``.)
+    Exactly one of ``exit_code`` / ``signal`` is set, or neither when the command never ran:
+    ``start_error`` then says why (only from ``Supervisor.start``; ``Supervisor.spawn`` raises it as a
+    ``SpawnError`` or ``ProcessError``). ``output`` is the JSON object the child wrote to
+    CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could not
+    be used.
     """
 
     exit_code: int | None
@@ -83,6 +85,7 @@ class ChildExit:
     stderr_tail: str = ""
     output: Mapping[str, Any] | None = None
     output_error: str | None = None
+    start_error: str | None = None
 
 
 def input_env_name(key: str) -> str:

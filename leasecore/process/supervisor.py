@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import itertools
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 LineSink = Callable[[str, str], None]
 LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
 DoneSink = Callable[[ChildExit], None]
+StartedSink = Callable[["Child"], None]
 TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
 _READ_BYTES = 1 << 20
 _BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
@@ -74,6 +76,7 @@ _BOOT = (
     "main(sys.argv[2:])\n"
 )
 _REPLY_TIMEOUT_SECONDS = 30.0
+_MAX_STARTING = 32  # spawns sent to the fork server and not answered yet; start() waits beyond that
 _PR_SET_DUMPABLE = 4
 _warned_not_linux = False
 
@@ -129,6 +132,8 @@ class Child:
         self._exited = threading.Event()
         self._done = threading.Event()
         self._gone = threading.Event()
+        self._settled = threading.Event()  # the fork server answered the spawn (or it was given up)
+        self._start_error: ProcessError | None = None  # why the command never ran
         self._result: ChildExit | None = None
         # Owned by the output thread once the child is added to it:
         self._fds: dict[int, StreamCapture] = {}  # open pipe read ends
@@ -171,6 +176,21 @@ class Child:
 
     def _on_gone(self) -> None:
         self._gone.set()
+
+    def _start_failed(self, error: ProcessError, notify: bool) -> None:
+        """The command never ran: the child is done (and gone) with ``start_error``; ``on_done`` hears
+        of it only for ``Supervisor.start`` (``spawn`` raises the error instead)."""
+        self._start_error = error
+        self._result = ChildExit(exit_code=None, signal=None, duration_seconds=0.0, start_error=str(error))
+        self._exited.set()
+        self._done.set()
+        self._gone.set()
+        self._settled.set()
+        if notify and self._on_done is not None:
+            try:
+                self._on_done(self._result)
+            except Exception:  # the sink's bug must not be lost silently
+                log.exception("on_done sink failed for task %s", self.key)
 
     # the output thread -------------------------------------------------------------------------
 
@@ -228,6 +248,32 @@ class Child:
                 log.exception("on_done sink failed for task %s", self.key)
 
 
+class _Start:
+    """A spawn asked of the fork server and not answered yet."""
+
+    __slots__ = ("argv0", "child", "notify", "on_started", "pipes", "record", "request_id", "sent_at")
+
+    def __init__(
+        self,
+        child: Child,
+        request_id: int,
+        pipes: tuple[int, int],
+        argv0: str,
+        sent_at: float,
+        notify: bool,
+        on_started: StartedSink | None,
+        record: leftovers.TreeRecord,
+    ) -> None:
+        self.child = child
+        self.request_id = request_id
+        self.pipes = pipes  # the read ends of stdout and stderr: the reader's once it runs
+        self.argv0 = argv0
+        self.sent_at = sent_at  # time.monotonic()
+        self.notify = notify  # Supervisor.start: a failure goes to on_done (spawn raises it)
+        self.on_started = on_started
+        self.record = record  # by token only until the answer gives the pid
+
+
 class _ServerLink:
     """The fork server's socket, as the reader thread reads it."""
 
@@ -257,8 +303,11 @@ class _OutputReader:
     kept until the rest arrives.
     """
 
-    def __init__(self, drain_seconds: float) -> None:
+    def __init__(self, drain_seconds: float, housekeeping: Callable[[], float] | None = None) -> None:
+        """``housekeeping()``: called on the thread now and then; returns the seconds until the next."""
         self._drain_seconds = drain_seconds
+        self._housekeeping = housekeeping
+        self._next_housekeeping = 0.0
         self._lock = threading.Lock()
         self._pending: list[Callable[[], None]] = []
         self._children: set[Child] = set()  # added and not yet finished
@@ -336,7 +385,15 @@ class _OutputReader:
                 except Exception:  # the one reader thread must outlive a bug in any piece of work
                     log.exception("the output reader's work failed; continuing")
             now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
+            if self._housekeeping is not None and now >= self._next_housekeeping:
+                try:
+                    self._next_housekeeping = now + self._housekeeping()
+                except Exception:  # as for queued work: the reader must go on
+                    log.exception("the output reader's housekeeping failed; continuing")
+                    self._next_housekeeping = now + 1.0
             deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
+            if self._housekeeping is not None:
+                deadlines.append(self._next_housekeeping)
             for child in [
                 c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
             ]:
@@ -459,22 +516,21 @@ class Supervisor:
         self._tmp_dir = tmp_dir
         self._tree_meta = tree_meta
         self._children: dict[str, Child] = {}
-        self._replies: dict[int, dict[str, Any]] = {}
+        self._replies: dict[int, dict[str, Any]] = {}  # answers to _call, by request id
+        self._calls: set[int] = set()  # request ids a _call waits for
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
         self._inherited: dict[int, tuple[CommandSpec, dict[str, str]]] = {}  # see _inherited_env
-        self._spawning: dict[str, leftovers.TreeRecord] = {}  # asked for, not recorded yet (see spawn)
-        self._pipes: dict[str, tuple[int, int]] = {}  # read ends of spawns not answered yet (see spawn)
-        self._abandoned: set[int] = set()  # spawn requests whose answer came too late: see _dispatch
+        self._starting: dict[int, _Start] = {}  # spawns asked of the fork server, by request id
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
         _warn_if_not_linux()
         if protect_runner:
             protect_from_children()
-        self._output = _OutputReader(output_drain_seconds)
+        self._output = _OutputReader(output_drain_seconds, housekeeping=self._expire_starts)
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
         self._server_done = self._output.watch_server(self._sock, self._dispatch, self._on_forkserver_lost)
@@ -535,6 +591,32 @@ class Supervisor:
         self._paths[key] = (path, now)
         return path
 
+    def start(
+        self,
+        task: Task,
+        spec: CommandSpec,
+        *,
+        worker_id: str,
+        on_line: LineSink | None = None,
+        on_lines: LinesSink | None = None,
+        on_done: DoneSink | None = None,
+        on_started: StartedSink | None = None,
+    ) -> Child:
+        """Ask the fork server to start ``spec``'s command for ``task``, and return without waiting
+        for the exec: the caller's thread is free for the next task while the fork server starts
+        this one (a spawn takes a few milliseconds, most of them in the exec; waiting for each made
+        the runner's main thread the bottleneck of short tasks).
+
+        SpawnError for what is known before asking (no such command on PATH, a missing working
+        directory, no temp space or fds left). ``on_started(child)`` once the command runs, with
+        ``child.pid`` set. A command that then cannot be exec'd, a spawn the fork server leaves
+        unanswered for 30 s, or a fork server that dies first: ``on_done`` gets a ``ChildExit`` with
+        ``start_error`` saying why (and ``on_started`` is never called). The child can be signalled
+        at once: the fork server takes requests in order, so a signal sent now reaches the tree it
+        is about to start. Callbacks run on the reader thread, as for ``spawn``.
+        """
+        return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, notify=True)
+
     def spawn(
         self,
         task: Task,
@@ -549,6 +631,7 @@ class Supervisor:
 
         Returns once the child has exec'd its command (the fork server's posix_spawn returns then): an
         exec that fails (not executable, no ``#!``, a failed ``chdir``...) is a SpawnError saying why.
+        (``start`` is the same without the wait.)
 
         ``on_line(stream, line)`` gets every stdout/stderr line ("stdout" | "stderr"), from the
         Supervisor's output thread (shared by every child): it must return quickly (queue the line),
@@ -559,10 +642,35 @@ class Supervisor:
         thread of its own per child to learn of it. None of the three may call ``spawn``: that thread
         also reads the fork server's replies, so such a spawn would wait for its own reply and fail.
         """
+        child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, notify=False)
+        if not child._settled.wait(_REPLY_TIMEOUT_SECONDS):
+            self._give_up_starts(lambda pending: pending.child is child)
+            child._settled.wait(_REPLY_TIMEOUT_SECONDS)  # given up above, or its answer is being handled
+        if child._start_error is not None:
+            raise child._start_error
+        if not child._settled.is_set():  # the reader thread is stuck: never seen, but never a hang
+            raise ProcessError("the fork server's answer to a spawn request was not handled")
+        return child
+
+    def _start(
+        self,
+        task: Task,
+        spec: CommandSpec,
+        worker_id: str,
+        on_line: LineSink | None,
+        on_lines: LinesSink | None,
+        on_done: DoneSink | None,
+        on_started: StartedSink | None,
+        *,
+        notify: bool,
+    ) -> Child:
         argv = spec.command_argv()
         if any("\0" in arg for arg in argv):
             raise SpawnError("the command holds a NUL byte, which no argument can carry")
         self._ensure_forkserver()
+        with self._cond:  # a bound on spawns queued at the fork server: claims follow the starts
+            self._cond.wait_for(lambda: len(self._starting) < _MAX_STARTING or self._lost,
+                                timeout=_REPLY_TIMEOUT_SECONDS)  # fmt: skip
         cwd = spec.cwd or os.getcwd()
         if not os.path.isabs(cwd):  # the fork server chdirs to it, from wherever it is (not normalised:
             cwd = os.path.join(os.getcwd(), cwd)  # "link/.." must mean what a chdir makes of it)
@@ -595,51 +703,77 @@ class Supervisor:
             files.remove()
             raise SpawnError(f"cannot make the command's output pipes: {exc.strerror or exc}") from exc
         out_r, out_w, err_r, err_w = pipes
+        request_id = next(self._ids)
+        # Until its record is written, the tree is known by its marker token only: should the fork
+        # server die right after the spawn (no parent-death signal any more), it is killed by that.
+        # The pipes' read ends are ours until the reader thread takes them with the `spawned` answer.
+        pending = _Start(child, request_id, (out_r, err_r), argv[0], time.monotonic(), notify, on_started,
+                         leftovers.TreeRecord(key, 0, 0, token, files.directory, meta))  # fmt: skip
         with self._cond:
             self._children[key] = child
-            # Until its record is written, the tree is known by its marker token only: should the fork
-            # server die right after the spawn (no parent-death signal any more), it is killed by that.
-            self._spawning[key] = leftovers.TreeRecord(key, 0, 0, token, files.directory, meta)
-            # The reader thread takes the pipes' read ends when it reads the `spawned` reply (no
-            # wake-up of its own for them); until then, and on any failure, they are ours.
-            self._pipes[key] = (out_r, err_r)
-        request = {"op": "spawn", "key": key, "path": path, "argv": argv, "env": env, "cwd": cwd,
-                   "token": token, "grace": spec.kill_grace_seconds, "dir": files.directory}  # fmt: skip
-        reply: dict[str, Any] | None = None
+            self._starting[request_id] = pending
+        request = {"op": "spawn", "id": request_id, "key": key, "path": path, "argv": argv, "env": env,
+                   "cwd": cwd, "token": token, "grace": spec.kill_grace_seconds,
+                   "dir": files.directory}  # fmt: skip
         try:
             try:
                 stdin = files.open_stdin()
             except OSError as exc:  # no fd left: this task fails, the runner goes on
                 raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
-                reply = self._call(request, [stdin, out_w, err_w])
+                self._request(request, [stdin, out_w, err_w])  # the fork server holds its own copies now
             finally:
                 os.close(stdin)
+        except ProcessError:
+            if self._drop_start(pending):
+                raise
+            # A lost fork server's handler took it first: it ends the child with start_error (and
+            # on_done) just as an answer would; raising too would end the task twice.
         finally:
-            for fd in (out_w, err_w):
-                os.close(fd)
-            if reply is None or reply.get("op") != "spawned":  # failed, or no answer (ProcessError)
-                with self._cond:
-                    self._children.pop(key, None)
-                    self._spawning.pop(key, None)
-                    # Still ours unless the reader took them with a `spawned` reply this spawn then
-                    # missed (a fork server restarted meanwhile cleared it): then the reader closes them.
-                    ours = self._pipes.pop(key, None) is not None
-                if ours:
-                    for fd in (out_r, err_r):
-                        os.close(fd)
-                files.remove()
-        assert reply is not None  # else _call raised
-        if reply.get("op") != "spawned":
-            raise SpawnError(_spawn_failure(argv[0], reply))
-        child.pid = int(reply["pid"])
-        start_time = int(reply.get("start") or 0)  # read by the fork server, which holds the pid
-        record = leftovers.TreeRecord(key, child.pid, start_time, token, files.directory, meta)
-        with self._cond:
-            if not child._gone.is_set():
-                self._record.add(record)
-            self._spawning.pop(key, None)
+            os.close(out_w)
+            os.close(err_w)
         return child
+
+    def _drop_start(self, pending: _Start) -> bool:
+        """Undo a spawn whose request was never sent; False if someone else has ended it already."""
+        with self._cond:
+            if self._starting.pop(pending.request_id, None) is None:
+                return False
+            self._children.pop(pending.child.key, None)
+        for fd in pending.pipes:
+            os.close(fd)
+        pending.child._files.remove()
+        return True
+
+    def _fail_start(self, pending: _Start, error: ProcessError) -> None:
+        """End a spawn taken out of ``_starting`` (by its caller, under the lock) that never ran."""
+        with self._cond:
+            self._children.pop(pending.child.key, None)
+        for fd in pending.pipes:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            pending.child._files.remove()
+        finally:
+            pending.child._start_failed(error, pending.notify)
+
+    def _give_up_starts(self, which: Callable[[_Start], bool]) -> None:
+        """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
+        with self._cond:
+            given_up = [pending for pending in self._starting.values() if which(pending)]
+            for pending in given_up:
+                del self._starting[pending.request_id]
+            self._cond.notify_all()
+        for pending in given_up:
+            self._fail_start(pending, ProcessError("the fork server did not answer a spawn request"))
+
+    def _expire_starts(self) -> float:
+        """The reader thread's periodic check: spawns unanswered for too long fail (a hung fork
+        server must not hold a task for ever). Returns when to be called again, in seconds."""
+        limit = _REPLY_TIMEOUT_SECONDS
+        now = time.monotonic()
+        self._give_up_starts(lambda pending: now - pending.sent_at >= limit)
+        return min(1.0, limit / 3)
 
     def close(self, grace_seconds: float = 0.0) -> None:
         """Kill every tree still held (TERM, KILL after ``grace_seconds``), stop the fork server."""
@@ -728,43 +862,28 @@ class Supervisor:
             raise ProcessError("the fork server is gone") from exc
 
     def _call(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """A request whose answer the caller waits for (``stats``; the runner's spawns are answered
+        through ``_on_answer`` without a wait)."""
         request_id = next(self._ids)
         message["id"] = request_id
-        self._request(message, fds)
         with self._cond:
-            if not self._cond.wait_for(
-                lambda: request_id in self._replies or self._lost, timeout=_REPLY_TIMEOUT_SECONDS
-            ):
-                if message["op"] == "spawn":
-                    self._abandoned.add(request_id)
-                raise ProcessError(f"the fork server did not answer a {message['op']} request")
-            return self._replies.pop(
-                request_id, {"op": "spawn_failed", "errno": 0, "what": "fork server lost"}
-            )
+            self._calls.add(request_id)
+        try:
+            self._request(message, fds)
+            with self._cond:
+                if not self._cond.wait_for(
+                    lambda: request_id in self._replies or self._lost, timeout=_REPLY_TIMEOUT_SECONDS
+                ):
+                    raise ProcessError(f"the fork server did not answer a {message['op']} request")
+                return self._replies.pop(request_id, {"op": "lost"})
+        finally:
+            with self._cond:
+                self._calls.discard(request_id)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         op = event.get("op")
-        late = False
-        started: tuple[Child, tuple[int, int]] | None = None
-        with self._cond:
-            if op in ("spawned", "spawn_failed", "stats"):
-                late = int(event["id"]) in self._abandoned
-                if late:
-                    self._abandoned.discard(int(event["id"]))
-                else:
-                    key = str(event.get("key"))
-                    if op == "spawned" and key in self._pipes and key in self._children:
-                        # Its pipes are read here from now on; on a failure the spawn closes them.
-                        started = (self._children[key], self._pipes.pop(key))
-                    self._replies[int(event["id"])] = event
-                    self._cond.notify_all()
-        if started is not None:
-            self._output.add_here(started[0], *started[1])
         if op in ("spawned", "spawn_failed", "stats"):
-            if late and op == "spawned":  # reported FAILED already ("did not answer"): it must not run
-                log.warning("a task's command started after its spawn had been given up: killing it")
-                with contextlib.suppress(ProcessError):
-                    self._request({"op": "signal", "key": str(event.get("key")), "sig": signal.SIGKILL})
+            self._on_answer(op, event)
             return
         with self._cond:
             child = self._children.get(str(event.get("key")))
@@ -779,25 +898,71 @@ class Supervisor:
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
             child._on_exit(event.get("code"), event.get("signal"))
 
+    def _on_answer(self, op: str, event: dict[str, Any]) -> None:
+        """An answer, on the reader thread: to a ``_call``, or to a spawn, whose child now runs (its
+        record is written, its pipes are read from now on) or never will."""
+        key = str(event.get("key"))  # `spawned` only
+        request_id = int(event.get("id") or 0)
+        with self._cond:
+            # None: given up already (the task was failed), and a command that started must not run
+            pending = self._starting.pop(request_id, None)
+            if pending is not None:
+                self._cond.notify_all()  # room for a start held by _MAX_STARTING
+            elif request_id in self._calls:
+                self._replies[request_id] = event
+                self._cond.notify_all()
+                return
+            if op == "stats":
+                return
+            if pending is not None and op == "spawned":
+                child = pending.child
+                child.pid = int(event["pid"])
+                start_time = int(event.get("start") or 0)  # read by the fork server, which holds the pid
+                record = dataclasses.replace(pending.record, pid=child.pid, start_time=start_time)
+                try:
+                    self._record.add(record)
+                except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
+                    log.error("task %s: could not record its tree in the state directory: %s", child.key, exc)
+        if pending is None:
+            if op == "spawned":
+                log.warning("a task's command started after its spawn had been given up: killing it")
+                with contextlib.suppress(ProcessError):
+                    self._request({"op": "signal", "key": key, "sig": signal.SIGKILL})
+            return
+        if op != "spawned":
+            self._fail_start(pending, SpawnError(_spawn_failure(pending.argv0, event)))
+            return
+        self._output.add_here(pending.child, *pending.pipes)
+        pending.child._settled.set()
+        if pending.on_started is not None:
+            try:
+                pending.on_started(pending.child)
+            except Exception:  # the sink's bug must not be lost silently
+                log.exception("on_started sink failed for task %s", pending.child.key)
+
     def _on_forkserver_lost(self) -> None:
         # EOF: either close() ended it, or it died. Each tree is found by its leader (pid and start time:
         # re-parented, or just dead), session/group id and marker token, exactly as a sweep would.
         with self._cond:
             self._lost = True
             self._cond.notify_all()
-            children = list(self._children.values())
-            records = self._record.trees() + list(self._spawning.values())  # the latter by token only
+            starting = list(self._starting.values())
+            self._starting.clear()
+            records = self._record.trees() + [pending.record for pending in starting]  # by token only
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.
         leftovers.kill_trees(records, leaders_just_died=True)
+        for pending in starting:  # maybe started, never answered: failed (killed by token above)
+            lost = {"errno": 0, "what": "fork server lost"}
+            self._fail_start(pending, SpawnError(_spawn_failure(pending.argv0, lost)))
         with self._cond:
+            children = list(self._children.values())
             for child in children:
                 child._on_exit(None, signal.SIGKILL)
                 child._on_gone()
                 self._record.remove(child.key)
             self._children.clear()
-
 
 def _spawn_failure(argv0: str, reply: dict[str, Any]) -> str:
     errno_value = int(reply.get("errno") or 0)

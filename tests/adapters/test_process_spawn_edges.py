@@ -136,7 +136,7 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
         for fd in made:  # the first pipe was closed again
             with pytest.raises(OSError):
                 os.fstat(fd)
-        assert not sup._children and not sup._spawning and not sup._pipes
+        assert not sup._children and not sup._starting
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("conductor-run-task-")] == []
         exit_ = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
         assert exit_ is not None and exit_.exit_code == 0

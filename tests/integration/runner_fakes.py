@@ -254,7 +254,7 @@ class FakeSupervisor:
     def __init__(self) -> None:
         self.children: dict[str, RealChild] = {}
 
-    def spawn(
+    def start(
         self,
         task: Task,
         spec: Any,
@@ -262,9 +262,12 @@ class FakeSupervisor:
         worker_id: str,
         on_lines: Callable[[str, list[str]], None] | None = None,
         on_done: Callable[[Any], None] | None = None,
+        on_started: Callable[[Any], None] | None = None,
     ) -> RealChild:
         child = RealChild([sys.executable, "-c", str(spec)], on_lines, on_done)
         self.children[task.task_id] = child
+        if on_started is not None:  # the real Supervisor calls it from its reader thread
+            on_started(child)
         return child
 
     def close(self) -> None:

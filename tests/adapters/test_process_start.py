@@ -1,0 +1,250 @@
+"""``Supervisor.start``: a spawn that does not wait for the exec, as the runner uses it.
+
+Its answer comes on the reader thread: ``on_started`` with the pid once the command runs, or
+``on_done`` with a ``start_error`` when it never will (an exec that fails, no answer in time, a fork
+server that dies first). A fork server held before its ``posix_spawn`` (until the test creates a
+gate file) shows that ``start`` returned before the exec, and lets a signal overtake the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
+from leasecore.process import supervisor as supervisor_module
+
+from .process_support import make_task, spec, wait_until
+
+MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
+
+
+def _ours() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.info["cmdline"] == ["sleep", MARK_SECONDS] and process.status() != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    yield
+    for process in _ours():
+        process.kill()
+
+
+class Seen:
+    """What one child's callbacks were called with, in order, and on which threads."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+        self.threads: set[int] = set()
+        self.done = threading.Event()
+        self.started = threading.Event()
+
+    def on_started(self, child: Child) -> None:
+        self.threads.add(threading.get_ident())
+        self.events.append(("started", child.pid))
+        self.started.set()
+
+    def on_done(self, exit_: ChildExit) -> None:
+        self.threads.add(threading.get_ident())
+        self.events.append(("done", exit_))
+        self.done.set()
+
+    def exit(self) -> ChildExit:
+        assert self.done.wait(30), self.events
+        (exit_,) = [value for name, value in self.events if name == "done"]
+        assert isinstance(exit_, ChildExit)
+        return exit_
+
+
+def _held_boot(monkeypatch: pytest.MonkeyPatch, gate: Path) -> None:
+    """The fork server holds the spawn of ``sleep MARK_SECONDS`` (only) until ``gate`` exists."""
+    patch = ("import os, time\n_spawn = os.posix_spawn\n"
+             "def _held(path, argv, *a, **k):\n"
+             f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
+             "        time.sleep(0.01)\n"
+             "    return _spawn(path, argv, *a, **k)\n"
+             "os.posix_spawn = _held\n")  # fmt: skip
+    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+
+
+def _supervisor(tmp_path: Path) -> Supervisor:
+    tasks_tmp = tmp_path / "task-tmp"
+    tasks_tmp.mkdir(exist_ok=True)
+    return Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
+                      tmp_dir=str(tasks_tmp))  # fmt: skip
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _warm(supervisor: Supervisor) -> None:
+    """One task through it first: the state record's journal stays open from then on (fd counts)."""
+    child = supervisor.spawn(make_task(), spec("true"), worker_id="w")
+    assert child.wait(30) is not None and child.wait_gone(30)
+
+
+def test_start_returns_before_the_exec_and_on_started_brings_the_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = tmp_path / "gate"
+    _held_boot(monkeypatch, gate)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        child = supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
+                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        # The fork server has not even started it: start() did not wait for that.
+        assert child.pid == 0 and not seen.started.is_set() and not _ours()
+        gate.touch()
+        assert seen.started.wait(30)
+        ((name, pid),) = seen.events
+        assert name == "started" and pid == child.pid > 0
+        assert [p.pid for p in _ours()] == [child.pid]
+        child.kill_tree()
+        exit_ = seen.exit()
+    assert exit_.signal == signal.SIGKILL and exit_.start_error is None
+    assert [name for name, _ in seen.events] == ["started", "done"]
+    assert seen.threads and threading.get_ident() not in seen.threads  # the reader thread's calls
+
+
+def test_a_start_whose_exec_fails_ends_in_on_done_with_why_and_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "no-shebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        _warm(supervisor)
+        fds = _fd_count()
+        child = supervisor.start(make_task(), CommandSpec(argv=(str(script),)), worker_id="w",
+                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        exit_ = seen.exit()
+        assert child.wait(0) is exit_ and child.wait_gone(0)
+        assert not supervisor._starting and not supervisor._children
+        assert _fd_count() <= fds
+    assert [name for name, _ in seen.events] == ["done"]  # never "started"
+    assert exit_.exit_code is None and exit_.signal is None
+    assert exit_.start_error is not None and "Exec format error" in exit_.start_error
+    assert "#!" in exit_.start_error
+    assert list((tmp_path / "task-tmp").iterdir()) == []
+
+
+def test_a_tree_signalled_before_its_start_is_answered_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runner may fence a task whose start is still under way (shutdown, a lease lost): the fork
+    # server takes requests in order, so the signal reaches the tree it starts just before.
+    gate = tmp_path / "gate"
+    _held_boot(monkeypatch, gate)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        child = supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
+                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        child.kill_tree()
+        gate.touch()
+        exit_ = seen.exit()
+        assert child.wait_gone(30)
+    assert exit_.signal == signal.SIGKILL
+    assert not _ours()
+
+
+def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_command_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = tmp_path / "gate"
+    _held_boot(monkeypatch, gate)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        _warm(supervisor)
+        fds = _fd_count()
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
+        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
+                         on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        exit_ = seen.exit()  # the reader thread gives it up: nobody waits on this start
+        assert exit_.start_error == "the fork server did not answer a spawn request"
+        assert list((tmp_path / "task-tmp").iterdir()) == []
+        assert _fd_count() <= fds
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
+        gate.touch()  # it starts now, after its task was given up: it must not run on
+        assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
+        assert wait_until(lambda: not _ours(), 10)
+    assert [name for name, _ in seen.events] == ["done"]
+
+
+def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch = ("import os\n_spawn = os.posix_spawn\n"
+             "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
+             "os.posix_spawn = _then_die\n")  # fmt: skip
+    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
+                         on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        exit_ = seen.exit()
+        assert exit_.start_error is not None and "fork server lost" in exit_.start_error
+        assert wait_until(lambda: not _ours(), 10)
+    assert [name for name, _ in seen.events] == ["done"]
+
+
+def test_many_starts_in_flight_at_once_each_run_once_and_end(tmp_path: Path) -> None:
+    # Starts queue up at the fork server unanswered (the caller does not wait between them); each
+    # answer must find its own child, pipes and output.
+    count = 40
+    seen = [Seen() for _ in range(count)]
+    lines: dict[int, list[str]] = {i: [] for i in range(count)}
+    with _supervisor(tmp_path) as supervisor:
+        children = []
+        for i in range(count):
+            children.append(supervisor.start(
+                make_task(task_id=f"t{i}"), spec("echo", f"child {i}"), worker_id="w",
+                on_started=seen[i].on_started, on_done=seen[i].on_done,
+                on_lines=lambda _stream, got, i=i: lines[i].extend(got),
+            ))  # fmt: skip
+        exits = [s.exit() for s in seen]
+    assert all(e.exit_code == 0 and e.start_error is None for e in exits)
+    assert all(e.stdout_tail == f"child {i}" for i, e in enumerate(exits))
+    assert all(lines[i] == [f"child {i}"] for i in range(count))
+    assert all([name for name, _ in s.events] == ["started", "done"] for s in seen)
+    pids = [c.pid for c in children]
+    assert len(set(pids)) == count and all(pid > 0 for pid in pids)
+    assert list((tmp_path / "task-tmp").iterdir()) == []
+
+
+def test_start_waits_while_the_fork_server_is_a_full_queue_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spawns queued at the fork server are bounded: beyond _MAX_STARTING unanswered ones, start()
+    # waits for an answer, so a runner's claims follow what actually starts.
+    gate = tmp_path / "gate"
+    _held_boot(monkeypatch, gate)
+    monkeypatch.setattr(supervisor_module, "_MAX_STARTING", 3)
+    seen = [Seen() for _ in range(4)]
+    with _supervisor(tmp_path) as supervisor:
+
+        def start(i: int) -> Child:
+            return supervisor.start(make_task(task_id=f"t{i}"), spec("sleep", MARK_SECONDS), worker_id="w",
+                                    on_started=seen[i].on_started, on_done=seen[i].on_done)  # fmt: skip
+
+        children = [start(i) for i in range(3)]  # the first is held in the fork server; two queue behind
+        fourth: list[Child] = []
+        waiting = threading.Thread(target=lambda: fourth.append(start(3)), daemon=True)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not fourth  # a window: it must still be waiting for room
+        gate.touch()
+        waiting.join(30)
+        assert fourth and all(s.started.wait(30) for s in seen)
+        for child in [*children, *fourth]:
+            child.kill_tree()
+        assert all(s.exit().signal == signal.SIGKILL for s in seen)
