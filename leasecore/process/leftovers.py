@@ -229,8 +229,11 @@ def _pid_in_name(record_path: Path) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def remove_tmpdir(path: str) -> None:
-    """Remove a task's temporary directory, but only one we created (name prefix checked)."""
+def remove_tmpdir(path: str, rmtree: Callable[[str], None] | None = None) -> None:
+    """Remove a task's temporary directory, but only one we created (name prefix checked).
+
+    ``rmtree(path)``: what removes a directory the child put more in (default: at once, here); the
+    Supervisor's reader thread hands that unbounded work to a thread of its own."""
     if path and Path(path).name.startswith(TMP_PREFIX):
         try:  # what it holds unless the child added files there: three syscalls, not rmtree's dozen
             for name in TASK_FILE_NAMES:
@@ -240,7 +243,11 @@ def remove_tmpdir(path: str) -> None:
         except FileNotFoundError:
             pass
         except OSError:  # not empty (or not ours to unlink): the whole of it
-            shutil.rmtree(path, ignore_errors=True)
+            (rmtree or _rmtree)(path)
+
+
+def _rmtree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _from_earlier_boot(recorded: object) -> bool:

@@ -8,7 +8,9 @@ from pipe EOF: after the exit, the reader drains the child's pipes for at most
 ``output_drain_seconds`` and then closes them, so a grandchild holding stdout cannot keep a finished
 task open. (One thread for all children, not one per child: a thread, an epoll fd and a wake-up pipe
 per task cost more than running ``true`` itself; and one for the fork server too, since a second
-one cost two GIL-contended thread switches per task.)
+one cost two GIL-contended thread switches per task.) A task directory the child put more files in
+is removed on a "task-dir-janitor" thread, started at the first one: that rmtree is unbounded work,
+which the reader must not wait for.
 
 If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
 starts a new one: a lost fork server costs the tasks it held, not every task after them.
@@ -31,8 +33,10 @@ import fcntl
 import itertools
 import logging
 import os
+import queue
 import secrets
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -229,8 +233,8 @@ class Child:
             log.exception("task %s: reading its output file failed", self.key)
             output = None
             output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {type(exc).__name__})"
-        finally:
-            self._files.remove()
+        finally:  # a directory the child filled is removed off this (the reader) thread
+            self._files.remove(self._supervisor._janitor.remove)
         self._result = ChildExit(
             exit_code=code,
             signal=sig,
@@ -272,6 +276,36 @@ class _Start:
         self.notify = notify  # Supervisor.start: a failure goes to on_done (spawn raises it)
         self.on_started = on_started
         self.record = record  # by token only until the answer gives the pid
+
+
+class _Janitor:
+    """Removes, on a thread of its own (started at the first), the task directories a child put
+    more in: ``shutil.rmtree`` of a directory the child filled with a million files takes as long as
+    it takes, and on the reader thread it held every other task's output, exits and spawn answers."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def remove(self, path: str) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="task-dir-janitor", daemon=True)
+                self._thread.start()
+        self._queue.put(path)
+
+    def close(self, timeout_seconds: float) -> None:
+        """Finish what was handed over (bounded wait: what is left is the next sweep's)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        while (path := self._queue.get()) is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _ServerLink:
@@ -530,6 +564,7 @@ class Supervisor:
         _warn_if_not_linux()
         if protect_runner:
             protect_from_children()
+        self._janitor = _Janitor()
         self._output = _OutputReader(output_drain_seconds, housekeeping=self._expire_starts)
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
@@ -753,7 +788,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(fd)
         try:
-            pending.child._files.remove()
+            pending.child._files.remove(self._janitor.remove)
         finally:
             pending.child._start_failed(error, pending.notify)
 
@@ -796,6 +831,7 @@ class Supervisor:
         for child in list(self._children.values()):
             child.wait(timeout=self._drain_seconds + 5.0)
         self._output.stop()
+        self._janitor.close(timeout_seconds=30.0)
         self._record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,8 +72,9 @@ class TaskFiles:
         """``(object, None)``, ``(None, None)`` when nothing was written, or ``(None, reason)``."""
         return read_output_file(self.output_path)
 
-    def remove(self) -> None:
-        remove_tmpdir(self.directory)
+    def remove(self, rmtree: Callable[[str], None] | None = None) -> None:
+        """Remove the directory; ``rmtree``: what removes it when the child put more there."""
+        remove_tmpdir(self.directory, rmtree)
 
 
 def _input_json(task: Task) -> bytes:

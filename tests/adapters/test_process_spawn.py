@@ -7,6 +7,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import sys
 import threading
 import time
@@ -350,7 +351,7 @@ def test_a_task_directory_the_child_filled_is_removed_whole(supervisor: Supervis
     assert exit is not None and exit.exit_code == 0, exit
     line = lines.find("stdout", "dir ")
     assert line is not None
-    assert not Path(line.split(" ", 1)[1]).exists()
+    assert wait_until(lambda: not Path(line.split(" ", 1)[1]).exists(), 10)  # removed off the reader
 
 
 def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(
@@ -405,3 +406,33 @@ def test_each_command_spec_gets_its_own_environment(supervisor: Supervisor) -> N
         assert wait_until(lambda lines=lines: lines.find("stdout", "v=") is not None, 10)
         seen.append(lines.find("stdout", "v="))
     assert seen == ["v=one k=yes", "v=two k=unset"] * 2
+
+
+def test_a_filled_task_directory_is_removed_off_the_reader_thread(
+    supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removing a directory the child filled is unbounded work (rmtree of whatever it left): it must
+    not hold the reader thread, which every other task's output, exit and spawn answer go through.
+    Here that removal is held until the test lets it go; another task still ends meanwhile."""
+    release = threading.Event()
+    held: list[str] = []
+    real_rmtree = shutil.rmtree
+
+    def held_rmtree(path: str, *args: Any, **kwargs: Any) -> None:
+        if os.path.basename(str(path)).startswith("conductor-run-task-"):
+            held.append(str(path))
+            release.wait(30)
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", held_rmtree)
+    try:
+        filler = CommandSpec(shell='touch "$(dirname "$CONDUCTOR_INPUT_FILE")/left-behind"')
+        first = supervisor.spawn(make_task(task_id="filler"), filler, worker_id="w").wait(30)
+        assert first is not None and first.exit_code == 0, first
+        assert wait_until(lambda: bool(held), 10)  # its directory's removal is under way, and held
+        second = supervisor.spawn(make_task(task_id="next"), spec("true"), worker_id="w").wait(30)
+        assert second is not None and second.exit_code == 0, second
+        assert os.path.exists(held[0])
+    finally:
+        release.set()
+    assert wait_until(lambda: not os.path.exists(held[0]), 10)
