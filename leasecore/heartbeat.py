@@ -222,7 +222,8 @@ class LeaseEngine:
         self._deliver(fences)
 
     def child_started(self, task_id: str) -> None:
-        """The child runs: its exec timeout counts from now."""
+        """The child is being started (its spawn is asked for; the runner does not wait for the exec):
+        its exec timeout counts from now."""
         self._event(task_id, lambda lease, now: lease.on_child_started(now))
 
     def child_exited(self, task_id: str) -> None:

@@ -8,9 +8,9 @@ from pipe EOF: after the exit, the reader drains the child's pipes for at most
 ``output_drain_seconds`` and then closes them, so a grandchild holding stdout cannot keep a finished
 task open. (One thread for all children, not one per child: a thread, an epoll fd and a wake-up pipe
 per task cost more than running ``true`` itself; and one for the fork server too, since a second
-one cost two GIL-contended thread switches per task.) A task directory the child put more files in
-is removed on a "task-dir-janitor" thread, started at the first one: that rmtree is unbounded work,
-which the reader must not wait for.
+one cost two GIL-contended thread switches per task.) The reader never waits on anything but its
+selector: a task directory the child put more files in is removed, and a command whose start was
+given up is killed, on a "supervisor-chores" thread (``_Chores``, started at the first chore).
 
 If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
 starts a new one: a lost fork server costs the tasks it held, not every task after them.
@@ -111,7 +111,9 @@ def _resolve_executable(argv0: str, path_var: str, cwd: str) -> str:
 
 
 class Child:
-    """One running task command. Created by ``Supervisor.spawn``."""
+    """One task command: running, or, from ``Supervisor.start``, being started (``pid`` 0 until the
+    fork server's answer; a kill sent meanwhile reaches the tree all the same). Created by
+    ``Supervisor.spawn`` or ``Supervisor.start``."""
 
     def __init__(
         self,
@@ -234,7 +236,7 @@ class Child:
             output = None
             output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {type(exc).__name__})"
         finally:  # a directory the child filled is removed off this (the reader) thread
-            self._files.remove(self._supervisor._janitor.remove)
+            self._files.remove(self._supervisor._chores.rmtree)
         self._result = ChildExit(
             exit_code=code,
             signal=sig,
@@ -278,34 +280,57 @@ class _Start:
         self.record = record  # by token only until the answer gives the pid
 
 
-class _Janitor:
-    """Removes, on a thread of its own (started at the first), the task directories a child put
-    more in: ``shutil.rmtree`` of a directory the child filled with a million files takes as long as
-    it takes, and on the reader thread it held every other task's output, exits and spawn answers."""
+class _Chores:
+    """A thread of the Supervisor's (started at the first chore) for what the reader thread must not
+    wait for: removing a task directory the child filled (``shutil.rmtree`` of a million files takes
+    as long as it takes) and killing a command whose start was given up (a send to the fork server,
+    which blocks while its socket is full: were the reader waiting there, the fork server, itself
+    blocked on its answers to us, would never drain it). Once closed, or if its thread cannot start,
+    a chore runs on the caller's thread."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
-    def remove(self, path: str) -> None:
+    def rmtree(self, path: str) -> None:
+        self.submit(lambda: shutil.rmtree(path, ignore_errors=True))
+
+    def submit(self, chore: Callable[[], None]) -> None:
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="task-dir-janitor", daemon=True)
-                self._thread.start()
-        self._queue.put(path)
+            inline = self._closed
+            if not inline and self._thread is None:
+                thread = threading.Thread(target=self._run, name="supervisor-chores", daemon=True)
+                try:
+                    thread.start()
+                    self._thread = thread
+                except RuntimeError:  # no thread to be had: do it here
+                    inline = True
+            if not inline:
+                self._queue.put(chore)
+        if inline:
+            self._do(chore)
 
     def close(self, timeout_seconds: float) -> None:
-        """Finish what was handed over (bounded wait: what is left is the next sweep's)."""
+        """Finish the chores handed over (bounded wait); later ones run on their caller's thread."""
         with self._lock:
+            self._closed = True
             thread = self._thread
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout_seconds)
 
     def _run(self) -> None:
-        while (path := self._queue.get()) is not None:
-            shutil.rmtree(path, ignore_errors=True)
+        while (chore := self._queue.get()) is not None:
+            self._do(chore)
+
+    @staticmethod
+    def _do(chore: Callable[[], None]) -> None:
+        try:
+            chore()
+        except Exception:  # a chore's failure must not end the thread that runs the next one
+            log.exception("a supervisor chore failed")
 
 
 class _ServerLink:
@@ -452,10 +477,15 @@ class _OutputReader:
     def _register(self, child: Child, out_r: int, err_r: int) -> None:
         stdout, stderr = child._capture("stdout"), child._capture("stderr")
         child._captures = (stdout, stderr)
-        child._fds = {out_r: stdout, err_r: stderr}
-        for fd in (out_r, err_r):
-            self._selector.register(fd, selectors.EVENT_READ, child)
-        self._children.add(child)
+        child._fds = {}
+        self._children.add(child)  # first: whatever fails below, its exit still finishes it
+        for fd, capture in ((out_r, stdout), (err_r, stderr)):
+            try:
+                self._selector.register(fd, selectors.EVENT_READ, child)
+                child._fds[fd] = capture
+            except (OSError, ValueError) as exc:  # e.g. out of epoll watches: that stream is lost
+                log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
+                os.close(fd)
 
     def _read_server(self, link: _ServerLink) -> None:
         try:
@@ -558,13 +588,16 @@ class Supervisor:
         self._paths: dict[tuple[str, str, str], tuple[str, float]] = {}  # see _executable
         self._inherited: dict[int, tuple[CommandSpec, dict[str, str]]] = {}  # see _inherited_env
         self._starting: dict[int, _Start] = {}  # spawns asked of the fork server, by request id
+        # Spawns given up unanswered (the task failed): still queued at the fork server, so they count
+        # against _MAX_STARTING, and a fork server lost before answering kills them by token too.
+        self._given_up: dict[int, leftovers.TreeRecord] = {}
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
         _warn_if_not_linux()
         if protect_runner:
             protect_from_children()
-        self._janitor = _Janitor()
+        self._chores = _Chores()
         self._output = _OutputReader(output_drain_seconds, housekeeping=self._expire_starts)
         self._sock, self._process = self._start_forkserver()
         self._record = leftovers.StateRecord(state_dir, self._process.pid)
@@ -674,8 +707,9 @@ class Supervisor:
         ``on_lines(stream, lines)`` (instead) gets the complete lines of each read as one list: far
         cheaper for a chatty child. ``on_done(exit)`` is
         called once, from the output thread, when ``wait`` would return the exit: the caller needs no
-        thread of its own per child to learn of it. None of the three may call ``spawn``: that thread
-        also reads the fork server's replies, so such a spawn would wait for its own reply and fail.
+        thread of its own per child to learn of it. None of them (nor ``start``'s ``on_started``) may
+        call ``spawn`` or ``start``: that thread also reads the fork server's answers, which they may
+        wait for.
         """
         child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, notify=False)
         if not child._settled.wait(_REPLY_TIMEOUT_SECONDS):
@@ -704,8 +738,9 @@ class Supervisor:
             raise SpawnError("the command holds a NUL byte, which no argument can carry")
         self._ensure_forkserver()
         with self._cond:  # a bound on spawns queued at the fork server: claims follow the starts
-            self._cond.wait_for(lambda: len(self._starting) < _MAX_STARTING or self._lost,
-                                timeout=_REPLY_TIMEOUT_SECONDS)  # fmt: skip
+            if not self._cond.wait_for(self._room_locked, timeout=_REPLY_TIMEOUT_SECONDS):
+                behind = f"the fork server has not answered its last {_MAX_STARTING} spawn requests"
+                raise ProcessError(behind)
         cwd = spec.cwd or os.getcwd()
         if not os.path.isabs(cwd):  # the fork server chdirs to it, from wherever it is (not normalised:
             cwd = os.path.join(os.getcwd(), cwd)  # "link/.." must mean what a chdir makes of it)
@@ -764,6 +799,9 @@ class Supervisor:
                 raise
             # A lost fork server's handler took it first: it ends the child with start_error (and
             # on_done) just as an answer would; raising too would end the task twice.
+        except BaseException:  # a bug (or MemoryError): nothing of this spawn may stay registered
+            self._drop_start(pending)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -775,6 +813,7 @@ class Supervisor:
             if self._starting.pop(pending.request_id, None) is None:
                 return False
             self._children.pop(pending.child.key, None)
+            self._cond.notify_all()  # room for a start waiting on _MAX_STARTING
         for fd in pending.pipes:
             os.close(fd)
         pending.child._files.remove()
@@ -788,7 +827,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(fd)
         try:
-            pending.child._files.remove(self._janitor.remove)
+            pending.child._files.remove(self._chores.rmtree)
         finally:
             pending.child._start_failed(error, pending.notify)
 
@@ -798,7 +837,7 @@ class Supervisor:
             given_up = [pending for pending in self._starting.values() if which(pending)]
             for pending in given_up:
                 del self._starting[pending.request_id]
-            self._cond.notify_all()
+                self._given_up[pending.request_id] = pending.record
         for pending in given_up:
             self._fail_start(pending, ProcessError("the fork server did not answer a spawn request"))
 
@@ -808,7 +847,11 @@ class Supervisor:
         limit = _REPLY_TIMEOUT_SECONDS
         now = time.monotonic()
         self._give_up_starts(lambda pending: now - pending.sent_at >= limit)
-        return min(1.0, limit / 3)
+        with self._cond:  # idle: rarely (a start sent meanwhile is checked that much later)
+            return min(1.0 if self._starting else 10.0, limit / 3)
+
+    def _room_locked(self) -> bool:
+        return len(self._starting) + len(self._given_up) < _MAX_STARTING or self._lost
 
     def close(self, grace_seconds: float = 0.0) -> None:
         """Kill every tree still held (TERM, KILL after ``grace_seconds``), stop the fork server."""
@@ -831,7 +874,7 @@ class Supervisor:
         for child in list(self._children.values()):
             child.wait(timeout=self._drain_seconds + 5.0)
         self._output.stop()
-        self._janitor.close(timeout_seconds=30.0)
+        self._chores.close(timeout_seconds=30.0)
         self._record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------
@@ -942,8 +985,9 @@ class Supervisor:
         with self._cond:
             # None: given up already (the task was failed), and a command that started must not run
             pending = self._starting.pop(request_id, None)
-            if pending is not None:
-                self._cond.notify_all()  # room for a start held by _MAX_STARTING
+            late = pending is None and self._given_up.pop(request_id, None) is not None
+            if pending is not None or late:
+                self._cond.notify_all()  # room for a start waiting on _MAX_STARTING
             elif request_id in self._calls:
                 self._replies[request_id] = event
                 self._cond.notify_all()
@@ -960,10 +1004,9 @@ class Supervisor:
                 except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
                     log.error("task %s: could not record its tree in the state directory: %s", child.key, exc)
         if pending is None:
-            if op == "spawned":
+            if op == "spawned":  # not from this thread: the send may block (see _Chores)
                 log.warning("a task's command started after its spawn had been given up: killing it")
-                with contextlib.suppress(ProcessError):
-                    self._request({"op": "signal", "key": key, "sig": signal.SIGKILL})
+                self._chores.submit(lambda: self._kill_quietly(key))
             return
         if op != "spawned":
             self._fail_start(pending, SpawnError(_spawn_failure(pending.argv0, event)))
@@ -976,6 +1019,10 @@ class Supervisor:
             except Exception:  # the sink's bug must not be lost silently
                 log.exception("on_started sink failed for task %s", pending.child.key)
 
+    def _kill_quietly(self, key: str) -> None:
+        with contextlib.suppress(ProcessError):
+            self._request({"op": "signal", "key": key, "sig": signal.SIGKILL})
+
     def _on_forkserver_lost(self) -> None:
         # EOF: either close() ended it, or it died. Each tree is found by its leader (pid and start time:
         # re-parented, or just dead), session/group id and marker token, exactly as a sweep would.
@@ -984,7 +1031,9 @@ class Supervisor:
             self._cond.notify_all()
             starting = list(self._starting.values())
             self._starting.clear()
-            records = self._record.trees() + [pending.record for pending in starting]  # by token only
+            # The latter two by token only: maybe started, never answered.
+            records = self._record.trees() + [p.record for p in starting] + list(self._given_up.values())
+            self._given_up.clear()
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.

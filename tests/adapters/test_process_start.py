@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from leasecore.errors import ProcessError
 from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
 from leasecore.process import supervisor as supervisor_module
 
@@ -248,3 +249,134 @@ def test_start_waits_while_the_fork_server_is_a_full_queue_behind(
         for child in [*children, *fourth]:
             child.kill_tree()
         assert all(s.exit().signal == signal.SIGKILL for s in seen)
+
+
+def test_given_up_starts_still_count_against_the_bound_until_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start given up is still queued at the (stalled) fork server: feeding it more would fail every
+    # task polled meanwhile and start each one late. So they count until their late answer comes.
+    gate = tmp_path / "gate"
+    _held_boot(monkeypatch, gate)
+    monkeypatch.setattr(supervisor_module, "_MAX_STARTING", 2)
+    seen = [Seen() for _ in range(2)]
+    sent_from: list[str] = []
+    with _supervisor(tmp_path) as supervisor:
+        real_request = supervisor._request
+
+        def request(message: dict[str, object], fds: list[int] | None = None) -> None:
+            if message.get("op") == "signal":
+                sent_from.append(threading.current_thread().name)
+            real_request(message, fds)
+
+        monkeypatch.setattr(supervisor, "_request", request)
+        _warm(supervisor)
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
+        for i in range(2):
+            supervisor.start(make_task(task_id=f"t{i}"), spec("sleep", MARK_SECONDS), worker_id="w",
+                             on_started=seen[i].on_started, on_done=seen[i].on_done)  # fmt: skip
+        assert all(s.exit().start_error == "the fork server did not answer a spawn request" for s in seen)
+        with pytest.raises(ProcessError, match="has not answered its last 2 spawn requests"):
+            supervisor.start(make_task(task_id="t2"), spec("true"), worker_id="w")
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
+        gate.touch()  # both start now, late: each is killed, and their room is free again
+        assert wait_until(lambda: len(sent_from) == 2, 15)
+        assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
+        assert wait_until(lambda: not _ours(), 10)
+        last = Seen()
+        supervisor.start(make_task(task_id="t3"), spec("true"), worker_id="w", on_done=last.on_done)
+        assert last.exit().exit_code == 0
+    # The late kills were sent from the chores thread: a send may block, and the reader must not.
+    assert sent_from == ["supervisor-chores", "supervisor-chores"]
+
+
+def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fork server starts a command whose start was given up, then dies before its answer: the
+    # tree was in no record; it is known by its marker token and killed with the fork server's trees.
+    gate = tmp_path / "gate"
+    patch = ("import os, time\n_spawn = os.posix_spawn\n"
+             "def _held_then_die(path, argv, *a, **k):\n"
+             f"    if {MARK_SECONDS!r} not in argv:\n"
+             "        return _spawn(path, argv, *a, **k)\n"
+             f"    while not os.path.exists({str(gate)!r}):\n"
+             "        time.sleep(0.01)\n"
+             "    _spawn(path, argv, *a, **k)\n"
+             "    os._exit(1)\n"
+             "os.posix_spawn = _held_then_die\n")  # fmt: skip
+    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        _warm(supervisor)
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
+        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w", on_done=seen.on_done)
+        assert seen.exit().start_error == "the fork server did not answer a spawn request"
+        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
+        gate.touch()
+        assert wait_until(lambda: bool(_ours()) or supervisor._lost, 10)
+        assert wait_until(lambda: not _ours(), 10)
+
+
+def test_a_child_whose_pipes_cannot_be_watched_still_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Registering a child's pipes with the reader's selector can fail (out of epoll watches): its
+    # output is lost, said in the log, but its exit must still end the task, not strand it for ever.
+    seen = Seen()
+    with _supervisor(tmp_path) as supervisor:
+        _warm(supervisor)
+        selector = supervisor._output._selector
+        real_register = selector.register
+
+        def register(fileobj: object, events: int, data: object = None) -> object:
+            if isinstance(data, Child):
+                raise OSError(28, "No space left on device")
+            return real_register(fileobj, events, data)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(selector, "register", register)
+        fds = _fd_count()
+        supervisor.start(make_task(), spec("sh", "-c", "exit 3"), worker_id="w", on_done=seen.on_done)
+        exit_ = seen.exit()
+        assert exit_.exit_code == 3 and exit_.start_error is None
+        assert wait_until(lambda: _fd_count() <= fds, 10)
+
+
+def test_a_start_that_fails_on_a_bug_leaves_nothing_registered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _supervisor(tmp_path) as supervisor:
+        _warm(supervisor)
+        fds = _fd_count()
+
+        def broken(message: dict[str, object], fds: list[int] | None = None) -> None:
+            raise RuntimeError("a bug in sending")
+
+        monkeypatch.setattr(supervisor, "_request", broken)
+        with pytest.raises(RuntimeError, match="a bug in sending"):
+            supervisor.start(make_task(), spec("true"), worker_id="w")
+        assert not supervisor._starting and not supervisor._children
+        assert _fd_count() <= fds
+        assert list((tmp_path / "task-tmp").iterdir()) == []
+        monkeypatch.undo()  # the close below talks to the fork server
+
+
+def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    chores = supervisor_module._Chores()
+    ran_on: list[str] = []
+    done = threading.Event()
+    chores.submit(lambda: (ran_on.append(threading.current_thread().name), done.set()))
+    assert done.wait(10)
+    chores.submit(lambda: 1 / 0)  # a failing chore is logged; the thread goes on to the next
+    chores.close(10)
+    chores.submit(lambda: ran_on.append(threading.current_thread().name))
+    assert ran_on == ["supervisor-chores", threading.current_thread().name]
+    unstartable = supervisor_module._Chores()
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    unstartable.submit(lambda: ran_on.append("inline"))
+    assert ran_on[-1] == "inline"
+    unstartable.close(1)
