@@ -25,6 +25,7 @@ profilers need root (CAP_SYS_PTRACE).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -33,7 +34,6 @@ import fcntl
 import itertools
 import logging
 import os
-import queue
 import secrets
 import selectors
 import shutil
@@ -285,44 +285,55 @@ class _Chores:
     wait for: removing a task directory the child filled (``shutil.rmtree`` of a million files takes
     as long as it takes) and killing a command whose start was given up (a send to the fork server,
     which blocks while its socket is full: were the reader waiting there, the fork server, itself
-    blocked on its answers to us, would never drain it). Once closed, or if its thread cannot start,
-    a chore runs on the caller's thread."""
+    blocked on its answers to us, would never drain it). ``urgent`` chores (the kills) go before any
+    rmtree still waiting. Once closed, or while no thread can be started, a chore runs on the caller's
+    thread (for a kill on the reader thread, that risk is taken: it needs the thread start to fail)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._chores: collections.deque[Callable[[], None]] = collections.deque()
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def rmtree(self, path: str) -> None:
         self.submit(lambda: shutil.rmtree(path, ignore_errors=True))
 
-    def submit(self, chore: Callable[[], None]) -> None:
-        with self._lock:
+    def submit(self, chore: Callable[[], None], *, urgent: bool = False) -> None:
+        with self._cond:
             inline = self._closed
             if not inline and self._thread is None:
                 thread = threading.Thread(target=self._run, name="supervisor-chores", daemon=True)
                 try:
                     thread.start()
                     self._thread = thread
-                except RuntimeError:  # no thread to be had: do it here
+                except RuntimeError:  # no thread to be had now: do it here (tried again next time)
                     inline = True
             if not inline:
-                self._queue.put(chore)
+                if urgent:
+                    self._chores.appendleft(chore)
+                else:
+                    self._chores.append(chore)
+                self._cond.notify()
         if inline:
             self._do(chore)
 
     def close(self, timeout_seconds: float) -> None:
         """Finish the chores handed over (bounded wait); later ones run on their caller's thread."""
-        with self._lock:
+        with self._cond:
             self._closed = True
             thread = self._thread
+            self._cond.notify()
         if thread is not None:
-            self._queue.put(None)
             thread.join(timeout_seconds)
 
     def _run(self) -> None:
-        while (chore := self._queue.get()) is not None:
+        while True:
+            with self._cond:
+                while not self._chores and not self._closed:
+                    self._cond.wait()
+                if not self._chores:
+                    return
+                chore = self._chores.popleft()
             self._do(chore)
 
     @staticmethod
@@ -483,7 +494,7 @@ class _OutputReader:
             try:
                 self._selector.register(fd, selectors.EVENT_READ, child)
                 child._fds[fd] = capture
-            except (OSError, ValueError) as exc:  # e.g. out of epoll watches: that stream is lost
+            except (OSError, ValueError, KeyError) as exc:  # e.g. out of epoll watches: that stream is lost
                 log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
                 os.close(fd)
 
@@ -591,6 +602,7 @@ class Supervisor:
         # Spawns given up unanswered (the task failed): still queued at the fork server, so they count
         # against _MAX_STARTING, and a fork server lost before answering kills them by token too.
         self._given_up: dict[int, leftovers.TreeRecord] = {}
+        self._late: dict[str, leftovers.TreeRecord] = {}  # given up, started late, killed: until gone
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -811,6 +823,10 @@ class Supervisor:
         """Undo a spawn whose request was never sent; False if someone else has ended it already."""
         with self._cond:
             if self._starting.pop(pending.request_id, None) is None:
+                # Given up (or lost) while the send was under way: ended already. A request that
+                # failed to go out will get no answer, so it holds no room either.
+                if self._given_up.pop(pending.request_id, None) is not None:
+                    self._cond.notify_all()
                 return False
             self._children.pop(pending.child.key, None)
             self._cond.notify_all()  # room for a start waiting on _MAX_STARTING
@@ -967,6 +983,8 @@ class Supervisor:
         with self._cond:
             child = self._children.get(str(event.get("key")))
             if child is None:
+                if op == "gone":  # a late-started tree, killed: accounted for now
+                    self._late.pop(str(event.get("key")), None)
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
                 self._children.pop(child.key, None)
@@ -985,8 +1003,11 @@ class Supervisor:
         with self._cond:
             # None: given up already (the task was failed), and a command that started must not run
             pending = self._starting.pop(request_id, None)
-            late = pending is None and self._given_up.pop(request_id, None) is not None
-            if pending is not None or late:
+            late = None if pending is not None else self._given_up.pop(request_id, None)
+            if late is not None and op == "spawned":  # known by pid too now, until its tree is gone
+                self._late[key] = dataclasses.replace(late, pid=int(event["pid"]),
+                                                      start_time=int(event.get("start") or 0))  # fmt: skip
+            if pending is not None or late is not None:
                 self._cond.notify_all()  # room for a start waiting on _MAX_STARTING
             elif request_id in self._calls:
                 self._replies[request_id] = event
@@ -1006,7 +1027,7 @@ class Supervisor:
         if pending is None:
             if op == "spawned":  # not from this thread: the send may block (see _Chores)
                 log.warning("a task's command started after its spawn had been given up: killing it")
-                self._chores.submit(lambda: self._kill_quietly(key))
+                self._chores.submit(lambda: self._kill_quietly(key), urgent=True)
             return
         if op != "spawned":
             self._fail_start(pending, SpawnError(_spawn_failure(pending.argv0, event)))
@@ -1032,8 +1053,10 @@ class Supervisor:
             starting = list(self._starting.values())
             self._starting.clear()
             # The latter two by token only: maybe started, never answered.
-            records = self._record.trees() + [p.record for p in starting] + list(self._given_up.values())
+            records = (self._record.trees() + [p.record for p in starting] + list(self._given_up.values())
+                       + list(self._late.values()))  # fmt: skip
             self._given_up.clear()
+            self._late.clear()
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.

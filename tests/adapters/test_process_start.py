@@ -28,8 +28,9 @@ MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are fou
 
 def _ours() -> list[psutil.Process]:
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if process.info["cmdline"] == ["sleep", MARK_SECONDS] and process.status() != psutil.STATUS_ZOMBIE:
+    for process in psutil.process_iter(["cmdline", "status"]):
+        info = process.info
+        if info["cmdline"] == ["sleep", MARK_SECONDS] and info["status"] != psutil.STATUS_ZOMBIE:
             found.append(process)
     return found
 
@@ -76,6 +77,12 @@ def _held_boot(monkeypatch: pytest.MonkeyPatch, gate: Path) -> None:
              "    return _spawn(path, argv, *a, **k)\n"
              "os.posix_spawn = _held\n")  # fmt: skip
     monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+
+
+def _short_reply_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 s for a spawn's answer. Set before the Supervisor starts: its reader checks the unanswered
+    ones a third of that apart (10 s when idle, as first scheduled with the default)."""
+    monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 1.0)
 
 
 def _supervisor(tmp_path: Path) -> Supervisor:
@@ -164,17 +171,16 @@ def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_comm
     gate = tmp_path / "gate"
     _held_boot(monkeypatch, gate)
     seen = Seen()
+    _short_reply_timeout(monkeypatch)
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
         fds = _fd_count()
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
                          on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
         exit_ = seen.exit()  # the reader thread gives it up: nobody waits on this start
         assert exit_.start_error == "the fork server did not answer a spawn request"
         assert list((tmp_path / "task-tmp").iterdir()) == []
         assert _fd_count() <= fds
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
         gate.touch()  # it starts now, after its task was given up: it must not run on
         assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
         assert wait_until(lambda: not _ours(), 10)
@@ -261,6 +267,7 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
     monkeypatch.setattr(supervisor_module, "_MAX_STARTING", 2)
     seen = [Seen() for _ in range(2)]
     sent_from: list[str] = []
+    _short_reply_timeout(monkeypatch)
     with _supervisor(tmp_path) as supervisor:
         real_request = supervisor._request
 
@@ -271,14 +278,12 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
 
         monkeypatch.setattr(supervisor, "_request", request)
         _warm(supervisor)
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         for i in range(2):
             supervisor.start(make_task(task_id=f"t{i}"), spec("sleep", MARK_SECONDS), worker_id="w",
                              on_started=seen[i].on_started, on_done=seen[i].on_done)  # fmt: skip
         assert all(s.exit().start_error == "the fork server did not answer a spawn request" for s in seen)
         with pytest.raises(ProcessError, match="has not answered its last 2 spawn requests"):
             supervisor.start(make_task(task_id="t2"), spec("true"), worker_id="w")
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
         gate.touch()  # both start now, late: each is killed, and their room is free again
         assert wait_until(lambda: len(sent_from) == 2, 15)
         assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
@@ -307,12 +312,11 @@ def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(
              "os.posix_spawn = _held_then_die\n")  # fmt: skip
     monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
     seen = Seen()
+    _short_reply_timeout(monkeypatch)
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w", on_done=seen.on_done)
         assert seen.exit().start_error == "the fork server did not answer a spawn request"
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
         gate.touch()
         assert wait_until(lambda: bool(_ours()) or supervisor._lost, 10)
         assert wait_until(lambda: not _ours(), 10)
@@ -368,9 +372,10 @@ def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.
     chores.submit(lambda: (ran_on.append(threading.current_thread().name), done.set()))
     assert done.wait(10)
     chores.submit(lambda: 1 / 0)  # a failing chore is logged; the thread goes on to the next
+    chores.submit(lambda: ran_on.append(threading.current_thread().name))
     chores.close(10)
     chores.submit(lambda: ran_on.append(threading.current_thread().name))
-    assert ran_on == ["supervisor-chores", threading.current_thread().name]
+    assert ran_on == ["supervisor-chores", "supervisor-chores", threading.current_thread().name]
     unstartable = supervisor_module._Chores()
 
     def no_thread(self: threading.Thread) -> None:
@@ -380,3 +385,24 @@ def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.
     unstartable.submit(lambda: ran_on.append("inline"))
     assert ran_on[-1] == "inline"
     unstartable.close(1)
+
+
+def test_an_urgent_chore_goes_before_the_rmtrees_waiting() -> None:
+    # A late-started command's kill must not wait behind the removal of directories children filled.
+    chores = supervisor_module._Chores()
+    order: list[str] = []
+    release = threading.Event()
+    busy = threading.Event()
+
+    def first() -> None:
+        busy.set()
+        release.wait(10)
+        order.append("first")
+
+    chores.submit(first)
+    assert busy.wait(10)
+    chores.submit(lambda: order.append("rmtree"))
+    chores.submit(lambda: order.append("kill"), urgent=True)
+    release.set()
+    chores.close(10)
+    assert order == ["first", "kill", "rmtree"]
