@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from leasecore.models import Task
 from leasecore.process import CommandSpec, Supervisor
@@ -51,6 +52,30 @@ def alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def live_with_cmdline(cmdline: list[str]) -> list[psutil.Process]:
+    """Processes (of anyone's) running exactly ``cmdline``, zombies left out: a test picks a command
+    line no other test uses (``sleep 3217``) to find what it started, wherever it was re-parented."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        info = process.info
+        if info["cmdline"] == cmdline and info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+def killing_leftovers(cmdline: list[str]) -> Any:
+    """An autouse fixture for a test module (assign it to a module name): after each test, kill
+    whatever still runs ``cmdline``."""
+
+    @pytest.fixture(autouse=True)
+    def _no_leftovers() -> Iterator[None]:
+        yield
+        for process in live_with_cmdline(cmdline):
+            process.kill()
+
+    return _no_leftovers
 
 
 def processes_with_marker(token: str | None = None) -> list[psutil.Process]:

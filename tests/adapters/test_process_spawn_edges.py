@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -19,24 +18,16 @@ from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
 from leasecore.process import supervisor as supervisor_module
 
-from .process_support import Lines, make_task, spec, wait_until
+from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec, wait_until
 
 MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
 
 
 def _ours() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if process.info["cmdline"] == ["sleep", MARK_SECONDS]:
-            found.append(process)
-    return found
+    return live_with_cmdline(["sleep", MARK_SECONDS])
 
 
-@pytest.fixture(autouse=True)
-def _no_leftovers() -> Iterator[None]:
-    yield
-    for process in _ours():
-        process.kill()
+_no_leftovers = killing_leftovers(["sleep", MARK_SECONDS])
 
 
 def _boot_with(monkeypatch: pytest.MonkeyPatch, patch: str) -> None:
@@ -75,7 +66,7 @@ def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
         assert list(tasks_tmp.iterdir()) == []
         assert len(os.listdir("/proc/self/fd")) <= fds_before
         assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
-        assert not [p for p in _ours() if p.status() != psutil.STATUS_ZOMBIE]
+        assert not _ours()
 
 
 def test_a_command_started_just_before_its_fork_server_died_is_killed(
@@ -90,7 +81,7 @@ def test_a_command_started_just_before_its_fork_server_died_is_killed(
     with Supervisor(tmp_path / "state") as supervisor:
         with pytest.raises(SpawnError, match="fork server lost"):
             supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
-        assert wait_until(lambda: not [p for p in _ours() if p.status() != psutil.STATUS_ZOMBIE], 10)
+        assert wait_until(lambda: not _ours(), 10)
 
 
 def test_a_working_directory_through_a_symbolic_link_means_what_chdir_makes_of_it(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,25 +20,16 @@ from leasecore.errors import ProcessError
 from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
 from leasecore.process import supervisor as supervisor_module
 
-from .process_support import make_task, spec, wait_until
+from .process_support import killing_leftovers, live_with_cmdline, make_task, spec, wait_until
 
 MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
 
 
 def _ours() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        info = process.info
-        if info["cmdline"] == ["sleep", MARK_SECONDS] and info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(process)
-    return found
+    return live_with_cmdline(["sleep", MARK_SECONDS])
 
 
-@pytest.fixture(autouse=True)
-def _no_leftovers() -> Iterator[None]:
-    yield
-    for process in _ours():
-        process.kill()
+_no_leftovers = killing_leftovers(["sleep", MARK_SECONDS])
 
 
 class Seen:
@@ -60,6 +50,11 @@ class Seen:
         self.threads.add(threading.get_ident())
         self.events.append(("done", exit_))
         self.done.set()
+
+    def start(self, supervisor: Supervisor, command: CommandSpec, task_id: str = "task-1") -> Child:
+        """``supervisor.start`` of ``command``, its callbacks reported here."""
+        return supervisor.start(make_task(task_id=task_id), command, worker_id="w",
+                                on_started=self.on_started, on_done=self.on_done)  # fmt: skip
 
     def exit(self) -> ChildExit:
         assert self.done.wait(30), self.events
@@ -109,8 +104,7 @@ def test_start_returns_before_the_exec_and_on_started_brings_the_pid(
     _held_boot(monkeypatch, gate)
     seen = Seen()
     with _supervisor(tmp_path) as supervisor:
-        child = supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
-                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        child = seen.start(supervisor, spec("sleep", MARK_SECONDS))
         # The fork server has not even started it: start() did not wait for that.
         assert child.pid == 0 and not seen.started.is_set() and not _ours()
         gate.touch()
@@ -133,8 +127,7 @@ def test_a_start_whose_exec_fails_ends_in_on_done_with_why_and_leaves_nothing(tm
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
         fds = _fd_count()
-        child = supervisor.start(make_task(), CommandSpec(argv=(str(script),)), worker_id="w",
-                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        child = seen.start(supervisor, CommandSpec(argv=(str(script),)))
         exit_ = seen.exit()
         assert child.wait(0) is exit_ and child.wait_gone(0)
         assert not supervisor._starting and not supervisor._children
@@ -155,8 +148,7 @@ def test_a_tree_signalled_before_its_start_is_answered_is_killed(
     _held_boot(monkeypatch, gate)
     seen = Seen()
     with _supervisor(tmp_path) as supervisor:
-        child = supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
-                                 on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        child = seen.start(supervisor, spec("sleep", MARK_SECONDS))
         child.kill_tree()
         gate.touch()
         exit_ = seen.exit()
@@ -175,8 +167,7 @@ def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_comm
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
         fds = _fd_count()
-        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
-                         on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        seen.start(supervisor, spec("sleep", MARK_SECONDS))
         exit_ = seen.exit()  # the reader thread gives it up: nobody waits on this start
         assert exit_.start_error == "the fork server did not answer a spawn request"
         assert list((tmp_path / "task-tmp").iterdir()) == []
@@ -196,8 +187,7 @@ def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_kil
     monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
     seen = Seen()
     with _supervisor(tmp_path) as supervisor:
-        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w",
-                         on_started=seen.on_started, on_done=seen.on_done)  # fmt: skip
+        seen.start(supervisor, spec("sleep", MARK_SECONDS))
         exit_ = seen.exit()
         assert exit_.start_error is not None and "fork server lost" in exit_.start_error
         assert wait_until(lambda: not _ours(), 10)
@@ -240,8 +230,7 @@ def test_start_waits_while_the_fork_server_is_a_full_queue_behind(
     with _supervisor(tmp_path) as supervisor:
 
         def start(i: int) -> Child:
-            return supervisor.start(make_task(task_id=f"t{i}"), spec("sleep", MARK_SECONDS), worker_id="w",
-                                    on_started=seen[i].on_started, on_done=seen[i].on_done)  # fmt: skip
+            return seen[i].start(supervisor, spec("sleep", MARK_SECONDS), task_id=f"t{i}")
 
         children = [start(i) for i in range(3)]  # the first is held in the fork server; two queue behind
         fourth: list[Child] = []
@@ -279,8 +268,7 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
         monkeypatch.setattr(supervisor, "_request", request)
         _warm(supervisor)
         for i in range(2):
-            supervisor.start(make_task(task_id=f"t{i}"), spec("sleep", MARK_SECONDS), worker_id="w",
-                             on_started=seen[i].on_started, on_done=seen[i].on_done)  # fmt: skip
+            seen[i].start(supervisor, spec("sleep", MARK_SECONDS), task_id=f"t{i}")
         assert all(s.exit().start_error == "the fork server did not answer a spawn request" for s in seen)
         with pytest.raises(ProcessError, match="has not answered its last 2 spawn requests"):
             supervisor.start(make_task(task_id="t2"), spec("true"), worker_id="w")
@@ -289,7 +277,7 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
         assert wait_until(lambda: supervisor.forkserver_stats()["trees"] == 0, 15)
         assert wait_until(lambda: not _ours(), 10)
         last = Seen()
-        supervisor.start(make_task(task_id="t3"), spec("true"), worker_id="w", on_done=last.on_done)
+        last.start(supervisor, spec("true"), task_id="t3")
         assert last.exit().exit_code == 0
     # The late kills were sent from the chores thread: a send may block, and the reader must not.
     assert sent_from == ["supervisor-chores", "supervisor-chores"]
@@ -315,7 +303,7 @@ def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(
     _short_reply_timeout(monkeypatch)
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
-        supervisor.start(make_task(), spec("sleep", MARK_SECONDS), worker_id="w", on_done=seen.on_done)
+        seen.start(supervisor, spec("sleep", MARK_SECONDS))
         assert seen.exit().start_error == "the fork server did not answer a spawn request"
         gate.touch()
         assert wait_until(lambda: bool(_ours()) or supervisor._lost, 10)
@@ -340,7 +328,7 @@ def test_a_child_whose_pipes_cannot_be_watched_still_ends(
 
         monkeypatch.setattr(selector, "register", register)
         fds = _fd_count()
-        supervisor.start(make_task(), spec("sh", "-c", "exit 3"), worker_id="w", on_done=seen.on_done)
+        seen.start(supervisor, spec("sh", "-c", "exit 3"))
         exit_ = seen.exit()
         assert exit_.exit_code == 3 and exit_.start_error is None
         assert wait_until(lambda: _fd_count() <= fds, 10)
