@@ -312,13 +312,16 @@ class Runner:
                 task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
             )  # fmt: skip
-        except ProcessError as exc:
-            log.error("task %s: could not start the command: %s", task.task_id, exc)
+        except ProcessError as exc:  # known before asking the fork server (no such command, say)
             self._engine.child_exited(task.task_id)
             self._logs.close(task.task_id)
-            self._report(entry, _failed(task, plan, f"could not start the command: {exc}"))
+            self._report_not_started(entry, exc)
             return
         self._engine.child_started(task.task_id)
+
+    def _report_not_started(self, entry: InFlight, why: object) -> None:
+        log.error("task %s: could not start the command: %s", entry.task.task_id, why)
+        self._report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
 
     def _hand_back(self, task: Task, plan: TaskTypePlan) -> None:
         """A task polled beyond our slots and budget: never dropped (the server counts it as ours until
@@ -368,9 +371,7 @@ class Runner:
         entry.fence = self._engine.fence_reason(task_id)
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
-            log.error("task %s: could not start the command: %s", task_id, start_error)
-            why = f"could not start the command: {start_error}"
-            self._report(entry, _failed(entry.task, entry.plan, why))
+            self._report_not_started(entry, start_error)
             return
         if entry.fence is FenceReason.OWNERSHIP_LOST:
             log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "

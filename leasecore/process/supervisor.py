@@ -828,24 +828,26 @@ class Supervisor:
                 if self._given_up.pop(pending.request_id, None) is not None:
                     self._cond.notify_all()
                 return False
-            self._children.pop(pending.child.key, None)
             self._cond.notify_all()  # room for a start waiting on _MAX_STARTING
-        for fd in pending.pipes:
-            os.close(fd)
-        pending.child._files.remove()
+        self._release(pending)
         return True
 
     def _fail_start(self, pending: _Start, error: ProcessError) -> None:
         """End a spawn taken out of ``_starting`` (by its caller, under the lock) that never ran."""
+        try:
+            self._release(pending)
+        finally:
+            pending.child._start_failed(error, pending.notify)
+
+    def _release(self, pending: _Start) -> None:
+        """What a spawn that never ran holds: its place among the children, its pipes' read ends
+        (never taken by the reader) and the task's directory."""
         with self._cond:
             self._children.pop(pending.child.key, None)
         for fd in pending.pipes:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        try:
-            pending.child._files.remove(self._chores.rmtree)
-        finally:
-            pending.child._start_failed(error, pending.notify)
+        pending.child._files.remove(self._chores.rmtree)
 
     def _give_up_starts(self, which: Callable[[_Start], bool]) -> None:
         """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
