@@ -111,6 +111,7 @@ class TaskSettings:
     paused: bool = False
     ownership_check_interval: float = 5.0
     secrets: tuple[str, ...] = ()
+    protocol: str = "native"  # "stdio": conductor-cli's worker stdio contract (issue #21)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

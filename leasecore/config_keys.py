@@ -424,6 +424,17 @@ KEYS: dict[str, KeySpec] = {
             seconds(positive=True),
             "seconds between GET /api/tasks/{id} ownership checks",
         ),
+        # --- issue #21: conductor-cli's `worker stdio` contract -------------------------------
+        _key(
+            "protocol",
+            "task",
+            choice("native", "stdio"),
+            "the child's contract: native (input on stdin, exit code, output file) or stdio "
+            "(conductor-cli worker stdio: the task on stdin, one JSON result on stdout)",
+            worker_prop="protocol",
+            flag="--protocol",
+        ),
+        # --- end #21 ------------------------------------------------------------------------
         _key(
             "secrets",
             "task",

@@ -92,6 +92,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
+        protocol=task.protocol,
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
