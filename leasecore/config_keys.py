@@ -233,6 +233,17 @@ KEYS: dict[str, KeySpec] = {
             env=("CONDUCTOR_AUTH_SECRET",),
             sensitive=True,
         ),
+        # --- issue #21: conductor-cli's static token, CONDUCTOR_AUTH_TOKEN ----------------------
+        _key(
+            "auth_token",
+            "server",
+            nonempty_str,
+            "a ready-made token sent as X-Authorization (conductor-cli's; instead of key and "
+            "secret, never refreshed); prefer the environment",
+            env=("CONDUCTOR_AUTH_TOKEN",),
+            sensitive=True,
+        ),
+        # --- end #21 ------------------------------------------------------------------------
         # runner-wide, in [worker]
         _key(
             "state_dir",

@@ -207,3 +207,16 @@ def test_no_credential_reaches_the_script(auth_world: World) -> None:
     assert out["secretsSeen"] == []
     assert not set(env) & set(out["envNames"])
     assert SECRET not in log
+
+
+def test_conductor_clis_token_variable_authenticates_and_stays_out_of_the_script(auth_world: World) -> None:
+    world = auth_world
+    define(world)
+    assert world.client.auth is not None
+    token = world.client.auth.current(5.0)  # what `conductor` users keep in CONDUCTOR_AUTH_TOKEN
+    assert token
+    code, log, wf = run_once(world, "complete", env={"CONDUCTOR_AUTH_TOKEN": token}, lookFor=[token])
+    assert code == exitcodes.OK, log
+    out = world.task_of(wf)["outputData"]
+    assert out["secretsSeen"] == [] and "CONDUCTOR_AUTH_TOKEN" not in out["envNames"]
+    assert token not in log
