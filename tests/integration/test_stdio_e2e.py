@@ -185,6 +185,21 @@ def test_a_long_task_lives_past_r_and_its_tree_dies_with_the_lease(world: World)
     assert "lease expired" in log
 
 
+def test_the_exec_timeout_kills_the_whole_tree_not_just_the_script(world: World) -> None:
+    define(world)
+    wf = world.start_workflow(mode="sleep", seconds=120)
+    proc = world.run("--protocol", "stdio", "--once", "--exec-timeout", "2", "--kill-grace", "1",
+                     command=WORKER)  # fmt: skip
+    (pid,) = wait_until(world.child_pids, what="the child to start")
+    tree = wait_until(lambda: tree_of(pid) if len(tree_of(pid)) >= 2 else None, what="the script's child")
+    code, log = world.finish(proc)
+    assert code == exitcodes.TASK_FAILED, log
+    assert all_gone(tree)  # conductor-cli's --exec-timeout kills the direct child only
+    task = world.task_of(wf)
+    assert task["status"] == "FAILED"
+    assert task["reasonForIncompletion"] == "exec timeout after 2s"
+
+
 @pytest.fixture
 def auth_world(tmp_path: Path) -> Iterator[World]:
     with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
