@@ -53,7 +53,6 @@ if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types fro
 
 NATIVE = "native"
 STDIO = "stdio"
-PROTOCOLS = (NATIVE, STDIO)
 
 STDOUT_LIMIT = OUTPUT_FILE_LIMIT  # the same bound as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
 EXCERPT_CHARS = 200  # of stdout, in a reason
