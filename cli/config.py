@@ -40,6 +40,7 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
         "url": _mask_url(server.url),
         "auth_key": MASK if server.auth_key else None,
         "auth_secret": MASK if server.auth_secret else None,
+        "auth_token": MASK if server.auth_token else None,
     }
     return {
         "config_file": config.config_file,

@@ -24,6 +24,7 @@ from leasecore.config_keys import KeySpec, keys_of
 _EXAMPLES: dict[str, Any] = {
     "auth_key": "<key id>",
     "auth_secret": "<key secret>",
+    "auth_token": "<token>",
     "state_dir": "/run/user/1000/conductor-run",
     "domain": "",
     "worker_id": "worker-1",
@@ -43,6 +44,7 @@ _UNSET_MEANS = {
     "cwd": "the directory conductor-run is started in",
     "auth_key": "no auth",
     "auth_secret": "no auth",
+    "auth_token": "no auth",
 }
 
 _HEADER = """\

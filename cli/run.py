@@ -209,6 +209,9 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
 
 def _credentials_hint(resolved: ResolvedConfig) -> str:
     """Where the credentials came from (never their values)."""
+    if resolved.server.auth_token is not None:
+        source = resolved.server.sources.get("auth_token")
+        return f"Check CONDUCTOR_AUTH_TOKEN (from {source}): it is sent as given and never refreshed."
     if resolved.server.auth_key is None:
         return "No credentials are configured: set CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET."
     source = resolved.server.sources.get("auth_key")

@@ -57,6 +57,9 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help=key_help("terminal_exit_codes", what="an exit code reported FAILED_WITH_TERMINAL_ERROR "
                       "(repeatable; 1..255)", default="none"),
     )),
+    ("protocol", str | None, typer.Option(
+        None, "--protocol", metavar="native|stdio", help=key_help("protocol")
+    )),
     ("once", bool | None, typer.Option(
         None, "--once",
         help=key_help("once", what="run one task, then exit (exit 6 when none came within --once-wait)"),

@@ -66,6 +66,7 @@ class ConductorClient:
         *,
         auth_key: str | None = None,
         auth_secret: str | None = None,
+        auth_token: str | None = None,
         session: requests.Session | None = None,
         timeout_seconds: float = 10.0,
         clock: Clock | None = None,
@@ -106,6 +107,13 @@ class ConductorClient:
         self._auth: TokenManager | None = None
         if key:
             self._auth = TokenManager(self._fetch_token, clock=self._clock, ttl_seconds=token_ttl_seconds)
+        elif auth_token and auth_token.strip():  # conductor-cli's CONDUCTOR_AUTH_TOKEN: as given, always
+            fixed = auth_token.strip()
+            if any(char in fixed for char in "\r\n\0"):
+                raise ConfigError("auth_token holds a line break: not a header value", key="auth_token")
+            self._auth = TokenManager(
+                lambda _timeout: fixed, clock=self._clock, ttl_seconds=token_ttl_seconds
+            )
 
     def __repr__(self) -> str:
         return f"ConductorClient(base_url={self.base_url!r}, auth={'on' if self._auth else 'off'})"

@@ -70,6 +70,7 @@ class ServerSettings:
     url: str = "http://localhost:8080/api"
     auth_key: str | None = field(default=None, repr=False)
     auth_secret: str | None = field(default=None, repr=False)
+    auth_token: str | None = field(default=None, repr=False)  # conductor-cli's CONDUCTOR_AUTH_TOKEN
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -111,6 +112,7 @@ class TaskSettings:
     paused: bool = False
     ownership_check_interval: float = 5.0
     secrets: tuple[str, ...] = ()
+    protocol: str = "native"  # "stdio": conductor-cli's worker stdio contract (issue #21)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -323,6 +325,13 @@ def _resolve_server(
             key=missing,
             source=str(sources[have]),
         )
+    if values.get("auth_token") and values.get("auth_key"):  # the key refreshes its token: it wins
+        del values["auth_token"]
+        warnings.append(
+            f"auth_token (from {sources['auth_token']}) is not used: auth_key and auth_secret "
+            f"(from {sources['auth_key']}) are set too, and their token is refreshed"
+        )
+        sources["auth_token"] = DEFAULT
     return ServerSettings(**values, sources=sources)
 
 

@@ -233,6 +233,17 @@ KEYS: dict[str, KeySpec] = {
             env=("CONDUCTOR_AUTH_SECRET",),
             sensitive=True,
         ),
+        # --- issue #21: conductor-cli's static token, CONDUCTOR_AUTH_TOKEN ----------------------
+        _key(
+            "auth_token",
+            "server",
+            nonempty_str,
+            "a ready-made token sent as X-Authorization (conductor-cli's; instead of key and "
+            "secret, never refreshed); prefer the environment",
+            env=("CONDUCTOR_AUTH_TOKEN",),
+            sensitive=True,
+        ),
+        # --- end #21 ------------------------------------------------------------------------
         # runner-wide, in [worker]
         _key(
             "state_dir",
@@ -424,6 +435,17 @@ KEYS: dict[str, KeySpec] = {
             seconds(positive=True),
             "seconds between GET /api/tasks/{id} ownership checks",
         ),
+        # --- issue #21: conductor-cli's `worker stdio` contract -------------------------------
+        _key(
+            "protocol",
+            "task",
+            choice("native", "stdio"),
+            "the child's contract: native (input on stdin, exit code, output file) or stdio "
+            "(conductor-cli worker stdio: the task on stdin, one JSON result on stdout)",
+            worker_prop="protocol",
+            flag="--protocol",
+        ),
+        # --- end #21 ------------------------------------------------------------------------
         _key(
             "secrets",
             "task",

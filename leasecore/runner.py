@@ -335,7 +335,7 @@ class Runner:
         self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
-        send = self._logs.open_lines(entry.task.task_id)
+        send = entry.log_lines = self._logs.open_lines(entry.task.task_id)
         tail = entry.tail
 
         def on_lines(stream: str, lines: list[str]) -> None:  # on a reader thread: no blocking here
@@ -367,18 +367,20 @@ class Runner:
         if entry is None:
             return
         self._engine.child_exited(task_id)
-        self._logs.close(task_id)
         entry.fence = self._engine.fence_reason(task_id)
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
+            self._logs.close(task_id)
             self._report_not_started(entry, start_error)
             return
         if entry.fence is FenceReason.OWNERSHIP_LOST:
+            self._logs.close(task_id)
             log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "
                         "its tree was killed and nothing is reported", task_id)
             self._forget(entry, None)
             return
-        result = self._result_for(entry, exit_)
+        result = self._stream_result_logs(entry, self._result_for(entry, exit_))
+        self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
         self._report(entry, result)
@@ -396,6 +398,15 @@ class Runner:
             return result
         return dataclasses.replace(result, status=TaskStatus.FAILED, reason_for_incompletion=reason,
                                    callback_after_seconds=0)
+
+    def _stream_result_logs(self, entry: InFlight, result: TaskResult) -> TaskResult:
+        """A result's own log lines (the stdio protocol's ``logs``) go to the task log the way the
+        child's stderr went, after it: an update keeps only its first 10 (CONDUCTOR_PROTOCOL.md §6)."""
+        if not result.logs:
+            return result
+        if entry.log_lines is not None:
+            entry.log_lines("stdout", [line.log for line in result.logs])  # as written: no prefix
+        return dataclasses.replace(result, logs=())
 
     def _report(self, entry: InFlight, result: TaskResult) -> None:
         if entry.slot_held:  # the child is gone: another may start while this one reports

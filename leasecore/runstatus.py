@@ -54,6 +54,7 @@ class InFlight:
     fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
+    log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
 
 
 class _Views(Protocol):

@@ -92,6 +92,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
+        protocol=task.protocol,
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -184,7 +185,8 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
-    client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
+    client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
+                             auth_token=server.auth_token)  # fmt: skip
     try:
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout

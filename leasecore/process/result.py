@@ -10,6 +10,7 @@
 
 outputData = the output-file object, then ``exitCode``, ``signal``, ``durationSeconds``,
 ``stdoutTail``, ``stderrTail`` (these keys win over the file's), and ``outputError`` when set.
+``protocol = "stdio"`` maps differently: ``stdio_protocol.to_stdio_result``.
 Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT`` (checked when it is read), each tail by
 the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation threshold.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.spec import ChildExit, CommandSpec
+from leasecore.process.stdio_protocol import STDIO, to_stdio_result
 
 REASON_LIMIT = 500
 
@@ -64,6 +66,8 @@ def to_task_result(
     task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
 ) -> TaskResult:
     """The update to send for ``task`` now that its child ended as ``exit``."""
+    if spec.protocol == STDIO:  # conductor-cli's contract: the result is the stdout document
+        return to_stdio_result(task, exit, spec, worker_id=worker_id, timed_out=timed_out)
     status, reason = _status_and_reason(exit, spec, timed_out)
     if exit.output_error and status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
         status, reason = TaskStatus.FAILED, exit.output_error

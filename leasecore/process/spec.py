@@ -16,6 +16,7 @@ from typing import Any
 from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
+from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -30,7 +31,10 @@ _ENV_ENTRY_OVERHEAD = 2 + 8  # "=" + NUL + the envp pointer
 RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 
 # Never handed to a child, whatever the configuration says (matched case-insensitively).
-CREDENTIAL_PATTERNS = ("CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*")
+# CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children (issue #21).
+CREDENTIAL_PATTERNS = (
+    "CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*", "CONDUCTOR_ACCESS_KEY_*"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class CommandSpec:
     Exactly one of ``argv`` (run directly) or ``shell`` (run as ``/bin/sh -c SHELL``) is set.
     ``env`` adds to (or overrides) the runner's environment; ``secret_env_names`` are extra names or
     glob patterns removed from both, on top of ``CREDENTIAL_PATTERNS`` (a secret name set in ``env``
-    does not reach the child either). ``kill_grace_seconds`` is the
+    does not reach the child either). ``protocol``: ``"native"`` (DESIGN.md §3) or ``"stdio"``
+    (conductor-cli's contract, ``stdio_protocol.py``). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
     (FenceReason.EXEC_TIMEOUT); here it only words the reason.
     """
@@ -55,6 +60,7 @@ class CommandSpec:
     exec_timeout_seconds: float = 0.0
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
+    protocol: str = NATIVE
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -75,7 +81,8 @@ class ChildExit:
     ``start_error`` then says why (only from ``Supervisor.start``; ``Supervisor.spawn`` raises it as a
     ``SpawnError`` or ``ProcessError``). ``output`` is the JSON object the child wrote to
     CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could not
-    be used.
+    be used. ``stdout_document``: the whole stdout (at most ``stdio_protocol.STDOUT_LIMIT`` + 1 bytes)
+    under the stdio protocol, None otherwise (stdout then streams as lines, with a tail).
     """
 
     exit_code: int | None
@@ -86,6 +93,7 @@ class ChildExit:
     output: Mapping[str, Any] | None = None
     output_error: str | None = None
     start_error: str | None = None
+    stdout_document: bytes | None = None
 
 
 def input_env_name(key: str) -> str:
@@ -191,5 +199,8 @@ def build_child_env(
         if budget < 0:
             break
         env[name] = text
+    if spec.protocol == STDIO:  # conductor-cli's names, beside ours (no stale POLL_DOMAIN inherited)
+        env.pop("POLL_DOMAIN", None)
+        env.update((name, value) for name, value in stdio_env(task).items() if _exec_safe(value))
     env[TREE_MARKER] = tree_token
     return env

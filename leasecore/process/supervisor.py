@@ -55,6 +55,7 @@ from leasecore.process import _procfs, leftovers
 from leasecore.process.forkserver import recv_frame, send_frame, take_frames
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
+from leasecore.process.stdio_protocol import STDIO, StdoutDocument, task_json
 from leasecore.process.taskfiles import TaskFiles
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,9 @@ class Child:
         self._start_error: ProcessError | None = None  # why the command never ran
         self._result: ChildExit | None = None
         # Owned by the output thread once the child is added to it:
-        self._fds: dict[int, StreamCapture] = {}  # open pipe read ends
-        self._captures: tuple[StreamCapture, StreamCapture] | None = None  # stdout, stderr
+        self._fds: dict[int, StreamCapture | StdoutDocument] = {}  # open pipe read ends
+        self._captures: tuple[StreamCapture | StdoutDocument, StreamCapture] | None = None  # stdout, stderr
+        self._stdout_is_document = False  # stdio protocol: stdout is kept whole, not streamed as lines
         self._grown: set[int] = set()
         self._drain_deadline: float | None = None
 
@@ -200,6 +202,9 @@ class Child:
 
     # the output thread -------------------------------------------------------------------------
 
+    def _stdout_capture(self) -> StreamCapture | StdoutDocument:
+        return StdoutDocument() if self._stdout_is_document else self._capture("stdout")
+
     def _capture(self, stream: str) -> StreamCapture:
         batch = self._on_lines
         if batch is None:
@@ -226,7 +231,7 @@ class Child:
 
         return emit
 
-    def _finish(self, stdout_tail: str, stderr_tail: str) -> None:
+    def _finish(self, stdout_tail: str, stderr_tail: str, stdout_document: bytes | None = None) -> None:
         assert self._exit_info is not None
         code, sig, ended_at = self._exit_info
         try:
@@ -245,6 +250,7 @@ class Child:
             stderr_tail=stderr_tail,
             output=output,
             output_error=output_error,
+            stdout_document=stdout_document,
         )
         self._done.set()
         if self._on_done is not None:
@@ -486,7 +492,7 @@ class _OutputReader:
                     self._check_exit(child)
 
     def _register(self, child: Child, out_r: int, err_r: int) -> None:
-        stdout, stderr = child._capture("stdout"), child._capture("stderr")
+        stdout, stderr = child._stdout_capture(), child._capture("stderr")
         child._captures = (stdout, stderr)
         child._fds = {}
         self._children.add(child)  # first: whatever fails below, its exit still finishes it
@@ -556,7 +562,8 @@ class _OutputReader:
         stdout.close()
         stderr.close()
         try:
-            child._finish(stdout.tail(), stderr.tail())
+            document = stdout.document() if isinstance(stdout, StdoutDocument) else None
+            child._finish(stdout.tail(), stderr.tail(), document)
         except Exception:  # the task's files: log it; the child is done either way
             log.exception("finishing task %s failed", child.key)
 
@@ -761,7 +768,8 @@ class Supervisor:
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         token = secrets.token_hex(16)
         try:
-            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token)
+            whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
+            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token, stdin=whole_task)
         except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
             raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
         env = build_child_env(
@@ -775,6 +783,7 @@ class Supervisor:
             raise
         key = f"t{next(self._ids)}"
         child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
+        child._stdout_is_document = spec.protocol == STDIO
         pipes: list[int] = []
         try:
             pipes.extend(os.pipe())

@@ -1,13 +1,15 @@
 """A task's private files: the input file (also the child's stdin) and the output file.
 
 Each task gets its own directory (0700, under the system temp dir) holding ``input.json`` (0600) and
-an empty ``output.json`` (0600) for the child to fill; the directory is removed once the child is
+an empty ``output.json`` (0600) for the child to fill, and under the stdio protocol ``task.json``
+(0600, the whole task: the child's stdin then); the directory is removed once the child is
 done. Reading the output file is bounded and never follows a symlink or blocks on a FIFO the child
 may have put there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -20,6 +22,8 @@ from typing import Any
 from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
+
+STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
 
 # The output object is capped so that outputData stays well under Conductor's 3 MB threshold, measured
 # on the re-serialised JSON (escapes can grow text up to 6x).
@@ -35,10 +39,14 @@ class TaskFiles:
     directory: str
     input_path: str
     output_path: str
+    stdin_path: str | None = None  # a file of its own for stdin (else the input file is stdin)
 
     @classmethod
-    def create(cls, task: Task, *, parent: str | None = None, unique: str | None = None) -> TaskFiles:
+    def create(
+        cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None
+    ) -> TaskFiles:
         """Make the directory and both files; the input file holds ``task.input_data`` as JSON.
+        ``stdin``: what the child reads on stdin instead (a third file, ``STDIN_FILE_NAME``).
 
         ``unique``: random hex (the tree's marker token) to name the directory by, instead of
         ``mkdtemp``'s own draw (a pid check and eight random choices per task); a name taken
@@ -54,11 +62,15 @@ class TaskFiles:
         if directory is None:
             directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
         input_name, output_name = TASK_FILE_NAMES
-        files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name))
+        stdin_path = None if stdin is None else os.path.join(directory, STDIN_FILE_NAME)
+        files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
+                    stdin_path)  # fmt: skip
         try:
             body = _input_json(task)
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
+            if stdin_path is not None and stdin is not None:
+                _write_private(stdin_path, stdin)
         except BaseException:
             files.remove()
             raise
@@ -66,7 +78,7 @@ class TaskFiles:
 
     def open_stdin(self) -> int:
         """A fresh read-only fd on the input file (its own offset), to become the child's stdin."""
-        return os.open(self.input_path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(self.stdin_path or self.input_path, os.O_RDONLY | os.O_CLOEXEC)
 
     def read_output(self) -> tuple[dict[str, Any] | None, str | None]:
         """``(object, None)``, ``(None, None)`` when nothing was written, or ``(None, reason)``."""
@@ -74,6 +86,9 @@ class TaskFiles:
 
     def remove(self, rmtree: Callable[[str], None] | None = None) -> None:
         """Remove the directory; ``rmtree``: what removes it when the child put more there."""
+        if self.stdin_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.stdin_path)
         remove_tmpdir(self.directory, rmtree)
 
 
@@ -99,7 +114,7 @@ def _write_private(path: str, body: bytes) -> None:
         os.close(fd)
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def deeper_than(value: Any, limit: int) -> bool:
     """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
     stack = [(value, 1)]
     while stack:
@@ -157,7 +172,7 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(value, dict):
         kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
         return None, f"{name} must hold a JSON object, not {kind}"
-    if _deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
+    if deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
         return None, f"{name} is not valid JSON: nested too deeply (over {OUTPUT_MAX_DEPTH} levels)"
     if len(json.dumps(value)) > OUTPUT_FILE_LIMIT:  # 256 levels serialise without a RecursionError
         return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT} bytes)"
