@@ -365,7 +365,7 @@ class Api:
         r("GET", "/api/tasks/queue/polldata/all", lambda p, q, b: _json(s.poll_data(None)))
         r("GET", "/api/tasks/queue/size", queue_size)
         r("GET", "/api/tasks/queue/sizes", queue_sizes)  # deprecated upstream, still served
-        r("GET", "/api/tasks/queue/all", lambda p, q, b: _json(s.queue_sizes()))
+        r("GET", "/api/tasks/queue/all", lambda p, q, b: _json(s.listed_queue_sizes()))
         r("POST", "/api/tasks/{id}/log", add_log)
         r("GET", "/api/tasks/{id}/log", get_logs)
         r("GET", "/api/tasks/{id}", lambda p, q, b: _json(s.get_task(p["id"])))

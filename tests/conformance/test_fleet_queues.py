@@ -5,6 +5,7 @@ Shapes as the real server answers them (docs/real-server-notes.md "Queues and po
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -73,11 +74,18 @@ def test_queue_all_names_domain_queues_domain_colon_type_and_keeps_drained_ones(
     assert conductor.get("/tasks/queue/all").json()[task_type] == 0  # drained, still listed
 
 
-def test_a_type_that_was_only_polled_has_no_queue_listed(conductor: Harness) -> None:
+def test_a_type_that_was_only_polled_has_no_queue_listed_even_during_a_long_poll(conductor: Harness) -> None:
     task_type = conductor.unique("onlypolled")
     conductor.poll_batch(task_type, worker_id="w", timeout_ms=0)
     wait_until(lambda: poll_records(conductor, task_type) or None, 10, "a poll record")
     assert task_type not in conductor.get("/tasks/queue/all").json()
+    waiting = threading.Thread(target=conductor.poll_batch, args=(task_type,), kwargs={"timeout_ms": 3000})
+    waiting.start()
+    try:
+        time.sleep(0.3)  # let the long poll reach the server and wait there
+        assert task_type not in conductor.get("/tasks/queue/all").json()
+    finally:
+        waiting.join(timeout=30)
 
 
 def test_queue_size_is_a_bare_number_and_an_empty_domain_means_the_default_queue(conductor: Harness) -> None:
