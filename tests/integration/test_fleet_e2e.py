@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -91,3 +92,16 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
     assert both.returncode == exitcodes.USAGE and "cannot be combined" in both.stderr
     empty = fleet("--task-type", " ", cwd=tmp_path)
     assert empty.returncode == exitcodes.USAGE and "--task-type is empty" in empty.stderr
+
+
+def test_a_password_in_the_server_url_never_reaches_the_output(tmp_path: Path) -> None:
+    with EmbeddedServer() as server:
+        port = server.url.split(":")[2].split("/")[0]
+        secret_url = f"http://fleetuser:hunter2secret@127.0.0.1:{port}/api"
+        ok = fleet("--server", secret_url, "--json", cwd=tmp_path)
+        assert ok.returncode == exitcodes.OK, ok.stderr
+        assert "hunter2secret" not in ok.stdout + ok.stderr
+        assert json.loads(ok.stdout)["server"] == server.url  # the credentials part is left out
+    down = fleet("--server", f"http://fleetuser:hunter2secret@127.0.0.1:{free_port()}/api", cwd=tmp_path)
+    assert down.returncode == exitcodes.UNREACHABLE
+    assert "hunter2secret" not in down.stdout + down.stderr
