@@ -60,7 +60,8 @@ def fleet(
     A type with work queued and no poll in the last 10 s is STALLED and listed first. The server
     keeps one poll record per task type and domain (the last poller's), so many workers polling the
     same type show as the one that polled last. Server and credentials as for run (--server,
-    CONDUCTOR_SERVER_URL, CONDUCTOR_AUTH_KEY/SECRET, the config file).
+    CONDUCTOR_SERVER_URL, CONDUCTOR_AUTH_KEY/SECRET, the config file). Exit 3: a configuration
+    error; exit 4: the server cannot be reached or refuses the credentials.
     """
     if watch and as_json:
         raise _fail("--watch and --json cannot be combined", exitcodes.USAGE, None)
