@@ -208,21 +208,13 @@ def run_watch(
     and says why under them, and the next refresh tries again."""
     from rich.live import Live
 
-    state: dict[str, object] = {"rows": first, "at": _now(), "problem": None}
-
-    def current() -> RenderableType:
-        rows = state["rows"]
-        at = state["at"]
-        problem = state["problem"]
-        assert isinstance(rows, list) and isinstance(at, datetime)
-        return render_fleet(rows, url=url, at=at, problem=problem if isinstance(problem, str) else None)
-
-    with Live(get_renderable=current, console=console, auto_refresh=False,
+    rows, at, problem = first, _now(), None
+    with Live(render_fleet(rows, url=url, at=at), console=console, auto_refresh=False,
               redirect_stdout=False, redirect_stderr=False) as live:
         live.refresh()
         while not stop.wait(refresh_seconds):
             try:
-                state["rows"], state["at"], state["problem"] = load(), _now(), None
+                rows, at, problem = load(), _now(), None
             except ConductorRunError as exc:
-                state["problem"] = server_error(exc, url, resolved)
-            live.refresh()
+                problem = server_error(exc, url, resolved)
+            live.update(render_fleet(rows, url=url, at=at, problem=problem), refresh=True)
