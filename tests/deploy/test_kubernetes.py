@@ -77,10 +77,13 @@ def test_the_config_comes_from_the_configmap_mounted_where_run_reads_it() -> Non
     assert volume["configMap"]["name"] == configmap()["metadata"]["name"]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
     assert Path(mount["mountPath"]) / "conductor.toml" == config_path and mount["readOnly"] is True
-    state = {e["name"]: e.get("value") for e in c["env"]}["CONDUCTOR_RUN_STATE_DIR"]
-    (state_mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == state]
+    state = Path({e["name"]: e.get("value") for e in c["env"]}["CONDUCTOR_RUN_STATE_DIR"])
+    (state_mount,) = [m for m in c["volumeMounts"] if Path(m["mountPath"]) in state.parents]
     (state_volume,) = [v for v in pod["volumes"] if v["name"] == state_mount["name"]]
     assert "emptyDir" in state_volume  # the pod's own, never shared
+    # Not the volume's root: an emptyDir is world-writable, and check_state_dir refuses that; a
+    # missing subdirectory is created 0700 by the runner.
+    assert state != Path(state_mount["mountPath"])
 
 
 def test_probes_reach_the_metrics_endpoints_on_the_pod_address() -> None:
