@@ -120,8 +120,10 @@ class Runner:
         self._pollers = {
             t: Poller(conductor, p.poll, functools.partial(self._on_polled, poller=t), budget=self._budget,
                       stop=self._stop_polling,
-                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed)),
-                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t))
+                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
+                                                                       self._pollers[tt].refused)),
+                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t),
+                      end_on_refusal_at_start=True)
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
@@ -133,6 +135,7 @@ class Runner:
         self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
         self._poller_failed = False
+        self._refused: Exception | None = None  # a poller's first polls were refused (see Poller)
         # Tasks whose result the reporter saved to the outbox, shown by ``status`` as undelivered
         # until the file is gone (delivered or dropped by the outbox's redelivery); the newest 100.
         self._undelivered: dict[str, tuple[Path, TaskSnapshot]] = {}
@@ -172,7 +175,7 @@ class Runner:
             finally:
                 self._close()
         return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses),
-                          poller_failed=self._poller_failed)  # fmt: skip
+                          poller_failed=self._poller_failed, refused=self._refused)  # fmt: skip
 
     # ------------------------------------------------------------------ other threads -> queue
 
@@ -265,6 +268,9 @@ class Runner:
             self._pollers_alive -= 1
             self._poller_failed |= event.failed
             self._polling_types.discard(event.task_type)
+            if event.refused is not None and self._refused is None:
+                self._refused = event.refused
+                self._begin_stop(None, reason=f"the server refused the first poll of {event.task_type}")
 
     # ------------------------------------------------------------------ one task
 

@@ -171,6 +171,10 @@ def run_worker(
         outcome = _serve(config, environ, relay, on_snapshot)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
+    if outcome.refused is not None and outcome.signum is None:
+        # The first polls were refused (no or wrong credentials, no permission): the same error, and
+        # exit 4, as a refusal by the start-up check, never a quiet "no task" (everything is cleaned up).
+        raise outcome.refused
     return outcome
 
 
