@@ -40,6 +40,8 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
         "url": _mask_url(server.url),
         "auth_key": MASK if server.auth_key else None,
         "auth_secret": MASK if server.auth_secret else None,
+        "auth_secret_file": server.auth_secret_file,  # a path, not the secret
+        "ca_bundle": server.ca_bundle,
     }
     return {
         "config_file": config.config_file,

@@ -72,8 +72,12 @@ class ConductorClient:
         user_agent: str | None = None,
         token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
         pool_maxsize: int = POOL_MAXSIZE,
+        ca_bundle: str | None = None,
     ) -> None:
+        """``ca_bundle``: PEM file (or directory) of the CAs to trust for https:// (None: certifi's,
+        or what REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name, as requests does)."""
         self.base_url = _check_base_url(base_url)
+        self._verify: str | bool = ca_bundle or True
         self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout_seconds!r}")
@@ -343,6 +347,7 @@ class ConductorClient:
                 timeout=timeout,
                 stream=True,
                 allow_redirects=False,
+                verify=self._verify,  # a path is never overridden by the environment (requests' rule)
             )
             try:
                 body = self._read_body(response, method, path, deadline)

@@ -70,6 +70,8 @@ class ServerSettings:
     url: str = "http://localhost:8080/api"
     auth_key: str | None = field(default=None, repr=False)
     auth_secret: str | None = field(default=None, repr=False)
+    auth_secret_file: str | None = None  # absolute; load_config reads it into auth_secret (#24)
+    ca_bundle: str | None = None  # absolute; None: the system's/certifi's CAs (#24)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -111,6 +113,8 @@ class TaskSettings:
     paused: bool = False
     ownership_check_interval: float = 5.0
     secrets: tuple[str, ...] = ()
+    user: str | None = None  # run the child as this user (#24; the runner must be root)
+    group: str | None = None  # ... with this group instead of the user's primary one
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -195,6 +199,7 @@ def load_config(
         hostname=hostname or socket.gethostname(),
         require_task=require_task,
     )
+    config = replace(config, server=_server_files(config.server))
     problems = {task.type: command_problems(task, environ) for task in config.tasks}
     fatal = [problem for task in config.tasks if not task.paused for problem in problems[task.type]]
     if fatal and require_task:
@@ -202,6 +207,19 @@ def load_config(
         raise ConfigError(fatal[0], key="command")
     warnings = [problem for found in problems.values() for problem in found]  # a paused task's too
     return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+def _server_files(server: ServerSettings) -> ServerSettings:
+    """The secret read from ``auth_secret_file``, and the CA bundle checked (#24; ConfigError)."""
+    from leasecore import trust  # ssl: only when a file is named
+
+    if server.ca_bundle is not None:
+        trust.check_ca_bundle(server.ca_bundle, server.sources["ca_bundle"])
+    if server.auth_secret_file is None:
+        return server
+    source = server.sources["auth_secret_file"]
+    secret = trust.read_secret_file(server.auth_secret_file, source)
+    return replace(server, auth_secret=secret, sources={**server.sources, "auth_secret": source})
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:
@@ -257,7 +275,7 @@ def resolve(
     flags = _flag_values(overrides)
     file = FileView(loaded) if loaded else None
     warnings: list[str] = []
-    server = _resolve_server(file, environ, flags, warnings)
+    server = _resolve_server(file, environ, flags, warnings, cwd)
     runner = _resolve_runner(file, environ, flags, cwd)
     tasks = _resolve_tasks(file, environ, flags, cwd=cwd, hostname=hostname, require_task=require_task)
     return ResolvedConfig(server, runner, tasks, loaded.path if loaded else None, tuple(warnings))
@@ -299,7 +317,8 @@ def _flag(spec: KeySpec, flags: Mapping[str, Any]) -> tuple[Any, Source] | None:
 
 
 def _resolve_server(
-    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], warnings: list[str]
+    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], warnings: list[str],
+    cwd: str,
 ) -> ServerSettings:
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
@@ -315,8 +334,18 @@ def _resolve_server(
                 )
         else:
             sources[spec.name] = DEFAULT
-    if bool(values.get("auth_key")) != bool(values.get("auth_secret")):
-        have, missing = ("auth_key", "auth_secret") if values.get("auth_key") else ("auth_secret", "auth_key")
+    for name in ("auth_secret_file", "ca_bundle"):  # paths: relative to the file that gave them
+        if name in values:
+            values[name] = _absolute_dir(values[name], sources[name], file, environ, cwd)
+    if values.get("auth_secret") and values.get("auth_secret_file"):  # the value itself wins
+        warnings.append(f"auth_secret (from {sources['auth_secret']}) is used; auth_secret_file (from "
+                        f"{sources['auth_secret_file']}) is ignored: set only one")
+        del values["auth_secret_file"]
+        sources["auth_secret_file"] = DEFAULT
+    # With a secret file, load_config reads the secret: the file stands for it here.
+    secret_name = "auth_secret_file" if values.get("auth_secret_file") else "auth_secret"
+    if bool(values.get("auth_key")) != bool(values.get(secret_name)):
+        have, missing = ("auth_key", "auth_secret") if values.get("auth_key") else (secret_name, "auth_key")
         raise ConfigError(
             f"{have} is set (from {sources[have]}) but {missing} is not: set both "
             "(CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET) or neither",

@@ -188,7 +188,8 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
-    client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
+    client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
+                             ca_bundle=server.ca_bundle)
     try:
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
