@@ -59,5 +59,8 @@ def _typer_completion_instruction(environ: MutableMapping[str, str]) -> None:
 def main() -> None:
     """Console-script entry point."""
     _typer_completion_instruction(os.environ)
+    from cli import reexec
+
+    reexec.allow()  # `run` may re-execute itself without secrets in its environment (cli/reexec.py)
     _register()
     app(prog_name="conductor-run")  # the same usage lines under `python -m cli`

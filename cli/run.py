@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli import exitcodes
+from cli import exitcodes, reexec
 from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.config_keys import KEYS
@@ -153,10 +153,16 @@ def run(overrides: dict[str, Any]) -> None:
     environment, as each says; a flag wins over both.
     """
     try:
-        resolved = load_config(overrides, os.environ, os.getcwd())
+        environ = reexec.receive()  # os.environ, plus the secrets a re-exec handed over (#24)
+        resolved = load_config(overrides, environ, os.getcwd())
+        # No secret may stay in this process's exec-time environment (/proc/<pid>/environ, which a
+        # child running as root can read): re-execute without them (returns when there are none).
+        reexec.hand_off(name for task in resolved.tasks for name in task.secrets)
     except ConfigError as exc:
         asked = _asked_log_format(overrides["log_format"], overrides["config"])
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, asked) from None
+    except ConductorRunError as exc:
+        raise _fail(str(exc), exitcodes.UNEXPECTED, overrides["log_format"]) from None
     view = live_view_for(resolved.runner.log_format)
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
