@@ -200,7 +200,7 @@ def load_config(
         require_task=require_task,
     )
     config = replace(config, server=_server_files(config.server))
-    problems = {task.type: command_problems(task, environ) for task in config.tasks}
+    problems = {task.type: command_problems(task, environ) + run_as_problems(task) for task in config.tasks}
     fatal = [problem for task in config.tasks if not task.paused for problem in problems[task.type]]
     if fatal and require_task:
         # Caught here, not per task: a missing command or cwd would fail every task it polls.
@@ -220,6 +220,27 @@ def _server_files(server: ServerSettings) -> ServerSettings:
     source = server.sources["auth_secret_file"]
     secret = trust.read_secret_file(server.auth_secret_file, source)
     return replace(server, auth_secret=secret, sources={**server.sources, "auth_secret": source})
+
+
+def run_as_problems(task: TaskSettings) -> list[str]:
+    """Why ``task``'s children cannot run as its ``user`` / ``group`` here (#24); [] when they can."""
+    from leasecore.runas import resolve_run_as, switch_problem
+
+    where = f"task {task.type!r}"
+    if task.user is None:
+        if task.group is None:
+            return []
+        return [f"{where}: group is set (from {task.sources.get('group', DEFAULT)}) without user: "
+                "set user too (--user NAME), or drop group"]
+    try:
+        run_as = resolve_run_as(task.user, task.group)
+    except ValueError as exc:  # "no such user 'x'" / "no such group 'x'"
+        key = "group" if "group" in str(exc) else "user"
+        allowed = "a user name or uid" if key == "user" else "a group name or gid"
+        return [f"{where}: {exc} ({key} from {task.sources.get(key, DEFAULT)}): expected {allowed} "
+                "known to this host"]
+    problem = switch_problem(run_as)
+    return [] if problem is None else [f"{where}: {problem} (user from {task.sources.get('user', DEFAULT)})"]
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.leftovers import TreeRecord
 from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runas import RunAs, resolve_run_as
 from leasecore.runner import Runner
 from leasecore.runstatus import StatusTee
 from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
@@ -92,6 +94,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
+        run_as=run_as_for(task),
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -118,6 +121,29 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         make_policy=make_policy,
         kill_grace_seconds=task.kill_grace,
     )
+
+
+def run_as_for(task: TaskSettings) -> RunAs | None:
+    """The user ``task``'s children run as: None without ``user``, or when this runner already is
+    that user (not root: load_config refused any other user). ConfigError if it cannot be found."""
+    if task.user is None or os.geteuid() != 0:
+        return None
+    try:
+        return resolve_run_as(task.user, task.group)
+    except ValueError as exc:
+        source = str(task.sources.get("user"))
+        raise ConfigError(f"task {task.type!r}: {exc} (from {source})", key="user", source=source) from None
+
+
+def warn_if_root(config: ResolvedConfig) -> None:
+    """One warning at start when the runner is root and some task's children would run as root too."""
+    if os.geteuid() != 0:
+        return
+    as_root = [task.type for task in config.tasks if task.user is None]
+    if as_root:
+        log.warning("running as root with no user set: the children of %s run as root too, and root can "
+                    "read this runner's memory (its credentials); set --user NAME or [worker] user",
+                    ", ".join(as_root))
 
 
 def options_for(config: ResolvedConfig) -> RunOptions:
@@ -214,6 +240,7 @@ def _serve(
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
+            warn_if_root(config)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
             redelivery = Redelivery(outbox, client)

@@ -16,6 +16,7 @@ from typing import Any
 from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
+from leasecore.runas import RunAs
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -40,7 +41,8 @@ class CommandSpec:
     Exactly one of ``argv`` (run directly) or ``shell`` (run as ``/bin/sh -c SHELL``) is set.
     ``env`` adds to (or overrides) the runner's environment; ``secret_env_names`` are extra names or
     glob patterns removed from both, on top of ``CREDENTIAL_PATTERNS`` (a secret name set in ``env``
-    does not reach the child either). ``kill_grace_seconds`` is the
+    does not reach the child either). ``run_as``: the user the child runs as (HOME, USER and LOGNAME
+    then name it; its task files are its own). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
     (FenceReason.EXEC_TIMEOUT); here it only words the reason.
     """
@@ -55,6 +57,7 @@ class CommandSpec:
     exec_timeout_seconds: float = 0.0
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
+    run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -125,7 +128,7 @@ def inherited_env(base: Mapping[str, str], spec: CommandSpec) -> dict[str, str]:
     """What every task of ``spec`` inherits: ``base`` + ``spec.env``, minus secrets, stale
     ``CONDUCTOR_INPUT_*`` values and what exec cannot carry. The same for every task of ``spec``: a
     caller may keep it and hand it to ``build_child_env`` (``Supervisor`` does, per spec)."""
-    merged = {**base, **spec.env}
+    merged = {**base, **(spec.run_as.env() if spec.run_as is not None else {}), **spec.env}
     return {
         name: value
         for name, value in merged.items()

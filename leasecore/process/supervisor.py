@@ -761,7 +761,8 @@ class Supervisor:
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         token = secrets.token_hex(16)
         try:
-            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token)
+            owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
+            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token, owner=owner)
         except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
             raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
         env = build_child_env(
@@ -797,6 +798,8 @@ class Supervisor:
         request = {"op": "spawn", "id": request_id, "key": key, "path": path, "argv": argv, "env": env,
                    "cwd": cwd, "token": token, "grace": spec.kill_grace_seconds,
                    "dir": files.directory}  # fmt: skip
+        if spec.run_as is not None:  # the fork server starts it as that user (spawn_as.py)
+            request["run_as"] = spec.run_as.wire()
         try:
             try:
                 stdin = files.open_stdin()
