@@ -93,12 +93,16 @@ class Runner:
         logs: LogStreamer | None = None,
         clock: Clock | None = None,
         contact: ServerContact | None = None,
+        on_force: Callable[[], None] | None = None,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
         update), so no caller can forget the guard. ``contact`` records the outcome of every call to
         the server for the status snapshots; pass the one that records the engine's calls too
-        (``leasecore.contact.RecordedLeaseCalls``)."""
+        (``leasecore.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
+        forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
+        in flight there (``ConductorClient.abort``)."""
+        self._on_force = on_force
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self.options = options or RunOptions()
@@ -491,6 +495,8 @@ class Runner:
         self._begin_stop(signame, reason="forced stop")
         self._forced = True
         log.warning("second signal: killing every task now")
+        if self._on_force is not None:
+            self._on_force()  # calls in flight end now, not at their timeout
         self._reporter.hurry()
         self._engine.shutdown(None, force=True)
         self._kill_all()

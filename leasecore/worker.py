@@ -363,4 +363,5 @@ def _make_runner(
         status=status,
         reporter=make_reporter,
         contact=contact,
+        on_force=client.abort,
     )
