@@ -300,7 +300,7 @@ KEYS: dict[str, KeySpec] = {
             "max_tasks",
             "runner",
             int_range(1),
-            "exit after this many tasks",
+            "exit after this many tasks (exit 5 when any of them failed)",
             flag="--max-tasks",
             in_file=False,
         ),
