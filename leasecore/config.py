@@ -206,6 +206,7 @@ def load_config(
         # Caught here, not per task: a missing command or cwd would fail every task it polls.
         raise ConfigError(fatal[0], key="command")
     warnings = [problem for found in problems.values() for problem in found]  # a paused task's too
+    warnings += [warning for task in config.tasks for warning in run_as_warnings(task)]
     return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
 
 
@@ -241,6 +242,21 @@ def run_as_problems(task: TaskSettings) -> list[str]:
                 "known to this host"]
     problem = switch_problem(run_as)
     return [] if problem is None else [f"{where}: {problem} (user from {task.sources.get('user', DEFAULT)})"]
+
+
+def run_as_warnings(task: TaskSettings) -> list[str]:
+    """A ``user`` that its task's cwd or program keeps out, by the permission bits (a warning: ACLs
+    may allow what the bits do not); [] when none, or when ``run_as_problems`` has found worse."""
+    from leasecore.runas import access_problem, resolve_run_as
+
+    if task.user is None or os.geteuid() != 0:
+        return []
+    try:
+        run_as = resolve_run_as(task.user, task.group)
+    except ValueError:
+        return []
+    problem = access_problem(run_as, task.cwd, task.command[0] if task.command else None)
+    return [] if problem is None else [f"task {task.type!r}: {problem}: its tasks will fail to start"]
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:

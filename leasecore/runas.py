@@ -11,6 +11,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,46 @@ def switch_problem(run_as: RunAs) -> str | None:
         return None  # already that user: nothing to switch
     return (f"cannot run tasks as user {run_as.user!r}: only a runner started as root can switch users "
             f"(this one runs as uid {os.geteuid()}); drop user/--user, or start conductor-run as root")
+
+
+def access_problem(run_as: RunAs, cwd: str, program: str | None) -> str | None:
+    """Why ``run_as`` surely cannot enter ``cwd`` or run ``program`` (a path; a bare name is looked
+    up on PATH at each start and not checked here), from the permission bits (ACLs are not read, so
+    this only warns); None when nothing is in the way."""
+    if run_as.uid == 0:
+        return None
+    blocked = _first_blocked(run_as, cwd)
+    if blocked is not None:
+        return f"user {run_as.user!r} may not enter its working directory {cwd} ({blocked})"
+    if program is not None and "/" in program:
+        path = os.path.normpath(os.path.join(cwd, program))
+        blocked = _first_blocked(run_as, path)
+        if blocked is not None:
+            return f"user {run_as.user!r} may not run {path} ({blocked})"
+    return None
+
+
+def _first_blocked(run_as: RunAs, path: str) -> str | None:
+    """The first component of ``path`` the user lacks x on (search for a directory, exec for the file)."""
+    parts = os.path.abspath(path).split(os.sep)
+    for depth in range(1, len(parts) + 1):
+        current = os.sep + os.path.join(*parts[1:depth]) if depth > 1 else os.sep
+        try:
+            st = os.stat(current)
+        except OSError:
+            return None  # missing: the runner's own checks say so
+        if not _may_execute(run_as, st):
+            owner = f"owner uid {st.st_uid}, group gid {st.st_gid}"
+            return f"{current} is mode {stat.S_IMODE(st.st_mode):04o}, {owner}"
+    return None
+
+
+def _may_execute(run_as: RunAs, st: os.stat_result) -> bool:
+    if st.st_uid == run_as.uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == run_as.gid or st.st_gid in run_as.groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def _user_entry(user: str) -> pwd.struct_passwd | None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +63,38 @@ def test_config_problems_name_the_key_and_its_source(monkeypatch: pytest.MonkeyP
     assert run_as_problems(TaskSettings(type="t")) == []
     (alone,) = run_as_problems(TaskSettings(type="t", group="nogroup"))
     assert "group is set" in alone and "without user" in alone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_cwd_or_program_the_user_cannot_reach_is_warned() -> None:
+    base = Path(tempfile.mkdtemp(prefix="runas-", dir="/tmp"))  # pytest's own tmp is root's 0700
+    base.chmod(0o755)
+    try:
+        _check_access_warnings(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _check_access_warnings(tmp_path: Path) -> None:
+    from leasecore.config import load_config
+    from leasecore.runas import access_problem
+
+    nobody = resolve_run_as("nobody")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert access_problem(nobody, "/", "/bin/true") is None
+    problem = access_problem(nobody, str(private), None)
+    assert problem is not None and f"{private} is mode 0700" in problem
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    script = open_dir / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o744)  # the owner (root) may run it, nobody may not
+    problem = access_problem(nobody, str(open_dir), "./job.sh")
+    assert problem is not None and f"may not run {script}" in problem
+    os.chown(script, nobody.uid, nobody.gid)
+    assert access_problem(nobody, str(open_dir), "./job.sh") is None
+    config = load_config({"task_type": "t", "command": ["/bin/true"], "user": "nobody"}, {}, str(private),
+                         hostname="h")
+    assert any("may not enter its working directory" in w and "will fail to start" in w
+               for w in config.warnings)
