@@ -81,6 +81,8 @@ def fleet(
             resolved.server.url,
             auth_key=resolved.server.auth_key,
             auth_secret=resolved.server.auth_secret,
+            auth_token=resolved.server.auth_token,
+            ca_bundle=resolved.server.ca_bundle,
             timeout_seconds=REQUEST_TIMEOUT_SECONDS,
         )
     except ConfigError as exc:

@@ -25,6 +25,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.conductor_http import (
     JSON,
     TEXT_OR_JSON,
+    Connections,
     Reply,
     error_for_status,
     new_session,
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
 POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
+ABORTED_CALL_SECONDS = 1.0  # the bound on a call made after abort() (a forced stop)
 _TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
 
 
@@ -73,8 +75,12 @@ class ConductorClient:
         user_agent: str | None = None,
         token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
         pool_maxsize: int = POOL_MAXSIZE,
+        ca_bundle: str | None = None,
     ) -> None:
+        """``ca_bundle``: PEM file (or directory) of the CAs to trust for https:// (None: certifi's,
+        or what REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name, as requests does)."""
         self.base_url = _check_base_url(base_url)
+        self._verify: str | bool = ca_bundle or True
         self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout_seconds!r}")
@@ -82,7 +88,9 @@ class ConductorClient:
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
         self._owns_session = session is None
-        self._session = session or new_session(pool_maxsize)
+        self._connections = Connections()
+        self._session = session or new_session(pool_maxsize, self._connections)
+        self._aborted = False  # abort() was called: calls are cut short (a forced stop)
         # The lean http.client path for plain HTTP without a proxy; an injected session (tests of the
         # requests plumbing, a caller's own adapters), https and proxies keep requests.
         parts = urlsplit(self.base_url)
@@ -127,6 +135,17 @@ class ConductorClient:
     def connections_opened(self) -> int | None:
         """Connections the lean transport opened so far (None: calls go through requests)."""
         return None if self._lean is None else self._lean.opened
+
+    def abort(self) -> None:
+        """A forced stop (the second signal, #24): cut every call in flight now instead of letting it
+        wait for its timeout (a silent server held the last result's report for 10 s); calls made
+        from now on get at most ``ABORTED_CALL_SECONDS``, so a healthy server still takes the last
+        reports while a silent one costs a second each. Thread-safe; idempotent."""
+        self._aborted = True
+        if self._lean is not None:
+            self._lean.abort()
+        if self._owns_session:
+            self._connections.cut()
 
     def close(self) -> None:
         """Release pooled connections (only of a session this client created)."""
@@ -299,6 +318,9 @@ class ConductorClient:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
+        generation = self._lean.generation if self._lean is not None else 0  # before the abort check
+        if self._aborted:
+            budget = min(budget, ABORTED_CALL_SECONDS)
         deadline = self._clock.monotonic() + budget
         url = (self.root_url if root else self.base_url) + path
         headers = {"User-Agent": self._user_agent, "Accept": accept}
@@ -311,10 +333,12 @@ class ConductorClient:
             data = text_body.encode("utf-8")
         token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
         send = (method, path, url, params, data)
-        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
+        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
+                           generation=generation)
         if token is not None and self._auth is not None and _is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
-            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
+            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
+                               generation=generation)
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
@@ -334,9 +358,10 @@ class ConductorClient:
         deadline: float,
         *,
         idempotent: bool = False,
+        generation: int | None = None,
     ) -> Reply:
         if self._lean is not None:
-            return self._send_lean(method, path, url, params, data, headers, deadline, idempotent)
+            return self._send_lean(method, path, url, params, data, headers, deadline, idempotent, generation)
         remaining = self._remaining(deadline, method, path)
         # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
         # below against the same deadline, so no attempt outlives it by more than one socket read.
@@ -351,6 +376,7 @@ class ConductorClient:
                 timeout=timeout,
                 stream=True,
                 allow_redirects=False,
+                verify=self._verify,  # a path is never overridden by the environment (requests' rule)
             )
             try:
                 body = self._read_body(response, method, path, deadline)
@@ -368,6 +394,7 @@ class ConductorClient:
         headers: Mapping[str, str],
         deadline: float,
         idempotent: bool,
+        generation: int | None = None,
     ) -> Reply:
         assert self._lean is not None
         target = url[len(self._origin) :] or "/"
@@ -384,6 +411,7 @@ class ConductorClient:
                     deadline,
                     idempotent=idempotent,
                     max_body_bytes=MAX_BODY_BYTES,
+                    generation=generation,
                 )
             except AnswerTooLarge:
                 raise ConductorProtocolError(
