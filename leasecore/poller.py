@@ -21,6 +21,7 @@ from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.polling import BackoffPolicy, FailureKind, PollBackoff, Reachability
 
@@ -105,8 +106,11 @@ class Poller:
         backoff: PollBackoff | None = None,
         clock: Clock | None = None,
         on_surplus: Callable[[Task, float], None] | None = None,
+        observer: Observer = NO_METRICS,
     ) -> None:
-        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``)."""
+        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``);
+        ``observer.on_poll`` after every poll request (metrics)."""
+        self._observer = observer
         self.settings = settings
         self._port = port
         self._on_task = on_task
@@ -233,11 +237,13 @@ class Poller:
                 worker_id=self.settings.worker_id, domain=self.settings.domain,
             )
         except ConductorError as exc:
+            self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, exc)
             self._unreserve(count)
             self._note(self.reachability.on_failure(str(exc), failure_kind(exc)))
             self.backoff_seconds = self._backoff.on_error()
             self._stop.wait(self.backoff_seconds)
             return
+        self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, None)
         run, surplus = self._split(tasks, count)
         with self._cond:
             self._unstarted += len(run) + len(surplus)
