@@ -4,6 +4,8 @@ engine, poller and reporter with scripted ports; counts checked exactly against 
 from __future__ import annotations
 
 import errno
+import json
+import re
 import socket
 import threading
 import urllib.error
@@ -21,7 +23,7 @@ from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.poller import Poller, PollSettings, WorkBudget
 from leasecore.reporter import Reporter, ReportOutcome
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import ROOT, wait_until
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -216,3 +218,35 @@ def test_the_reporter_counts_each_attempt_and_its_error() -> None:
     assert value(observer, "task_update_time_seconds_count", taskType="demo", status="FAILURE") == 2
     assert value(observer, "task_update_error_total", taskType="demo", exception="ConductorUnavailable") == 1
     assert value(observer, "task_update_error_total", taskType="demo", exception="ConductorRejected") == 1
+
+
+def test_the_dashboard_asks_only_for_metrics_the_runner_exports() -> None:
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "conductor-run.json").read_text())
+    observer = PrometheusObserver(["demo"])
+    observer.watch(_NoGauges())
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    exported = {family.name + suffix for family in observer.registry.collect()
+                for suffix in suffixes.get(family.type, ("",))}
+    titles = [panel["title"] for panel in dashboard["panels"]]
+    for wanted in ("Throughput", "Failures by status", "Heartbeat lateness p99", "Fences by reason",
+                   "Running vs slots"):
+        assert any(title.startswith(wanted) for title in titles), wanted
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            asked = set(re.findall(r"\b((?:task|conductor_run|active|http)_[a-z_]+)", target["expr"]))
+            assert asked, target["expr"]
+            assert asked <= exported, (panel["title"], asked - exported)
+
+
+class _NoGauges:
+    def running(self) -> dict[str, int]:
+        return {"demo": 0}
+
+    def free_slots(self) -> dict[str, int]:
+        return {"demo": 1}
+
+    def outbox_results(self) -> int:
+        return 0
+
+    def lease_remaining_seconds(self) -> float | None:
+        return 1.0

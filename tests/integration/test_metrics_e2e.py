@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import exitcodes
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import ROOT, World, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -230,6 +230,15 @@ def test_a_real_prometheus_scrapes_the_runner_and_promtool_accepts_the_output(
     assert series["metric"]["instance"] == f"127.0.0.1:{port}"
     (up,) = query("up")
     assert up["value"][1] == "1"
+
+    # Every query of the Grafana dashboard is valid PromQL to this Prometheus, and the throughput
+    # panel's sees the task.
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "conductor-run.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    for expr in exprs:
+        query(expr.replace("$__rate_interval", "1m").replace("$taskType", ".*"))  # asserts "success"
+    started = 'sum(increase(task_execution_started_total[1m]))'
+    assert wait_until(lambda: query(started), what="the increase to be seen")
 
     status, text = get(port, "/metrics")
     assert status == 200
