@@ -33,6 +33,7 @@ _EXAMPLES: dict[str, Any] = {
     "secrets": ["DATABASE_PASSWORD"],
     "terminal_exit_codes": [2],
     "cwd": ".",
+    "metrics_port": 9464,  # #20
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -43,6 +44,7 @@ _UNSET_MEANS = {
     "cwd": "the directory conductor-run is started in",
     "auth_key": "no auth",
     "auth_secret": "no auth",
+    "metrics_port": "no metrics endpoint",  # #20
 }
 
 _HEADER = """\
