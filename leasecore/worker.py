@@ -188,11 +188,12 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
-    metrics = _start_metrics(config)  # a port that cannot be listened on is exit 3 too, server or not
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
-    if metrics is not None:
-        client.request_hook = metrics.observer.on_request
+    metrics: MetricsService | None = None
     try:
+        metrics = _start_metrics(config)  # a port that cannot be listened on is exit 3 too, server or not
+        if metrics is not None:
+            client.request_hook = metrics.observer.on_request
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
                 check_server(client)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import socketserver
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +40,12 @@ class _Server(ThreadingHTTPServer):
         self.app = app
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks the address up (getfqdn: a reverse DNS query, slow or hanging where
+        # there is no DNS); the name is never used here.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):  # bounded: a flood of connections is cut, not queued
