@@ -149,7 +149,7 @@ class MetricsService:
             forkserver_up=self._supervisor.forkserver_up if self._supervisor is not None else True,
             contact_age_seconds=None if last_ok is None else now - last_ok,
             poll_window_seconds=self._window,
-            talking=not self._paused or sum(self.observer.running_by_type.values()) > 0,
+            talking=not self._paused or sum(self.running().values()) > 0,
         )
 
     def liveness(self) -> tuple[bool, str]:
