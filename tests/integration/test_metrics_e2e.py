@@ -144,6 +144,34 @@ def test_readyz_is_503_while_draining_and_healthz_stays_200(world: World) -> Non
         get(port, "/healthz")
 
 
+def test_readyz_is_503_while_the_server_does_not_answer_and_200_once_it_does(world: World) -> None:
+    """The poll window here: max(0.5 s poll + 1 s pause, the 5 s ownership-check interval) + the 10 s
+    HTTP timeout = 15 s. Liveness stays 200: a restart would not bring the server back."""
+    world.define(response_timeout=10)
+    tt = world.task_type
+    with world.proxy() as proxy:
+        proc = world.run("--metrics-port", "0", url=proxy.url_for("/api"))
+        port = metrics_port(world, proc)
+        wait_until(lambda: get(port, "/readyz") == (200, "ok: ready\n"), what="ready")
+        proxy.set_mode("reset")  # every connection cut, new ones too
+        _, body = wait_until(lambda: (reply := get(port, "/readyz"))[0] == 503 and reply,
+                             timeout_seconds=60, what="not ready", interval_seconds=0.25)
+        assert body.startswith("unavailable: no answer from the Conductor server for "), body
+        assert body.endswith(" s (poll window 15 s)\n"), body
+        assert get(port, "/healthz") == (200, "ok: serving\n")
+        samples = scrape(port)
+        assert value(samples, "task_poll_error_total", taskType=tt, exception="ConductorUnavailable") >= 1
+        assert value(samples, "task_poll_time_seconds_count", taskType=tt, status="FAILURE") >= 1
+        assert value(samples, "http_api_client_request_seconds_count", uri="/tasks/poll/batch/{taskType}",
+                     status="error") >= 1
+        proxy.set_mode("pass")
+        wait_until(lambda: get(port, "/readyz") == (200, "ok: ready\n"), timeout_seconds=60,
+                   what="ready again", interval_seconds=0.25)
+        proc.send_signal(signal.SIGTERM)
+        code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+
+
 # ------------------------------------------------------------------------------- a real Prometheus
 
 
