@@ -91,10 +91,13 @@ def test_metrics_count_known_work_exactly(world: World) -> None:
     assert value(samples, "task_update_time_seconds_count", taskType=tt, status="SUCCESS") == 3
     assert value(samples, "task_update_error_total", taskType=tt) == 0
     assert value(samples, "task_result_size_bytes_count", taskType=tt) == 3
+    # Polls go on while the scrape is read: one may be between its request's hook and the poller's.
     polls = value(samples, "task_poll_total", taskType=tt)
-    assert polls >= 1 and value(samples, "task_poll_time_seconds_count", taskType=tt) == polls
-    assert value(samples, "http_api_client_request_seconds_count", method="GET",
-                 uri="/tasks/poll/batch/{taskType}") == polls
+    assert polls >= 1
+    assert 0 <= polls - value(samples, "task_poll_time_seconds_count", taskType=tt) <= 1
+    requests = value(samples, "http_api_client_request_seconds_count", method="GET",
+                     uri="/tasks/poll/batch/{taskType}")
+    assert 0 <= requests - polls <= 1
     # Heartbeats: each task at least one, all acknowledged; one lateness sample per beat sent; every
     # POST /tasks is a beat or one of the three results.
     beats = value(samples, "conductor_run_heartbeats_total", taskType=tt, result="ok")
