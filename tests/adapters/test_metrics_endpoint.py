@@ -250,3 +250,92 @@ class _NoGauges:
 
     def lease_remaining_seconds(self) -> float | None:
         return 1.0
+
+
+# ------------------------------------------------------------------------------- the service's facts
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.loop_at: float | None = None
+        self.stopping = False
+        self.failed: list[str] = []
+
+    def failed_pollers(self) -> list[str]:
+        return list(self.failed)
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.up = True
+        self.deadlines: list[float | None] = []
+
+    def alive(self) -> bool:
+        return self.up
+
+    def views(self) -> dict[str, object]:
+        from types import SimpleNamespace
+
+        return {str(i): SimpleNamespace(lease_deadline=d) for i, d in enumerate(self.deadlines)}
+
+
+class FakeSupervisor:
+    forkserver_up = True
+
+
+class FakeContact:
+    last_ok_at: float | None = None
+
+
+class FakeOutbox:
+    def saved_count(self) -> int:
+        return 2
+
+
+def test_the_service_reads_the_probes_and_gauges_from_the_live_objects() -> None:
+    from leasecore.clock import FakeClock
+    from leasecore.config import parse_toml, resolve
+    from leasecore.metrics.service import MetricsService
+
+    text = '[worker]\nmetrics_port = 0\n[[task]]\ntype = "demo"\ncommand = ["true"]\nconcurrency = 3\n'
+    config = resolve(parse_toml(text, "conductor.toml"), {}, {}, cwd="/work", hostname="h")
+    clock = FakeClock()
+    service = MetricsService(config, clock=clock)
+    assert service.liveness() == (True, "starting")
+    assert service.readiness() == (False, "starting: not polling yet")
+    runner, engine, supervisor, contact = FakeRunner(), FakeEngine(), FakeSupervisor(), FakeContact()
+    service.attach(runner=runner, engine=engine, supervisor=supervisor, contact=contact, outbox=FakeOutbox())
+    runner.loop_at = clock.monotonic()
+    assert service.readiness() == (False, "no answer from the Conductor server yet")
+    contact.last_ok_at = clock.monotonic()
+    assert service.readiness() == (True, "ready") and service.liveness() == (True, "serving")
+    clock.advance(16.0)  # past the 15 s window (1 s poll + 1 s pause, 5 s checks, + 10 s); loop turned
+    runner.loop_at = clock.monotonic()
+    assert service.readiness() == (False, "no answer from the Conductor server for 16 s (poll window 15 s)")
+    contact.last_ok_at = clock.monotonic()
+    supervisor.forkserver_up = False
+    assert service.readiness()[1] == "the fork server is down (a new one starts with the next task)"
+    supervisor.forkserver_up = True
+    engine.up = False
+    assert service.liveness() == (False, "dead: the lease engine's timer thread")
+    engine.up = True
+    runner.failed = ["demo"]
+    assert service.liveness() == (False, "dead: the poller of demo")
+    runner.failed = []
+    clock.advance(31.0)
+    contact.last_ok_at = clock.monotonic()
+    assert service.liveness() == (False, "the runner's main loop has not turned for 31 s")
+    runner.loop_at = clock.monotonic()
+    runner.stopping = True
+    assert service.liveness() == (True, "stopping")
+    assert service.readiness() == (False, "stopping: no new work is taken")
+    # Gauges: running from the observer, free slots = concurrency - running, the nearest lease.
+    service.observer.on_task_started("demo")
+    engine.deadlines = [clock.monotonic() + 7.5, None, clock.monotonic() + 2.5]
+    assert value(service.observer, "conductor_run_tasks_running", taskType="demo") == 1
+    assert value(service.observer, "active_workers", taskType="demo") == 1
+    assert value(service.observer, "conductor_run_slots_free", taskType="demo") == 2
+    assert value(service.observer, "conductor_run_outbox_results") == 2
+    assert value(service.observer, "conductor_run_lease_remaining_seconds") == 2.5
+    service.stopped()
+    assert service.liveness() == (False, "the runner has stopped")
