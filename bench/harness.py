@@ -28,7 +28,10 @@ WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1")
 SDK_KINDS = ("sdk", "sdk-v1")
 # Kinds only the throughput section runs: the floor sends no heartbeats and is no product; sdk-v1 only
 # explains the SDK's throughput figure.
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1")
+# conductor-run with its metrics endpoint on (--metrics-port 0): the A/B of #20's "counting must not
+# slow the hot paths" (python -m bench --only throughput --workers conductor-run,conductor-run-metrics).
+METRICS_KIND = "conductor-run-metrics"
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND)
 
 
 def wait_until(
@@ -207,7 +210,7 @@ class WorkerConfig:
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind == "conductor-run":
+    if cfg.kind in ("conductor-run", METRICS_KIND):
         argv = [
             *py,
             "-m",
@@ -231,6 +234,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             argv += ["--heartbeat-timeout", str(cfg.heartbeat_timeout_seconds)]
         if cfg.poll_timeout_ms is not None:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
+        if cfg.kind == METRICS_KIND:
+            argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
         return [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [

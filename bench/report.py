@@ -170,6 +170,13 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
             f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
         ]
+    if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
+        rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
+        out += [
+            "",
+            f"Metrics on / off (time; target <= 1.03): {_f(r['metrics_on_over_off'], 3)} "
+            f"(per round: {rounds_text}).",
+        ]
     return out
 
 

@@ -38,6 +38,7 @@ _EXAMPLES: dict[str, Any] = {
     "ca_bundle": "/etc/ssl/private-ca.pem",
     "user": "nobody",
     "group": "nogroup",
+    "metrics_port": 9464,  # #20
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -53,6 +54,7 @@ _UNSET_MEANS = {
     "ca_bundle": "certifi's CA bundle",
     "user": "the runner's own",
     "group": "the user's primary group",
+    "metrics_port": "no metrics endpoint",  # #20
 }
 
 _HEADER = """\

@@ -90,6 +90,13 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("log_format", str | None, typer.Option(
         None, "--log-format", metavar="text|json", help=key_help("log_format")
     )),
+    # #20 metrics endpoint
+    ("metrics_port", int | None, typer.Option(
+        None, "--metrics-port", metavar="PORT", help=key_help("metrics_port", default="off")
+    )),
+    ("metrics_host", str | None, typer.Option(
+        None, "--metrics-host", metavar="ADDR", help=key_help("metrics_host")
+    )),
 )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import urlencode, urlsplit
 
@@ -36,6 +36,7 @@ from leasecore.conductor_http import (
 from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
 from leasecore.errors import (
     ConductorAuthError,
+    ConductorError,
     ConductorNotFound,
     ConductorProtocolError,
     ConductorRejected,
@@ -87,6 +88,8 @@ class ConductorClient:
         self._timeout_seconds = timeout_seconds
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
+        # Metrics (#20): (method, uri template, status code or "error", seconds) after each request.
+        self.request_hook: Callable[[str, str, str, float], None] | None = None
         self._owns_session = session is None
         self._connections = Connections()
         self._session = session or new_session(pool_maxsize, self._connections)
@@ -184,6 +187,7 @@ class ConductorClient:
             params=params,
             timeout_seconds=budget,
             idempotent=False,  # a lost answer loses the tasks it claimed: never send a poll twice
+            uri="/tasks/poll/batch/{taskType}",
         )
         if reply.status_code == 204 or not reply.body.strip():
             return []
@@ -231,7 +235,8 @@ class ConductorClient:
 
     def get_task(self, task_id: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
         """The task as the server has it; :class:`ConductorNotFound` when it is gone."""
-        reply = self.request("GET", f"/tasks/{path_segment(task_id)}", timeout_seconds=timeout_seconds)
+        reply = self.request("GET", f"/tasks/{path_segment(task_id)}", timeout_seconds=timeout_seconds,
+                             uri="/tasks/{taskId}")
         data = reply.json()
         if not isinstance(data, dict):
             protocol_error(reply, "expected a JSON object")
@@ -268,7 +273,8 @@ class ConductorClient:
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         """Append one execution-log line (raw ``text/plain`` body, §6)."""
         self.request(
-            "POST", f"/tasks/{path_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds
+            "POST", f"/tasks/{path_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds,
+            uri="/tasks/{taskId}/log",
         )
 
     def health(self, *, timeout_seconds: float | None = None) -> bool:
@@ -307,14 +313,46 @@ class ConductorClient:
         timeout_seconds: float | None = None,
         root: bool = False,
         idempotent: bool | None = None,
+        uri: str | None = None,
     ) -> Reply:
         """One call to ``{base_url}{path}`` (``root=True``: the server root), errors translated.
+
+        ``uri``: the path's template for ``request_hook`` (default: the path itself).
 
         A 2xx comes back as a :class:`Reply`; anything else raises. With auth, a rejected token is
         refreshed and the request sent once more, within the same deadline. ``idempotent`` (default:
         GET, HEAD, PUT, DELETE) allows one resend on a fresh connection when a kept-alive one turns
         out dead under the request.
         """
+        hook = self.request_hook
+        if hook is None:
+            return self._request(method, path, params, json_body, text_body, accept, timeout_seconds, root,
+                                 idempotent)
+        started = self._clock.monotonic()
+        status = "error"
+        try:
+            reply = self._request(method, path, params, json_body, text_body, accept, timeout_seconds, root,
+                                  idempotent)
+            status = str(reply.status_code)
+            return reply
+        except ConductorError as exc:
+            status = str(exc.status_code) if exc.status_code else "error"
+            raise
+        finally:
+            hook(method, uri or path, status, self._clock.monotonic() - started)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        json_body: Any,
+        text_body: str | None,
+        accept: str,
+        timeout_seconds: float | None,
+        root: bool,
+        idempotent: bool | None,
+    ) -> Reply:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds

@@ -87,6 +87,8 @@ class RunnerSettings:
     once: bool = False
     once_wait: float = 30.0  # --once: seconds to wait for a task (a cron slot's worth of patience)
     max_tasks: int | None = None  # None: no limit
+    metrics_port: int | None = None  # #20: None = no metrics endpoint; 0 = any free port
+    metrics_host: str = "127.0.0.1"  # #20
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -8,6 +8,7 @@ Defaults are not here: they live on the settings dataclasses in ``config.py``.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -172,6 +173,23 @@ def argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+# ---- #20 metrics endpoint: checkers ----------------------------------------------------------------
+
+
+def ip_literal(value: Any) -> str:
+    """An IPv4 or IPv6 address to listen on (no host names: what a name resolves to may change)."""
+    allowed = "an IP address to listen on, such as 127.0.0.1, 0.0.0.0 or ::1"
+    if not isinstance(value, str):
+        raise ValueError(allowed)
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError(allowed) from None
+
+
+# ---- end #20 ------------------------------------------------------------------------------------------
+
+
 def _is_env_name(name: Any) -> bool:
     return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
 
@@ -315,6 +333,25 @@ KEYS: dict[str, KeySpec] = {
             flag="--max-tasks",
             in_file=False,
         ),
+        # ---- #20 metrics endpoint (runner-wide, [worker]) ----
+        _key(
+            "metrics_port",
+            "runner",
+            int_range(0, 65535, "a TCP port"),
+            "serve /metrics, /healthz and /readyz on this port (0: any free port, logged)",
+            env=("CONDUCTOR_RUN_METRICS_PORT",),
+            flag="--metrics-port",
+            **_I,
+        ),
+        _key(
+            "metrics_host",
+            "runner",
+            ip_literal,
+            "the address the metrics endpoint listens on",
+            env=("CONDUCTOR_RUN_METRICS_HOST",),
+            flag="--metrics-host",
+        ),
+        # ---- end #20 ----
         # per task ([[task]], defaults in [worker])
         _key(
             "type",

@@ -31,6 +31,7 @@ from leasecore.errors import ProcessError
 from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.outbox import still_saved
 from leasecore.poller import Poller, WorkBudget
@@ -94,6 +95,7 @@ class Runner:
         clock: Clock | None = None,
         contact: ServerContact | None = None,
         on_force: Callable[[], None] | None = None,
+        metrics: Observer = NO_METRICS,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
@@ -101,10 +103,13 @@ class Runner:
         the server for the status snapshots; pass the one that records the engine's calls too
         (``leasecore.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
         forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
-        in flight there (``ConductorClient.abort``)."""
+        in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
+        (the runner's own, and its pollers' and default reporter's)."""
         self._on_force = on_force
         if not plans:
             raise ValueError("a runner needs at least one task type")
+        self._metrics = metrics
+        self.loop_at: float | None = None  # monotonic time the main loop last turned (liveness probe)
         self.options = options or RunOptions()
         self._clock = clock or SystemClock()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -116,7 +121,8 @@ class Runner:
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates = FinalUpdates(conductor, self._engine)
-        make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock))
+        make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock,
+                                                                 observer=metrics))
         self._reporter = make_reporter(updates, lambda outcome: self._events.put(ReportDone(outcome)))
         self._logs = logs or LogStreamer(conductor, clock=self._clock)
         self._stop_polling = threading.Event()
@@ -127,7 +133,7 @@ class Runner:
                       on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
                                                                        self._pollers[tt].refused)),
                       clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t),
-                      end_on_refusal_at_start=True)
+                      end_on_refusal_at_start=True, observer=metrics)
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
@@ -153,6 +159,15 @@ class Runner:
         self._publish_pending = False
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def stopping(self) -> bool:
+        """A stop has begun (read by the readiness probe's thread)."""
+        return self._stopping_since is not None
+
+    def failed_pollers(self) -> list[str]:
+        """Task types whose poller ended on an unexpected error (the liveness probe's)."""
+        return [t for t, p in self._pollers.items() if p.failed]
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop as a signal would, without the signal (thread-safe; for tests and embedding)."""
@@ -213,6 +228,7 @@ class Runner:
                 event: Event = self._events.get(timeout=wait)
             except queue.Empty:
                 event = Tick()
+            self.loop_at = self._clock.monotonic()
             self._handle(event)
             self._check_deadlines()
             self._maybe_publish()
@@ -317,12 +333,14 @@ class Runner:
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
                      task.workflow_id, child.pid)
 
+        self._metrics.on_task_started(task.task_type)
         try:  # returns without waiting for the exec: the next event is handled meanwhile
             entry.child = self._supervisor.start(
                 task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
+            self._metrics.on_task_exited(task.task_type, exc, None, None)
             self._engine.child_exited(task.task_id)
             self._logs.close(task.task_id)
             self._report_not_started(entry, exc)
@@ -342,7 +360,7 @@ class Runner:
         self._handing_back.add(task.task_id)
         result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                             callback_after_seconds=0, worker_id=plan.worker_id)
-        self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count)
+        self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count, task_type=task.task_type)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
         send = entry.log_lines = self._logs.open_lines(entry.task.task_id)
@@ -378,6 +396,8 @@ class Runner:
             return
         self._engine.child_exited(task_id)
         entry.fence = self._engine.fence_reason(task_id)
+        self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
+                                     getattr(entry.plan.spec, "in_progress_exit_code", None))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
             self._logs.close(task_id)
@@ -434,7 +454,9 @@ class Runner:
             seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
         else:
             seconds = opts.report_retry_seconds
-        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count)
+        self._metrics.on_result(entry.task.task_type, result)
+        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
+                              task_type=entry.task.task_type)
 
     def _on_reported(self, outcome: ReportOutcome) -> None:
         if outcome.task_id in self._handing_back:
@@ -456,6 +478,7 @@ class Runner:
         if entry.tracked:
             self._engine.reported(entry.task.task_id)  # only now do this task's heartbeats stop
         self._release_slot(entry)
+        self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
         self._statuses[entry.index] = status
 

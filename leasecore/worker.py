@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
@@ -24,6 +24,7 @@ from leasecore.contact import RecordedLeaseCalls, ServerContact
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.orphans import save_orphans, tree_meta
 from leasecore.outbox import Outbox
@@ -45,6 +46,9 @@ from leasecore.statefile import (
     read_snapshots,
     runner_info_for_this_process,
 )
+
+if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
+    from leasecore.metrics.service import MetricsService
 
 log = logging.getLogger("conductor_run.worker")
 
@@ -217,7 +221,11 @@ def _serve(
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
+    metrics: MetricsService | None = None
     try:
+        metrics = _start_metrics(config)  # a port that cannot be listened on is exit 3 too, server or not
+        if metrics is not None:
+            client.request_hook = metrics.observer.on_request
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
                 check_server(client)
@@ -237,7 +245,7 @@ def _serve(
             supervisor.sweep_leftovers(on_orphans)
             _forget_snapshots(state_dir, swept)
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
+            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot, metrics)
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -249,12 +257,27 @@ def _serve(
             try:
                 return runner.run(install_signal_handlers=False)
             finally:
+                if metrics is not None:
+                    metrics.stopped()
                 redelivery.stop()
                 relay.target = None  # every child is dead and reported: later signals are recorded
         finally:
             supervisor.close()  # kills whatever it still holds (a task's leftover descendants)
     finally:
         client.close()
+        if metrics is not None:
+            metrics.close()
+
+
+def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
+    """The metrics endpoint, listening, when ``metrics_port`` is set (else None, nothing imported)."""
+    if config.runner.metrics_port is None:
+        return None
+    from leasecore.metrics.service import MetricsService
+
+    metrics = MetricsService(config)
+    metrics.start()
+    return metrics
 
 
 def _save_orphans(outbox: Outbox, runner_pid: int, trees: list[TreeRecord]) -> None:
@@ -332,6 +355,7 @@ def _make_runner(
     outbox: Outbox,
     state_dir: Path,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    metrics: MetricsService | None = None,
 ) -> Runner:
     plans = [plan_for(task) for task in config.tasks]
     info = runner_info_for_this_process(
@@ -345,16 +369,20 @@ def _make_runner(
 
     # Heartbeats and ownership checks count as server contact for `status`, like the runner's calls.
     contact = ServerContact()
+    contact.answered()  # check_server just had its answer: ready from the start, not after a poll
     lease_calls = RecordedLeaseCalls(client, contact)
+    observer: Observer = metrics.observer if metrics is not None else NO_METRICS
+    engines: list[LeaseEngine] = []
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        return LeaseEngine(lease_calls, on_fence)
+        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer))
+        return engines[-1]
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
         # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
-        return Reporter(updates, done, outbox=outbox)
+        return Reporter(updates, done, outbox=outbox, observer=observer)
 
-    return Runner(
+    runner = Runner(
         plans,
         conductor=client,
         make_engine=make_engine,
@@ -365,4 +393,9 @@ def _make_runner(
         reporter=make_reporter,
         contact=contact,
         on_force=client.abort,
+        metrics=observer,
     )
+    if metrics is not None:
+        metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,
+                       outbox=outbox)
+    return runner

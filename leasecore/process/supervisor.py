@@ -635,6 +635,12 @@ class Supervisor:
     def forkserver_pid(self) -> int:
         return self._process.pid
 
+    @property
+    def forkserver_up(self) -> bool:
+        """The fork server runs (False once it died, until the next start makes a new one; a plain
+        read, for the readiness probe)."""
+        return not self._lost and not self._closing
+
     def forkserver_stats(self) -> dict[str, int]:
         """Counters of the fork server (diagnostics): ``walks`` of /proc so far, ``walked`` processes
         they read in all, ``waitids`` (exit checks), ``trees`` held now."""

@@ -83,7 +83,9 @@ def test_other_commands_say_units_and_defaults() -> None:
         assert squeezed(part) in flat, part
 
 
-HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy")
+HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy",
+         # #20: prometheus-client only with --metrics-port (idle footprint)
+         "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.service")
 
 
 def _loaded_after(code: str, tmp_path: Path) -> dict[str, object]:
