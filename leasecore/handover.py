@@ -43,6 +43,7 @@ __all__ = [
 
 # outputData key of an IN_PROGRESS update of ours: the pollCount of the delivery it ends.
 YIELD_MARKER = "conductorRunYieldedAtPollCount"
+_PRUNE_AT = 256  # logical tasks with a dying tree kept before the gone ones are swept
 
 
 def mark_yield(result: TaskResult, poll_count: int) -> TaskResult:
@@ -101,6 +102,8 @@ class DyingTrees:
 
     def add(self, task: Task, handle: object) -> None:
         key = logical_key(task)
+        if len(self._trees) >= _PRUNE_AT:  # bounded: forget the trees gone meanwhile
+            self.prune()
         if key is not None and not self._gone(handle):
             trees = self._trees.setdefault(key, [])
             if handle not in trees:

@@ -54,7 +54,7 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   ``hard_elapsed_seconds``, the time the server had already counted at the poll (updateTime -
   startTime of the polled task, both from the server's clock, so no clock skew enters). Heartbeats
   cannot extend it (fenced like the lease deadline: TERM at hard - G - M). ``exec_timeout_seconds``
-  counts from ``on_child_started`` (else the poll).
+  counts from ``on_child_started`` (else the poll; with a start delay, only from the start).
 * ``start_delay_seconds`` (set by ``from_task`` for a re-delivery that may still run elsewhere,
   ``leasecore.handover``) is the runner's to honour: the lease is held from the poll meanwhile.
 * After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
@@ -209,8 +209,8 @@ class LeasePolicy:
     # --- dead by the deadline (#17) ---
     fence_margin_seconds: float = FENCE_MARGIN_SECONDS  # KILL this long before a server deadline
     kill_grace_share: float = KILL_GRACE_SHARE  # kill_grace is capped at this share of the lease
-    # The command starts this long after the poll: a re-delivery whose previous holder may still run
-    # it (``leasecore.handover``); 0: at once.
+    # The command starts this long after the delivery reached the runner: a re-delivery whose previous
+    # holder may still run it (``leasecore.handover``); 0: at once.
     start_delay_seconds: float = 0.0
     # The first heartbeat and ownership check come after (1 - spread * random()) of their interval:
     # leases polled in one batch (1000 at once) then beat spread over the interval instead of all at
@@ -439,8 +439,10 @@ class Lease:
     def _exec_deadline(self) -> float:
         limit = self.policy.exec_timeout_seconds
         started = self._exec_started_at
-        if started is None:  # not started (yet): from when it may start
-            started = self._polled_at + self.policy.start_delay_seconds
+        if started is None:
+            if self.policy.start_delay_seconds > 0:
+                return _NEVER  # held until its previous holder must have stopped: counts from the start
+            started = self._polled_at
         return started + limit if limit > 0 else _NEVER
 
     def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:

@@ -311,8 +311,10 @@ class Runner:
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
         here = ((e.task, e.child) for e in self._tasks.values() if e.child is not None)  # earlier attempts?
-        start_at = polled_at + entry.policy.start_delay_seconds
-        why = self._gate.hold(task, start_at, self._clock.monotonic(), here)
+        # From now, not from the poll's send time (a long poll may have waited 5 s before the server
+        # handed it out): the previous holder's fence counts from the hand-out, which is before now.
+        now = self._clock.monotonic()
+        why = self._gate.hold(task, now + entry.policy.start_delay_seconds, now, here)
         if why is not None:  # its lease is held (heartbeats) meanwhile
             entry.phase = Phase.WAITING
             log.warning("task %s: not starting it yet: %s", task.task_id, why)

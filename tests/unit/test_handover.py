@@ -46,3 +46,12 @@ def test_dying_trees_are_kept_per_logical_task_until_gone() -> None:
     trees.prune()
     assert len(trees) == 1  # only tree-9 is left
     assert logical_key(Task("t", "", "x")) is None  # unknown workflow: never matched
+
+
+def test_dying_trees_stay_bounded() -> None:
+    gone: set[str] = set()
+    trees = DyingTrees(lambda handle: handle in gone)
+    for n in range(1000):
+        trees.add(task(f"t{n}", ref=f"step{n}"), f"tree-{n}")
+        gone.add(f"tree-{n}")  # each dies right after
+    assert len(trees) <= 257

@@ -1022,7 +1022,7 @@ def test_properties_of_any_heartbeat_history(
         if not due or min(due) > end:
             break
         now = max(now, min(due))
-        if expired_at is None and lost_at is None and now >= acked + h_timeout:
+        if expired_at is None and lost_at is None and now >= acked + h_timeout - 1e-9:  # (float rounding)
             expired_at = acked + h_timeout
         if pending is not None and pending[0] <= now:
             _, kind, sent_at = pending
@@ -1033,7 +1033,7 @@ def test_properties_of_any_heartbeat_history(
             elif kind == "fail":
                 check(now, lease.on_heartbeat_failed(now))
             else:
-                if expired_at is None and now < acked + h_timeout:
+                if expired_at is None and now < acked + h_timeout - 1e-9:
                     acked = max(acked, sent_at)
                 check(now, lease.on_heartbeat_ok(now, sent_at))
         elif exit_at is not None and not exited and exit_at <= now:
@@ -1168,3 +1168,14 @@ def test_without_ownership_checks_a_redelivery_still_waits_a_grace_and_the_margi
     p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
                               ownership_check_interval_seconds=0.0)  # fmt: skip
     assert p.start_delay_seconds == pytest.approx(4.0 + FENCE_MARGIN_SECONDS)
+
+
+def test_a_held_redelivery_counts_its_exec_timeout_from_its_start() -> None:
+    # Given a re-delivery held 8 s (its previous holder may still run it) with an exec timeout of 5 s
+    p = policy(r=100.0, exec_timeout_seconds=5.0, start_delay_seconds=8.0, kill_grace_seconds=1.0)
+    h = Harness(p)
+    h.at(8.5)
+    assert h.fences() == []  # not counted while held
+    h.lease.on_child_started(h.now)
+    h.at(20)
+    assert h.fences()[0] == (T0 + 13.5, TerminateTree(FenceReason.EXEC_TIMEOUT))
