@@ -80,16 +80,17 @@ def lease_deadline(
             return all(leases[t] for t in task_ids)
 
         wait_until(every_lease_confirmed, 60, 0.05, what="a confirmed heartbeat per task")
-        paused_at = time.monotonic()
         srv.pause()
         try:
             gone = watch.wait(HEARTBEAT_TIMEOUT_SECONDS + kill_grace + 30)
         finally:
+            resumed_at = time.monotonic()
             srv.resume()
-        # Only what the server recorded before it was silenced (a beat still in its socket buffer is
-        # recorded at the resume, long after any of this).
+        # Only what the server recorded before it was silenced: a beat still in its socket buffer is
+        # recorded after the resume, long after any of this. (Not "before the pause call": a beat
+        # answered while the SIGSTOP was on its way counts, the worker got its ack.)
         leases = srv.marks(task_ids)["leases"]
-        last = {t: max(m for m in leases[t] if m <= paused_at) for t in task_ids}
+        last = {t: max(m for m in leases[t] if m < resumed_at) for t in task_ids}
         leads = []
         for t, tree in pids.items():
             ends = [watch.exited_at.get(p) for p in tree]
