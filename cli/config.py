@@ -65,8 +65,8 @@ def kill_grace_cap_entry(task: TaskSettings) -> Entry:
     (an upper bound of every lease) is set."""
     share = KILL_GRACE_SHARE
     rule = (f"min(kill_grace, {share:g} x the task's lease: responseTimeoutSeconds or a shorter "
-            "heartbeat_timeout)")
-    if task.heartbeat_timeout:
+            "heartbeat_timeout; and, with lease extension, lease - margin - 1.25 s for the heartbeats)")
+    if task.heartbeat_timeout:  # the most any lease is; its real cap may be lower (a shorter R)
         cap = share * task.heartbeat_timeout
         at_most = min(task.kill_grace, cap)
         note = "capped" if task.kill_grace > cap else "not capped"

@@ -49,7 +49,9 @@ class DemoSettings:
     """Numbers shared by every scene."""
 
     response_timeout_seconds: int = 2  # R, the task def's responseTimeoutSeconds
-    kill_grace_seconds: float = 0.5  # R/4: the most a grace may be (a longer one is capped, with a warning)
+    # Within its cap for R = 2 s (a quarter of R, and R - margin - the heartbeats' 1.25 s = 0.35 s): a
+    # longer one would be cut, with a warning.
+    kill_grace_seconds: float = 0.3
     ownership_check_interval_seconds: float = 1.0
     poll_timeout_ms: int = 500
 

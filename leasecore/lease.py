@@ -104,13 +104,17 @@ MIN_RETRY_GAP_SECONDS = 0.25
 # The whole tree is dead (every process reaped) this long before a deadline of the server's (the lease
 # deadline, the hard ceiling): KILL goes out at deadline - margin, TERM kill_grace before that. It
 # covers the timer's lateness, the signal's way to the fork server, its /proc walk, the KILL itself and
-# the reaping. Measured on this project's 2-core machine (README "Guarantees", bench/kill.py): from
-# the KILL time to the last process reaped 9 ms for one tree, 40 ms for 20 and 80-100 ms for 200
-# trees at once; 0.25 s is 2.5 x the worst of those, and still lets R = 2 s beat once a second.
-FENCE_MARGIN_SECONDS = 0.25
+# the reaping. Measured on this project's 2-core machine (README "The lease's timings", bench/kill.py):
+# from the KILL time to the last process's exit, idle, 8 ms for one tree, 34 ms for 20, 54-76 ms for
+# 200 trees at once; with the machine overloaded (load average 9-11) the worst of 200 trees took up to
+# 0.43 s, the median 0.08 s. 0.4 s is four times the idle worst and covers all but that outlier.
+FENCE_MARGIN_SECONDS = 0.4
 # kill_grace is capped at this share of the lease timeout (and of the hard ceiling): the TERM point
 # then stays at >= 3/4 of the lease minus the margin, so heartbeats are at most ~1.4 x as frequent as
-# without a grace, and a grace of a quarter of R is still room enough for a child's clean-up.
+# without a grace, and a grace of a quarter of R is still room enough for a child's clean-up. Nor may
+# the grace take the heartbeats' room: with lease extension on, it leaves at least
+# min_heartbeat_interval / heartbeat_ratio (1.25 s: a beat a second, 0.25 s for its answer) from an ack
+# to its TERM point, where the lease is long enough for that at all (R = 2 s: a grace of 0.35 s).
 KILL_GRACE_SHARE = 0.25
 
 
@@ -297,10 +301,19 @@ class LeasePolicy:
 
     @property
     def kill_grace_cap_seconds(self) -> float | None:
-        """The most ``kill_grace`` may be: a share of the lease timeout and of the hard ceiling (None:
-        neither is set, no cap)."""
-        bounds = [t for t in (self.lease_timeout_seconds, self.hard_timeout_seconds) if t > 0]
-        return self.kill_grace_share * min(bounds) if bounds else None
+        """The most ``kill_grace`` may be: a share of the lease timeout and of the hard ceiling, and no
+        more than leaves the heartbeats their room (None: neither deadline is set, no cap)."""
+        lease = self.lease_timeout_seconds
+        bounds = [t for t in (lease, self.hard_timeout_seconds) if t > 0]
+        if not bounds:
+            return None
+        cap = self.kill_grace_share * min(bounds)
+        if self.lease_extend_enabled and self.response_timeout_seconds > 0:
+            beats_need = self.min_heartbeat_interval_seconds / self.heartbeat_ratio
+            room = lease - self.fence_margin_seconds - beats_need
+            if room >= 0:  # (else no grace makes room: there are no heartbeats anyway)
+                cap = min(cap, room)
+        return cap
 
     @property
     def effective_kill_grace_seconds(self) -> float:

@@ -76,10 +76,11 @@ class WarnWhenCapped:
                         "another worker", self._task_type, policy.heartbeat_timeout_seconds,
                         policy.response_timeout_seconds)
         if policy.kill_grace_capped and self._first("kill_grace"):
-            log.warning("task type %s: kill_grace %gs is capped at %gs, a quarter of the task's lease "
-                        "(responseTimeoutSeconds, or a shorter heartbeat_timeout or timeoutSeconds): the "
-                        "tree is TERMed kill_grace before the deadline and must be dead by it",
-                        self._task_type, policy.kill_grace_seconds, policy.effective_kill_grace_seconds)
+            log.warning("task type %s: kill_grace %gs is capped at %gs, at most a quarter of the task's "
+                        "lease (responseTimeoutSeconds, or a shorter heartbeat_timeout or timeoutSeconds) "
+                        "and no more than leaves its heartbeats room: the tree is TERMed kill_grace before "
+                        "the deadline and must be dead by it", self._task_type, policy.kill_grace_seconds,
+                        policy.effective_kill_grace_seconds)  # fmt: skip
         return policy
 
     def _first(self, what: str) -> bool:

@@ -16,7 +16,7 @@ from leasecore.demoplan import (
     task_defs_for,
 )
 
-SETTINGS = DemoSettings()  # R = 2 s, kill grace 0.5 s, ownership check every 1 s
+SETTINGS = DemoSettings()  # R = 2 s, kill grace 0.3 s, ownership check every 1 s
 SCENES = {s.kind: s for s in standard_scenes(SETTINGS, completed_exit=0, fenced_exit=5)}
 TREE = (101, 102)
 

@@ -1065,6 +1065,10 @@ def test_properties_of_any_heartbeat_history(
         ({"r": 20.0, "heartbeat_timeout_seconds": 8.0, "kill_grace_seconds": 10.0}, 2.0, True),  # our lease
         ({"r": 0.0, "hard_timeout_seconds": 8.0, "kill_grace_seconds": 10.0}, 2.0, True),  # the ceiling
         ({"r": 0.0, "kill_grace_seconds": 10.0}, 10.0, False),  # no deadline of the server's: no cap
+        # R = 2 s: R/4 = 0.5 s, but the beats need 1.25 s from an ack to the TERM point: 2 - 0.4 - 1.25
+        ({"r": 2.0, "kill_grace_seconds": 10.0, "fence_margin_seconds": 0.4}, 0.35, True),
+        ({"r": 2.0, "kill_grace_seconds": 10.0, "fence_margin_seconds": 0.4, "lease_extend_enabled": False},
+         0.5, True),  # no heartbeats to make room for
     ],
 )
 def test_kill_grace_is_capped_at_a_quarter_of_the_lease_and_of_the_hard_ceiling(
@@ -1080,7 +1084,10 @@ def test_kill_grace_is_capped_at_a_quarter_of_the_lease_and_of_the_hard_ceiling(
         (30.0, 10.0, 0.3, 0.8 * (30 - 7.5 - 0.3)),  # grace capped at 7.5
         (60.0, 10.0, 0.3, 0.8 * (60 - 10 - 0.3)),
         (4.0, 2.0, 0.3, 0.8 * (4 - 1 - 0.3)),
-        (2.0, 10.0, 0.3, None),  # 0.8 x (2 - 0.5 - 0.3) = 0.96 s < the 1 s minimum: no heartbeats
+        # R/4 = 0.5 s would leave 0.8 x (2 - 0.5 - 0.3) = 0.96 s, under the 1 s minimum: the grace is
+        # cut to leave the beats their 1.25 s (0.45 s), and they go once a second
+        (2.0, 10.0, 0.3, 1.0),
+        (1.5, 10.0, 0.3, None),  # no grace leaves 1.25 s: no heartbeats, the grace stays R/4
     ],
 )
 def test_the_heartbeat_interval_is_0_8_of_the_time_from_an_ack_to_its_term_point(
