@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from leasecore.clock import Clock, SystemClock
 from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
-from leasecore.handover import DyingTrees, StartGate, mark_yield
+from leasecore.handover import DyingTrees, StartGate, mark_yield, may_run_elsewhere
 from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
@@ -371,8 +371,10 @@ class Runner:
         log.warning("task %s (%s): polled beyond this runner's slots and task budget; handing it back "
                     "to the server (re-queued at once)", task.task_id, task.task_type)
         self._handing_back.add(task.task_id)
-        result = mark_yield(TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
-                                       callback_after_seconds=0, worker_id=plan.worker_id), task.poll_count)
+        result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                            callback_after_seconds=0, worker_id=plan.worker_id)
+        if not may_run_elsewhere(task):  # (else its previous holder may still run it: no marker)
+            result = mark_yield(result, task.poll_count)
         self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
