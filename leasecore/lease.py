@@ -11,8 +11,9 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
 * **Dead by the deadline.** The server may hand the task to someone else at the lease deadline (and
   at the hard ceiling), so the whole tree is dead by then, not after: TERM at the *TERM point*,
   deadline - G - M, KILL at deadline - M, where G is ``kill_grace`` capped at ``kill_grace_share``
-  (1/4) of the lease timeout and of the hard ceiling (``kill_grace_capped`` tells the runner to
-  warn) and M is ``fence_margin_seconds`` (``FENCE_MARGIN_SECONDS``, measured). The lease is lost at
+  (1/4) of the lease timeout and of the hard ceiling, and (lease extension on) at what leaves the
+  heartbeats 1.25 s from an ack to the TERM point (``kill_grace_capped`` tells the runner to warn),
+  and M is ``fence_margin_seconds`` (``FENCE_MARGIN_SECONDS``, measured). The lease is lost at
   the TERM point. Our own deadlines (exec timeout, shutdown) TERM at the deadline and KILL G later,
   but never later than a server deadline's KILL point.
 * Heartbeats are sent every ``heartbeat_ratio * (L - G - M)`` (L = ``min(R, heartbeat_timeout)``)
