@@ -59,10 +59,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, help="throughput: concurrency (default 4)")
     p.add_argument("--rounds", type=int, help="throughput: alternating rounds (default 3; quick 1)")
     p.add_argument("--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,1000x2,1000x10)")
-    p.add_argument("--kill-grace", type=float, default=2.0, help="kill: kill_grace seconds (default 2)")
+    p.add_argument("--kill-grace", type=float, default=1.0,
+                   help="kill: kill_grace seconds (default 1: R/4, the most a grace may be)")
     p.add_argument("--kill-trials", type=int, help="kill: trials per measure (default 2; quick 1)")
     p.add_argument("--shutdown-tasks", type=_ints, help="kill: tasks running at SIGTERM, a comma list "
                    "(default 4,200; quick 4)")  # fmt: skip
+    p.add_argument("--deadline-trees", type=_ints, help="kill: trees whose lease runs out at once, a comma "
+                   "list (default 1,200; quick 1)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
@@ -75,6 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (1000, 2), (1000, 10)])
     args.kill_trials = args.kill_trials or (1 if q else 2)
     args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
+    args.deadline_trees = args.deadline_trees or ([1] if q else [1, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
     return args
@@ -165,6 +169,7 @@ def main(argv: list[str]) -> int:
                             trials=args.kill_trials,
                             shutdown_tasks=args.shutdown_tasks,
                             log=log,
+                            deadline_trees=tuple(args.deadline_trees),
                         )
                     elif section == "footprint":
                         fp_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]

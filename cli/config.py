@@ -21,6 +21,7 @@ from cli import exitcodes
 from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
+from leasecore.lease import KILL_GRACE_SHARE
 
 if TYPE_CHECKING:  # rich is imported when a table is printed, not when the command is registered
     from rich.console import Console
@@ -56,7 +57,24 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
 def _task_view(task: TaskSettings) -> dict[str, Any]:
     values = _values_of(task)
     values["env"] = {name: MASK if _is_secret(name, task) else value for name, value in task.env.items()}
-    return {"type": task.type, "settings": _entries(values, task.sources)}
+    settings = _entries(values, task.sources)
+    settings["kill_grace_cap"] = kill_grace_cap_entry(task)
+    return {"type": task.type, "settings": settings}
+
+
+def kill_grace_cap_entry(task: TaskSettings) -> Entry:
+    """What ``kill_grace`` becomes per task: capped at a quarter of the lease (DESIGN.md §4). R comes
+    with each task from the server, so the cap is a rule here, and a number when heartbeat_timeout
+    (an upper bound of every lease) is set."""
+    share = KILL_GRACE_SHARE
+    rule = (f"min(kill_grace, {share:g} x the task's lease: responseTimeoutSeconds or a shorter "
+            "heartbeat_timeout; and, with lease extension, lease - margin - 1.25 s for the heartbeats)")
+    if task.heartbeat_timeout:  # the most any lease is; its real cap may be lower (a shorter R)
+        cap = share * task.heartbeat_timeout
+        at_most = min(task.kill_grace, cap)
+        note = "capped" if task.kill_grace > cap else "not capped"
+        return {"value": f"at most {at_most:g}s ({note}: {rule})", "source": "derived"}
+    return {"value": rule, "source": "derived"}
 
 
 def _is_secret(name: str, task: TaskSettings) -> bool:

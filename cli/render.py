@@ -55,6 +55,7 @@ _HEALTH_LABELS: dict[LeaseHealth, str] = {
     LeaseHealth.NO_LEASE: "-",
 }
 _STATE_STYLES: dict[TaskState, str] = {
+    TaskState.WAITING: "dim",
     TaskState.RUNNING: "",
     TaskState.TERMINATING: "bold red",
     TaskState.REPORTING: "cyan",

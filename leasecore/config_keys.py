@@ -426,7 +426,7 @@ KEYS: dict[str, KeySpec] = {
             "kill_grace",
             "task",
             seconds(),
-            "seconds between SIGTERM and SIGKILL",
+            "seconds between SIGTERM and SIGKILL (capped at a quarter of each task's lease)",
             worker_prop="kill_grace",
             flag="--kill-grace",
             **_F,

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from leasecore.clock import Clock, SystemClock
 from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
+from leasecore.handover import DyingTrees, StartGate, mark_yield, may_run_elsewhere
 from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
@@ -66,6 +67,7 @@ SHUTDOWN_REASON = "worker shutting down"
 _POLLER_JOIN_SLACK_SECONDS = 0.5
 _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
 _UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
+_DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
 
@@ -137,6 +139,9 @@ class Runner:
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
+        # Tasks polled but not started yet: a re-delivery whose previous holder may still run it, or a
+        # retry whose earlier attempt's tree is still dying here (leasecore.handover).
+        self._gate = StartGate(DyingTrees(_tree_gone))
         self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
         self._pollers_alive = len(self._pollers)
         # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
@@ -224,12 +229,16 @@ class Runner:
             wait = min(0.5, self.options.status_interval_seconds)
             if self._publish_pending:
                 wait = max(0.0, min(wait, self._publish_at - self._clock.monotonic()))
+            now = self._clock.monotonic()
+            if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
+                wait = max(0.0, min(wait, start_at - now))
             try:
                 event: Event = self._events.get(timeout=wait)
             except queue.Empty:
                 event = Tick()
             self.loop_at = self._clock.monotonic()
             self._handle(event)
+            self._start_released()
             self._check_deadlines()
             self._maybe_publish()
 
@@ -327,6 +336,19 @@ class Runner:
             entry.policy = plan.make_policy(task)
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
+        here = ((e.task, e.child) for e in self._tasks.values() if e.child is not None)  # earlier attempts?
+        # From now, not from the poll's send time (a long poll may have waited 5 s before the server
+        # handed it out): the previous holder's fence counts from the hand-out, which is before now.
+        now = self._clock.monotonic()
+        why = self._gate.hold(task, now + entry.policy.start_delay_seconds, now, here)
+        if why is not None:  # its lease is held (heartbeats) meanwhile
+            entry.phase = Phase.WAITING
+            log.warning("task %s: not starting it yet: %s", task.task_id, why)
+            return
+        self._start_child(entry)
+
+    def _start_child(self, entry: InFlight) -> None:
+        task, plan = entry.task, entry.plan
         task_id = task.task_id
 
         def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
@@ -347,6 +369,25 @@ class Runner:
             return
         self._engine.child_started(task.task_id)
 
+    def _start_released(self) -> None:
+        for task in self._gate.due(self._clock.monotonic()):
+            entry = self._tasks.get(task.task_id)
+            if entry is not None and entry.phase is Phase.WAITING:
+                entry.phase = Phase.RUNNING
+                log.info("task %s: its previous holder must have stopped by now: starting it", task.task_id)
+                self._start_child(entry)
+
+    def _end_unstarted(self, entry: InFlight) -> None:
+        """A held task fenced (or stopped) before its command started: report it, or nothing if lost."""
+        self._engine.child_exited(entry.task.task_id)
+        entry.fence = self._engine.fence_reason(entry.task.task_id)
+        if entry.fence is FenceReason.OWNERSHIP_LOST:
+            log.warning("task %s: no longer ours before it started; nothing is reported", entry.task.task_id)
+            self._forget(entry, None)
+            return
+        why = fence_text(entry.fence, entry.task, entry) or SHUTDOWN_REASON
+        self._report(entry, _failed(entry.task, entry.plan, f"{why} (before its command started)"))
+
     def _report_not_started(self, entry: InFlight, why: object) -> None:
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
         self._report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
@@ -360,6 +401,8 @@ class Runner:
         self._handing_back.add(task.task_id)
         result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                             callback_after_seconds=0, worker_id=plan.worker_id)
+        if not may_run_elsewhere(task):  # (else its previous holder may still run it: no marker)
+            result = mark_yield(result, task.poll_count)
         self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count, task_type=task.task_type)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
@@ -375,8 +418,12 @@ class Runner:
 
     def _on_fence(self, task_id: str, action: FenceAction) -> None:
         entry = self._tasks.get(task_id)
+        if entry is not None and self._gate.drop(task_id):
+            self._end_unstarted(entry)  # fenced before its command started: there is no tree
+            return
         if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
             return
+        self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
         kill = isinstance(action, KillTree)
         log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
                     action.reason.value.replace("_", " "))
@@ -384,7 +431,7 @@ class Runner:
         try:
             if isinstance(action, TerminateTree):  # its KILL counts from the fence's own time
                 since = action.at if isinstance(self._clock, SystemClock) else None  # a shared clock
-                entry.child.terminate_tree(since=since)
+                entry.child.terminate_tree(since=since, grace_seconds=action.grace_seconds)
             else:
                 entry.child.kill_tree()
         except ProcessError as exc:
@@ -395,6 +442,8 @@ class Runner:
         if entry is None:
             return
         self._engine.child_exited(task_id)
+        if entry.child is not None:
+            self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      getattr(entry.plan.spec, "in_progress_exit_code", None))
@@ -444,6 +493,7 @@ class Runner:
             entry.report_held = True
             self._pollers[entry.plan.poll.task_type].reporting()
         entry.phase = Phase.REPORTING
+        result = mark_yield(result, entry.task.poll_count)  # a yield: its next holder starts at once
         entry.result_status = result.status
         opts = self.options
         if self._forced:
@@ -509,6 +559,9 @@ class Runner:
         self._stop_polling.set()
         for poller in self._pollers.values():
             poller.wake()
+        for task_id in self._gate.held():  # never started: handed back now
+            self._gate.drop(task_id)
+            self._end_unstarted(self._tasks[task_id])
         running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
         deadline = now
@@ -591,6 +644,10 @@ class Runner:
             elif task_id not in self._tasks:
                 tasks.append(snapshot)
         self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock))
+
+
+def _tree_gone(child: Any) -> bool:
+    return bool(child.wait_gone(0))
 
 
 def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:

@@ -32,6 +32,7 @@ from leasecore.snapshot import (
 
 
 class Phase(Enum):
+    WAITING = "waiting"  # polled, lease held; the command starts once a previous holder must have stopped
     RUNNING = "running"  # the child runs
     STOPPING = "stopping"  # its tree was told to stop (TERM or KILL)
     REPORTING = "reporting"  # the child is gone; the final update is on its way
@@ -61,8 +62,8 @@ class _Views(Protocol):
     def view(self, task_id: str) -> LeaseView: ...
 
 
-_STATES = {Phase.RUNNING: TaskState.RUNNING, Phase.STOPPING: TaskState.TERMINATING,
-           Phase.REPORTING: TaskState.REPORTING}
+_STATES = {Phase.WAITING: TaskState.WAITING, Phase.RUNNING: TaskState.RUNNING,
+           Phase.STOPPING: TaskState.TERMINATING, Phase.REPORTING: TaskState.REPORTING}
 
 
 def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot:

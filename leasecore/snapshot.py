@@ -64,6 +64,7 @@ _USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 class TaskState(StrEnum):
     """Where a task is in its life on this runner."""
 
+    WAITING = "waiting"  # polled, lease held; the command starts once a previous holder must have stopped
     RUNNING = "running"  # the child runs; heartbeats keep the lease
     TERMINATING = "terminating"  # the tree is being fenced (TERM, then KILL)
     REPORTING = "reporting"  # the child is gone; the final update is being sent

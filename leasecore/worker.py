@@ -59,30 +59,41 @@ FIRST_ATTEMPT_SPREAD = 1.0
 
 
 class WarnWhenCapped:
-    """``make_policy`` that warns once (per task type) when the heartbeat timeout is cut down to R.
+    """``make_policy`` that warns once (per task type) when the lease caps a configured value.
 
     A heartbeat timeout longer than the task's responseTimeoutSeconds would keep the tree running past
     the moment the server may hand the task to another worker, so the lease caps it (``LeasePolicy``);
-    the user asked for more, so say so, once, not per task. Called on the pollers' threads.
+    likewise a kill_grace longer than a quarter of the lease: the tree is TERMed kill_grace before the
+    deadline, so a longer grace would leave the lease hardly any time. The user asked for more, so say
+    so, once per value and task type, not per task. Called on the pollers' threads.
     """
 
     def __init__(self, task_type: str, make_policy: Callable[[Task], LeasePolicy]) -> None:
         self._task_type = task_type
         self._make_policy = make_policy
         self._lock = threading.Lock()
-        self._warned = False
+        self._warned: set[str] = set()
 
     def __call__(self, task: Task) -> LeasePolicy:
         policy = self._make_policy(task)
-        if policy.heartbeat_timeout_capped and not self._warned:
-            with self._lock:
-                warn, self._warned = not self._warned, True
-            if warn:
-                log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
-                            "responseTimeoutSeconds %gs: past it the server may give the task to "
-                            "another worker", self._task_type, policy.heartbeat_timeout_seconds,
-                            policy.response_timeout_seconds)
+        if policy.heartbeat_timeout_capped and self._first("heartbeat_timeout"):
+            log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
+                        "responseTimeoutSeconds %gs: past it the server may give the task to "
+                        "another worker", self._task_type, policy.heartbeat_timeout_seconds,
+                        policy.response_timeout_seconds)
+        if policy.kill_grace_capped and self._first("kill_grace"):
+            log.warning("task type %s: kill_grace %gs is capped at %gs, at most a quarter of the task's "
+                        "lease (responseTimeoutSeconds, or a shorter heartbeat_timeout or timeoutSeconds) "
+                        "and no more than leaves its heartbeats room: the tree is TERMed kill_grace before "
+                        "the deadline and must be dead by it", self._task_type, policy.kill_grace_seconds,
+                        policy.effective_kill_grace_seconds)  # fmt: skip
         return policy
+
+    def _first(self, what: str) -> bool:
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        return first
 
 
 def plan_for(task: TaskSettings) -> TaskTypePlan:
