@@ -9,7 +9,9 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse         -> ConductorProtocolError
+    a 2xx we cannot parse,
+      an answer whose framing is
+      refused (http_framing)      -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
 """
@@ -40,6 +42,8 @@ from leasecore.errors import (
     ConductorRunError,
     ConductorUnavailable,
 )
+from leasecore.http_framing import FramingError
+from leasecore.resolve import ResolveTimeout
 
 __all__ = [
     "JSON",
@@ -86,11 +90,16 @@ _REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], .
 
 @contextmanager
 def translate_errors(method: str, path: str) -> Iterator[None]:
-    """Turn any requests, urllib3, http.client or socket error raised inside into the project's tree."""
+    """Turn any requests, urllib3, http.client, socket or framing error raised inside into the project's
+    tree."""
     try:
         yield
     except ConductorRunError:
         raise
+    except FramingError as exc:  # the server's answer breaks the framing rules: not a network fault
+        raise ConductorProtocolError(
+            f"{method} {path}: answer refused ({exc.message})", method=method, path=path
+        ) from exc
     except (
         rexc.RequestException,
         rexc.RequestsWarning,
@@ -121,6 +130,8 @@ def _plain_cause(exc: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, socket.gaierror):
             return "cannot resolve the host name"
+        if isinstance(current, ResolveTimeout):
+            return "cannot resolve the host name in time"
         if isinstance(current, ConnectionRefusedError):
             return "connection refused"
         if isinstance(current, ConnectionResetError):
