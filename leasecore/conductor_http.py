@@ -96,10 +96,8 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
         yield
     except ConductorRunError:
         raise
-    except FramingError as exc:  # the server's answer breaks the framing rules: not a network fault
-        raise ConductorProtocolError(
-            f"{method} {path}: answer refused ({exc.message})", method=method, path=path
-        ) from exc
+    except FramingError as exc:
+        raise _framing_error(method, path, exc) from exc
     except (
         rexc.RequestException,
         rexc.RequestsWarning,
@@ -113,6 +111,25 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
                 detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
                 raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
         raise  # pragma: no cover - unreachable: the table ends with every caught base class
+
+
+def _framing_error(method: str, path: str, exc: FramingError) -> ConductorError:
+    """An answer whose body breaks the framing rules (or its size limit). After a 2xx status line it is
+    a protocol error (the server took the request: a reporter must not send a result twice); after any
+    other status the status decides, as if the body were empty; with no status known, a failed attempt.
+    """
+    what = f"answer refused ({exc.message})"
+    status = exc.answer_status
+    if status is None:
+        return ConductorUnavailable(f"{method} {path}: {what}", method=method, path=path)
+    if 200 <= status < 300:
+        return ConductorProtocolError(
+            f"{method} {path}: {what}", method=method, path=path, status_code=status
+        )
+    error = error_for_status(method, path, status, b"")
+    assert error is not None  # not a 2xx
+    error.args = (f"{error}: {what}",)
+    return error
 
 
 def _plain_cause(exc: BaseException) -> str | None:

@@ -43,7 +43,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 
-from leasecore.http_framing import CHUNKED, BodyTooLarge, body_length, read_chunked
+from leasecore.http_framing import CHUNKED, BodyTooLarge, FramingError, body_length, read_chunked
 from leasecore.resolve import BoundedResolver
 
 __all__ = ["AnswerTooLarge", "LeanTransport", "StaleConnection"]
@@ -228,7 +228,11 @@ class LeanTransport:
             if status == 101:
                 raise http.client.HTTPException("the server switched protocols (101) unasked")
             status, keep_alive, fields = reader.head()
-        answer, framed = reader.body(method, status, fields, max_body_bytes)
+        try:
+            answer, framed = reader.body(method, status, fields, max_body_bytes)
+        except FramingError as exc:
+            exc.answer_status = status
+            raise
         if keep_alive and framed and not reader.buffered:
             self._give_back(sock)
         else:

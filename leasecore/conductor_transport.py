@@ -29,7 +29,7 @@ from urllib3.util import Timeout as Urllib3Timeout
 
 from leasecore.conductor_http import new_session
 from leasecore.conductor_lean import LeanTransport
-from leasecore.http_framing import BodyTooLarge, body_length
+from leasecore.http_framing import BodyTooLarge, FramingError, body_length
 
 __all__ = ["RequestsTransport", "Transport", "open_transport"]
 
@@ -125,6 +125,9 @@ class RequestsTransport:
         )
         try:
             return response.status_code, self._read_body(response, method, deadline)
+        except FramingError as exc:
+            exc.answer_status = response.status_code
+            raise
         finally:
             response.close()
 

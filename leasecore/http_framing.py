@@ -37,7 +37,12 @@ _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class FramingError(ValueError):
-    """A body that cannot be delimited. ``status``: what a server answers for it (400, 413 or 501)."""
+    """A body that cannot be delimited. ``status``: what a server answers for it (400, 413 or 501).
+
+    ``answer_status``: set by a client reading an answer, the status line that came before the body.
+    """
+
+    answer_status: int | None = None
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
