@@ -28,7 +28,9 @@ WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1")
 SDK_KINDS = ("sdk", "sdk-v1")
 # Kinds only the throughput section runs: the floor sends no heartbeats and is no product; sdk-v1 only
 # explains the SDK's throughput figure.
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1")
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", "conductor-run-urllib3")
+# conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
+# issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
 
 
 def wait_until(
@@ -207,11 +209,11 @@ class WorkerConfig:
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind == "conductor-run":
+    if cfg.kind in ("conductor-run", "conductor-run-urllib3"):
         argv = [
             *py,
             "-m",
-            "cli",
+            "cli" if cfg.kind == "conductor-run" else "bench.urllib3_cli",
             "run",
             "--server",
             cfg.url,

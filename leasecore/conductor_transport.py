@@ -78,10 +78,10 @@ class RequestsTransport:
     ) -> None:
         self._origin = origin
         self._owns_session = session is None
-        if session is None:
-            session = new_session(pool_maxsize)
-            session.verify = verify
-        self._session = session
+        self._session = session or new_session(pool_maxsize)
+        # Per request, not session.verify: requests lets REQUESTS_CA_BUNDLE override a session's
+        # setting, never a request's. An injected session keeps its own (None: the session decides).
+        self._verify: bool | str | None = verify if session is None else None
         self._max_body_bytes = max_body_bytes
         self._monotonic = monotonic
 
@@ -92,6 +92,11 @@ class RequestsTransport:
     @property
     def session(self) -> requests.Session:
         return self._session
+
+    @property
+    def verify(self) -> bool | str | None:
+        """What each request is told to verify TLS against (``None``: the injected session's own)."""
+        return self._verify
 
     def close(self) -> None:
         """Close the session's pools, only of a session this transport created."""
@@ -122,6 +127,7 @@ class RequestsTransport:
             timeout=timeout,
             stream=True,
             allow_redirects=False,
+            verify=self._verify,
         )
         try:
             return response.status_code, self._read_body(response, method, deadline)

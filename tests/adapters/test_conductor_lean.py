@@ -211,6 +211,7 @@ def test_proxies_https_and_injected_sessions_keep_requests(monkeypatch: pytest.M
     with ConductorClient("http://conductor.test:8080/api", session=session) as client:
         assert type(client.transport) is RequestsTransport and client.connections_opened is None
         assert cast(RequestsTransport, client.transport).session is session
+        assert cast(RequestsTransport, client.transport).verify is None  # the session's own setting
     assert session.adapters  # an injected session is its owner's: the client left it open
     session.close()
     with ConductorClient("https://conductor.test/api") as client:
@@ -233,7 +234,7 @@ def test_a_ca_bundle_is_an_input_of_the_transport_choice() -> None:
 
     secure, plain = choose("https://conductor.test/api"), choose("http://conductor.test/api")
     try:
-        assert isinstance(secure, RequestsTransport) and secure.session.verify == bundle
+        assert isinstance(secure, RequestsTransport) and secure.verify == bundle
         assert isinstance(plain, LeanTransport)  # no TLS: nothing to verify
     finally:
         for transport in (secure, plain):
