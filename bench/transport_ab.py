@@ -58,11 +58,19 @@ class Urllib3Transport:
     def connections_opened(self) -> int | None:
         return self._pool.num_connections
 
+    @property
+    def generation(self) -> int:
+        return 0
+
+    def abort(self) -> None:
+        """Not measured here: this prototype does not cut calls in flight (#24's forced stop); a call
+        waits for its own deadline (the client bounds calls after an abort to 1 s)."""
+
     def close(self) -> None:
         self._pool.close()
 
     def send(self, method: str, target: str, body: bytes | None, headers: Mapping[str, str],
-             deadline: float, *, idempotent: bool) -> tuple[int, bytes]:
+             deadline: float, *, idempotent: bool, generation: int | None = None) -> tuple[int, bytes]:
         remaining = deadline - self._monotonic()
         if remaining <= 0:
             raise TimeoutError("timed out")

@@ -41,6 +41,8 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
         "auth_key": MASK if server.auth_key else None,
         "auth_secret": MASK if server.auth_secret else None,
         "auth_token": MASK if server.auth_token else None,
+        "auth_secret_file": server.auth_secret_file,  # a path, not the secret
+        "ca_bundle": server.ca_bundle,
     }
     return {
         "config_file": config.config_file,

@@ -34,6 +34,10 @@ _EXAMPLES: dict[str, Any] = {
     "secrets": ["DATABASE_PASSWORD"],
     "terminal_exit_codes": [2],
     "cwd": ".",
+    "auth_secret_file": "/run/credentials/conductor-run.service/conductor-secret",
+    "ca_bundle": "/etc/ssl/private-ca.pem",
+    "user": "nobody",
+    "group": "nogroup",
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -45,6 +49,10 @@ _UNSET_MEANS = {
     "auth_key": "no auth",
     "auth_secret": "no auth",
     "auth_token": "no auth",
+    "auth_secret_file": "none",
+    "ca_bundle": "certifi's CA bundle",
+    "user": "the runner's own",
+    "group": "the user's primary group",
 }
 
 _HEADER = """\

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
+
 import typer
 
 from leasecore import __version__
@@ -10,7 +13,7 @@ app = typer.Typer(
     name="conductor-run",
     help="Run any shell command or script as a Conductor worker: poll, run, heartbeat, fence, report.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion; _CONDUCTOR_RUN_COMPLETE=bash_source etc.
     # Plain click help: readable at 80 columns, and on/off flags are not shown as taking a <bool>.
     rich_markup_mode=None,
     pretty_exceptions_show_locals=False,  # locals can hold credentials
@@ -40,7 +43,24 @@ def _register() -> None:
     commands.register_all(app)
 
 
+COMPLETE_VAR = "_CONDUCTOR_RUN_COMPLETE"
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+def _typer_completion_instruction(environ: MutableMapping[str, str]) -> None:
+    """Accept click's spelling of the completion instruction (``bash_source``, ``zsh_complete``...)
+    as well as typer's own (``source_bash``): click documents the first, typer only reads the second."""
+    value = environ.get(COMPLETE_VAR, "")
+    shell, _, instruction = value.partition("_")
+    if shell in COMPLETION_SHELLS and instruction in ("source", "complete"):
+        environ[COMPLETE_VAR] = f"{instruction}_{shell}"
+
+
 def main() -> None:
     """Console-script entry point."""
+    _typer_completion_instruction(os.environ)
+    from cli import reexec
+
+    reexec.allow()  # `run` may re-execute itself without secrets in its environment (cli/reexec.py)
     _register()
     app(prog_name="conductor-run")  # the same usage lines under `python -m cli`

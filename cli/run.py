@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from cli import exitcodes
+from cli import exitcodes, reexec
 from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.config_keys import KEYS
@@ -39,8 +39,12 @@ _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGT
                  signal.SIGHUP: exitcodes.SIGHUP}
 
 
-def exit_code_for(outcome: RunOutcome, *, once: bool) -> int:
-    """The process's exit code for a finished run (README "Exit codes")."""
+def exit_code_for(outcome: RunOutcome, *, once: bool, max_tasks: int | None = None) -> int:
+    """The process's exit code for a finished run (README "Exit codes").
+
+    ``--once`` and ``--max-tasks`` are for cron-like callers: a task that did not complete is exit 5,
+    so a failed batch is never mistaken for a good one. A plain run that served until stopped is 0.
+    """
     if outcome.signum is not None:
         return _SIGNAL_CODES.get(signal.Signals(outcome.signum), 128 + outcome.signum)
     if outcome.poller_failed:  # a bug ended a poller (its traceback is logged): never a clean 0
@@ -49,6 +53,8 @@ def exit_code_for(outcome: RunOutcome, *, once: bool) -> int:
         if outcome.started == 0:
             return exitcodes.NO_TASK
         return exitcodes.OK if outcome.all_completed else exitcodes.TASK_FAILED
+    if max_tasks is not None and outcome.started and not outcome.all_completed:
+        return exitcodes.TASK_FAILED
     return exitcodes.OK
 
 
@@ -147,10 +153,16 @@ def run(overrides: dict[str, Any]) -> None:
     environment, as each says; a flag wins over both.
     """
     try:
-        resolved = load_config(overrides, os.environ, os.getcwd())
+        environ = reexec.receive()  # os.environ, plus the secrets a re-exec handed over (#24)
+        resolved = load_config(overrides, environ, os.getcwd())
+        # No secret may stay in this process's exec-time environment (/proc/<pid>/environ, which a
+        # child running as root can read): re-execute without them (returns when there are none).
+        reexec.hand_off(name for task in resolved.tasks for name in task.secrets)
     except ConfigError as exc:
         asked = _asked_log_format(overrides["log_format"], overrides["config"])
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, asked) from None
+    except ConductorRunError as exc:
+        raise _fail(str(exc), exitcodes.UNEXPECTED, overrides["log_format"]) from None
     view = live_view_for(resolved.runner.log_format)
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
@@ -204,7 +216,7 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
         raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE, log_format) from None
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
-    return exit_code_for(outcome, once=resolved.runner.once)
+    return exit_code_for(outcome, once=resolved.runner.once, max_tasks=resolved.runner.max_tasks)
 
 
 def _credentials_hint(resolved: ResolvedConfig) -> str:

@@ -22,6 +22,7 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("command", list[str] | None, typer.Argument(None, metavar="-- CMD [ARGS]", hidden=True)),
     ("config", str | None, typer.Option(None, "--config", metavar="FILE", help=config_file_help())),
     ("server", str | None, typer.Option(None, "--server", metavar="URL", help=key_help("url"))),
+    ("ca_bundle", str | None, typer.Option(None, "--ca-bundle", metavar="FILE", help=key_help("ca_bundle"))),
     ("task_type", str | None, typer.Option(
         None, "--task-type", metavar="NAME",
         help=key_help("type", what="the task type to poll (with a config file: only this [[task]] runs)",
@@ -76,6 +77,12 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     )),
     ("poll_timeout", int | None, typer.Option(
         None, "--poll-timeout", metavar="MS", help=key_help("poll_timeout", "ms")
+    )),
+    ("user", str | None, typer.Option(
+        None, "--user", metavar="NAME", help=key_help("user", default="the runner's own (as root: warned)")
+    )),
+    ("group", str | None, typer.Option(
+        None, "--group", metavar="NAME", help=key_help("group", default="the user's primary group")
     )),
     ("state_dir", str | None, typer.Option(
         None, "--state-dir", metavar="DIR", help=key_help("state_dir", default=STATE_DIR_DEFAULT)

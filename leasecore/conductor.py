@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
 POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
+ABORTED_CALL_SECONDS = 1.0  # the bound on a call made after abort() (a forced stop)
 _TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
 
 
@@ -72,7 +73,10 @@ class ConductorClient:
         token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
         pool_maxsize: int = POOL_MAXSIZE,
         transport: Transport | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
+        """``ca_bundle``: PEM file (or directory) of the CAs to trust for https:// (None: certifi's,
+        or what REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name, as requests does)."""
         self.base_url = _check_base_url(base_url)
         self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
@@ -87,10 +91,12 @@ class ConductorClient:
         self._transport: Transport = transport or open_transport(
             self.base_url,
             session=session,
+            verify=ca_bundle or True,
             pool_maxsize=pool_maxsize,
             max_body_bytes=MAX_BODY_BYTES,
             monotonic=self._clock.monotonic,
         )
+        self._aborted = False  # abort() was called: calls are cut short (a forced stop)
         origin_length = len("{0.scheme}://{0.netloc}".format(urlsplit(self.base_url)))
         self._api_target = self.base_url[origin_length:]  # what follows host:port in a request line
         self._root_target = self.root_url[origin_length:]
@@ -130,6 +136,14 @@ class ConductorClient:
     def transport(self) -> Transport:
         """The transport every call goes through (chosen by ``open_transport``, or given)."""
         return self._transport
+
+    def abort(self) -> None:
+        """A forced stop (the second signal, #24): cut every call in flight now instead of letting it
+        wait for its timeout (a silent server held the last result's report for 10 s); calls made
+        from now on get at most ``ABORTED_CALL_SECONDS``, so a healthy server still takes the last
+        reports while a silent one costs a second each. Thread-safe; idempotent."""
+        self._aborted = True
+        self._transport.abort()
 
     def close(self) -> None:
         """Release pooled connections (an injected session is left open: its owner closes it)."""
@@ -299,6 +313,9 @@ class ConductorClient:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
+        generation = self._transport.generation  # before the abort check: an abort after it cuts this call
+        if self._aborted:
+            budget = min(budget, ABORTED_CALL_SECONDS)
         deadline = self._clock.monotonic() + budget
         target = (self._root_target if root else self._api_target) + path
         if params:
@@ -313,10 +330,14 @@ class ConductorClient:
             data = text_body.encode("utf-8")
         token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
         send = (method, path, target or "/", data)
-        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
+        reply = self._send(
+            *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+        )
         if token is not None and self._auth is not None and _is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
-            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent)
+            reply = self._send(
+            *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+        )
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
@@ -335,11 +356,12 @@ class ConductorClient:
         deadline: float,
         *,
         idempotent: bool = False,
+        generation: int | None = None,
     ) -> Reply:
         self._remaining(deadline, method, path)
         with translate_errors(method, path):
             status, body = self._transport.send(
-                method, target, data, headers, deadline, idempotent=idempotent
+                method, target, data, headers, deadline, idempotent=idempotent, generation=generation
             )
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s -> HTTP %d, %d bytes", method, target, status, len(body))

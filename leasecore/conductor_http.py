@@ -18,10 +18,13 @@ Each carries method, path, status code and a short body excerpt with any credent
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
 import socket
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ from urllib.parse import quote
 import requests
 import requests.adapters
 import requests.exceptions as rexc
+import urllib3
+import urllib3.connection
 import urllib3.exceptions
 
 from leasecore.errors import (
@@ -48,6 +53,7 @@ from leasecore.resolve import ResolveTimeout
 __all__ = [
     "JSON",
     "TEXT_OR_JSON",
+    "Connections",
     "Reply",
     "error_for_status",
     "excerpt_of",
@@ -265,13 +271,64 @@ def protocol_error(reply: Reply, what: str) -> NoReturn:
     )
 
 
-def new_session(pool_maxsize: int) -> requests.Session:
-    """A session with one keep-alive pool per host, sized for ``pool_maxsize`` threads, no retries."""
+def new_session(pool_maxsize: int, tracker: Connections | None = None) -> requests.Session:
+    """A session with one keep-alive pool per host, sized for ``pool_maxsize`` threads, no retries.
+    ``tracker``: records the session's connections, so that ``tracker.cut()`` can end calls in flight."""
     session = requests.Session()
     # One pool per host, big enough that every thread sharing the client can hold a connection
     # (a pool too small makes urllib3 warn "Connection pool is full" and drop connections).
     # max_retries=0: retrying is the caller's decision.
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_maxsize, max_retries=0)
+    if tracker is not None:
+        adapter.poolmanager.pool_classes_by_scheme = tracker.pool_classes()
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+class Connections:
+    """The live connections of one requests session (#24): ``cut()`` shuts down their sockets, so a
+    call blocked on one (a silent server) fails at once instead of at its timeout (a forced stop).
+
+    urllib3 keeps no reference to a connection in use; the pools made here use connection classes
+    that register themselves once connected and leave at close."""
+
+    def __init__(self) -> None:
+        self._live: weakref.WeakSet[urllib3.connection.HTTPConnection] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def pool_classes(self) -> dict[str, type[urllib3.HTTPConnectionPool]]:
+        live, lock = self._live, self._lock
+
+        class Plain(urllib3.connection.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                with lock:
+                    live.add(self)
+
+        class Tls(urllib3.connection.HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                with lock:
+                    live.add(self)
+
+        class PlainPool(urllib3.HTTPConnectionPool):
+            ConnectionCls = Plain
+
+        class TlsPool(urllib3.HTTPSConnectionPool):
+            ConnectionCls = Tls
+
+        return {"http": PlainPool, "https": TlsPool}
+
+    def cut(self) -> int:
+        """Shut down every live connection's socket; returns how many."""
+        with self._lock:
+            connections = list(self._live)
+        cut = 0
+        for connection in connections:
+            sock = getattr(connection, "sock", None)
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # not SSLSocket's: it drops its state
+                    cut += 1
+        return cut

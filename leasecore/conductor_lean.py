@@ -35,6 +35,7 @@ Plain ``http://`` only, and only when no proxy applies to the host (``requests``
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import re
@@ -92,7 +93,9 @@ class LeanTransport:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()  # connections under a call now (abort cuts them)
         self._closed = False
+        self.generation = 0  # aborts so far: a call started before the latest one is cut
         self.opened = 0  # connections made so far (diagnostics, tests)
 
     @property
@@ -107,6 +110,19 @@ class LeanTransport:
         for sock in idle:
             sock.close()
 
+    def abort(self) -> None:
+        """Cut every call in flight now (a forced stop, #24): their sockets are shut down, so a
+        blocked send or recv returns at once instead of at its deadline; idle ones are closed. Later
+        calls go on as usual (the caller bounds them). Thread-safe."""
+        with self._lock:
+            self.generation += 1
+            busy = list(self._busy)
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+        for sock in busy:
+            _cut(sock)
+
     def send(
         self,
         method: str,
@@ -116,14 +132,17 @@ class LeanTransport:
         deadline: float,
         *,
         idempotent: bool,
+        generation: int | None = None,
     ) -> tuple[int, bytes]:
         """One exchange: (status, the whole body). Raises ``OSError``/``HTTPException`` (``TimeoutError``
         when the deadline passes), ``FramingError`` for an answer that cannot be delimited
         (``AnswerTooLarge`` for a body over ``max_body_bytes``), ``ValueError`` for a target or header
-        that cannot be sent as is."""
+        that cannot be sent as is. ``generation``: ``self.generation`` when the caller's call began;
+        an ``abort`` since then cuts this exchange too."""
         max_body_bytes = self._max_body_bytes
         request = self._request_bytes(method, target, body, headers)
         sock, reused = self._take(deadline)
+        self._track(sock, generation)
         try:
             return self._exchange(sock, method, request, body, deadline, max_body_bytes)
         except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
@@ -135,16 +154,32 @@ class LeanTransport:
         except BaseException:
             sock.close()
             raise
+        finally:
+            self._untrack(sock)
         # A dead keep-alive connection: once more on a fresh one (idempotent calls only).
         log.debug(
             "a kept-alive connection died under %s %s; sending it once more on a new one", method, target
         )
         sock = self._connect(deadline)
+        self._track(sock, generation)
         try:
             return self._exchange(sock, method, request, body, deadline, max_body_bytes)
         except BaseException:
             sock.close()
             raise
+        finally:
+            self._untrack(sock)
+
+    def _track(self, sock: socket.socket, generation: int | None) -> None:
+        with self._lock:
+            self._busy.add(sock)
+            stale = generation is not None and generation != self.generation
+        if stale:  # aborted between the start of the call and now: cut it like one in flight
+            _cut(sock)
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._busy.discard(sock)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -394,6 +429,12 @@ class _AnswerReader:
         if total > max_bytes:
             raise AnswerTooLarge(max_bytes, "answer")
         return b"".join(parts)
+
+
+def _cut(sock: socket.socket) -> None:
+    """Shut a socket down under whichever thread uses it (it then closes it itself)."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, for an SSLSocket too
 
 
 def _left(deadline: float, monotonic: Callable[[], float]) -> float:

@@ -27,7 +27,7 @@ import requests
 import requests.utils
 from urllib3.util import Timeout as Urllib3Timeout
 
-from leasecore.conductor_http import new_session
+from leasecore.conductor_http import Connections, new_session
 from leasecore.conductor_lean import LeanTransport
 from leasecore.http_framing import BodyTooLarge, FramingError, body_length
 
@@ -44,6 +44,12 @@ class Transport(Protocol):
         """Connections opened so far, where the transport counts them (``None``: it does not)."""
         ...
 
+    @property
+    def generation(self) -> int:
+        """Aborts so far, where the transport counts them (0: it does not). A caller reads it when
+        its call begins and passes it to :meth:`send`, so an abort in between cuts that call too."""
+        ...
+
     def send(
         self,
         method: str,
@@ -53,9 +59,17 @@ class Transport(Protocol):
         deadline: float,
         *,
         idempotent: bool,
+        generation: int | None = None,
     ) -> tuple[int, bytes]:
         """``target``: origin-form (``/api/tasks?x=1``). Returns (status, the whole body), read by
-        ``deadline`` (the client's monotonic clock). ``idempotent``: the call may be sent twice."""
+        ``deadline`` (the client's monotonic clock). ``idempotent``: the call may be sent twice.
+        ``generation``: :attr:`generation` when the caller's call began (``None``: not tracked)."""
+        ...
+
+    def abort(self) -> None:
+        """Cut every call in flight now (a forced stop, #24): a call blocked on a silent server fails
+        at once instead of at its deadline. Later calls go on as usual (the caller bounds them).
+        Thread-safe; idempotent."""
         ...
 
     def close(self) -> None:
@@ -78,7 +92,8 @@ class RequestsTransport:
     ) -> None:
         self._origin = origin
         self._owns_session = session is None
-        self._session = session or new_session(pool_maxsize)
+        self._connections = Connections()  # the owned session's live connections (abort cuts them)
+        self._session = session or new_session(pool_maxsize, self._connections)
         # Per request, not session.verify: requests lets REQUESTS_CA_BUNDLE override a session's
         # setting, never a request's. An injected session keeps its own (None: the session decides).
         self._verify: bool | str | None = verify if session is None else None
@@ -90,6 +105,10 @@ class RequestsTransport:
         return None  # urllib3's pool does not say
 
     @property
+    def generation(self) -> int:
+        return 0  # abort() cuts the connections themselves: no call needs to know its generation
+
+    @property
     def session(self) -> requests.Session:
         return self._session
 
@@ -97,6 +116,12 @@ class RequestsTransport:
     def verify(self) -> bool | str | None:
         """What each request is told to verify TLS against (``None``: the injected session's own)."""
         return self._verify
+
+    def abort(self) -> None:
+        """Shut down the sockets of the session's live connections (#24), only of a session this
+        transport created: an injected session's connections are its owner's."""
+        if self._owns_session:
+            self._connections.cut()
 
     def close(self) -> None:
         """Close the session's pools, only of a session this transport created."""
@@ -112,6 +137,7 @@ class RequestsTransport:
         deadline: float,
         *,
         idempotent: bool,
+        generation: int | None = None,
     ) -> tuple[int, bytes]:
         remaining = deadline - self._monotonic()
         if remaining <= 0:

@@ -71,6 +71,8 @@ class ServerSettings:
     auth_key: str | None = field(default=None, repr=False)
     auth_secret: str | None = field(default=None, repr=False)
     auth_token: str | None = field(default=None, repr=False)  # conductor-cli's CONDUCTOR_AUTH_TOKEN
+    auth_secret_file: str | None = None  # absolute; load_config reads it into auth_secret (#24)
+    ca_bundle: str | None = None  # absolute; None: the system's/certifi's CAs (#24)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -113,6 +115,8 @@ class TaskSettings:
     ownership_check_interval: float = 5.0
     secrets: tuple[str, ...] = ()
     protocol: str = "native"  # "stdio": conductor-cli's worker stdio contract (issue #21)
+    user: str | None = None  # run the child as this user (#24; the runner must be root)
+    group: str | None = None  # ... with this group instead of the user's primary one
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -197,13 +201,64 @@ def load_config(
         hostname=hostname or socket.gethostname(),
         require_task=require_task,
     )
-    problems = {task.type: command_problems(task, environ) for task in config.tasks}
+    config = replace(config, server=_server_files(config.server))
+    problems = {task.type: command_problems(task, environ) + run_as_problems(task) for task in config.tasks}
     fatal = [problem for task in config.tasks if not task.paused for problem in problems[task.type]]
     if fatal and require_task:
         # Caught here, not per task: a missing command or cwd would fail every task it polls.
         raise ConfigError(fatal[0], key="command")
     warnings = [problem for found in problems.values() for problem in found]  # a paused task's too
+    warnings += [warning for task in config.tasks for warning in run_as_warnings(task)]
     return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+def _server_files(server: ServerSettings) -> ServerSettings:
+    """The secret read from ``auth_secret_file``, and the CA bundle checked (#24; ConfigError)."""
+    from leasecore import trust  # ssl: only when a file is named
+
+    if server.ca_bundle is not None:
+        trust.check_ca_bundle(server.ca_bundle, server.sources["ca_bundle"])
+    if server.auth_secret_file is None:
+        return server
+    source = server.sources["auth_secret_file"]
+    secret = trust.read_secret_file(server.auth_secret_file, source)
+    return replace(server, auth_secret=secret, sources={**server.sources, "auth_secret": source})
+
+
+def run_as_problems(task: TaskSettings) -> list[str]:
+    """Why ``task``'s children cannot run as its ``user`` / ``group`` here (#24); [] when they can."""
+    from leasecore.runas import resolve_run_as, switch_problem
+
+    where = f"task {task.type!r}"
+    if task.user is None:
+        if task.group is None:
+            return []
+        return [f"{where}: group is set (from {task.sources.get('group', DEFAULT)}) without user: "
+                "set user too (--user NAME), or drop group"]
+    try:
+        run_as = resolve_run_as(task.user, task.group)
+    except ValueError as exc:  # "no such user 'x'" / "no such group 'x'"
+        key = "group" if "group" in str(exc) else "user"
+        allowed = "a user name or uid" if key == "user" else "a group name or gid"
+        return [f"{where}: {exc} ({key} from {task.sources.get(key, DEFAULT)}): expected {allowed} "
+                "known to this host"]
+    problem = switch_problem(run_as)
+    return [] if problem is None else [f"{where}: {problem} (user from {task.sources.get('user', DEFAULT)})"]
+
+
+def run_as_warnings(task: TaskSettings) -> list[str]:
+    """A ``user`` that its task's cwd or program keeps out, by the permission bits (a warning: ACLs
+    may allow what the bits do not); [] when none, or when ``run_as_problems`` has found worse."""
+    from leasecore.runas import access_problem, resolve_run_as
+
+    if task.user is None or os.geteuid() != 0:
+        return []
+    try:
+        run_as = resolve_run_as(task.user, task.group)
+    except ValueError:
+        return []
+    problem = access_problem(run_as, task.cwd, task.command[0] if task.command else None)
+    return [] if problem is None else [f"task {task.type!r}: {problem}: its tasks will fail to start"]
 
 
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:
@@ -259,7 +314,7 @@ def resolve(
     flags = _flag_values(overrides)
     file = FileView(loaded) if loaded else None
     warnings: list[str] = []
-    server = _resolve_server(file, environ, flags, warnings)
+    server = _resolve_server(file, environ, flags, warnings, cwd)
     runner = _resolve_runner(file, environ, flags, cwd)
     tasks = _resolve_tasks(file, environ, flags, cwd=cwd, hostname=hostname, require_task=require_task)
     return ResolvedConfig(server, runner, tasks, loaded.path if loaded else None, tuple(warnings))
@@ -301,7 +356,8 @@ def _flag(spec: KeySpec, flags: Mapping[str, Any]) -> tuple[Any, Source] | None:
 
 
 def _resolve_server(
-    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], warnings: list[str]
+    file: FileView | None, environ: Mapping[str, str], flags: Mapping[str, Any], warnings: list[str],
+    cwd: str,
 ) -> ServerSettings:
     values: dict[str, Any] = {}
     sources: dict[str, Source] = {}
@@ -317,8 +373,18 @@ def _resolve_server(
                 )
         else:
             sources[spec.name] = DEFAULT
-    if bool(values.get("auth_key")) != bool(values.get("auth_secret")):
-        have, missing = ("auth_key", "auth_secret") if values.get("auth_key") else ("auth_secret", "auth_key")
+    for name in ("auth_secret_file", "ca_bundle"):  # paths: relative to the file that gave them
+        if name in values:
+            values[name] = _absolute_dir(values[name], sources[name], file, environ, cwd)
+    if values.get("auth_secret") and values.get("auth_secret_file"):  # the value itself wins
+        warnings.append(f"auth_secret (from {sources['auth_secret']}) is used; auth_secret_file (from "
+                        f"{sources['auth_secret_file']}) is ignored: set only one")
+        del values["auth_secret_file"]
+        sources["auth_secret_file"] = DEFAULT
+    # With a secret file, load_config reads the secret: the file stands for it here.
+    secret_name = "auth_secret_file" if values.get("auth_secret_file") else "auth_secret"
+    if bool(values.get("auth_key")) != bool(values.get(secret_name)):
+        have, missing = ("auth_key", "auth_secret") if values.get("auth_key") else (secret_name, "auth_key")
         raise ConfigError(
             f"{have} is set (from {sources[have]}) but {missing} is not: set both "
             "(CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET) or neither",

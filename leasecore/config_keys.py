@@ -244,6 +244,24 @@ KEYS: dict[str, KeySpec] = {
             sensitive=True,
         ),
         # --- end #21 ------------------------------------------------------------------------
+        # --- #24: secrets from a file, a private CA (server) -------------------------------------
+        _key(
+            "auth_secret_file",
+            "server",
+            nonempty_str,
+            "file holding the key secret (mode 0600 or stricter: systemd/Kubernetes credentials)",
+            env=("CONDUCTOR_AUTH_SECRET_FILE",),
+        ),
+        _key(
+            "ca_bundle",
+            "server",
+            nonempty_str,
+            "PEM file of the CA certificates to trust for https:// (a private CA)",
+            # In this order, as the issue (#24) asks: the Python ssl module's, then requests', then curl's.
+            env=("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+            flag="--ca-bundle",
+        ),
+        # --- end #24 ------------------------------------------------------------------------------
         # runner-wide, in [worker]
         _key(
             "state_dir",
@@ -293,7 +311,7 @@ KEYS: dict[str, KeySpec] = {
             "max_tasks",
             "runner",
             int_range(1),
-            "exit after this many tasks",
+            "exit after this many tasks (exit 5 when any of them failed)",
             flag="--max-tasks",
             in_file=False,
         ),
@@ -452,6 +470,22 @@ KEYS: dict[str, KeySpec] = {
             env_names,
             "names of runner environment variables never passed to the child ([worker] + [[task]])",
         ),
+        # --- #24: privilege drop (task) --------------------------------------------------------
+        _key(
+            "user",
+            "task",
+            nonempty_str,
+            "run each child as this user (name or uid; the runner must be root)",
+            flag="--user",
+        ),
+        _key(
+            "group",
+            "task",
+            nonempty_str,
+            "with user: run each child with this group (name or gid) instead of the user's own",
+            flag="--group",
+        ),
+        # --- end #24 ------------------------------------------------------------------------------
     )
 }
 

@@ -105,14 +105,24 @@ class Poller:
         backoff: PollBackoff | None = None,
         clock: Clock | None = None,
         on_surplus: Callable[[Task, float], None] | None = None,
+        end_on_refusal_at_start: bool = False,
     ) -> None:
-        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``)."""
+        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``).
+
+        ``end_on_refusal_at_start``: when the server refuses the very first polls (401/403: no or
+        wrong credentials, no permission) before any poll was answered, the thread ends with
+        ``refused`` set instead of retrying: an auth failure at start must never look like an idle
+        queue (the runner stops and exits 4). Once a poll was answered, refusals are an outage:
+        logged once, retried with backoff."""
         self.settings = settings
         self._port = port
         self._on_task = on_task
         self._on_surplus = on_surplus or on_task
         self._on_exit = on_exit
         self.failed = False  # the thread ended on an unexpected error (set before on_exit is called)
+        self.refused: ConductorAuthError | None = None  # set before on_exit: refused before any answer
+        self._end_on_refusal = end_on_refusal_at_start
+        self._answered = False  # some poll of this poller was answered
         self._budget = budget
         self._stop = stop
         base = max(0.01, settings.interval_seconds)
@@ -185,7 +195,7 @@ class Poller:
                 log.info("task type %s is paused: not polling it", self.settings.task_type)
                 self._stop.wait()
                 return
-            while not self._stop.is_set():
+            while not self._stop.is_set() and self.refused is None:
                 self._poll_once()
         except Exception:  # a thread's top level: log it; the runner sees the poller end
             self.failed = True
@@ -234,6 +244,9 @@ class Poller:
             )
         except ConductorError as exc:
             self._unreserve(count)
+            if isinstance(exc, ConductorAuthError) and self._end_on_refusal and not self._answered:
+                self.refused = exc  # the client already retried once with a fresh token
+                return
             self._note(self.reachability.on_failure(str(exc), failure_kind(exc)))
             self.backoff_seconds = self._backoff.on_error()
             self._stop.wait(self.backoff_seconds)
@@ -241,6 +254,7 @@ class Poller:
         run, surplus = self._split(tasks, count)
         with self._cond:
             self._unstarted += len(run) + len(surplus)
+        self._answered = True
         self._note(self.reachability.on_success())
         self.last_ok_at = self._clock.now()
         for task in run:

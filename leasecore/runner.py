@@ -93,12 +93,16 @@ class Runner:
         logs: LogStreamer | None = None,
         clock: Clock | None = None,
         contact: ServerContact | None = None,
+        on_force: Callable[[], None] | None = None,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
         update), so no caller can forget the guard. ``contact`` records the outcome of every call to
         the server for the status snapshots; pass the one that records the engine's calls too
-        (``leasecore.contact.RecordedLeaseCalls``)."""
+        (``leasecore.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
+        forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
+        in flight there (``ConductorClient.abort``)."""
+        self._on_force = on_force
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self.options = options or RunOptions()
@@ -120,8 +124,10 @@ class Runner:
         self._pollers = {
             t: Poller(conductor, p.poll, functools.partial(self._on_polled, poller=t), budget=self._budget,
                       stop=self._stop_polling,
-                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed)),
-                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t))
+                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
+                                                                       self._pollers[tt].refused)),
+                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t),
+                      end_on_refusal_at_start=True)
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
@@ -133,6 +139,7 @@ class Runner:
         self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
         self._poller_failed = False
+        self._refused: Exception | None = None  # a poller's first polls were refused (see Poller)
         # Tasks whose result the reporter saved to the outbox, shown by ``status`` as undelivered
         # until the file is gone (delivered or dropped by the outbox's redelivery); the newest 100.
         self._undelivered: dict[str, tuple[Path, TaskSnapshot]] = {}
@@ -172,7 +179,7 @@ class Runner:
             finally:
                 self._close()
         return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses),
-                          poller_failed=self._poller_failed)  # fmt: skip
+                          poller_failed=self._poller_failed, refused=self._refused)  # fmt: skip
 
     # ------------------------------------------------------------------ other threads -> queue
 
@@ -265,6 +272,9 @@ class Runner:
             self._pollers_alive -= 1
             self._poller_failed |= event.failed
             self._polling_types.discard(event.task_type)
+            if event.refused is not None and self._refused is None:
+                self._refused = event.refused
+                self._begin_stop(None, reason=f"the server refused the first poll of {event.task_type}")
 
     # ------------------------------------------------------------------ one task
 
@@ -496,6 +506,8 @@ class Runner:
         self._begin_stop(signame, reason="forced stop")
         self._forced = True
         log.warning("second signal: killing every task now")
+        if self._on_force is not None:
+            self._on_force()  # calls in flight end now, not at their timeout
         self._reporter.hurry()
         self._engine.shutdown(None, force=True)
         self._kill_all()

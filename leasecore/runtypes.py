@@ -58,6 +58,7 @@ class ShutdownRequested:
 class PollerExited:
     task_type: str
     failed: bool = False  # it ended on an unexpected error (a bug), logged with its traceback
+    refused: Exception | None = None  # its first polls were refused (401/403): the run stops, exit 4
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,8 @@ class RunOutcome:
     started: int = 0
     statuses: tuple[TaskStatus | None, ...] = field(default=())  # per started task; None: not reported
     poller_failed: bool = False  # a poller ended on an unexpected error: exit 1, not a clean stop
+    # The server refused a poller's first polls (a ConductorAuthError): the worker raises it, exit 4.
+    refused: Exception | None = field(default=None, compare=False)
 
     @property
     def all_completed(self) -> bool:

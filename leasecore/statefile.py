@@ -113,9 +113,16 @@ def check_state_dir(path: Path) -> None:
             key="state_dir",
         )
     if st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_mode & (stat.S_ISVTX | 0o002):
+            # A shared directory (/tmp, /var/tmp, /dev/shm: sticky or world-writable) must keep its mode:
+            # never suggest changing it; a private directory of its own is the fix.
+            fix = ("it is a shared directory: pick a private one with --state-dir or CONDUCTOR_RUN_STATE_DIR "
+                   "(for example ~/.local/state/conductor-run; created 0700 when missing)")
+        else:
+            fix = f"run `chmod 700 {path}` if it is this runner's own, or pick another with --state-dir"
         raise ConfigError(
-            f"state directory {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"run `chmod 700 {path}` or pick another directory",
+            f"state directory {path} is writable by group or others (mode {mode:04o}); {fix}",
             key="state_dir",
         )
 

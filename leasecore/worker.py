@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.leftovers import TreeRecord
 from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runas import RunAs, resolve_run_as
 from leasecore.runner import Runner
 from leasecore.runstatus import StatusTee
 from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
@@ -93,6 +95,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
         protocol=task.protocol,
+        run_as=run_as_for(task),
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -119,6 +122,29 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         make_policy=make_policy,
         kill_grace_seconds=task.kill_grace,
     )
+
+
+def run_as_for(task: TaskSettings) -> RunAs | None:
+    """The user ``task``'s children run as: None without ``user``, or when this runner already is
+    that user (not root: load_config refused any other user). ConfigError if it cannot be found."""
+    if task.user is None or os.geteuid() != 0:
+        return None
+    try:
+        return resolve_run_as(task.user, task.group)
+    except ValueError as exc:
+        source = str(task.sources.get("user"))
+        raise ConfigError(f"task {task.type!r}: {exc} (from {source})", key="user", source=source) from None
+
+
+def warn_if_root(config: ResolvedConfig) -> None:
+    """One warning at start when the runner is root and some task's children would run as root too."""
+    if os.geteuid() != 0:
+        return
+    as_root = [task.type for task in config.tasks if task.user is None]
+    if as_root:
+        log.warning("running as root with no user set: the children of %s run as root too, and root can "
+                    "read this runner's memory (its credentials); set --user NAME or [worker] user",
+                    ", ".join(as_root))
 
 
 def options_for(config: ResolvedConfig) -> RunOptions:
@@ -172,6 +198,10 @@ def run_worker(
         outcome = _serve(config, environ, relay, on_snapshot)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
+    if outcome.refused is not None and outcome.signum is None:
+        # The first polls were refused (no or wrong credentials, no permission): the same error, and
+        # exit 4, as a refusal by the start-up check, never a quiet "no task" (everything is cleaned up).
+        raise outcome.refused
     return outcome
 
 
@@ -186,7 +216,7 @@ def _serve(
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
-                             auth_token=server.auth_token)  # fmt: skip
+                             auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
     try:
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
@@ -211,6 +241,7 @@ def _serve(
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
+            warn_if_root(config)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
             redelivery = Redelivery(outbox, client)
@@ -333,4 +364,5 @@ def _make_runner(
         status=status,
         reporter=make_reporter,
         contact=contact,
+        on_force=client.abort,
     )

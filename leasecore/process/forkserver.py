@@ -304,15 +304,22 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("cwd"):
-                os.chdir(req["cwd"])
-            step = "exec"
-            pid = os.posix_spawn(
-                req["path"], req["argv"], req["env"],
-                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                setsid=True, setsigdef=self._sigdef, setsigmask=(),
-            )  # fmt: skip
+            if req.get("run_as"):  # another user (#24): posix_spawn cannot setuid; see spawn_as.py
+                from leasecore.process.spawn_as import spawn_as
+
+                step = "fork"
+                pid = spawn_as(req, fds, self._sigdef)
+            else:
+                if req.get("cwd"):
+                    os.chdir(req["cwd"])
+                step = "exec"
+                pid = os.posix_spawn(
+                    req["path"], req["argv"], req["env"],
+                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+                    setsid=True, setsigdef=self._sigdef, setsigmask=(),
+                )  # fmt: skip
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
+            step = getattr(exc, "step", step)  # spawn_as.StepFailed names the step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
             self._reply({"op": "spawn_failed", "id": req["id"], "errno": code, "what": step})
             return

@@ -17,6 +17,7 @@ from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
+from leasecore.runas import RunAs
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -45,7 +46,8 @@ class CommandSpec:
     ``env`` adds to (or overrides) the runner's environment; ``secret_env_names`` are extra names or
     glob patterns removed from both, on top of ``CREDENTIAL_PATTERNS`` (a secret name set in ``env``
     does not reach the child either). ``protocol``: ``"native"`` (DESIGN.md §3) or ``"stdio"``
-    (conductor-cli's contract, ``stdio_protocol.py``). ``kill_grace_seconds`` is the
+    (conductor-cli's contract, ``stdio_protocol.py``). ``run_as``: the user the child runs as (HOME,
+    USER and LOGNAME then name it; its task files are its own). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
     (FenceReason.EXEC_TIMEOUT); here it only words the reason.
     """
@@ -61,6 +63,7 @@ class CommandSpec:
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
     protocol: str = NATIVE
+    run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -133,7 +136,7 @@ def inherited_env(base: Mapping[str, str], spec: CommandSpec) -> dict[str, str]:
     """What every task of ``spec`` inherits: ``base`` + ``spec.env``, minus secrets, stale
     ``CONDUCTOR_INPUT_*`` values and what exec cannot carry. The same for every task of ``spec``: a
     caller may keep it and hand it to ``build_child_env`` (``Supervisor`` does, per spec)."""
-    merged = {**base, **spec.env}
+    merged = {**base, **(spec.run_as.env() if spec.run_as is not None else {}), **spec.env}
     return {
         name: value
         for name, value in merged.items()

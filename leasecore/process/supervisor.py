@@ -15,12 +15,15 @@ given up is killed, on a "supervisor-chores" thread (``_Chores``, started at the
 If the fork server dies, its trees are killed (``_on_forkserver_lost``) and the next ``spawn``
 starts a new one: a lost fork server costs the tasks it held, not every task after them.
 
-The runner holds the server credentials (in its memory and in its initial environment, which
-``/proc/<pid>/environ`` shows for ever). Children run as the same user, so by default the
-Supervisor makes the runner process non-dumpable (PR_SET_DUMPABLE 0): a child can then neither
-read the runner's ``/proc/<pid>/environ`` or ``mem`` nor ptrace it. The flag resets at exec, so
+The runner holds the server credentials in its memory (``run`` re-executes itself without them in
+its environment, ``cli/reexec.py``, so ``/proc/<pid>/environ`` does not show them even to root; the
+fork server starts with an empty environment). Children run as the same user unless the spec says
+``run_as``, so by default the Supervisor makes the runner process non-dumpable (PR_SET_DUMPABLE 0): a
+same-user child can then neither read the runner's ``/proc/<pid>/mem`` nor ptrace it (root still
+can: ``run_as`` is the isolation from children that would run as root). The flag resets at exec, so
 children themselves are unaffected. The cost: no core dumps of the runner, and debuggers or
-profilers need root (CAP_SYS_PTRACE).
+profilers need root (CAP_SYS_PTRACE). A spec with ``run_as`` (#24) gets task files owned by that
+user and is started by the fork server through ``spawn_as.py`` (fork, setgroups/setgid/setuid, exec).
 """
 
 from __future__ import annotations
@@ -769,7 +772,9 @@ class Supervisor:
         token = secrets.token_hex(16)
         try:
             whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
-            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token, stdin=whole_task)
+            owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
+            files = TaskFiles.create(task, parent=self._tmp_dir, unique=token, stdin=whole_task,
+                                     owner=owner)  # fmt: skip
         except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
             raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
         env = build_child_env(
@@ -806,6 +811,8 @@ class Supervisor:
         request = {"op": "spawn", "id": request_id, "key": key, "path": path, "argv": argv, "env": env,
                    "cwd": cwd, "token": token, "grace": spec.kill_grace_seconds,
                    "dir": files.directory}  # fmt: skip
+        if spec.run_as is not None:  # the fork server starts it as that user (spawn_as.py)
+            request["run_as"] = spec.run_as.wire()
         try:
             try:
                 stdin = files.open_stdin()

@@ -43,14 +43,19 @@ class TaskFiles:
 
     @classmethod
     def create(
-        cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None
+        cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None,
+        owner: tuple[int, int] | None = None,
     ) -> TaskFiles:
         """Make the directory and both files; the input file holds ``task.input_data`` as JSON.
         ``stdin``: what the child reads on stdin instead (a third file, ``STDIN_FILE_NAME``).
 
         ``unique``: random hex (the tree's marker token) to name the directory by, instead of
         ``mkdtemp``'s own draw (a pid check and eight random choices per task); a name taken
-        already falls back to ``mkdtemp``."""
+        already falls back to ``mkdtemp``. ``owner`` (uid, gid): the user the child runs as (#24)
+        owns both files (it reads the input, writes the output); the directory stays the runner's
+        (mode 0710, group ``gid``: the child can reach the files but not rename, replace or add
+        any): the runner, as root, later reads ``output.json`` and deletes the directory, which a
+        directory of the child's own could have turned into a symbolic link elsewhere."""
         directory = None
         if unique:
             path = os.path.join(os.path.abspath(parent or tempfile.gettempdir()), TMP_PREFIX + unique[:16])
@@ -70,7 +75,9 @@ class TaskFiles:
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
             if stdin_path is not None and stdin is not None:
-                _write_private(stdin_path, stdin)
+                _write_private(stdin_path, stdin)  # opened by the runner for the child, never by path
+            if owner is not None:
+                _hand_over(files, *owner)
         except BaseException:
             files.remove()
             raise
@@ -102,6 +109,13 @@ def _input_json(task: Task) -> bytes:
             return json.dumps(dict(task.input_data)).encode()
     except RecursionError:  # parsed on the poller's thread, too deep to write back on this one
         raise SpawnError("the task's input is nested too deeply to pass on") from None
+
+
+def _hand_over(files: TaskFiles, uid: int, gid: int) -> None:
+    for path in (files.input_path, files.output_path):
+        os.chown(path, uid, gid)
+    os.chown(files.directory, -1, gid)
+    os.chmod(files.directory, 0o710)
 
 
 def _write_private(path: str, body: bytes) -> None:

@@ -64,6 +64,16 @@ def _first(query: Query, name: str) -> str | None:
     return values[0] if values else None
 
 
+def _task_type_param(query: Query) -> str:
+    """The required ``taskType`` parameter; missing, the real server answers 500 (Spring's own error)."""
+    task_type = _first(query, "taskType")
+    if task_type is None:
+        raise ApiError(
+            500, "Required request parameter 'taskType' for method parameter type String is not present"
+        )
+    return task_type
+
+
 def _int_param(query: Query, name: str, default: int | None) -> int | None:
     raw = _first(query, name)
     if raw is None or raw == "":
@@ -329,16 +339,24 @@ class Api:
             return _json(logs) if logs else _NO_CONTENT
 
         def poll_data(p: dict[str, str], q: Query, b: bytes) -> Response:
-            task_type = _first(q, "taskType")
+            task_type = _task_type_param(q)
             if not task_type:
-                raise ApiError(400, "Required request parameter 'taskType' is not present")
+                problem = {"path": "getPollData.arg0", "message": "TaskType cannot be null or empty.",
+                           "invalidValue": ""}
+                raise ApiError(400, "Validation failed, check below errors for detail.",
+                               validation_errors=[problem])
             return _json(s.poll_data(task_type))
 
         def queue_size(p: dict[str, str], q: Query, b: bytes) -> Response:
-            task_type = _first(q, "taskType")
-            if not task_type:
-                raise ApiError(400, "Required request parameter 'taskType' is not present")
-            return _json(s.queue_size(task_type, _first(q, "domain")))
+            # An empty domain= is the default queue here (unlike a poll's), as on the real server.
+            return _json(s.queue_size(_task_type_param(q), _first(q, "domain") or None))
+
+        def queue_sizes(p: dict[str, str], q: Query, b: bytes) -> Response:
+            if "taskType" not in q:  # the real server fails on its null list
+                raise ApiError(
+                    500, 'Cannot invoke "java.util.List.iterator()" because "taskDefNames" is null'
+                )
+            return _json({name: s.queue_size(name) for name in sorted(set(q["taskType"])) if name})
 
         r("GET", "/api/tasks/poll/batch/{type}", poll_batch)
         r("GET", "/api/tasks/poll/{type}", poll_one)
@@ -347,7 +365,8 @@ class Api:
         r("GET", "/api/tasks/queue/polldata", poll_data)
         r("GET", "/api/tasks/queue/polldata/all", lambda p, q, b: _json(s.poll_data(None)))
         r("GET", "/api/tasks/queue/size", queue_size)
-        r("GET", "/api/tasks/queue/all", lambda p, q, b: _json(s.queue_sizes()))
+        r("GET", "/api/tasks/queue/sizes", queue_sizes)  # deprecated upstream, still served
+        r("GET", "/api/tasks/queue/all", lambda p, q, b: _json(s.listed_queue_sizes()))
         r("POST", "/api/tasks/{id}/log", add_log)
         r("GET", "/api/tasks/{id}/log", get_logs)
         r("GET", "/api/tasks/{id}", lambda p, q, b: _json(s.get_task(p["id"])))

@@ -117,6 +117,12 @@ class StoreTasks(StoreDecider):
         with self._lock:
             return {name: len(q) for name, q in sorted(self._queues.items())}
 
+    def listed_queue_sizes(self) -> dict[str, int]:
+        """``GET /api/tasks/queue/all``: as on the real server, only queues something was ever queued
+        in (not one a long poll merely waits on)."""
+        with self._lock:
+            return {name: len(q) for name, q in sorted(self._queues.items()) if q.ever_pushed}
+
     def update_task(self, body: Any) -> str:
         """``POST /api/tasks``: every rule of CONDUCTOR_PROTOCOL.md §3, in order; returns the taskId."""
         task_id, _task = self._apply_update(body)

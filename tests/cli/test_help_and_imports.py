@@ -68,7 +68,7 @@ def test_run_help_gives_unit_default_and_other_sources_of_each_option() -> None:
     assert not TYPE_PLACEHOLDER.search(text), TYPE_PLACEHOLDER.search(text)
 
 
-@pytest.mark.parametrize("command", ["status", "server", "demo", "init", "config"])
+@pytest.mark.parametrize("command", ["status", "fleet", "server", "demo", "init", "config"])
 def test_other_commands_name_their_values_not_their_types(command: str) -> None:
     text = help_of(command)
     assert text.startswith(f"Usage: conductor-run {command} [OPTIONS]")

@@ -264,16 +264,51 @@ def test_refused_credentials_at_start_are_exit_4_naming_the_variable(auth_world:
     assert wrong not in err and "Traceback" not in err
 
 
-def test_missing_credentials_during_the_run_are_logged_as_such_once(auth_world: World) -> None:
-    # No credentials: /health needs none, so the run starts, and every poll gets 401.
-    proc = auth_world.run(command=["/bin/true"])
-    wait_until(lambda: "no credentials are configured" in auth_world.stderr(proc), what="the refusal logged")
-    proc.send_signal(signal.SIGTERM)
+@pytest.mark.parametrize("mode", [["--once", "--once-wait", "2"], ["--max-tasks", "3"], []])
+def test_missing_credentials_at_start_are_exit_4_not_an_idle_queue(
+    auth_world: World, mode: list[str]
+) -> None:
+    """No credentials: /health needs none, but the first poll gets 401. A cron job that lost its
+    credentials must not look like an idle one (exit 6) nor serve on for ever: exit 4, one line (#24)."""
+    proc = auth_world.run(*mode, command=["/bin/true"])
     code, err = auth_world.finish(proc)
-    assert code == exitcodes.SIGTERM, err
-    assert err.count("no credentials are configured") == 1
+    assert code == exitcodes.UNREACHABLE, err
+    assert "wants credentials" in err and "CONDUCTOR_AUTH_KEY" in err, err
     assert err.count("CONDUCTOR_AUTH_KEY") == 1, err  # one hint, not the client's and the poller's both
-    assert "unreachable" not in err and "refused our credentials" not in err
+    assert "Traceback" not in err and "no task" not in err
+
+
+def test_wrong_credentials_are_exit_4_with_once(auth_world: World) -> None:
+    proc = auth_world.run("--once", "--once-wait", "2", command=["/bin/true"],
+                          env={"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": "wrong-0b1e"})
+    code, err = auth_world.finish(proc)
+    assert code == exitcodes.UNREACHABLE, err
+    assert "refused our credentials" in err and "wrong-0b1e" not in err
+
+
+def test_credentials_refused_mid_run_are_retried_then_logged_once_per_outage(auth_world: World) -> None:
+    """After a good start, every token is expired (refreshed transparently, no log line), then the
+    secret stops working: the poll's one refresh-and-retry fails, the refusal is logged once while
+    polls back off, and once the secret works again the recovery is logged and tasks run (#24)."""
+    world = auth_world
+    world.define(response_timeout=30)
+    env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET}
+    proc = world.run("--max-tasks", "2", command=["/bin/true"], env=env)
+    first = world.start_workflow()
+    wait_until(lambda: world.task_of(first).get("status") == "COMPLETED", 30, what="the first task")
+    api = world.server.api  # type: ignore[attr-defined]
+    api.expire_tokens()
+    api._auth_secret = "rotated-secret"  # the runner's secret no longer gets a token
+    wait_until(lambda: "refused our credentials" in world.stderr(proc), 30, what="the refusal logged")
+    time.sleep(0.2)  # a polling interval of the backoff: later refusals must not be logged again
+    api._auth_secret = SECRET
+    second = world.start_workflow()
+    code, err = world.finish(proc)
+    assert code == exitcodes.OK, err
+    assert world.task_of(second)["status"] == "COMPLETED"
+    assert err.count("refused our credentials") == 1, err
+    assert "accepts our credentials again" in err
+    assert SECRET not in err
 
 
 def test_an_exec_timeout_fails_the_task_with_its_reason_and_kills_the_tree(world: World) -> None:

@@ -224,3 +224,19 @@ def test_log_buffer_always_makes_progress_on_a_huge_line() -> None:
 )
 def test_exit_code_decision(outcome: RunOutcome, once: bool, expected: int) -> None:
     assert exit_code_for(outcome, once=once) == expected
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (RunOutcome(started=3, statuses=(TaskStatus.COMPLETED,) * 3), exitcodes.OK),
+        (RunOutcome(started=3, statuses=(TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.COMPLETED)),
+         exitcodes.TASK_FAILED),
+        (RunOutcome(started=2, statuses=(TaskStatus.COMPLETED, None)), exitcodes.TASK_FAILED),
+        (RunOutcome(started=2, statuses=(TaskStatus.FAILED_WITH_TERMINAL_ERROR,) * 2), exitcodes.TASK_FAILED),
+        (RunOutcome(signum=signal.SIGTERM, started=1, statuses=(TaskStatus.FAILED,)), exitcodes.SIGTERM),
+    ],
+)
+def test_max_tasks_exit_code_says_whether_every_task_completed(outcome: RunOutcome, expected: int) -> None:
+    """--max-tasks is for cron-like callers too: a failed task is exit 5, as with --once (#24)."""
+    assert exit_code_for(outcome, once=False, max_tasks=3) == expected

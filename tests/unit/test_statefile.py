@@ -98,6 +98,26 @@ def test_a_world_writable_state_dir_is_refused(tmp_path: Path) -> None:
     assert info.value.key == "state_dir"
 
 
+@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o1770])
+def test_a_shared_state_dir_is_never_told_to_change_its_mode(tmp_path: Path, mode: int) -> None:
+    """/tmp itself as the state dir (#24): the fix is a private directory, never `chmod 700 /tmp`."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(ConfigError, match="writable by group or others") as info:
+        ensure_state_dir(shared)
+    assert "chmod" not in str(info.value)
+    assert "shared directory" in str(info.value) and "--state-dir" in str(info.value)
+
+
+def test_a_group_writable_private_state_dir_may_be_fixed_with_chmod(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    own.chmod(0o770)
+    with pytest.raises(ConfigError, match=r"run `chmod 700 .*own` if it is this runner's own"):
+        ensure_state_dir(own)
+
+
 def test_a_state_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         other = tmp_path / "other"

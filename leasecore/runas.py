@@ -1,0 +1,120 @@
+"""Who a task's child runs as (#24): ``RunAs``, resolved from ``user`` / ``group`` names or ids.
+
+The runner, started as root, runs each child as ``RunAs.uid`` / ``gid`` with the user's
+supplementary groups (``os.getgrouplist``), HOME and USER/LOGNAME set from the password database.
+The fork server does the switch (``spawn_as.py``). A runner that is not root cannot switch users: a
+``user`` other than its own is a configuration error there.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """A resolved user to run children as."""
+
+    user: str  # the name (or the uid as text when the database has no name for it)
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    def env(self) -> dict[str, str]:
+        """What the child's environment says about who it is."""
+        return {"HOME": self.home, "USER": self.user, "LOGNAME": self.user}
+
+    def wire(self) -> dict[str, Any]:
+        """The part the fork server needs (a spawn request's ``run_as``)."""
+        return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
+
+
+def resolve_run_as(user: str, group: str | None = None) -> RunAs:
+    """``user`` (a name or a numeric uid) and ``group`` (name or gid; default: the user's primary
+    group); ValueError saying what is wrong."""
+    entry = _user_entry(user)
+    if entry is not None:
+        name, uid, gid, home = entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/"
+    elif user.isdigit():  # a uid without a name (containers often have no passwd entry for it)
+        name, uid, gid, home = user, int(user), int(user), "/"
+    else:
+        raise ValueError(f"no such user {user!r}")
+    if group is not None:
+        gid = _group_id(group)
+    try:
+        groups = sorted(set(os.getgrouplist(name, gid))) if entry is not None else [gid]
+    except OSError:
+        groups = [gid]
+    return RunAs(user=name, uid=uid, gid=gid, groups=tuple(groups), home=home)
+
+
+def switch_problem(run_as: RunAs) -> str | None:
+    """Why this process cannot run children as ``run_as`` (None: it can)."""
+    if os.geteuid() == 0:
+        return None
+    if run_as.uid == os.geteuid() and run_as.gid == os.getegid():
+        return None  # already that user: nothing to switch
+    return (f"cannot run tasks as user {run_as.user!r}: only a runner started as root can switch users "
+            f"(this one runs as uid {os.geteuid()}); drop user/--user, or start conductor-run as root")
+
+
+def access_problem(run_as: RunAs, cwd: str, program: str | None) -> str | None:
+    """Why ``run_as`` surely cannot enter ``cwd`` or run ``program`` (a path; a bare name is looked
+    up on PATH at each start and not checked here), from the permission bits (ACLs are not read, so
+    this only warns); None when nothing is in the way."""
+    if run_as.uid == 0:
+        return None
+    blocked = _first_blocked(run_as, cwd)
+    if blocked is not None:
+        return f"user {run_as.user!r} may not enter its working directory {cwd} ({blocked})"
+    if program is not None and "/" in program:
+        path = os.path.normpath(os.path.join(cwd, program))
+        blocked = _first_blocked(run_as, path)
+        if blocked is not None:
+            return f"user {run_as.user!r} may not run {path} ({blocked})"
+    return None
+
+
+def _first_blocked(run_as: RunAs, path: str) -> str | None:
+    """The first component of ``path`` the user lacks x on (search for a directory, exec for the file)."""
+    parts = os.path.abspath(path).split(os.sep)
+    for depth in range(1, len(parts) + 1):
+        current = os.sep + os.path.join(*parts[1:depth]) if depth > 1 else os.sep
+        try:
+            st = os.stat(current)
+        except OSError:
+            return None  # missing: the runner's own checks say so
+        if not _may_execute(run_as, st):
+            owner = f"owner uid {st.st_uid}, group gid {st.st_gid}"
+            return f"{current} is mode {stat.S_IMODE(st.st_mode):04o}, {owner}"
+    return None
+
+
+def _may_execute(run_as: RunAs, st: os.stat_result) -> bool:
+    if st.st_uid == run_as.uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == run_as.gid or st.st_gid in run_as.groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _user_entry(user: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, OverflowError):
+        return None
+
+
+def _group_id(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no such group {group!r}") from None

@@ -1,0 +1,65 @@
+"""deploy/systemd/conductor-run@.service: valid for systemd, and its stop settings fit the runner."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leasecore.config import resolve
+from tests.deploy.stopbudget import MARGIN_SECONDS, stop_budget_seconds
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "deploy" / "systemd" / "conductor-run@.service"
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
+
+
+def service_section() -> dict[str, str]:
+    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
+    parser.read_string(UNIT.read_text())
+    return dict(parser["Service"])
+
+
+@pytest.mark.skipif(not Path(SYSTEMD_ANALYZE).exists(), reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify_accepts_an_instance_of_the_unit(tmp_path: Path) -> None:
+    # verify wants ExecStart's binary to exist: the copy points at this checkout's conductor-run.
+    here = Path(sys.executable).parent / "conductor-run"
+    assert here.is_file()
+    text = UNIT.read_text()
+    assert "ExecStart=/usr/local/bin/conductor-run run --config /etc/conductor-run/%i.toml" in text
+    instance = tmp_path / "conductor-run@encoder.service"
+    instance.write_text(text.replace("/usr/local/bin/conductor-run", str(here)))
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", str(instance)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")  # a warning is a failure too
+
+
+@pytest.mark.skipif(not Path(SYSTEMD_ANALYZE).exists(), reason="systemd-analyze is not installed")
+def test_verify_does_fail_on_a_broken_copy(tmp_path: Path) -> None:
+    # The check above can fail: a misspelt setting is reported.
+    here = Path(sys.executable).parent / "conductor-run"
+    broken = tmp_path / "conductor-run@encoder.service"
+    broken.write_text(UNIT.read_text().replace("/usr/local/bin/conductor-run", str(here))
+                      .replace("KillMode=mixed", "KillMode=mixd"))
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", str(broken)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert "kill mode" in (done.stdout + done.stderr).lower()  # so the empty-output check above bites
+
+
+def test_systemd_stops_only_the_runner_and_waits_longer_than_it_needs_with_the_defaults() -> None:
+    service = service_section()
+    assert service["KillMode"] == "mixed"  # SIGTERM to the main process, SIGKILL to the rest at the end
+    assert service.get("KillSignal", "SIGTERM") == "SIGTERM"
+    assert service["Delegate"] == "yes"
+    assert "143" in service["SuccessExitStatus"].split()
+    assert "3" in service["RestartPreventExitStatus"].split()
+    # Sized for a config that turns drain on and keeps the default drain_timeout and kill_grace.
+    defaults = resolve(None, {}, {"task_type": "t", "drain": True}, cwd="/", hostname="h", require_task=False)
+    assert float(service["TimeoutStopSec"]) >= stop_budget_seconds(defaults) + MARGIN_SECONDS
+    assert "%i" in service["ExecStart"] and "%i" in service["EnvironmentFile"]
+    assert service["EnvironmentFile"].startswith("-")  # credentials are optional (Conductor OSS)
