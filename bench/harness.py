@@ -31,7 +31,10 @@ SDK_KINDS = ("sdk", "sdk-v1")
 # conductor-run with its metrics endpoint on (--metrics-port 0): the A/B of #20's "counting must not
 # slow the hot paths" (python -m bench --only throughput --workers conductor-run,conductor-run-metrics).
 METRICS_KIND = "conductor-run-metrics"
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND)
+# conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
+# issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
+URLLIB3_KIND = "conductor-run-urllib3"
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND)
 
 
 def wait_until(
@@ -210,11 +213,11 @@ class WorkerConfig:
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind in ("conductor-run", METRICS_KIND):
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND):
         argv = [
             *py,
             "-m",
-            "cli",
+            "bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli",
             "run",
             "--server",
             cfg.url,

@@ -1,9 +1,10 @@
 """The Conductor HTTP client: the one place that speaks HTTP to the server (CONDUCTOR_PROTOCOL.md).
 
-Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). Every
-``requests`` error and HTTP status is translated into the project's exception tree in one place,
-:mod:`leasecore.conductor_http`. Does not own: retries, sleeps, lease decisions (callers decide what a
-failure means), printing.
+Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). The bytes
+go through one :class:`~leasecore.conductor_transport.Transport`, chosen once in
+:func:`~leasecore.conductor_transport.open_transport`; every library error and HTTP status is
+translated into the project's exception tree in one place, :mod:`leasecore.conductor_http`. Does not
+own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import requests
-import requests.utils
-from urllib3.util import Timeout as Urllib3Timeout
 
 from leasecore import __version__
 from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
@@ -25,15 +24,13 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.conductor_http import (
     JSON,
     TEXT_OR_JSON,
-    Connections,
     Reply,
     error_for_status,
-    new_session,
     path_segment,
     protocol_error,
     translate_errors,
 )
-from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
+from leasecore.conductor_transport import Transport, open_transport
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
@@ -76,12 +73,12 @@ class ConductorClient:
         user_agent: str | None = None,
         token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
         pool_maxsize: int = POOL_MAXSIZE,
+        transport: Transport | None = None,
         ca_bundle: str | None = None,
     ) -> None:
         """``ca_bundle``: PEM file (or directory) of the CAs to trust for https:// (None: certifi's,
         or what REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name, as requests does)."""
         self.base_url = _check_base_url(base_url)
-        self._verify: str | bool = ca_bundle or True
         self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout_seconds!r}")
@@ -90,23 +87,22 @@ class ConductorClient:
         self._user_agent = user_agent or f"conductor-run/{__version__}"
         # Metrics (#20): (method, uri template, status code or "error", seconds) after each request.
         self.request_hook: Callable[[str, str, str, float], None] | None = None
-        self._owns_session = session is None
-        self._connections = Connections()
-        self._session = session or new_session(pool_maxsize, self._connections)
+        if transport is not None and session is not None:
+            raise TypeError("give a session or a transport, not both")
+        # The one choice of transport (lean socket for plain HTTP without a proxy; requests for https,
+        # proxies and an injected session); ``transport=`` replaces it (tests, embedding callers).
+        self._transport: Transport = transport or open_transport(
+            self.base_url,
+            session=session,
+            verify=ca_bundle or True,
+            pool_maxsize=pool_maxsize,
+            max_body_bytes=MAX_BODY_BYTES,
+            monotonic=self._clock.monotonic,
+        )
         self._aborted = False  # abort() was called: calls are cut short (a forced stop)
-        # The lean http.client path for plain HTTP without a proxy; an injected session (tests of the
-        # requests plumbing, a caller's own adapters), https and proxies keep requests.
-        parts = urlsplit(self.base_url)
-        self._origin = f"{parts.scheme}://{parts.netloc}"
-        self._lean: LeanTransport | None = None
-        if (
-            session is None
-            and parts.scheme == "http"
-            and not requests.utils.get_environ_proxies(self.base_url)
-        ):
-            self._lean = LeanTransport(
-                parts.hostname or "", parts.port or 80, max_idle=pool_maxsize, monotonic=self._clock.monotonic
-            )
+        origin_length = len("{0.scheme}://{0.netloc}".format(urlsplit(self.base_url)))
+        self._api_target = self.base_url[origin_length:]  # what follows host:port in a request line
+        self._root_target = self.root_url[origin_length:]
         key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
         if bool(key) != bool(secret):
             missing = "auth_secret" if key else "auth_key"
@@ -137,7 +133,12 @@ class ConductorClient:
     @property
     def connections_opened(self) -> int | None:
         """Connections the lean transport opened so far (None: calls go through requests)."""
-        return None if self._lean is None else self._lean.opened
+        return self._transport.connections_opened
+
+    @property
+    def transport(self) -> Transport:
+        """The transport every call goes through (chosen by ``open_transport``, or given)."""
+        return self._transport
 
     def abort(self) -> None:
         """A forced stop (the second signal, #24): cut every call in flight now instead of letting it
@@ -145,17 +146,11 @@ class ConductorClient:
         from now on get at most ``ABORTED_CALL_SECONDS``, so a healthy server still takes the last
         reports while a silent one costs a second each. Thread-safe; idempotent."""
         self._aborted = True
-        if self._lean is not None:
-            self._lean.abort()
-        if self._owns_session:
-            self._connections.cut()
+        self._transport.abort()
 
     def close(self) -> None:
-        """Release pooled connections (only of a session this client created)."""
-        if self._owns_session:
-            self._session.close()
-        if self._lean is not None:
-            self._lean.close()
+        """Release pooled connections (an injected session is left open: its owner closes it)."""
+        self._transport.close()
 
     def __enter__(self) -> ConductorClient:
         return self
@@ -356,11 +351,13 @@ class ConductorClient:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
-        generation = self._lean.generation if self._lean is not None else 0  # before the abort check
+        generation = self._transport.generation  # before the abort check: an abort after it cuts this call
         if self._aborted:
             budget = min(budget, ABORTED_CALL_SECONDS)
         deadline = self._clock.monotonic() + budget
-        url = (self.root_url if root else self.base_url) + path
+        target = (self._root_target if root else self._api_target) + path
+        if params:
+            target += "?" + urlencode(params)
         headers = {"User-Agent": self._user_agent, "Accept": accept}
         data: bytes | None = None
         if json_body is not None:
@@ -370,13 +367,15 @@ class ConductorClient:
             headers["Content-Type"] = "text/plain; charset=utf-8"
             data = text_body.encode("utf-8")
         token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
-        send = (method, path, url, params, data)
-        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
-                           generation=generation)
+        send = (method, path, target or "/", data)
+        reply = self._send(
+            *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+        )
         if token is not None and self._auth is not None and _is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
-            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
-                               generation=generation)
+            reply = self._send(
+                *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+            )
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
@@ -389,8 +388,7 @@ class ConductorClient:
         self,
         method: str,
         path: str,
-        url: str,
-        params: Mapping[str, str | int] | None,
+        target: str,
         data: bytes | None,
         headers: Mapping[str, str],
         deadline: float,
@@ -398,88 +396,14 @@ class ConductorClient:
         idempotent: bool = False,
         generation: int | None = None,
     ) -> Reply:
-        if self._lean is not None:
-            return self._send_lean(method, path, url, params, data, headers, deadline, idempotent, generation)
-        remaining = self._remaining(deadline, method, path)
-        # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
-        # below against the same deadline, so no attempt outlives it by more than one socket read.
-        timeout = cast(Any, Urllib3Timeout(total=remaining))
-        with translate_errors(method, path):
-            response = self._session.request(
-                method,
-                url,
-                params=params,
-                data=data,
-                headers=dict(headers),
-                timeout=timeout,
-                stream=True,
-                allow_redirects=False,
-                verify=self._verify,  # a path is never overridden by the environment (requests' rule)
-            )
-            try:
-                body = self._read_body(response, method, path, deadline)
-            finally:
-                response.close()
-        return Reply(method=method, path=path, status_code=response.status_code, body=body)
-
-    def _send_lean(
-        self,
-        method: str,
-        path: str,
-        url: str,
-        params: Mapping[str, str | int] | None,
-        data: bytes | None,
-        headers: Mapping[str, str],
-        deadline: float,
-        idempotent: bool,
-        generation: int | None = None,
-    ) -> Reply:
-        assert self._lean is not None
-        target = url[len(self._origin) :] or "/"
-        if params:
-            target += "?" + urlencode(params)
         self._remaining(deadline, method, path)
         with translate_errors(method, path):
-            try:
-                status, body = self._lean.send(
-                    method,
-                    target,
-                    data,
-                    headers,
-                    deadline,
-                    idempotent=idempotent,
-                    max_body_bytes=MAX_BODY_BYTES,
-                    generation=generation,
-                )
-            except AnswerTooLarge:
-                raise ConductorProtocolError(
-                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes", method=method, path=path
-                ) from None
+            status, body = self._transport.send(
+                method, target, data, headers, deadline, idempotent=idempotent, generation=generation
+            )
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s -> HTTP %d, %d bytes", method, target, status, len(body))
         return Reply(method=method, path=path, status_code=status, body=body)
-
-    def _read_body(self, response: requests.Response, method: str, path: str, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in response.iter_content(chunk_size=64 * 1024):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ConductorProtocolError(
-                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes",
-                    method=method,
-                    path=path,
-                    status_code=response.status_code,
-                )
-            if self._clock.monotonic() > deadline:
-                raise ConductorUnavailable(
-                    f"{method} {path}: timed out reading the answer",
-                    method=method,
-                    path=path,
-                    status_code=None,
-                )
-        return b"".join(chunks)
 
     def _remaining(self, deadline: float, method: str, path: str) -> float:
         remaining = deadline - self._clock.monotonic()
@@ -499,7 +423,7 @@ class ConductorClient:
         deadline = self._clock.monotonic() + timeout_seconds
         body = json.dumps({"keyId": self._key_id, "keySecret": self._key_secret}).encode("utf-8")
         headers = {"User-Agent": self._user_agent, "Accept": JSON, "Content-Type": JSON}
-        reply = self._send(method, path, self.base_url + path, None, body, headers, deadline)
+        reply = self._send(method, path, self._api_target + path, body, headers, deadline)
         if reply.status_code in (404, 405):
             return None
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())

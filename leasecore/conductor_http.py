@@ -9,7 +9,9 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse         -> ConductorProtocolError
+    a 2xx we cannot parse,
+      an answer whose framing is
+      refused (http_framing)      -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
 """
@@ -45,6 +47,8 @@ from leasecore.errors import (
     ConductorRunError,
     ConductorUnavailable,
 )
+from leasecore.http_framing import FramingError
+from leasecore.resolve import ResolveTimeout
 
 __all__ = [
     "JSON",
@@ -92,11 +96,14 @@ _REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], .
 
 @contextmanager
 def translate_errors(method: str, path: str) -> Iterator[None]:
-    """Turn any requests, urllib3, http.client or socket error raised inside into the project's tree."""
+    """Turn any requests, urllib3, http.client, socket or framing error raised inside into the project's
+    tree."""
     try:
         yield
     except ConductorRunError:
         raise
+    except FramingError as exc:
+        raise _framing_error(method, path, exc) from exc
     except (
         rexc.RequestException,
         rexc.RequestsWarning,
@@ -110,6 +117,25 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
                 detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
                 raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
         raise  # pragma: no cover - unreachable: the table ends with every caught base class
+
+
+def _framing_error(method: str, path: str, exc: FramingError) -> ConductorError:
+    """An answer whose body breaks the framing rules (or its size limit). After a 2xx status line it is
+    a protocol error (the server took the request: a reporter must not send a result twice); after any
+    other status the status decides, as if the body were empty; with no status known, a failed attempt.
+    """
+    what = f"answer refused ({exc.message})"
+    status = exc.answer_status
+    if status is None:
+        return ConductorUnavailable(f"{method} {path}: {what}", method=method, path=path)
+    if 200 <= status < 300:
+        return ConductorProtocolError(
+            f"{method} {path}: {what}", method=method, path=path, status_code=status
+        )
+    error = error_for_status(method, path, status, b"")
+    assert error is not None  # not a 2xx
+    error.args = (f"{error}: {what}",)
+    return error
 
 
 def _plain_cause(exc: BaseException) -> str | None:
@@ -127,6 +153,8 @@ def _plain_cause(exc: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, socket.gaierror):
             return "cannot resolve the host name"
+        if isinstance(current, ResolveTimeout):
+            return "cannot resolve the host name in time"
         if isinstance(current, ConnectionRefusedError):
             return "connection refused"
         if isinstance(current, ConnectionResetError):
