@@ -139,10 +139,12 @@ def test_the_lease_engine_counts_each_heartbeat_and_check_by_its_result() -> Non
 
     engine.start()
     try:
-        # R = 1.25 s: a beat every second; "good"'s ownership checks every 2.2 s, "bad"'s never.
-        engine.track(task("good"), LeasePolicy(response_timeout_seconds=1.25, kill_grace_seconds=1.0,
+        # R = 3 s: kill_grace capped at R/4 = 0.75 s, so a beat every 0.8 x (3 - 0.75 - 0.4) = 1.48 s
+        # and the TERM point 1.15 s before the deadline (#17); "good"'s ownership checks every 2.2 s,
+        # "bad"'s never (its refused beats fence it at 1.85 s).
+        engine.track(task("good"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
                                                ownership_check_interval_seconds=2.2))
-        engine.track(task("bad"), LeasePolicy(response_timeout_seconds=1.25, kill_grace_seconds=1.0,
+        engine.track(task("bad"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
                                               ownership_check_interval_seconds=3600))
         wait_until(lambda: len(port.checks) >= 2, timeout_seconds=30, what="two ownership checks")
         wait_until(lambda: {"good", "bad"} <= {task_id for task_id, _ in fences}, what="both fenced")
