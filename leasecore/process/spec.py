@@ -16,6 +16,7 @@ from typing import Any
 from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
+from leasecore.process.limits import Limits
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -55,6 +56,7 @@ class CommandSpec:
     exec_timeout_seconds: float = 0.0
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)  # per tree where cgroups allow, else rlimits
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -86,6 +88,12 @@ class ChildExit:
     output: Mapping[str, Any] | None = None
     output_error: str | None = None
     start_error: str | None = None
+    # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see _cgroupfs), how many
+    # of its processes the OOM killer killed inside its group, and what enforced memory_max there:
+    # "cgroup", "rlimit" (per process) or None (no memory limit).
+    resources: Mapping[str, float] | None = None
+    oom_kills: int = 0
+    memory_limit_by: str | None = None
 
 
 def input_env_name(key: str) -> str:
