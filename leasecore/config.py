@@ -84,6 +84,7 @@ class RunnerSettings:
     once: bool = False
     once_wait: float = 30.0  # --once: seconds to wait for a task (a cron slot's worth of patience)
     max_tasks: int | None = None  # None: no limit
+    cgroup: str = "auto"  # issue 19: auto | v2 | v1 | off (leasecore.process.cgroups)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -111,6 +112,11 @@ class TaskSettings:
     paused: bool = False
     ownership_check_interval: float = 5.0
     secrets: tuple[str, ...] = ()
+    # issue 19: per-tree limits (None: none); bytes, processes, cores, open files
+    memory_max: int | None = None
+    pids_max: int | None = None
+    cpu_max: float | None = None
+    nofile: int | None = None
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

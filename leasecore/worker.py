@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from leasecore import treegroups
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
@@ -92,6 +93,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
+        limits=treegroups.limits_of(task),  # issue 19
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -192,7 +194,9 @@ def _serve(
         except StartupInterrupted as stop:
             return RunOutcome(signum=stop.signum)
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url))
+        setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
+        treegroups.log_setup(config, setup)
+        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url), cgroup_setup=setup)
         try:
             # Dead trees first, then their tasks into the outbox, then every saved result out: a
             # retry of a task must never start while its old tree may still run.
@@ -205,7 +209,8 @@ def _serve(
             supervisor.sweep_leftovers(on_orphans)
             _forget_snapshots(state_dir, swept)
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
+            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot,
+                                  cgroup=setup.describe())
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -299,12 +304,15 @@ def _make_runner(
     outbox: Outbox,
     state_dir: Path,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    *,
+    cgroup: str = "",
 ) -> Runner:
     plans = [plan_for(task) for task in config.tasks]
     info = runner_info_for_this_process(
         worker_id=plans[0].worker_id,
         server_url=config.server.url,
         task_types=[p.poll.task_type for p in plans],
+        cgroup=cgroup,
     )
     status: StatusPort = StatePublisher(state_dir, info)
     if on_snapshot is not None:

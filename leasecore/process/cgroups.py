@@ -287,15 +287,16 @@ def remove_group(group: _cgroupfs.Group) -> bool:
     return _cgroupfs.remove(group)
 
 
-def unenforced(limits: Limits, setup: CgroupSetup) -> list[str]:
-    """The warnings for ``limits`` under ``setup``: what is per process rather than per tree, and what
-    cannot be enforced at all (one line each)."""
+def unenforced(limits: Limits, setup: CgroupSetup) -> list[tuple[str, str]]:
+    """``(key, what)`` for each of ``limits`` that ``setup`` enforces per process rather than per
+    tree, or not at all."""
     notes = []
     if limits.memory_max is not None and "memory" not in setup.limits:
-        notes.append("memory_max is a per-process rlimit (RLIMIT_DATA), not a limit of the whole tree")
+        notes.append(("memory_max", "is a per-process rlimit (RLIMIT_DATA) here, not a limit of the "
+                                    "whole tree"))  # fmt: skip
     if limits.pids_max is not None and "pids" not in setup.limits:
-        notes.append("pids_max is RLIMIT_NPROC: it counts the user's processes, not the tree's, and "
-                     "does not bind root")  # fmt: skip
+        notes.append(("pids_max", "is RLIMIT_NPROC here: it counts the user's processes, not the "
+                                  "tree's, and does not bind root"))  # fmt: skip
     if limits.cpu_max is not None and "cpu" not in setup.limits:
-        notes.append("cpu_max cannot be enforced without a cgroup cpu controller: ignored")
+        notes.append(("cpu_max", "cannot be enforced here (no cgroup cpu controller): ignored"))
     return notes

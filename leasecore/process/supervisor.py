@@ -179,9 +179,13 @@ class Child:
     # called on the reader thread, for the fork server's messages -----------------------------------
 
     def memory_bytes(self) -> int | None:
-        """The tree's memory use now, from its group (None without one)."""
+        """The tree's memory use now: from its group where it has one with memory accounting, else
+        the direct child's resident set (None once it is gone)."""
         group = self.cgroup
-        return None if group is None else _cgroupfs.memory_current(group)
+        used = None if group is None else _cgroupfs.memory_current(group)
+        if used is None and self.pid and not self.exited:
+            used = _procfs.rss_bytes(self.pid)
+        return used
 
     def _on_exit(self, code: int | None, sig: int | None, event: Mapping[str, Any] | None = None) -> None:
         if event is not None:
