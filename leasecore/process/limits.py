@@ -51,7 +51,7 @@ def parse_size(value: Any) -> int:
     else:
         raise ValueError(SIZE_ALLOWED)
     size = number * scale
-    if not math.isfinite(size) or size < 1 or size > MAX_MEMORY_BYTES:
+    if not math.isfinite(size) or size < 1 or size > MAX_MEMORY_BYTES or size != int(size):
         raise ValueError(SIZE_ALLOWED)
     return int(size)
 
