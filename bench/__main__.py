@@ -27,7 +27,7 @@ import psutil
 from bench import footprint, heartbeat, kill, report, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint")
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "kill-groups")  # kill-groups: only with --only
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -122,7 +122,7 @@ def versions() -> dict[str, str]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     kinds = [k for k in args.workers.split(",") if k]
-    sections = args.only or list(SECTIONS)
+    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
     started = time.monotonic()
     results: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -166,6 +166,11 @@ def main(argv: list[str]) -> int:
                             shutdown_tasks=args.shutdown_tasks,
                             log=log,
                         )
+                    elif section == "kill-groups":
+                        results[section] = kill.groups_vs_none(
+                            srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),
+                            trials=args.kill_trials, log=log,
+                        )  # fmt: skip
                     elif section == "footprint":
                         fp_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = footprint.run(

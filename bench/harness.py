@@ -202,6 +202,7 @@ class WorkerConfig:
     kill_grace_seconds: float | None = None
     heartbeat_timeout_seconds: float | None = None
     poll_timeout_ms: int | None = None
+    cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
 
 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
@@ -231,6 +232,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             argv += ["--heartbeat-timeout", str(cfg.heartbeat_timeout_seconds)]
         if cfg.poll_timeout_ms is not None:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
+        if cfg.cgroup is not None:
+            argv += ["--cgroup", cfg.cgroup]
         return [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [

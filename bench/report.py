@@ -115,7 +115,8 @@ def render(results: dict[str, Any]) -> str:
     if results.get("notes"):
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
-    out += _kill(results.get("kill")) + _footprint(results.get("footprint"))
+    out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
+    out += _footprint(results.get("footprint"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
     return "\n".join(out) + "\n"
@@ -222,6 +223,30 @@ def _kill(kl: dict[str, Any] | None) -> list[str]:
             f"| SIGTERM -> runner exited ({r['reported_failed']}/{r['tasks']} reported FAILED) | "
             f"{r['mode']} | {_f(r['exit_seconds'])} |"
         )
+    return out
+
+
+def _kill_groups(kg: dict[str, Any] | None) -> list[str]:
+    if not kg:
+        return []
+    grace = kg["kill_grace_seconds"]
+    out = [
+        "",
+        f"## Tree kill with a cgroup per tree vs without ({kg['tasks']} trees)",
+        "",
+        f"SIGTERM to the runner with {kg['tasks']} trees running (shell + grandchild + setsid escapee), "
+        f"kill_grace = {grace} s. `auto`: a cgroup per tree; `off`: /proc tracking only. With "
+        "`ignore-term` the trees live until the KILL, so gone - kill_grace is the KILL's own latency.",
+        "",
+        "| --cgroup | tree | trees gone (s) | gone - kill_grace (s) | runner exited (s) | reported FAILED "
+        "| mechanism |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in kg["runs"]:
+        gone = r["trees_gone_seconds"]
+        kill = None if gone is None or r["mode"] != "ignore-term" else gone - grace
+        out.append(f"| {r['cgroup']} | {r['mode']} | {_f(gone)} | {_f(kill)} | {_f(r['exit_seconds'])} | "
+                   f"{r['reported_failed']}/{r['tasks']} | {r['mechanism'] or '?'} |")  # fmt: skip
     return out
 
 

@@ -33,6 +33,11 @@ _EXAMPLES: dict[str, Any] = {
     "secrets": ["DATABASE_PASSWORD"],
     "terminal_exit_codes": [2],
     "cwd": ".",
+    # issue 19: per-tree limits
+    "memory_max": "2G",
+    "pids_max": 512,
+    "cpu_max": 2,
+    "nofile": 4096,
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -43,6 +48,10 @@ _UNSET_MEANS = {
     "cwd": "the directory conductor-run is started in",
     "auth_key": "no auth",
     "auth_secret": "no auth",
+    "memory_max": "no limit",
+    "pids_max": "no limit",
+    "cpu_max": "no limit",
+    "nofile": "inherited",
 }
 
 _HEADER = """\

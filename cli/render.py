@@ -158,13 +158,13 @@ def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
     if record.stale_reason is None:
         header.append(f"  up {format_duration((now - snap.runner.started_at).total_seconds())}  ")
         header.append_text(_server_text(snap.server, now))
-    if snap.runner.cgroup:  # which cgroup mechanism holds its trees, and why not a better one
-        header.append("\n")
-        header.append(_clean(f"  task trees: {snap.runner.cgroup}"), style="dim")
     else:
         ran = format_duration((snap.updated_at - snap.runner.started_at).total_seconds())
         header.append(f"  ran {ran}  ")
         header.append(f"last update {format_relative(snap.updated_at, now)}", style="red")
+    if snap.runner.cgroup:  # which cgroup mechanism holds its trees, and why not a better one
+        header.append("\n")
+        header.append(_clean(f"  task trees: {snap.runner.cgroup}"), style="dim")
     return header
 
 
@@ -255,7 +255,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
     lease_ends = _Column("LEASE ENDS", justify="right", drop_order=5)
     hard_limit = _Column("HARD LIMIT", justify="right", drop_order=1)
     output = _Column("LAST OUTPUT", shrink_to=_OUTPUT_MIN, drop_order=0)
-    memory = _Column("MEMORY", justify="right", drop_order=1)  # ties with HARD LIMIT: stable sort
+    memory = _Column("MEMORY", justify="right", drop_order=-1)  # the first left out
     tasks = sorted(snap.tasks, key=lambda t: t.started_at)
     for task in tasks:
         health = lease_health(task, now, runner_stale=stale)
