@@ -133,7 +133,8 @@ def shutdown(
         marks = srv.marks(task_ids)
         reported = sum(1 for u in marks["updates"].values() if any(s == "FAILED" for _when, s, _via in u))
         trees = gone[0] - worker.stop_sent_at if gone[0] is not None and worker.stop_sent_at else None
-        mechanism = next((line.split("task trees: ", 1)[1] for line in worker.log_tail(400).splitlines()
+        log_text = worker.log_path.read_text(errors="replace")  # the worker has stopped: its log is whole
+        mechanism = next((line.split("task trees: ", 1)[1] for line in log_text.splitlines()
                           if "task trees: " in line), None)  # fmt: skip
         return {
             "mode": mode,

@@ -92,40 +92,63 @@ def populated(group: Group) -> bool:
 
 
 def kill(group: Group) -> int:
-    """SIGKILL every process of the group; how many were signalled (v2: -1, the kernel does it).
+    """SIGKILL every process of the group; how many were signalled (v2: -1, the kernel does it)."""
+    return kill_all([group])
+
+
+def kill_all(groups: list[Group]) -> int:
+    """SIGKILL every process of every group; how many were signalled (v2 groups count none: the
+    kernel does it).
 
     v2: ``cgroup.kill`` (the kernel kills every member, including ones forking at that moment).
     v1: freeze (no member can fork or exit while frozen), SIGKILL each member, thaw (they die as they
-    thaw). Without a usable freezer, SIGKILL the members until none is left (bounded rounds).
+    thaw), all the groups at once: freezing is asynchronous, and one group after another made a KILL
+    of 200 trees wait for 200 freezes in turn. Without a usable freezer, SIGKILL the members until
+    none is left (bounded rounds).
     """
-    if group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
-        return -1
-    freezer = group.get("dirs", {}).get("freezer")
-    frozen = bool(freezer) and _freeze(freezer)
+    v1 = []
+    for group in groups:
+        if group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
+            continue
+        v1.append(group)
+    if not v1:
+        return 0
+    freezers = [f for f in (group.get("dirs", {}).get("freezer") for group in v1) if f]
+    frozen = set(_freeze(freezers))
     signalled = 0
-    for _ in range(1 if frozen else 5):
-        pids = members(group)
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                signalled += 1
-    if freezer:
+    for group in v1:
+        rounds = 1 if group.get("dirs", {}).get("freezer") in frozen else 5
+        for _ in range(rounds):
+            pids = members(group)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    signalled += 1
+    for freezer in freezers:
         _write(os.path.join(freezer, "freezer.state"), "THAWED")
     return signalled
 
 
-def _freeze(freezer: str) -> bool:
-    state = os.path.join(freezer, "freezer.state")
-    if not _write(state, "FROZEN"):
-        return False
+def _freeze(freezers: list[str]) -> list[str]:
+    """Freeze every v1 freezer group given; those that reached FROZEN (bounded wait: a member stuck
+    in D state keeps its group FREEZING, and its members are then signalled unfrozen)."""
+    waiting = [f for f in freezers if _write(os.path.join(f, "freezer.state"), "FROZEN")]
+    done: list[str] = []
     deadline = time.monotonic() + _FREEZE_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        if (_read(state) or "").strip() == "FROZEN":
-            return True
+    while waiting:
+        still = []
+        for freezer in waiting:
+            if (_read(os.path.join(freezer, "freezer.state")) or "").strip() == "FROZEN":
+                done.append(freezer)
+            else:
+                still.append(freezer)
+        waiting = still
+        if not waiting or time.monotonic() >= deadline:
+            break
         time.sleep(0.001)
-    return False  # a member stuck in D state: signal them anyway, unfrozen
+    return done
 
 
 def oom_kills(group: Group) -> int:

@@ -201,6 +201,7 @@ class ForkServer:
         # seconds), in the order asked. A KILL asked after a TERM of the same tree supersedes it.
         self._pending: dict[str, int] = {}
         self._empty_groups: list[dict[str, Any]] = []  # groups of gone trees not removed yet
+        self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
@@ -400,6 +401,7 @@ class ForkServer:
         members = self._attribute(procs)[0]
         for tree, sig in trees:
             self._signal_tree(tree, sig, procs, members[tree.key])
+        self._kill_groups()
 
     def _begin_close(self, grace_seconds: float) -> None:
         now = time.monotonic()
@@ -415,6 +417,7 @@ class ForkServer:
             tree.kill_at = min(tree.kill_at or self._closing_kill_at, self._closing_kill_at)
             self._signal_tree(tree, signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL, procs,
                               members[tree.key])  # fmt: skip
+        self._kill_groups()
 
     # killing and reaping ------------------------------------------------------------------------
 
@@ -510,9 +513,9 @@ class ForkServer:
                 os.kill(tree.pid, sig)
         _procfs.signal_all(procs, members, sig)
         if sig == signal.SIGKILL:
+            if tree.cgroup is not None and not tree.kill_sent:  # every member, even one no walk found
+                self._group_kills.append(tree.cgroup)  # after the loop, all at once (_kill_groups)
             tree.kill_sent = True
-            if tree.cgroup is not None:  # every member, including any no walk of /proc found
-                _cgroupfs.kill(tree.cgroup)
         if sig == signal.SIGTERM:  # a stopped process would never see its TERM
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
             _procfs.signal_all(procs, members, signal.SIGCONT)
@@ -621,11 +624,20 @@ class ForkServer:
                     _procfs.signal_all(procs, newcomers, signal.SIGTERM)
                     _procfs.signal_all(procs, newcomers, signal.SIGCONT)
                     tree.termed |= newcomers
+        self._kill_groups()
         self._handle_strays(procs, strays, now)
         self._empty_groups = [group for group in self._empty_groups if not _cgroupfs.remove(group)]
         if self._closing_kill_at is not None and now >= self._closing_kill_at:
             # Escapees that lost their marker belong to no known tree: at close they die too.
             _procfs.signal_all(procs, _procfs.live(procs, procs), signal.SIGKILL)
+
+    def _kill_groups(self) -> None:
+        """The group KILL of every tree KILLed in this round, in one go (``_cgroupfs.kill_all``). A
+        tree's group is killed at its first KILL; what appears later is KILLed by the ticks as a
+        member (the group's members are members of the tree)."""
+        if self._group_kills:
+            groups, self._group_kills = self._group_kills, []
+            _cgroupfs.kill_all(groups)
 
     def _group_holds(self, tree: _Tree) -> bool:
         """Whether the tree's group still holds a process: one no walk of /proc showed (in another
@@ -634,6 +646,8 @@ class ForkServer:
             return False
         if tree.kill_at is None:  # the task's tree dies with the task: TERM, then KILL, as for members
             tree.kill_at = time.monotonic() + tree.grace_seconds
+        elif tree.kill_sent:  # KILLed, and still holding what no walk shows: the group's KILL again
+            self._group_kills.append(tree.cgroup)
         return True
 
     def _timeout(self) -> float | None:
