@@ -76,6 +76,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(None if lat is None else lat <= target),
                 )
             )
+    for r in (results.get("kill-groups") or {}).get("runs", []):
+        lat, target = r["trees_gone_seconds"], r["target_seconds"]
+        rows.append(
+            (
+                f"SIGTERM -> {r['tasks']} trees gone <= kill_grace + 200 ms ({r['mode']}, "
+                f"--cgroup {r['cgroup']})",
+                f"{_f(lat)} s (target {_f(target)})",
+                _verdict(None if lat is None else lat <= target),
+            )
+        )
     fp = results.get("footprint")
     if fp:
         for r in fp["idle"]:
@@ -245,8 +255,9 @@ def _kill_groups(kg: dict[str, Any] | None) -> list[str]:
     for r in kg["runs"]:
         gone = r["trees_gone_seconds"]
         kill = None if gone is None or r["mode"] != "ignore-term" else gone - grace
+        mechanism = (r["mechanism"] or "?").split(" (limits")[0].split(";")[0]  # the full line: the JSON
         out.append(f"| {r['cgroup']} | {r['mode']} | {_f(gone)} | {_f(kill)} | {_f(r['exit_seconds'])} | "
-                   f"{r['reported_failed']}/{r['tasks']} | {r['mechanism'] or '?'} |")  # fmt: skip
+                   f"{r['reported_failed']}/{r['tasks']} | {mechanism} |")  # fmt: skip
     return out
 
 
