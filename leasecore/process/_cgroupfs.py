@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -227,7 +228,8 @@ def zombie_rusage(pid: int) -> dict[str, float]:
     """``max_rss_bytes`` / ``cpu_*_seconds`` of an exited, unreaped child and the descendants it reaped
     (``waitid(WNOWAIT)`` fills the rusage, as the kernel's getrusage(RUSAGE_BOTH)); {} where it cannot
     be read (another architecture, not our child, not Linux)."""
-    number = _WAITID.get(os.uname().machine) if hasattr(os, "uname") else None
+    linux = sys.platform.startswith("linux")
+    number = _WAITID.get(os.uname().machine) if linux else None
     if number is None:
         return {}
     import ctypes

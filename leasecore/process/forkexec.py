@@ -63,8 +63,8 @@ def _child(req: dict[str, Any], fds: list[int], sigdef: list[int], report: int) 
         if req.get("rlimits"):
             import resource
 
-            for number, value in req["rlimits"]:
-                resource.setrlimit(int(number), (int(value), int(value)))
+            for name, value in req["rlimits"]:
+                resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (int(value), int(value)))
         step = "setsid"
         os.setsid()
         for target, fd in enumerate(fds):
@@ -79,7 +79,8 @@ def _child(req: dict[str, Any], fds: list[int], sigdef: list[int], report: int) 
         step = "exec"
         os.execve(req["path"], req["argv"], req["env"])
     except BaseException as exc:
-        code = getattr(exc, "errno", None) or 0
+        # setrlimit says ValueError for a hard limit above the one we have (not ours to raise): EPERM
+        code = getattr(exc, "errno", None) or (1 if isinstance(exc, ValueError) else 0)
         try:
             os.write(report, f"{step}:{code}".encode())
         finally:

@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# RLIMIT numbers (Linux; the same on every architecture). The fork server passes numbers, not names.
-RLIMIT_NPROC = 6
-RLIMIT_NOFILE = 7
-RLIMIT_DATA = 2
+# The rlimits by name (``resource.RLIMIT_<name>`` in the child: the numbers differ between systems).
+RLIMIT_NPROC = "NPROC"
+RLIMIT_NOFILE = "NOFILE"
+RLIMIT_DATA = "DATA"
 
 MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: anything larger is a typo
 MAX_PIDS = 4_194_304  # the kernel's pid_max ceiling
@@ -107,7 +107,7 @@ class Limits:
         return ", ".join(parts) or "none"
 
 
-def rlimits_for(limits: Limits, by_group: frozenset[str]) -> list[tuple[int, int]]:
+def rlimits_for(limits: Limits, by_group: frozenset[str]) -> list[tuple[str, int]]:
     """``(resource, value)`` pairs to set (soft = hard) in the child: the limits that ``by_group`` (the
     controllers enforcing them per tree: ``memory``, ``pids``) does not cover, plus ``nofile``."""
     pairs = []

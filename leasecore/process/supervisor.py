@@ -859,7 +859,7 @@ class Supervisor:
 
     def _group_for(
         self, spec: CommandSpec, token: str
-    ) -> tuple[_cgroupfs.Group | None, list[tuple[int, int]]]:
+    ) -> tuple[_cgroupfs.Group | None, list[tuple[str, int]]]:
         """The task's new group (None without cgroups) and the rlimits its command gets."""
         group = None
         if self._cgroups.active:
