@@ -11,9 +11,11 @@ Skipped, saying why, where this host gives the runner no cgroups (not root, noth
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+from typing import Any
 
 import psutil
 import pytest
@@ -86,6 +88,16 @@ def test_a_wiped_daemon_dies_when_the_lease_is_lost(world: World) -> None:
     proc = world.run("--kill-grace", "0.5", command=[*COMMAND, str(world.gate)])
     wait_until(world.child_pids, what="the child to start")
     (daemon,) = wait_until(_daemons, what="the daemon to start")
+    # `status` sees the mechanism and the tree's memory now (its group's).
+    (snapshot,) = world.state_dir.glob("runner-*.json")
+
+    def with_memory() -> dict[str, Any] | None:
+        doc = json.loads(snapshot.read_text())
+        return doc if doc["tasks"] and doc["tasks"][0]["memory_bytes"] else None
+
+    doc = wait_until(with_memory, what="a snapshot with the task's memory")
+    assert doc["runner"]["cgroup"].startswith("cgroup v")
+    assert doc["tasks"][0]["memory_bytes"] > 0
     world.admin.terminate_workflow(wf, "lease loss test")  # the task is no longer ours
     wait_until(lambda: gone(daemon.pid), timeout_seconds=20, what="the daemon to be killed")
     proc.send_signal(signal.SIGTERM)
