@@ -222,6 +222,7 @@ def remove(group: Group) -> bool:
 _WAITID = {"x86_64": 247, "aarch64": 95}  # the raw syscall takes a struct rusage (glibc's wrapper not)
 _P_PID = 1
 _WEXITED, _WNOHANG, _WNOWAIT = 4, 1, 0x01000000
+_libc: Any = None  # the C library, opened at the first call
 
 
 def zombie_rusage(pid: int) -> dict[str, float]:
@@ -234,7 +235,10 @@ def zombie_rusage(pid: int) -> dict[str, float]:
         return {}
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
     info = ctypes.create_string_buffer(128)  # siginfo_t
     usage = (ctypes.c_long * 18)()  # struct rusage: two timevals, then 14 longs
     flags = _WEXITED | _WNOHANG | _WNOWAIT

@@ -324,7 +324,10 @@ def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
         assert wait_until(lambda: bool(_daemons()), 10)
         (daemon,) = _daemons()
         forkserver = psutil.Process(info["forkserver"])
-        os.kill(info["forkserver"], signal.SIGKILL)  # both at once: nobody is left to kill the tree
+        # Both at once: nobody is left to kill the tree. The runner is stopped first: alive, it would
+        # see its fork server die and kill every tree itself (as it should).
+        proc.send_signal(signal.SIGSTOP)
+        os.kill(info["forkserver"], signal.SIGKILL)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert wait_until(lambda: not alive(forkserver), 5)
