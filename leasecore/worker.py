@@ -186,6 +186,7 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
+    setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret)
     try:
         try:
@@ -194,7 +195,6 @@ def _serve(
         except StartupInterrupted as stop:
             return RunOutcome(signum=stop.signum)
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
         treegroups.log_setup(config, setup)
         supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url), cgroup_setup=setup)
         try:
