@@ -205,6 +205,9 @@ class WorkerConfig:
     cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
 
 
+CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
+
+
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
@@ -232,8 +235,9 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             argv += ["--heartbeat-timeout", str(cfg.heartbeat_timeout_seconds)]
         if cfg.poll_timeout_ms is not None:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
-        if cfg.cgroup is not None:
-            argv += ["--cgroup", cfg.cgroup]
+        cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if cgroup is not None:
+            argv += ["--cgroup", cgroup]
         return [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [
