@@ -24,10 +24,10 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, heartbeat, kill, report, throughput
+from bench import footprint, harness, heartbeat, kill, report, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint")
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "kill-groups")  # kill-groups: only with --only
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -68,6 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "list (default 1,200; quick 1)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
+    p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
+                   help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
@@ -125,8 +127,9 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    harness.CONDUCTOR_RUN_CGROUP = args.cgroup
     kinds = [k for k in args.workers.split(",") if k]
-    sections = args.only or list(SECTIONS)
+    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
     started = time.monotonic()
     results: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -171,6 +174,11 @@ def main(argv: list[str]) -> int:
                             log=log,
                             deadline_trees=tuple(args.deadline_trees),
                         )
+                    elif section == "kill-groups":
+                        results[section] = kill.groups_vs_none(
+                            srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),
+                            trials=args.kill_trials, log=log,
+                        )  # fmt: skip
                     elif section == "footprint":
                         fp_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = footprint.run(

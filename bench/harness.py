@@ -208,6 +208,10 @@ class WorkerConfig:
     kill_grace_seconds: float | None = None
     heartbeat_timeout_seconds: float | None = None
     poll_timeout_ms: int | None = None
+    cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
+
+
+CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
 
 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
@@ -239,6 +243,9 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
         if cfg.kind == METRICS_KIND:
             argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
+        cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if cgroup is not None:
+            argv += ["--cgroup", cgroup]
         return [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [

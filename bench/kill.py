@@ -13,6 +13,11 @@ optionally all ignoring SIGTERM. "Gone" = the last of the three exited (pidfd wa
   check (every ``ownership_check_interval``, 5 s by default) and kills the tree at once.
 - shutdown: SIGTERM to the runner with K tasks running: time until the trees are gone and until the
   runner has exited (children TERMed, KILLed after the grace, each task reported FAILED).
+- groups vs none (section ``kill-groups``): the shutdown measure with 200 trees, once with a cgroup per
+  tree (``--cgroup auto``: the KILL is cgroup.kill, or freeze + KILL + thaw on v1) and once without
+  (``--cgroup off``: /proc tracking), alternately, for both tree kinds. With ``ignore-term`` the trees
+  live until the KILL, so ``trees gone - kill_grace`` is the KILL's own latency; ``obeys-term`` is the
+  TERM path. The mechanism the runner chose is taken from its log ("task trees: ...").
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ HEARTBEAT_TIMEOUT_SECONDS = 4  # R of the kill tasks; heartbeats every 0.8 x (R 
 
 
 def _start(
-    srv: BenchServer, workdir: Path, name: str, mode: str, count: int, kill_grace: float
+    srv: BenchServer, workdir: Path, name: str, mode: str, count: int, kill_grace: float,
+    cgroup: str | None = None,
 ) -> tuple[WorkerProcess, list[str], list[str], Path]:
     srv.define(name, response_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
     pids_dir = workdir / f"pids_{name}"
@@ -44,6 +50,7 @@ def _start(
         command=[str(CHILDREN / "tree.sh"), mode, str(pids_dir)],
         state_dir=workdir / "state",
         kill_grace_seconds=kill_grace,
+        cgroup=cgroup,
     )
     worker = WorkerProcess(cfg, workdir / f"{name}.log")
     return worker, wf_ids, task_ids, pids_dir
@@ -126,9 +133,12 @@ def termination(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, t
         worker.stop()
 
 
-def shutdown(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, tasks: int) -> dict[str, Any]:
+def shutdown(
+    srv: BenchServer, workdir: Path, mode: str, kill_grace: float, tasks: int, *, cgroup: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     worker, _, task_ids, pids_dir = _start(
-        srv, workdir, f"ks_{mode.replace('-', '_')}_{tasks}", mode, tasks, kill_grace
+        srv, workdir, name or f"ks_{mode.replace('-', '_')}_{tasks}", mode, tasks, kill_grace, cgroup
     )
     try:
         watch = ExitWatch(_tree_pids(pids_dir, task_ids, worker))
@@ -140,8 +150,13 @@ def shutdown(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, task
         marks = srv.marks(task_ids)
         reported = sum(1 for u in marks["updates"].values() if any(s == "FAILED" for _when, s, _via in u))
         trees = gone[0] - worker.stop_sent_at if gone[0] is not None and worker.stop_sent_at else None
+        log_text = worker.log_path.read_text(errors="replace")  # the worker has stopped: its log is whole
+        mechanism = next((line.split("task trees: ", 1)[1] for line in log_text.splitlines()
+                          if "task trees: " in line), None)  # fmt: skip
         return {
             "mode": mode,
+            "cgroup": cgroup,
+            "mechanism": mechanism,
             "tasks": tasks,
             "kill_grace_seconds": kill_grace,
             "exit_seconds": exited,
@@ -189,4 +204,20 @@ def run(
                 f"exit {r['exit_seconds']} s, reported FAILED {r['reported_failed']}"
             )
             out["shutdown"].append(r)
+    return out
+
+
+def groups_vs_none(
+    srv: BenchServer, workdir: Path, *, kill_grace: float, tasks: int, trials: int, log: Any
+) -> dict[str, Any]:
+    """SIGTERM -> ``tasks`` trees gone, with a cgroup per tree and without, alternately."""
+    out: dict[str, Any] = {"kill_grace_seconds": kill_grace, "tasks": tasks, "runs": []}
+    for trial in range(trials):
+        for mode in ("ignore-term", "obeys-term"):
+            for cgroup in ("auto", "off"):
+                name = f"kg_{cgroup}_{mode.replace('-', '_')}_{trial}"
+                r = shutdown(srv, workdir, mode, kill_grace, tasks, cgroup=cgroup, name=name)
+                log(f"groups vs none ({cgroup}, {mode}, {tasks} trees): gone {r['trees_gone_seconds']} s, "
+                    f"exit {r['exit_seconds']} s; {r['mechanism']}")  # fmt: skip
+                out["runs"].append(r)
     return out

@@ -78,6 +78,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(None if lat is None else lat <= target),
                 )
             )
+    for r in (results.get("kill-groups") or {}).get("runs", []):
+        lat, target = r["trees_gone_seconds"], r["target_seconds"]
+        rows.append(
+            (
+                f"SIGTERM -> {r['tasks']} trees gone <= kill_grace + 200 ms ({r['mode']}, "
+                f"--cgroup {r['cgroup']})",
+                f"{_f(lat)} s (target {_f(target)})",
+                _verdict(None if lat is None else lat <= target),
+            )
+        )
     fp = results.get("footprint")
     if fp:
         for r in fp["idle"]:
@@ -117,7 +127,8 @@ def render(results: dict[str, Any]) -> str:
     if results.get("notes"):
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
-    out += _kill(results.get("kill")) + _footprint(results.get("footprint"))
+    out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
+    out += _footprint(results.get("footprint"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
     return "\n".join(out) + "\n"
@@ -237,6 +248,31 @@ def _kill(kl: dict[str, Any] | None) -> list[str]:
             f"| SIGTERM -> runner exited ({r['reported_failed']}/{r['tasks']} reported FAILED) | "
             f"{r['mode']} | {_f(r['exit_seconds'])} |"
         )
+    return out
+
+
+def _kill_groups(kg: dict[str, Any] | None) -> list[str]:
+    if not kg:
+        return []
+    grace = kg["kill_grace_seconds"]
+    out = [
+        "",
+        f"## Tree kill with a cgroup per tree vs without ({kg['tasks']} trees)",
+        "",
+        f"SIGTERM to the runner with {kg['tasks']} trees running (shell + grandchild + setsid escapee), "
+        f"kill_grace = {grace} s. `auto`: a cgroup per tree; `off`: /proc tracking only. With "
+        "`ignore-term` the trees live until the KILL, so gone - kill_grace is the KILL's own latency.",
+        "",
+        "| --cgroup | tree | trees gone (s) | gone - kill_grace (s) | runner exited (s) | reported FAILED "
+        "| mechanism |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in kg["runs"]:
+        gone = r["trees_gone_seconds"]
+        kill = None if gone is None or r["mode"] != "ignore-term" else gone - grace
+        mechanism = (r["mechanism"] or "?").split(" (limits")[0].split(";")[0]  # the full line: the JSON
+        out.append(f"| {r['cgroup']} | {r['mode']} | {_f(gone)} | {_f(kill)} | {_f(r['exit_seconds'])} | "
+                   f"{r['reported_failed']}/{r['tasks']} | {mechanism} |")  # fmt: skip
     return out
 
 

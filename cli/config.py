@@ -97,6 +97,16 @@ def _entries(values: Mapping[str, Any], sources: Mapping[str, Source]) -> dict[s
     return entries
 
 
+def cgroup_view(config: ResolvedConfig) -> dict[str, Any]:
+    """The cgroup mechanism ``run`` would use here (detected now), why not a better one, and the
+    limits it would enforce per process rather than per tree, or not at all."""
+    from leasecore import treegroups
+
+    setup = treegroups.setup_for(config)
+    return {"mechanism": setup.mechanism, "detail": setup.describe(),
+            "limits_per_tree": sorted(setup.limits), "notes": treegroups.limit_notes(config, setup)}
+
+
 def _mask_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
@@ -121,6 +131,11 @@ def _render(view: Mapping[str, Any], console: Console) -> None:
         )
     for warning in view["warnings"]:
         console.print(Text(f"warning: {warning}", style="yellow"))
+    groups = view.get("cgroups")
+    if groups:
+        console.print(Text(f"task trees: {groups['detail']}"))
+        for note in groups["notes"]:
+            console.print(Text(f"warning: {note}", style="yellow"))
 
 
 def _table(title: str, entries: Mapping[str, Entry]) -> Table:
@@ -154,10 +169,11 @@ def config_command(
     """
     try:
         resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
+        view = effective_view(resolved)
+        view["cgroups"] = cgroup_view(resolved)
     except ConfigError as exc:
         typer.echo(f"conductor-run: configuration error: {exc}", err=True)
         raise typer.Exit(exitcodes.CONFIG) from None
-    view = effective_view(resolved)
     if as_json:
         typer.echo(json.dumps(view, indent=2))
     else:

@@ -39,6 +39,11 @@ _EXAMPLES: dict[str, Any] = {
     "user": "nobody",
     "group": "nogroup",
     "metrics_port": 9464,  # #20
+    # issue 19: per-tree limits
+    "memory_max": "2G",
+    "pids_max": 512,
+    "cpu_max": 2,
+    "nofile": 4096,
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -55,6 +60,10 @@ _UNSET_MEANS = {
     "user": "the runner's own",
     "group": "the user's primary group",
     "metrics_port": "no metrics endpoint",  # #20
+    "memory_max": "no limit",
+    "pids_max": "no limit",
+    "cpu_max": "no limit",
+    "nofile": "inherited",
 }
 
 _HEADER = """\

@@ -526,6 +526,73 @@ KEYS: dict[str, KeySpec] = {
     )
 }
 
+# --- issue 19: resource limits per task tree, and the cgroup mechanism ------------------------------
+# (limits.py parses the values; cgroups.py enforces them per tree, else rlimits per process.)
+
+
+def _size(value: Any) -> int:
+    from leasecore.process.limits import parse_size
+
+    return parse_size(value)
+
+
+def _cpus(value: Any) -> float:
+    from leasecore.process.limits import parse_cpus
+
+    return parse_cpus(value)
+
+
+KEYS.update(
+    {
+        spec.name: spec
+        for spec in (
+            _key(
+                "cgroup",
+                "runner",
+                choice("auto", "v2", "v1", "off"),
+                "task trees in cgroups: auto (v2 if it can limit, else v1, else none), v2, v1 or off",
+                env=("CONDUCTOR_RUN_CGROUP",),
+                flag="--cgroup",
+            ),
+            _key(
+                "memory_max",
+                "task",
+                _size,
+                "memory limit of the task's tree (64M, 2G; per process where no cgroup can enforce it)",
+                worker_prop="memory_max",
+                flag="--memory-max",
+            ),
+            _key(
+                "pids_max",
+                "task",
+                int_range(1, 4_194_304),
+                "most processes the task's tree may hold at once",
+                worker_prop="pids_max",
+                flag="--pids-max",
+                **_I,
+            ),
+            _key(
+                "cpu_max",
+                "task",
+                _cpus,
+                "CPU cores the task's tree may use (0.5, 2; needs a cgroup cpu controller)",
+                worker_prop="cpu_max",
+                flag="--cpu-max",
+            ),
+            _key(
+                "nofile",
+                "task",
+                int_range(1, 1 << 30),
+                "open files per process of the task's tree (RLIMIT_NOFILE)",
+                worker_prop="nofile",
+                flag="--nofile",
+                **_I,
+            ),
+        )
+    }
+)
+# --- end of issue 19 ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Source:

@@ -90,7 +90,18 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
         consecutive_failures=view.consecutive_failures if view else 0,
         fence_reason=fence.value if fence is not None else None,
         recent_output=entry.tail.lines(),
+        memory_bytes=_memory_of(entry.child),
     )
+
+
+def _memory_of(child: object) -> int | None:
+    """The tree's memory now (``Child.memory_bytes``: its group, else the child's RSS); None for a
+    child handle that cannot tell (a test's fake) or one not running yet."""
+    reader = getattr(child, "memory_bytes", None)
+    if reader is None or not getattr(child, "pid", 0):
+        return None
+    value = reader()
+    return value if isinstance(value, int) else None
 
 
 def undelivered_snapshot(entry: InFlight) -> TaskSnapshot:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from leasecore import treegroups
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
@@ -111,6 +112,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
         protocol=task.protocol,
         run_as=run_as_for(task),
+        limits=treegroups.limits_of(task),  # issue 19
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -230,6 +232,7 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
+    setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
     metrics: MetricsService | None = None
@@ -243,7 +246,8 @@ def _serve(
         except StartupInterrupted as stop:
             return RunOutcome(signum=stop.signum)
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url))
+        treegroups.log_setup(config, setup)
+        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url), cgroup_setup=setup)
         try:
             # Dead trees first, then their tasks into the outbox, then every saved result out: a
             # retry of a task must never start while its old tree may still run.
@@ -256,7 +260,8 @@ def _serve(
             supervisor.sweep_leftovers(on_orphans)
             _forget_snapshots(state_dir, swept)
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot, metrics)
+            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot, metrics,
+                                  cgroup=setup.describe())
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -367,12 +372,15 @@ def _make_runner(
     state_dir: Path,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
     metrics: MetricsService | None = None,
+    *,
+    cgroup: str = "",
 ) -> Runner:
     plans = [plan_for(task) for task in config.tasks]
     info = runner_info_for_this_process(
         worker_id=plans[0].worker_id,
         server_url=config.server.url,
         task_types=[p.poll.task_type for p in plans],
+        cgroup=cgroup,
     )
     status: StatusPort = StatePublisher(state_dir, info)
     if on_snapshot is not None:
