@@ -531,13 +531,13 @@ KEYS: dict[str, KeySpec] = {
 
 
 def _size(value: Any) -> int:
-    from leasecore.process.limits import parse_size
+    from leasecore.limits import parse_size
 
     return parse_size(value)
 
 
 def _cpus(value: Any) -> float:
-    from leasecore.process.limits import parse_cpus
+    from leasecore.limits import parse_cpus
 
     return parse_cpus(value)
 

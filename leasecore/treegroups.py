@@ -14,8 +14,8 @@ import logging
 
 from leasecore.config import ResolvedConfig, TaskSettings
 from leasecore.errors import ConfigError
+from leasecore.limits import Limits
 from leasecore.process import cgroups
-from leasecore.process.limits import Limits
 
 log = logging.getLogger("conductor_run.cgroups")
 

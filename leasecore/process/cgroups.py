@@ -25,8 +25,8 @@ import secrets
 from dataclasses import dataclass, field
 
 from leasecore.errors import SpawnError
+from leasecore.limits import Limits
 from leasecore.process import _cgroupfs
-from leasecore.process.limits import Limits
 
 MODES = ("auto", "v2", "v1", "off")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")

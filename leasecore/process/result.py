@@ -23,8 +23,8 @@ from __future__ import annotations
 import signal as signal_module
 from typing import Any
 
+from leasecore.limits import format_size, memory_reason
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.process.limits import format_size, memory_reason
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.process.stdio_protocol import STDIO, to_stdio_result
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.errors import SpawnError
+from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
-from leasecore.process.limits import Limits
 from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
 from leasecore.runas import RunAs
 

@@ -53,10 +53,10 @@ from typing import Any
 import leasecore
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
+from leasecore.limits import rlimits_for
 from leasecore.models import Task
 from leasecore.process import _cgroupfs, _procfs, cgroups, leftovers
 from leasecore.process.forkserver import recv_frame, send_frame, take_frames
-from leasecore.process.limits import rlimits_for
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
 from leasecore.process.stdio_protocol import STDIO, StdoutDocument, task_json

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from leasecore.limits import Limits
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, cgroups, leftovers, to_task_result
-from leasecore.process.limits import Limits
 
 from .process_support import REPO, alive, make_task, wait_until
 

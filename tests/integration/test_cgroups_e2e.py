@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from cli import exitcodes
+from leasecore.limits import memory_reason
 from leasecore.process import cgroups
-from leasecore.process.limits import memory_reason
 from tests.integration.helpers import World, gone, wait_until
 
 pytestmark = pytest.mark.slow

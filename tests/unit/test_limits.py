@@ -10,10 +10,7 @@ import pytest
 
 from leasecore.config import ResolvedConfig, parse_toml, resolve
 from leasecore.errors import ConfigError
-from leasecore.models import Task, TaskStatus
-from leasecore.orphans import orphan_reason
-from leasecore.process import CommandSpec, cgroups, to_task_result
-from leasecore.process.limits import (
+from leasecore.limits import (
     RLIMIT_DATA,
     RLIMIT_NOFILE,
     RLIMIT_NPROC,
@@ -24,6 +21,9 @@ from leasecore.process.limits import (
     parse_size,
     rlimits_for,
 )
+from leasecore.models import Task, TaskStatus
+from leasecore.orphans import orphan_reason
+from leasecore.process import CommandSpec, cgroups, to_task_result
 from leasecore.process.spec import ChildExit
 
 MB = 1 << 20
