@@ -123,3 +123,26 @@ def test_memory_max_fails_a_300mb_task_naming_the_limit_and_resources_are_report
         assert resources["max_rss_bytes"] <= 65 * 1024 * 1024
     else:
         assert "memory limit 64 MiB, a per-process rlimit" in task["reasonForIncompletion"]
+
+
+def test_memory_max_fails_a_stdio_task_naming_the_limit_with_resources(world: World) -> None:
+    """``--protocol stdio`` maps an OOM kill as the native protocol does, not as "killed by SIGKILL"."""
+    setup = _setup()
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    code_text = ("import json, sys; sys.stdin.read(); a = bytearray(256 * 1024 * 1024); "
+                 "print(json.dumps({'status': 'COMPLETED', 'output': {'n': len(a)}}))")  # fmt: skip
+    proc = world.run("--once", "--protocol", "stdio", "--memory-max", "64M",
+                     command=[sys.executable, "-c", code_text])  # fmt: skip
+    code, err = world.finish(proc)
+    assert code == exitcodes.TASK_FAILED, err
+    task = world.task_of(wf)
+    assert task["status"] == "FAILED"
+    resources = task["outputData"]["resources"]
+    assert set(resources) == {"max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds"}
+    assert resources["max_rss_bytes"] > 0
+    if "memory" in setup.limits:
+        assert task["reasonForIncompletion"] == f"worker execution failed: {memory_reason(64 * 1024 * 1024)}"
+        assert resources["max_rss_bytes"] <= 65 * 1024 * 1024
+    else:
+        assert "memory limit 64 MiB, a per-process rlimit" in task["reasonForIncompletion"]
