@@ -1,9 +1,8 @@
 """What both result mappings (``result.py`` native, ``stdio_protocol.py`` stdio) say the same way. Pure.
 
-The last stderr line of a reason, a signal's name, the bound on ``reasonForIncompletion``, the
-``resources`` object of outputData, and the memory limit's part in a failure (``limits.memory_reason``
-when the kernel's OOM killer hit the tree's group; a plain note when only a per-process rlimit was in
-force).
+The verdict of the exit alone (``exit_verdict``: timeout, OOM kill, signal, exit code), the last
+stderr line of a reason, a signal's name, the bound on ``reasonForIncompletion`` and the
+``resources`` object of outputData.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import signal as signal_module
 from typing import TYPE_CHECKING, Any
 
 from leasecore.limits import format_size, memory_reason
+from leasecore.models import TaskStatus
 
 if TYPE_CHECKING:  # spec.py imports stdio_protocol, which imports this module: only the types
     from leasecore.process.spec import ChildExit, CommandSpec
@@ -45,14 +45,33 @@ def resources(exit: ChildExit) -> dict[str, Any]:
     return {name: (exit.resources or {}).get(name) for name in RESOURCE_KEYS}
 
 
-def oom_reason(exit: ChildExit, spec: CommandSpec) -> str | None:
-    """The reason when the kernel's OOM killer hit the tree's group (whatever the exit was), else None."""
-    return memory_reason(spec.limits.memory_max) if exit.oom_kills > 0 else None
+def exit_verdict(
+    exit: ChildExit, spec: CommandSpec, timed_out: bool, *, failed: str = "", exited: str = "exit code"
+) -> tuple[TaskStatus, str] | None:
+    """The status and reason the exit alone gives; None for exit 0 (the caller's output decides).
 
-
-def rlimit_note(exit: ChildExit, spec: CommandSpec) -> str:
-    """For a non-zero exit under a per-process memory rlimit: the limit that was in force, said plainly
-    (not a verdict: no group tells why it failed). "" otherwise."""
+    First match wins: the exec timeout; OOM kills in the tree's group (``limits.memory_reason``,
+    whatever the exit was: from the group's events, never guessed from a SIGKILL); a signal; the
+    in-progress exit code; any other code, with the last stderr line (and, under a per-process memory
+    rlimit, the limit that was in force: not a verdict, no group tells why it failed), terminal when
+    in ``spec.terminal_exit_codes``. ``failed`` prefixes the failures' reasons but the timeout's,
+    ``exited`` names the code ("exit code 3" natively; the stdio protocol says "exit status 3").
+    """
+    if timed_out:
+        return TaskStatus.FAILED, f"exec timeout after {spec.exec_timeout_seconds:g}s"
+    if exit.oom_kills > 0:
+        return TaskStatus.FAILED, failed + memory_reason(spec.limits.memory_max)
+    if exit.signal is not None:
+        return TaskStatus.FAILED, f"{failed}killed by {signal_name(exit.signal)}"
+    code = exit.exit_code
+    if code == 0:
+        return None
+    if code is not None and code == spec.in_progress_exit_code:
+        return TaskStatus.IN_PROGRESS, ""
+    last = last_line(exit.stderr_tail)
+    reason = f"{failed}{exited} {code}" + (f": {last}" if last else " (nothing on stderr)")
     if exit.memory_limit_by == "rlimit" and spec.limits.memory_max is not None:
-        return f" (under memory limit {format_size(spec.limits.memory_max)}, a per-process rlimit)"
-    return ""
+        reason += f" (under memory limit {format_size(spec.limits.memory_max)}, a per-process rlimit)"
+    if code in spec.terminal_exit_codes:
+        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
+    return TaskStatus.FAILED, reason

@@ -23,34 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.process.reasons import bounded, last_line, oom_reason, resources, rlimit_note, signal_name
+from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.process.stdio_protocol import STDIO, to_stdio_result
-
-
-def _seconds(value: float) -> str:
-    return f"{value:g}s"
-
-
-def _status_and_reason(exit: ChildExit, spec: CommandSpec, timed_out: bool) -> tuple[TaskStatus, str]:
-    if timed_out:
-        return TaskStatus.FAILED, f"exec timeout after {_seconds(spec.exec_timeout_seconds)}"
-    oom = oom_reason(exit, spec)
-    if oom is not None:
-        return TaskStatus.FAILED, oom
-    if exit.signal is not None:
-        return TaskStatus.FAILED, f"killed by {signal_name(exit.signal)}"
-    code = exit.exit_code
-    if code == 0:
-        return TaskStatus.COMPLETED, ""
-    if code is not None and code == spec.in_progress_exit_code:
-        return TaskStatus.IN_PROGRESS, ""
-    last = last_line(exit.stderr_tail)
-    reason = f"exit code {code}: {last}" if last else f"exit code {code} (nothing on stderr)"
-    reason += rlimit_note(exit, spec)
-    if code in spec.terminal_exit_codes:
-        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
-    return TaskStatus.FAILED, reason
 
 
 def to_task_result(
@@ -59,7 +34,7 @@ def to_task_result(
     """The update to send for ``task`` now that its child ended as ``exit``."""
     if spec.protocol == STDIO:  # conductor-cli's contract: the result is the stdout document
         return to_stdio_result(task, exit, spec, worker_id=worker_id, timed_out=timed_out)
-    status, reason = _status_and_reason(exit, spec, timed_out)
+    status, reason = exit_verdict(exit, spec, timed_out) or (TaskStatus.COMPLETED, "")
     if exit.output_error and status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
         status, reason = TaskStatus.FAILED, exit.output_error
     output: dict[str, Any] = dict(exit.output or {})

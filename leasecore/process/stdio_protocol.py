@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
-from leasecore.process.reasons import bounded, last_line, oom_reason, resources, rlimit_note, signal_name
+from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
 if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types from there
@@ -276,36 +276,13 @@ def _diagnostics(exit: ChildExit, *, stdout: bytes | None = None) -> dict[str, A
     return output
 
 
-def _exit_failure(exit: ChildExit, spec: CommandSpec, timed_out: bool) -> tuple[TaskStatus, str] | None:
-    """The status and reason when the exit alone decides (the document is not read), else None."""
-    if timed_out:
-        return TaskStatus.FAILED, f"exec timeout after {spec.exec_timeout_seconds:g}s"
-    oom = oom_reason(exit, spec)  # the group's events say so, whatever the exit was (as natively)
-    if oom is not None:
-        return TaskStatus.FAILED, f"worker execution failed: {oom}"
-    if exit.signal is not None:
-        return TaskStatus.FAILED, f"worker execution failed: killed by {signal_name(exit.signal)}"
-    code = exit.exit_code
-    if code == 0:
-        return None
-    if code is not None and code == spec.in_progress_exit_code:
-        return TaskStatus.IN_PROGRESS, ""
-    last = last_line(exit.stderr_tail)
-    reason = f"worker execution failed: exit status {code}" + (
-        f": {last}" if last else " (nothing on stderr)"
-    )
-    reason += rlimit_note(exit, spec)
-    if code in spec.terminal_exit_codes:
-        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
-    return TaskStatus.FAILED, reason
-
-
 def to_stdio_result(
     task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
 ) -> TaskResult:
     """The update for ``task`` under the stdio contract (the module docstring has the mapping)."""
     document = exit.stdout_document or b""
-    decided = _exit_failure(exit, spec, timed_out)
+    # The exit alone decides (the document is not read) unless it was 0.
+    decided = exit_verdict(exit, spec, timed_out, failed="worker execution failed: ", exited="exit status")
     if decided is not None:
         status, reason = decided
         in_progress = status is TaskStatus.IN_PROGRESS
