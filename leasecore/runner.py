@@ -349,6 +349,7 @@ class Runner:
         why = self._gate.hold(task, now + entry.policy.start_delay_seconds, now, here)
         if why is not None:  # its lease is held (heartbeats) meanwhile
             entry.phase = Phase.WAITING
+            self._engine.start_held(task.task_id)  # its exec timeout counts from the command's start
             log.warning("task %s: not starting it yet: %s", task.task_id, why)
             return
         self._start_child(entry)

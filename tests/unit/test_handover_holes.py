@@ -4,7 +4,7 @@ carries the capped kill grace (runner._spawn_spec)."""
 from __future__ import annotations
 
 from leasecore.handover import YieldHold
-from leasecore.lease import LeasePolicy
+from leasecore.lease import FenceReason, LeasePolicy, TerminateTree
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.process.spec import CommandSpec
 from leasecore.runner import _spawn_spec
@@ -38,3 +38,15 @@ def test_the_spawn_request_carries_the_capped_kill_grace() -> None:
     roomy = LeasePolicy(response_timeout_seconds=600.0, kill_grace_seconds=30.0)
     assert _spawn_spec(spec, roomy) is spec  # not capped: unchanged
     assert _spawn_spec(spec, None) is spec
+
+
+def test_a_command_held_for_a_dying_tree_counts_its_exec_timeout_from_its_start() -> None:
+    from tests.unit.test_lease import T0, Harness, policy
+
+    h = Harness(policy(r=100.0, exec_timeout_seconds=30.0))  # no start delay: held for a dying tree
+    h.lease.on_start_held(h.now)
+    h.at(40)  # past poll + 30: not fenced, its command has not started
+    assert h.fences() == []
+    h.lease.on_child_started(h.now)
+    h.at(80)
+    assert h.fences()[0] == (T0 + 70, TerminateTree(FenceReason.EXEC_TIMEOUT))
