@@ -336,7 +336,8 @@ class Runner:
             entry.policy, entry.tracked = policy, True
         if self._stopping_since is not None:
             # Polled while stopping (a long poll was in flight): hand it straight back for a retry.
-            self._end_unstarted(entry, (entry.policy or plan.make_policy(task)).start_delay_seconds)
+            self._end_unstarted(entry, (entry.policy or plan.make_policy(task)).start_delay_seconds,
+                                held=False)
             return
         if entry.policy is None:
             entry.policy = plan.make_policy(task)
@@ -350,6 +351,7 @@ class Runner:
         if why is not None:  # its lease is held (heartbeats) meanwhile
             entry.phase = Phase.WAITING
             self._engine.start_held(task.task_id)  # its exec timeout counts from the command's start
+            self._metrics.on_task_held(task.task_type, True)  # it holds its slot meanwhile
             log.warning("task %s: not starting it yet: %s", task.task_id, why)
             return
         self._start_child(entry)
@@ -382,10 +384,11 @@ class Runner:
             entry = self._tasks.get(task.task_id)
             if entry is not None and entry.phase is Phase.WAITING:
                 entry.phase = Phase.RUNNING
+                self._metrics.on_task_held(task.task_type, False)
                 log.info("task %s: its previous holder must have stopped by now: starting it", task.task_id)
                 self._start_child(entry)
 
-    def _end_unstarted(self, entry: InFlight, wait_left: float) -> None:
+    def _end_unstarted(self, entry: InFlight, wait_left: float, *, held: bool = True) -> None:
         """A task fenced (or stopped) before its command started: report it, or nothing if lost.
 
         One whose previous holder may still run it (``may_run_elsewhere``) goes back as an unmarked
@@ -395,6 +398,8 @@ class Runner:
         if entry.tracked:
             self._engine.child_exited(task.task_id)
             entry.fence = self._engine.fence_reason(task.task_id)
+        if held:  # its fence (if any) counts: conductor_run_fences_total
+            self._metrics.on_task_held(task.task_type, False, entry.fence)
         if entry.fence is FenceReason.OWNERSHIP_LOST:
             log.warning("task %s: no longer ours before it started; nothing is reported", task.task_id)
             self._forget(entry, None)

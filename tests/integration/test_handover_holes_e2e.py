@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.helpers import World, wait_until
 from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
+from tests.integration.test_metrics_e2e import metrics_port, scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +72,16 @@ def test_a_held_redelivery_handed_back_at_a_stop_is_requeued_not_failed(
     wf = world.start_workflow()
     a = world.run("--config", str(config), "--kill-grace", "1", "--max-tasks", "1", command=copies.command())
     wait_until(lambda: len(copies.read()) == 1, what="A's copy to start")
-    b = world.run("--config", str(config), "--kill-grace", "1", command=copies.command())
+    b = world.run("--config", str(config), "--kill-grace", "1", "--metrics-port", "0",
+                  command=copies.command())
     wait_until(lambda: "serving" in world.stderr(b), what="B to poll")
     task_id = str(world.task_of(wf)["taskId"])
     world.client.request("POST", "/tasks", json_body={
         "taskId": task_id, "workflowInstanceId": wf, "status": "IN_PROGRESS"}, accept="*/*")
     wait_until(lambda: "not starting it yet" in world.stderr(b), what="B to hold the re-delivery")
+    samples = scrape(metrics_port(world, b))  # the held task takes B's one slot
+    assert value(samples, "conductor_run_tasks_waiting", taskType=world.task_type) == 1
+    assert value(samples, "conductor_run_slots_free", taskType=world.task_type) == 0
     c = world.run("--config", str(config), "--kill-grace", "1", command=copies.command())
     wait_until(lambda: "serving" in world.stderr(c), what="C to poll")
     stop(world, b)  # while it holds the task (its hold is 2 + 0.5 + 1 + margin)
