@@ -413,7 +413,7 @@ class Runner:
             self._report(entry, TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                                            callback_after_seconds=seconds, worker_id=entry.plan.worker_id))
             return
-        self._report(entry, _failed(task, entry.plan, f"{why} (before its command started)"))
+        self._report(entry, _failed(task, entry.plan, f"{why} (before its command started)" if held else why))
 
     def _report_not_started(self, entry: InFlight, why: object) -> None:
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
