@@ -354,6 +354,9 @@ class Runner:
             entry.policy = plan.make_policy(task)
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
+        elif self._engine.fence_reason(task.task_id) is not None:  # fenced while in _next_runs
+            self._end_unstarted(entry, entry.policy.start_delay_seconds, held=False)
+            return
         here = ((e.task, e.child) for e in self._tasks.values() if e.child is not None)  # earlier attempts?
         # From now, not from the poll's send time (a long poll may have waited 5 s before the server
         # handed it out): the previous holder's fence counts from the hand-out, which is before now.
