@@ -118,6 +118,7 @@ class _Entry:
     lease: Lease
     wake_at: float | None = None
     beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
+    since_poll: int = 0  # the pollCount of the delivery that started this lease
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,9 @@ class LeaseEngine:
         self._work_cv = threading.Condition(self._lock)
         self._beat_done_cv = threading.Condition(self._lock)  # a heartbeat call returned
         self._entries: dict[str, _Entry] = {}
+        # Leases whose final update (a yield) is still unacknowledged while the task's next delivery
+        # already has its own lease in ``_entries``: inert, kept only for FinalUpdates' calls.
+        self._retired: dict[str, _Entry] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._timer_target = -math.inf  # what the timer sleeps until (-inf: it is awake)
@@ -215,14 +219,24 @@ class LeaseEngine:
         Tracking a task that is already tracked (the server delivered it again) keeps the running
         lease and counts the new poll as an ack: the poll reset the server's updateTime, and the new
         pollCount is ours (an ownership check then does not take it for someone else's poll).
+
+        Except a newer delivery of a task whose final update is in flight (``Lease.is_new_delivery``:
+        a yield re-queued at once): that is the task's next run, with a new lease of its own. The old
+        lease is retired (inert) and ends with its update's ``reported``; ``reported`` with a
+        ``poll_count`` older than the new delivery never ends the new lease.
         """
         fences: Fences = []
         with self._lock:
             now = self._clock.monotonic()
             at = now if polled_at is None else min(polled_at, now)
             entry = self._entries.get(task.task_id)
+            if entry is not None and entry.lease.is_new_delivery(task.poll_count):
+                entry.lease.on_reported(now)  # no action ever again; its update's calls still find it
+                self._retired[task.task_id] = entry
+                entry = None
             if entry is None:
-                entry = _Entry(task, Lease(policy, at, poll_count=task.poll_count, random=self._random))
+                lease = Lease(policy, at, poll_count=task.poll_count, random=self._random)
+                entry = _Entry(task, lease, since_poll=task.poll_count)
                 self._entries[task.task_id] = entry
                 actions = entry.lease.on_tick(now)
             else:
@@ -254,7 +268,7 @@ class LeaseEngine:
         """
         with self._lock:
             entry = self._entries.get(task_id)
-            if entry is None:
+            if entry is None or task_id in self._retired:  # (a retired lease is inert: nothing to stop)
                 return True
             now = self._clock.monotonic()
             actions = entry.lease.on_final_update_started(now)
@@ -278,17 +292,31 @@ class LeaseEngine:
         return False
 
     def final_update_failed(self, task_id: str) -> None:
-        """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now)."""
+        """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now).
+
+        A no-op while the task's lease is retired (its next delivery's own lease beats the task)."""
+        if task_id in self._retired:
+            return
         self._event(task_id, lambda lease, now: lease.on_final_update_failed(now))
 
-    def reported(self, task_id: str) -> None:
+    def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
 
         Call ``begin_final_update`` before sending the update: it also waits out a heartbeat call
-        already in flight, so none overlaps the update or follows it.
+        already in flight, so none overlaps the update or follows it. Ends the lease in final update:
+        a retired one first (``track``); ``poll_count`` (the runner's newest pollCount of the run it
+        forgets) ends the current lease only if that lease started no later than that delivery.
         """
         with self._lock:
-            entry = self._entries.pop(task_id, None)
+            entry = self._entries.get(task_id)
+            if poll_count is None:  # the update's acknowledgement: the lease in final update
+                current = task_id not in self._retired
+            else:  # the runner forgets a run: the current lease only if it is that run's
+                current = entry is not None and poll_count >= entry.since_poll
+            if current:
+                self._entries.pop(task_id, None)
+            else:
+                entry = self._retired.pop(task_id, None)  # never the newer delivery's lease
             if entry is not None:
                 entry.lease.on_reported(self._clock.monotonic())
 
@@ -314,9 +342,10 @@ class LeaseEngine:
     # ----- queries -------------------------------------------------------------------------------
 
     def fence_reason(self, task_id: str) -> FenceReason | None:
-        """Why the task's tree was fenced (None: it was not). KeyError for an unknown task."""
+        """Why the task's tree was fenced (None: it was not, or the task is not tracked)."""
         with self._lock:
-            return self._entries[task_id].lease.fence_reason
+            entry = self._entries.get(task_id)
+            return None if entry is None else entry.lease.fence_reason
 
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
@@ -327,6 +356,11 @@ class LeaseEngine:
         """Snapshots of every tracked lease."""
         with self._lock:
             return {task_id: entry.lease.view() for task_id, entry in self._entries.items()}
+
+    def retired(self) -> list[str]:
+        """Tasks whose old lease still waits for its final update's acknowledgement (see ``track``)."""
+        with self._lock:
+            return list(self._retired)
 
     def metrics(self) -> EngineMetrics:
         """Pool load and heartbeat lateness."""

@@ -622,6 +622,16 @@ class Lease:
         self._poll_count = max(self._poll_count, poll_count)
         return actions + self._advance(now)
 
+    def is_new_delivery(self, poll_count: int) -> bool:
+        """A poll of this task with ``poll_count`` starts a new lease rather than acking this one.
+
+        True once this lease's final update has been sent (a yield: IN_PROGRESS re-queues the task,
+        callbackAfterSeconds 0 at once) and the poll is newer than every delivery this lease held: that
+        poll is the task's next run, and this lease only waits for its update's acknowledgement. While
+        the command runs (no final update yet) a re-delivery is the same run (``on_redelivered``).
+        """
+        return self._final_update and not self._reported and poll_count > self._poll_count > 0
+
     def on_start_held(self, now: float) -> list[Action]:
         """The runner holds the command back (``leasecore.handover.StartGate``): the exec timeout
         counts from ``on_child_started``, never from the poll."""

@@ -145,6 +145,8 @@ class Runner:
         # retry whose earlier attempt's tree is still dying here (leasecore.handover).
         self._gate = StartGate(DyingTrees(_tree_gone))
         self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
+        # A task's next delivery polled while its previous run's result is reported: started after it.
+        self._next_runs: dict[str, tuple[Task, float, LeasePolicy | None, bool]] = {}
         self._yields = YieldHold(_tree_gone)  # IN_PROGRESS results waiting for their tree to be gone
         self._pollers_alive = len(self._pollers)
         # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
@@ -313,6 +315,15 @@ class Runner:
         self, task: Task, polled_at: float, policy: LeasePolicy | None = None, *, surplus: bool = False
     ) -> None:
         plan = self._plans.get(task.task_type) or next(iter(self._plans.values()))
+        if (entry := self._tasks.get(task.task_id)) is not None and entry.phase is Phase.REPORTING and (
+            task.poll_count > entry.task.poll_count
+        ):
+            # Its next run (a yield re-queued at once), polled before its report was acknowledged: it
+            # starts once that report is done; its own lease (engine.track) holds it meanwhile.
+            log.info("task %s polled again (pollCount %d) while its result is reported: running it "
+                     "once that report is done", task.task_id, task.poll_count)
+            self._next_runs[task.task_id] = (task, polled_at, policy, surplus)
+            return
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
             # keeps the lease; starting a second copy would run one task twice at once.
@@ -343,6 +354,9 @@ class Runner:
             entry.policy = plan.make_policy(task)
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
+        elif self._engine.fence_reason(task.task_id) is not None:  # fenced while in _next_runs
+            self._end_unstarted(entry, entry.policy.start_delay_seconds, held=False)
+            return
         here = ((e.task, e.child) for e in self._tasks.values() if e.child is not None)  # earlier attempts?
         # From now, not from the poll's send time (a long poll may have waited 5 s before the server
         # handed it out): the previous holder's fence counts from the hand-out, which is before now.
@@ -582,11 +596,19 @@ class Runner:
 
     def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
         if entry.tracked:
-            self._engine.reported(entry.task.task_id)  # only now do this task's heartbeats stop
+            # Only now do this run's heartbeats stop (never those of the task's next delivery).
+            self._engine.reported(entry.task.task_id, poll_count=entry.task.poll_count)
         self._release_slot(entry)
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
         self._statuses[entry.index] = status
+        if (next_run := self._next_runs.pop(entry.task.task_id, None)) is not None:
+            task, polled_at, policy, surplus = next_run
+            try:
+                self._engine.view(task.task_id)
+            except KeyError:
+                policy = None  # its lease ended with the previous run's: _on_task starts a new one
+            self._on_task(task, polled_at, policy, surplus=surplus)
 
     def _release_slot(self, entry: InFlight) -> None:
         if entry.slot_held:

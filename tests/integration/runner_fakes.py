@@ -144,7 +144,7 @@ class FakeEngine:
             self.calls.append(("child_exited", task_id))
             self.live.discard(task_id)
 
-    def reported(self, task_id: str) -> None:
+    def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         self.calls.append(("reported", task_id))
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 # a TERM-ignoring escapee in its own session (output away from the document's pipe), then the yield.
 _YIELDS = {
     "native": ("exit 75", ()),
-    "stdio": ("""echo '{"status": "IN_PROGRESS", "callbackAfterSeconds": 1}'; exit 0""",
+    "stdio": ("""echo '{"status": "IN_PROGRESS", "callbackAfterSeconds": 0}'; exit 0""",
               ("--protocol", "stdio")),
 }
 
@@ -34,16 +34,16 @@ def test_a_yield_whose_escapee_lives_is_marked_only_once_the_tree_is_gone(
     world: World, tmp_path: Path, protocol: str
 ) -> None:
     """A's first delivery starts a TERM-ignoring escapee (its own session) and yields at once
-    (in_progress_exit_code, callbackAfterSeconds 1). The yield marker (next holder: start at once)
+    (in_progress_exit_code, callbackAfterSeconds 0). The yield marker (next holder: start at once)
     reaches the server only once the escapee is gone (the fork server kills it kill_grace after the
     exit): the escapee's own last record is before the moment the marker is seen on the server. B then
     polls the second delivery and starts it at once (no re-delivery wait)."""
     world.define(responseTimeoutSeconds=20)
     copies = Copies(tmp_path / "copies")
     config = tmp_path / "conductor.toml"
-    # (callbackAfterSeconds 1, not 0: a re-poll by the same runner while its yield's report is still
-    # in flight races the report's bookkeeping, a separate bug: see the branch's report)
-    config.write_text("[worker]\nin_progress_exit_code = 75\ncallback_after_seconds = 1\n"
+    # (callbackAfterSeconds 0: A's own poller may get the second delivery back before its yield's
+    # report is done; that delivery is then A's next run: test_yield_repoll_e2e.py)
+    config.write_text("[worker]\nin_progress_exit_code = 75\ncallback_after_seconds = 0\n"
                       "ownership_check_interval = 5\n")
     yield_, flags = _YIELDS[protocol]
     script = ('if [ "$CONDUCTOR_POLL_COUNT" = 1 ]; then setsid /bin/sh -c "$0" copy "$1" '
