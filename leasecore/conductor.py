@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlencode, urlsplit
-
-import requests
-import requests.utils
-from urllib3.util import Timeout as Urllib3Timeout
 
 from leasecore import __version__
 from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
@@ -25,10 +22,8 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.conductor_http import (
     JSON,
     TEXT_OR_JSON,
-    Connections,
     Reply,
     error_for_status,
-    new_session,
     path_segment,
     protocol_error,
     translate_errors,
@@ -43,6 +38,9 @@ from leasecore.errors import (
     ConfigError,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+
+if TYPE_CHECKING:  # requests is imported only when the lean path does not serve (https, proxies)
+    import requests
 
 __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
 
@@ -88,22 +86,24 @@ class ConductorClient:
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
         self._owns_session = session is None
-        self._connections = Connections()
-        self._session = session or new_session(pool_maxsize, self._connections)
         self._aborted = False  # abort() was called: calls are cut short (a forced stop)
-        # The lean http.client path for plain HTTP without a proxy; an injected session (tests of the
-        # requests plumbing, a caller's own adapters), https and proxies keep requests.
+        # The lean transport for plain HTTP without a proxy; an injected session (tests of the
+        # requests plumbing, a caller's own adapters), https and proxies keep requests, which is
+        # imported only then (#23: it is about 10 MB of a runner's RSS).
         parts = urlsplit(self.base_url)
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._lean: LeanTransport | None = None
-        if (
-            session is None
-            and parts.scheme == "http"
-            and not requests.utils.get_environ_proxies(self.base_url)
-        ):
+        self._session: requests.Session | None = session
+        self._connections: Any = None  # conductor_requests.Connections of a session made here
+        if session is None and parts.scheme == "http" and not _environ_proxies(self.base_url):
             self._lean = LeanTransport(
                 parts.hostname or "", parts.port or 80, max_idle=pool_maxsize, monotonic=self._clock.monotonic
             )
+        elif session is None:
+            from leasecore import conductor_requests
+
+            self._connections = conductor_requests.Connections()
+            self._session = conductor_requests.new_session(pool_maxsize, self._connections)
         key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
         if bool(key) != bool(secret):
             missing = "auth_secret" if key else "auth_key"
@@ -144,12 +144,12 @@ class ConductorClient:
         self._aborted = True
         if self._lean is not None:
             self._lean.abort()
-        if self._owns_session:
+        if self._connections is not None:
             self._connections.cut()
 
     def close(self) -> None:
         """Release pooled connections (only of a session this client created)."""
-        if self._owns_session:
+        if self._owns_session and self._session is not None:
             self._session.close()
         if self._lean is not None:
             self._lean.close()
@@ -362,6 +362,9 @@ class ConductorClient:
     ) -> Reply:
         if self._lean is not None:
             return self._send_lean(method, path, url, params, data, headers, deadline, idempotent, generation)
+        assert self._session is not None  # no lean transport: a session (given or made) serves
+        from urllib3.util import Timeout as Urllib3Timeout  # loaded with requests already
+
         remaining = self._remaining(deadline, method, path)
         # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
         # below against the same deadline, so no attempt outlives it by more than one socket read.
@@ -508,6 +511,22 @@ def _is_token_rejection(reply: Reply) -> bool:
     except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
+
+
+def _environ_proxies(url: str) -> bool:
+    """Whether requests would send calls to ``url`` through a proxy from the environment.
+
+    On POSIX, requests (urllib's ``getproxies``) reads only ``*_proxy`` variables (any case): with none
+    but ``no_proxy`` set there is no proxy, and requests need not be imported to say so; otherwise
+    requests' own reading decides (``no_proxy`` patterns, CGI's ``HTTP_PROXY`` rule)."""
+    if os.name == "posix" and not any(
+        name.lower().endswith("_proxy") and name.lower() != "no_proxy" and value
+        for name, value in os.environ.items()
+    ):
+        return False
+    from leasecore import conductor_requests
+
+    return bool(conductor_requests.environ_proxies(url))
 
 
 def _check_base_url(base_url: str) -> str:

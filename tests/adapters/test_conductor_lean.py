@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
+from leasecore import conductor_lean as lean
 from leasecore.conductor import ConductorClient, translate_errors
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskResult, TaskStatus
@@ -197,6 +198,11 @@ def test_proxies_https_and_injected_sessions_keep_requests(monkeypatch: pytest.M
         http.client.RemoteDisconnected("Remote end closed connection without response"),
         http.client.IncompleteRead(b"abc", 10),
         http.client.BadStatusLine("garbage"),
+        lean.RemoteDisconnected("Remote end closed connection without response"),
+        lean.IncompleteRead(b"abc", 10),
+        lean.BadStatusLine("garbage"),
+        lean.LineTooLong("answer's header section"),
+        lean.HTTPException("a chunk does not end where its size says"),
         TimeoutError("timed out"),
         ConnectionResetError(104, "Connection reset by peer"),
     ],

@@ -4,7 +4,6 @@ against a scripted socket server on 127.0.0.1 that writes exactly the bytes a te
 
 from __future__ import annotations
 
-import http.client
 import socket
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from leasecore import conductor_lean as lean
 from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
 
 from .rawsocket import ThreadedSocketServer
@@ -124,7 +124,7 @@ def test_a_header_that_would_break_the_head_is_refused_before_anything_is_sent(
     with pytest.raises(ValueError, match="invalid HTTP header"):
         transport.send("GET", "/api/x", None, {name: value}, time.monotonic() + 5, idempotent=True,
                        max_body_bytes=1024)
-    with pytest.raises(http.client.InvalidURL, match="not a valid request line"):  # translated as HTTP
+    with pytest.raises(lean.InvalidURL, match="not a valid request line"):  # translated as HTTP
         transport.send("GET", "/api/x y", None, {}, time.monotonic() + 5, idempotent=True,
                        max_body_bytes=1024)
     assert transport.opened == 0 and server.requests == []
@@ -224,26 +224,26 @@ def test_a_body_over_the_limit_is_refused(
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        pytest.param(b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", http.client.LineTooLong,
+        pytest.param(b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", lean.LineTooLong,
                      id="header section over 64 KiB"),
-        pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", http.client.HTTPException,
+        pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", lean.HTTPException,
                      id="over 100 fields"),
-        pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", http.client.BadStatusLine, id="not HTTP"),
-        pytest.param(b"HTTP/1.1 2000 OK\r\n\r\n", http.client.BadStatusLine, id="status of 4 digits"),
+        pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", lean.BadStatusLine, id="not HTTP"),
+        pytest.param(b"HTTP/1.1 2000 OK\r\n\r\n", lean.BadStatusLine, id="status of 4 digits"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
-                     http.client.HTTPException, id="conflicting Content-Length"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", http.client.HTTPException,
+                     lean.HTTPException, id="conflicting Content-Length"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", lean.HTTPException,
                      id="negative Content-Length"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", http.client.HTTPException,
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", lean.HTTPException,
                      id="unsupported coding"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n",
-                     http.client.HTTPException, id="negative chunk size"),
+                     lean.HTTPException, id="negative chunk size"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
-                     http.client.HTTPException, id="chunk longer than its size"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", http.client.IncompleteRead,
+                     lean.HTTPException, id="chunk longer than its size"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", lean.IncompleteRead,
                      id="cut body"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-", http.client.IncompleteRead, id="cut head"),
-        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", http.client.HTTPException, id="101"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-", lean.IncompleteRead, id="cut head"),
+        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", lean.HTTPException, id="101"),
     ],
 )
 def test_a_malformed_or_cut_answer_is_an_http_error(
