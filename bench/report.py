@@ -101,7 +101,8 @@ def render(results: dict[str, Any]) -> str:
         f"{_f(m['memory_gb'], 1)} GB, {m['os']}; load average at start {m['load_average_at_start']}. "
         f"Python {m['python']}; conductor-run {results['versions']['conductor-run']}, "
         f"conductor-python {results['versions']['conductor-python']}, "
-        f"psutil {results['versions']['psutil']}.",
+        f"psutil {results['versions']['psutil']}."
+        + (f" conductor-run's bytecode: {results['bytecode']}." if results.get("bytecode") else ""),
         "",
         "Every worker runs as a separate process against the embedded server, itself in its own process. "
         "Figures are what was measured on this (shared) machine in this run; see bench/README.md for "
