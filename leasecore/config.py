@@ -87,6 +87,9 @@ class RunnerSettings:
     once: bool = False
     once_wait: float = 30.0  # --once: seconds to wait for a task (a cron slot's worth of patience)
     max_tasks: int | None = None  # None: no limit
+    # --- issue #23: ownership checks' budget, shared by every task (leasecore.checkbudget) ---
+    ownership_check_rate: float = 20.0  # checks per second per runner at most; 0: no budget
+    # --- end #23 ---
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from leasecore.checkbudget import CheckBudget
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
@@ -348,7 +349,9 @@ def _make_runner(
     lease_calls = RecordedLeaseCalls(client, contact)
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        return LeaseEngine(lease_calls, on_fence)
+        # Ownership checks share one budget per runner (#23, leasecore.checkbudget).
+        budget = CheckBudget(config.runner.ownership_check_rate)
+        return LeaseEngine(lease_calls, on_fence, check_budget=budget)
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
         # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
