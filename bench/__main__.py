@@ -25,10 +25,10 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, heartbeat, kill, report, throughput
+from bench import footprint, heartbeat, kill, report, serverload, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint")
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -38,6 +38,17 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         leases, r = item.lower().split("x")
         out.append((int(leases), int(r)))
+    return out
+
+
+def _load_configs(text: str) -> list[tuple[str, int]]:
+    """``conductor-run:20,sdk:20`` -> [("conductor-run", 20), ("sdk", 20)]: worker kind x tasks."""
+    out = []
+    for item in text.split(","):
+        kind, _, tasks = item.partition(":")
+        if kind not in WORKER_KINDS or not tasks.isdigit() or int(tasks) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KIND:TASKS, KIND one of {WORKER_KINDS}")
+        out.append((kind, int(tasks)))
     return out
 
 
@@ -66,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "(default 4,200; quick 4)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
+    p.add_argument("--load", type=_load_configs,
+                   help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
+    p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
@@ -78,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
+    args.load = args.load or [("conductor-run", 20), ("sdk", 20), ("conductor-run", 200)]
+    args.load_window = args.load_window or (30.0 if q else 120.0)
     return args
 
 
@@ -178,6 +194,16 @@ def main(argv: list[str]) -> int:
                             kill_grace=args.kill_grace,
                             trials=args.kill_trials,
                             shutdown_tasks=args.shutdown_tasks,
+                            log=log,
+                        )
+                    elif section == "serverload":
+                        results[section] = serverload.run(
+                            srv,
+                            workdir,
+                            [c for c in args.load if c[0] in kinds],
+                            r_seconds=60,
+                            window_seconds=args.load_window,
+                            warmup_seconds=10.0,
                             log=log,
                         )
                     elif section == "footprint":

@@ -118,6 +118,7 @@ def render(results: dict[str, Any]) -> str:
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
     out += _kill(results.get("kill")) + _footprint(results.get("footprint"))
+    out += _serverload(results.get("serverload"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
     return "\n".join(out) + "\n"
@@ -255,4 +256,33 @@ def _footprint(fp: dict[str, Any] | None) -> list[str]:
     ]
     for r in fp["printing"]:
         out.append(f"| {r['kind']} | {_f(r['rss_peak_mb'], 1)} | {_f(r['seconds'], 1)} | {r['status']} |")
+    return out
+
+
+def _serverload(sl: dict[str, Any] | None) -> list[str]:
+    if not sl:
+        return []
+    out = [
+        "",
+        "## Server load",
+        "",
+        f"Requests per running task per hour, by kind, counted at the server (R = {sl['r_seconds']} s; every "
+        "task's child outlives the window, all slots busy). Window: "
+        f"{_f(sl['runs'][0]['window_seconds'] if sl['runs'] else sl['window_seconds'], 0)} s, from "
+        f"{sl['warmup_seconds']:.0f} s after every task was claimed; the rows ran at the same time, each on "
+        "its own task type. Heartbeats also from the median gap between a task's accepted extendLease calls "
+        "(3600 / gap), which the window's edges do not skew. Checks = GET /api/tasks/{id} (ownership); "
+        "conductor-run's are bounded per runner by `ownership_check_rate` (20/s by default), shared by "
+        "its tasks.",
+        "",
+        "| worker | tasks | polls | heartbeats (window) | heartbeats (from gaps) | checks | logs | other "
+        "updates | all | worker's requests/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sl["runs"]:
+        h = r["per_task_per_hour"]
+        cells = [r["kind"], r["tasks"], _f(h["poll"], 0), _f(h["heartbeat"], 0),
+                 _f(r["heartbeats_per_task_per_hour_from_gaps"], 0), _f(h["check"], 0), _f(h["log"], 0),
+                 _f(h["update"], 0), _f(r["total_per_hour"], 0), _f(r["runner_requests_per_second"], 2)]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return out
