@@ -25,10 +25,10 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, heartbeat, kill, report, serverload, throughput
+from bench import footprint, heartbeat, kill, realjar, report, serverload, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload")
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -77,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "(default 4,200; quick 4)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
+    p.add_argument("--real-leases", type=_pairs,
+                   help="heartbeat-real: LEASESxR list on the real server (default 40x2,40x10)")
     p.add_argument("--load", type=_load_configs,
                    help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
     p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
@@ -92,6 +94,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
+    args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
     args.load = args.load or [("conductor-run", 20), ("sdk", 20), ("conductor-run", 200)]
     args.load_window = args.load_window or (30.0 if q else 120.0)
     return args
@@ -196,6 +199,10 @@ def main(argv: list[str]) -> int:
                             shutdown_tasks=args.shutdown_tasks,
                             log=log,
                         )
+                    elif section == "heartbeat-real":
+                        real_kinds = [k for k in kinds if k in ("conductor-run", "sdk")]
+                        results["heartbeat_real"] = realjar.run(workdir, real_kinds, configs=args.real_leases,
+                                                                log=log)  # fmt: skip
                     elif section == "serverload":
                         results[section] = serverload.run(
                             srv,
