@@ -25,10 +25,11 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, heartbeat, kill, realjar, report, serverload, throughput
+from bench import footprint, harness, heartbeat, kill, realjar, report, serverload, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real")
+# kill-groups: only with --only
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real", "kill-groups")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -71,10 +72,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, help="throughput: concurrency (default 4)")
     p.add_argument("--rounds", type=int, help="throughput: alternating rounds (default 3; quick 1)")
     p.add_argument("--leases", type=_pairs, help="heartbeat: LEASESxR list (default 40x2,1000x2,1000x10)")
-    p.add_argument("--kill-grace", type=float, default=2.0, help="kill: kill_grace seconds (default 2)")
+    p.add_argument("--kill-grace", type=float, default=1.0,
+                   help="kill: kill_grace seconds (default 1: R/4, the most a grace may be)")
     p.add_argument("--kill-trials", type=int, help="kill: trials per measure (default 2; quick 1)")
     p.add_argument("--shutdown-tasks", type=_ints, help="kill: tasks running at SIGTERM, a comma list "
                    "(default 4,200; quick 4)")  # fmt: skip
+    p.add_argument("--deadline-trees", type=_ints, help="kill: trees whose lease runs out at once, a comma "
+                   "list (default 1,200; quick 1)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
     p.add_argument("--real-leases", type=_pairs,
@@ -82,6 +86,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load", type=_load_configs,
                    help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
     p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
+    p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
+                   help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
@@ -92,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.leases = args.leases or ([(40, 2), (200, 2)] if q else [(40, 2), (1000, 2), (1000, 10)])
     args.kill_trials = args.kill_trials or (1 if q else 2)
     args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
+    args.deadline_trees = args.deadline_trees or ([1] if q else [1, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
     args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
@@ -153,8 +160,9 @@ def compile_bytecode() -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    harness.CONDUCTOR_RUN_CGROUP = args.cgroup
     kinds = [k for k in args.workers.split(",") if k]
-    sections = args.only or list(SECTIONS)
+    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
     started = time.monotonic()
     results: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -198,6 +206,7 @@ def main(argv: list[str]) -> int:
                             trials=args.kill_trials,
                             shutdown_tasks=args.shutdown_tasks,
                             log=log,
+                            deadline_trees=tuple(args.deadline_trees),
                         )
                     elif section == "heartbeat-real":
                         real_kinds = [k for k in kinds if k in ("conductor-run", "sdk")]
@@ -213,6 +222,11 @@ def main(argv: list[str]) -> int:
                             warmup_seconds=10.0,
                             log=log,
                         )
+                    elif section == "kill-groups":
+                        results[section] = kill.groups_vs_none(
+                            srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),
+                            trials=args.kill_trials, log=log,
+                        )  # fmt: skip
                     elif section == "footprint":
                         fp_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = footprint.run(

@@ -28,7 +28,13 @@ WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1")
 SDK_KINDS = ("sdk", "sdk-v1")
 # Kinds only the throughput section runs: the floor sends no heartbeats and is no product; sdk-v1 only
 # explains the SDK's throughput figure.
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1")
+# conductor-run with its metrics endpoint on (--metrics-port 0): the A/B of #20's "counting must not
+# slow the hot paths" (python -m bench --only throughput --workers conductor-run,conductor-run-metrics).
+METRICS_KIND = "conductor-run-metrics"
+# conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
+# issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
+URLLIB3_KIND = "conductor-run-urllib3"
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND)
 
 
 def wait_until(
@@ -207,16 +213,20 @@ class WorkerConfig:
     kill_grace_seconds: float | None = None
     heartbeat_timeout_seconds: float | None = None
     poll_timeout_ms: int | None = None
+    cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
+
+
+CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
 
 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind == "conductor-run":
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND):
         argv = [
             *py,
             "-m",
-            "cli",
+            "bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli",
             "run",
             "--server",
             cfg.url,
@@ -236,6 +246,11 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             argv += ["--heartbeat-timeout", str(cfg.heartbeat_timeout_seconds)]
         if cfg.poll_timeout_ms is not None:
             argv += ["--poll-timeout", str(cfg.poll_timeout_ms)]
+        if cfg.kind == METRICS_KIND:
+            argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
+        cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if cgroup is not None:
+            argv += ["--cgroup", cgroup]
         return [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [

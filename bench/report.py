@@ -59,12 +59,14 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     kl = results.get("kill")
     if kl:
         for r in kl["lease_deadline"]:
-            lat = r["latency_seconds"]
+            if "before_deadline_seconds" not in r:  # an older run: gone after the deadline, by design
+                continue
+            lead = r["before_deadline_seconds"]
             rows.append(
                 (
-                    f"kill at lease deadline <= kill_grace + 200 ms ({r['mode']})",
-                    f"{_f(lat)} s (target {_f(r['target_seconds'])})",
-                    _verdict(None if lat is None else lat <= r["target_seconds"]),
+                    f"tree gone before the lease deadline ({r['mode']}, {r['trees']} trees)",
+                    f"{_f(lead)} s before it (worst tree)",
+                    _verdict(None if lead is None else lead > r["target_seconds"]),
                 )
             )
         for r in kl["shutdown"]:
@@ -76,6 +78,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(None if lat is None else lat <= target),
                 )
             )
+    for r in (results.get("kill-groups") or {}).get("runs", []):
+        lat, target = r["trees_gone_seconds"], r["target_seconds"]
+        rows.append(
+            (
+                f"SIGTERM -> {r['tasks']} trees gone <= kill_grace + 200 ms ({r['mode']}, "
+                f"--cgroup {r['cgroup']})",
+                f"{_f(lat)} s (target {_f(target)})",
+                _verdict(None if lat is None else lat <= target),
+            )
+        )
     fp = results.get("footprint")
     if fp:
         for r in fp["idle"]:
@@ -117,7 +129,8 @@ def render(results: dict[str, Any]) -> str:
     if results.get("notes"):
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
-    out += _kill(results.get("kill")) + _footprint(results.get("footprint"))
+    out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
+    out += _footprint(results.get("footprint"))
     out += _serverload(results.get("serverload"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
@@ -173,6 +186,13 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
             f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
         ]
+    if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
+        rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
+        out += [
+            "",
+            f"Metrics on / off (time; target <= 1.03): {_f(r['metrics_on_over_off'], 3)} "
+            f"(per round: {rounds_text}).",
+        ]
     return out
 
 
@@ -214,9 +234,15 @@ def _kill(kl: dict[str, Any] | None) -> list[str]:
         "|---|---|---|",
     ]
     for r in kl["lease_deadline"]:
-        out.append(
-            f"| lease deadline (server silenced) -> tree gone | {r['mode']} | {_f(r['latency_seconds'])} |"
-        )
+        if "before_deadline_seconds" in r:
+            out.append(
+                f"| tree gone before the server's lease deadline (server silenced; {r['trees']} trees: "
+                f"worst, median) | {r['mode']} | {_f(r['before_deadline_seconds'])}, "
+                f"{_f(r['before_deadline_median_seconds'])} |"
+            )
+        else:
+            out.append(f"| lease deadline (server silenced) -> tree gone | {r['mode']} | "
+                       f"{_f(r['latency_seconds'])} |")
     for r in kl["termination"]:
         out.append(f"| workflow terminated -> tree gone | {r['mode']} | {_f(r['latency_seconds'])} |")
     for r in kl["shutdown"]:
@@ -225,6 +251,31 @@ def _kill(kl: dict[str, Any] | None) -> list[str]:
             f"| SIGTERM -> runner exited ({r['reported_failed']}/{r['tasks']} reported FAILED) | "
             f"{r['mode']} | {_f(r['exit_seconds'])} |"
         )
+    return out
+
+
+def _kill_groups(kg: dict[str, Any] | None) -> list[str]:
+    if not kg:
+        return []
+    grace = kg["kill_grace_seconds"]
+    out = [
+        "",
+        f"## Tree kill with a cgroup per tree vs without ({kg['tasks']} trees)",
+        "",
+        f"SIGTERM to the runner with {kg['tasks']} trees running (shell + grandchild + setsid escapee), "
+        f"kill_grace = {grace} s. `auto`: a cgroup per tree; `off`: /proc tracking only. With "
+        "`ignore-term` the trees live until the KILL, so gone - kill_grace is the KILL's own latency.",
+        "",
+        "| --cgroup | tree | trees gone (s) | gone - kill_grace (s) | runner exited (s) | reported FAILED "
+        "| mechanism |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in kg["runs"]:
+        gone = r["trees_gone_seconds"]
+        kill = None if gone is None or r["mode"] != "ignore-term" else gone - grace
+        mechanism = (r["mechanism"] or "?").split(" (limits")[0].split(";")[0]  # the full line: the JSON
+        out.append(f"| {r['cgroup']} | {r['mode']} | {_f(gone)} | {_f(kill)} | {_f(r['exit_seconds'])} | "
+                   f"{r['reported_failed']}/{r['tasks']} | {mechanism} |")  # fmt: skip
     return out
 
 

@@ -18,10 +18,12 @@ fails, since its figure would not be what it is labelled.
 from __future__ import annotations
 
 import collections
+import re
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BenchServer, WorkerConfig, running_worker
+from bench.harness import METRICS_KIND, BenchServer, WorkerConfig, running_worker
 from bench.measure import cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
@@ -59,6 +61,8 @@ def one_run(
                 srv.release_polls(task_type)
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         worker_cpu = cpu_seconds(worker_processes(worker.pid))
+        if kind == METRICS_KIND:
+            _check_counted(worker.log_path.read_text(errors="replace"), task_type, tasks)
     server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0
     marks = srv.marks(task_ids)
     first_claim = min(min(c) for c in marks["claims"].values() if c)
@@ -84,6 +88,18 @@ def one_run(
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
     }
+
+
+def _check_counted(log: str, task_type: str, tasks: int) -> None:
+    """The metrics run really counted: its /metrics says every task was started."""
+    found = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", log)
+    if found is None:
+        raise RuntimeError(f"{METRICS_KIND}: the runner did not log its metrics endpoint:\n{log}")
+    with urllib.request.urlopen(found.group(1) + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    line = f'task_execution_started_total{{taskType="{task_type}"}} {float(tasks)}'
+    if line not in text:
+        raise RuntimeError(f"{METRICS_KIND}: /metrics does not say {line!r}")
 
 
 def run(
@@ -115,5 +131,17 @@ def run(
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),
             # Diagnostic: the SDK without update-v2's claim-with-the-report, against conductor-run.
             "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
+            # #20: the run time with the metrics endpoint on over off (target <= 1.03), and the same
+            # ratio within each round (the machine is shared: the spread says how much is noise).
+            "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
+            "metrics_on_over_off_per_round": _per_round(runs, METRICS_KIND, "conductor-run"),
         },
     }
+
+
+def _per_round(runs: list[dict[str, Any]], kind: str, base: str) -> list[float | None]:
+    by_round: dict[int, dict[str, float]] = collections.defaultdict(dict)
+    for r in runs:
+        by_round[r["round"]][r["kind"]] = r["seconds"]
+    return [ratio(times.get(kind), times.get(base)) for _, times in sorted(by_round.items())
+            if kind in times and base in times]

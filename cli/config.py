@@ -21,6 +21,7 @@ from cli import exitcodes
 from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
+from leasecore.lease import KILL_GRACE_SHARE
 
 if TYPE_CHECKING:  # rich is imported when a table is printed, not when the command is registered
     from rich.console import Console
@@ -56,7 +57,24 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
 def _task_view(task: TaskSettings) -> dict[str, Any]:
     values = _values_of(task)
     values["env"] = {name: MASK if _is_secret(name, task) else value for name, value in task.env.items()}
-    return {"type": task.type, "settings": _entries(values, task.sources)}
+    settings = _entries(values, task.sources)
+    settings["kill_grace_cap"] = kill_grace_cap_entry(task)
+    return {"type": task.type, "settings": settings}
+
+
+def kill_grace_cap_entry(task: TaskSettings) -> Entry:
+    """What ``kill_grace`` becomes per task: capped at a quarter of the lease (DESIGN.md §4). R comes
+    with each task from the server, so the cap is a rule here, and a number when heartbeat_timeout
+    (an upper bound of every lease) is set."""
+    share = KILL_GRACE_SHARE
+    rule = (f"min(kill_grace, {share:g} x the task's lease: responseTimeoutSeconds or a shorter "
+            "heartbeat_timeout; and, with lease extension, lease - margin - 1.25 s for the heartbeats)")
+    if task.heartbeat_timeout:  # the most any lease is; its real cap may be lower (a shorter R)
+        cap = share * task.heartbeat_timeout
+        at_most = min(task.kill_grace, cap)
+        note = "capped" if task.kill_grace > cap else "not capped"
+        return {"value": f"at most {at_most:g}s ({note}: {rule})", "source": "derived"}
+    return {"value": rule, "source": "derived"}
 
 
 def _is_secret(name: str, task: TaskSettings) -> bool:
@@ -77,6 +95,16 @@ def _entries(values: Mapping[str, Any], sources: Mapping[str, Source]) -> dict[s
             continue  # only the one that is set
         entries[name] = {"value": value, "source": str(source)}
     return entries
+
+
+def cgroup_view(config: ResolvedConfig) -> dict[str, Any]:
+    """The cgroup mechanism ``run`` would use here (detected now), why not a better one, and the
+    limits it would enforce per process rather than per tree, or not at all."""
+    from leasecore import treegroups
+
+    setup = treegroups.setup_for(config)
+    return {"mechanism": setup.mechanism, "detail": setup.describe(),
+            "limits_per_tree": sorted(setup.limits), "notes": treegroups.limit_notes(config, setup)}
 
 
 def _mask_url(url: str) -> str:
@@ -103,6 +131,11 @@ def _render(view: Mapping[str, Any], console: Console) -> None:
         )
     for warning in view["warnings"]:
         console.print(Text(f"warning: {warning}", style="yellow"))
+    groups = view.get("cgroups")
+    if groups:
+        console.print(Text(f"task trees: {groups['detail']}"))
+        for note in groups["notes"]:
+            console.print(Text(f"warning: {note}", style="yellow"))
 
 
 def _table(title: str, entries: Mapping[str, Entry]) -> Table:
@@ -136,10 +169,11 @@ def config_command(
     """
     try:
         resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
+        view = effective_view(resolved)
+        view["cgroups"] = cgroup_view(resolved)
     except ConfigError as exc:
         typer.echo(f"conductor-run: configuration error: {exc}", err=True)
         raise typer.Exit(exitcodes.CONFIG) from None
-    view = effective_view(resolved)
     if as_json:
         typer.echo(json.dumps(view, indent=2))
     else:

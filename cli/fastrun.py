@@ -45,6 +45,13 @@ FLAGS: dict[str, tuple[str, str]] = {
     "group": ("--group", "str"),
     "state_dir": ("--state-dir", "str"),
     "log_format": ("--log-format", "str"),
+    "metrics_port": ("--metrics-port", "int"),  # #20
+    "metrics_host": ("--metrics-host", "str"),
+    "memory_max": ("--memory-max", "str"),  # #19
+    "pids_max": ("--pids-max", "int"),
+    "cpu_max": ("--cpu-max", "str"),
+    "nofile": ("--nofile", "int"),
+    "cgroup": ("--cgroup", "str"),
 }
 
 _INT = re.compile(r"[0-9]{1,18}")

@@ -38,6 +38,12 @@ _EXAMPLES: dict[str, Any] = {
     "ca_bundle": "/etc/ssl/private-ca.pem",
     "user": "nobody",
     "group": "nogroup",
+    "metrics_port": 9464,  # #20
+    # issue 19: per-tree limits
+    "memory_max": "2G",
+    "pids_max": 512,
+    "cpu_max": 2,
+    "nofile": 4096,
 }
 _UNSET_MEANS = {
     "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
@@ -53,6 +59,11 @@ _UNSET_MEANS = {
     "ca_bundle": "certifi's CA bundle",
     "user": "the runner's own",
     "group": "the user's primary group",
+    "metrics_port": "no metrics endpoint",  # #20
+    "memory_max": "no limit",
+    "pids_max": "no limit",
+    "cpu_max": "no limit",
+    "nofile": "inherited",
 }
 
 _HEADER = """\

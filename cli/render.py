@@ -55,6 +55,7 @@ _HEALTH_LABELS: dict[LeaseHealth, str] = {
     LeaseHealth.NO_LEASE: "-",
 }
 _STATE_STYLES: dict[TaskState, str] = {
+    TaskState.WAITING: "dim",
     TaskState.RUNNING: "",
     TaskState.TERMINATING: "bold red",
     TaskState.REPORTING: "cyan",
@@ -77,6 +78,16 @@ def format_duration(seconds: float) -> str:
     if whole < 86400:
         return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def format_bytes(size: int | None) -> str:
+    """``48.2M`` / ``1.5G`` (powers of 1024); ``-`` when unknown."""
+    if size is None:
+        return "-"
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}{unit}"
+    return f"{size}B"
 
 
 def format_relative(moment: datetime | None, now: datetime) -> str:
@@ -152,6 +163,9 @@ def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
         ran = format_duration((snap.updated_at - snap.runner.started_at).total_seconds())
         header.append(f"  ran {ran}  ")
         header.append(f"last update {format_relative(snap.updated_at, now)}", style="red")
+    if snap.runner.cgroup:  # which cgroup mechanism holds its trees, and why not a better one
+        header.append("\n")
+        header.append(_clean(f"  task trees: {snap.runner.cgroup}"), style="dim")
     return header
 
 
@@ -242,6 +256,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
     lease_ends = _Column("LEASE ENDS", justify="right", drop_order=5)
     hard_limit = _Column("HARD LIMIT", justify="right", drop_order=1)
     output = _Column("LAST OUTPUT", shrink_to=_OUTPUT_MIN, drop_order=0)
+    memory = _Column("MEMORY", justify="right", drop_order=-1)  # the first left out
     tasks = sorted(snap.tasks, key=lambda t: t.started_at)
     for task in tasks:
         health = lease_health(task, now, runner_stale=stale)
@@ -258,6 +273,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         lease_ends.cells.append(Text(format_relative(task.lease_deadline_at, now), style=style))
         hard_limit.cells.append(Text(format_relative(task.hard_deadline_at, now)))
         output.cells.append(Text(_clean(task.last_output_line or ""), style="dim"))
+        memory.cells.append(Text(format_bytes(task.memory_bytes)))
     columns = (
         type_,
         task_id,
@@ -270,6 +286,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         next_beat,
         lease_ends,
         hard_limit,
+        memory,
         output,
     )
     return _TasksTable(columns, len(tasks))
@@ -332,6 +349,7 @@ def render_task(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> Re
         ("lease ends", Text(_moment(task.lease_deadline_at, now), style=HEALTH_STYLES[health])),
         ("hard limit", Text(_moment(task.hard_deadline_at, now))),
         ("failed beats", Text(str(task.consecutive_failures))),
+        ("memory", Text(format_bytes(task.memory_bytes))),
     ]
     if record.stale_reason is not None:
         rows.insert(4, ("runner state", Text(_clean(f"STALE ({record.stale_reason})"), style="bold red")))

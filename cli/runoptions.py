@@ -90,6 +90,29 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("log_format", str | None, typer.Option(
         None, "--log-format", metavar="text|json", help=key_help("log_format")
     )),
+    # #20 metrics endpoint
+    ("metrics_port", int | None, typer.Option(
+        None, "--metrics-port", metavar="PORT", help=key_help("metrics_port", default="off")
+    )),
+    ("metrics_host", str | None, typer.Option(
+        None, "--metrics-host", metavar="ADDR", help=key_help("metrics_host")
+    )),
+    # issue 19: resource limits per task tree, and the cgroup mechanism
+    ("memory_max", str | None, typer.Option(
+        None, "--memory-max", metavar="SIZE", help=key_help("memory_max", default="none")
+    )),
+    ("pids_max", int | None, typer.Option(
+        None, "--pids-max", metavar="N", help=key_help("pids_max", default="none")
+    )),
+    ("cpu_max", str | None, typer.Option(
+        None, "--cpu-max", metavar="CORES", help=key_help("cpu_max", default="none")
+    )),
+    ("nofile", int | None, typer.Option(
+        None, "--nofile", metavar="N", help=key_help("nofile", default="inherited")
+    )),
+    ("cgroup", str | None, typer.Option(
+        None, "--cgroup", metavar="auto|v2|v1|off", help=key_help("cgroup")
+    )),
 )  # fmt: skip
 
 

@@ -5,14 +5,22 @@ that is how a task terminated, cancelled or timed out on the server is noticed, 
 CANCELED task is a silent 200. Per task that is cheap; 1000 long tasks made it 200 GETs per second
 from one runner. The lease engine takes the checks that are due in order (first come, first served)
 and starts one only when this budget allows, so the total stays at or under ``rate`` per second
-whatever the number of tasks, and each task is still checked at least every
+whatever the number of tasks. A task's next check is due ``ownership_check_interval`` after its last
+one ended, and then waits its turn, at most tasks in flight / rate; in a steady state each task is
+checked every
 
-    max(ownership_check_interval, tasks in flight / rate)   seconds (plus one check's latency).
+    max(ownership_check_interval, tasks in flight / rate)   seconds (plus one check's latency),
+
+and never later than ownership_check_interval + tasks / rate after the last.
 
 With the default 20 per second: up to 100 tasks keep their 5 s interval; 1000 tasks are each checked
-every ~50 s. The cost is in noticing a server-side termination: for many tasks it takes up to that
-period instead of 5 s (plus kill_grace). Heartbeats never wait for this budget, nor are they counted
-in it: the lease itself never waits. ``rate`` 0 turns the budget off (every check goes when due).
+every ~50 s. A due check waits at most ``max_queue_seconds`` (the runner's most leases / rate) for its
+turn, and #17's wait before a re-delivered task starts counts that twice (the first check and the
+confirming one of a previous holder on a runner configured like this one), so the budget never lets
+two copies of a task run at once. The cost is in noticing a server-side termination: for many
+tasks it takes up to that period instead of 5 s (plus kill_grace), and a re-delivered task waits
+longer for its previous holder. Heartbeats never wait for this budget, nor are they counted in it:
+the lease itself never waits. ``rate`` 0 turns the budget off (every check goes when due).
 
 A token bucket holding at most ``burst`` tokens (default: one second's worth, at least 1): a quiet
 runner's first checks go at once. Pure: the caller passes ``now`` (the engine's monotonic clock).
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["CheckBudget", "check_period"]
+__all__ = ["CheckBudget", "check_period", "max_queue_seconds"]
 
 
 def check_period(interval_seconds: float, tasks: int, rate_per_second: float) -> float:
@@ -31,6 +39,16 @@ def check_period(interval_seconds: float, tasks: int, rate_per_second: float) ->
     if rate_per_second <= 0 or tasks <= 0:
         return interval_seconds
     return max(interval_seconds, tasks / rate_per_second)
+
+
+def max_queue_seconds(most_leases: int, rate_per_second: float) -> float:
+    """The longest a due check may wait for the budget: each lease has at most one check queued, and
+    they go first come, first served, ``rate`` a second (0: no budget, no wait). The re-delivery wait
+    (``leasecore.handover``) counts it: a previous holder on a runner like this one notices a
+    re-delivery that much later, at most."""
+    if rate_per_second <= 0 or most_leases <= 0:
+        return 0.0
+    return most_leases / rate_per_second
 
 
 class CheckBudget:

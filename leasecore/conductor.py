@@ -1,9 +1,10 @@
 """The Conductor HTTP client: the one place that speaks HTTP to the server (CONDUCTOR_PROTOCOL.md).
 
-Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). Every
-``requests`` error and HTTP status is translated into the project's exception tree in one place,
-:mod:`leasecore.conductor_http`. Does not own: retries, sleeps, lease decisions (callers decide what a
-failure means), printing.
+Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). The bytes
+go through one :class:`~leasecore.conductor_transport.Transport`, chosen once in
+:func:`~leasecore.conductor_transport.open_transport`; every library error and HTTP status is
+translated into the project's exception tree in one place, :mod:`leasecore.conductor_http`. Does not
+own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from leasecore import __version__
@@ -28,9 +28,10 @@ from leasecore.conductor_http import (
     protocol_error,
     translate_errors,
 )
-from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
+from leasecore.conductor_transport import Transport, open_transport
 from leasecore.errors import (
     ConductorAuthError,
+    ConductorError,
     ConductorNotFound,
     ConductorProtocolError,
     ConductorRejected,
@@ -39,7 +40,7 @@ from leasecore.errors import (
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 
-if TYPE_CHECKING:  # requests is imported only when the lean path does not serve (https, proxies)
+if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
     import requests
 
 __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
@@ -73,37 +74,36 @@ class ConductorClient:
         user_agent: str | None = None,
         token_ttl_seconds: float = DEFAULT_TOKEN_TTL_SECONDS,
         pool_maxsize: int = POOL_MAXSIZE,
+        transport: Transport | None = None,
         ca_bundle: str | None = None,
     ) -> None:
         """``ca_bundle``: PEM file (or directory) of the CAs to trust for https:// (None: certifi's,
         or what REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE name, as requests does)."""
         self.base_url = _check_base_url(base_url)
-        self._verify: str | bool = ca_bundle or True
         self.root_url = self.base_url.removesuffix("/api")  # /health lives at the root
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout_seconds!r}")
         self._timeout_seconds = timeout_seconds
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
-        self._owns_session = session is None
+        # Metrics (#20): (method, uri template, status code or "error", seconds) after each request.
+        self.request_hook: Callable[[str, str, str, float], None] | None = None
+        if transport is not None and session is not None:
+            raise TypeError("give a session or a transport, not both")
+        # The one choice of transport (lean socket for plain HTTP without a proxy; requests for https,
+        # proxies and an injected session); ``transport=`` replaces it (tests, embedding callers).
+        self._transport: Transport = transport or open_transport(
+            self.base_url,
+            session=session,
+            verify=ca_bundle or True,
+            pool_maxsize=pool_maxsize,
+            max_body_bytes=MAX_BODY_BYTES,
+            monotonic=self._clock.monotonic,
+        )
         self._aborted = False  # abort() was called: calls are cut short (a forced stop)
-        # The lean transport for plain HTTP without a proxy; an injected session (tests of the
-        # requests plumbing, a caller's own adapters), https and proxies keep requests, which is
-        # imported only then (#23: it is about 10 MB of a runner's RSS).
-        parts = urlsplit(self.base_url)
-        self._origin = f"{parts.scheme}://{parts.netloc}"
-        self._lean: LeanTransport | None = None
-        self._session: requests.Session | None = session
-        self._connections: Any = None  # conductor_requests.Connections of a session made here
-        if session is None and parts.scheme == "http" and not _environ_proxies(self.base_url):
-            self._lean = LeanTransport(
-                parts.hostname or "", parts.port or 80, max_idle=pool_maxsize, monotonic=self._clock.monotonic
-            )
-        elif session is None:
-            from leasecore import conductor_requests
-
-            self._connections = conductor_requests.Connections()
-            self._session = conductor_requests.new_session(pool_maxsize, self._connections)
+        origin_length = len("{0.scheme}://{0.netloc}".format(urlsplit(self.base_url)))
+        self._api_target = self.base_url[origin_length:]  # what follows host:port in a request line
+        self._root_target = self.root_url[origin_length:]
         key, secret = (auth_key or "").strip(), (auth_secret or "").strip()
         if bool(key) != bool(secret):
             missing = "auth_secret" if key else "auth_key"
@@ -134,7 +134,12 @@ class ConductorClient:
     @property
     def connections_opened(self) -> int | None:
         """Connections the lean transport opened so far (None: calls go through requests)."""
-        return None if self._lean is None else self._lean.opened
+        return self._transport.connections_opened
+
+    @property
+    def transport(self) -> Transport:
+        """The transport every call goes through (chosen by ``open_transport``, or given)."""
+        return self._transport
 
     def abort(self) -> None:
         """A forced stop (the second signal, #24): cut every call in flight now instead of letting it
@@ -142,17 +147,11 @@ class ConductorClient:
         from now on get at most ``ABORTED_CALL_SECONDS``, so a healthy server still takes the last
         reports while a silent one costs a second each. Thread-safe; idempotent."""
         self._aborted = True
-        if self._lean is not None:
-            self._lean.abort()
-        if self._connections is not None:
-            self._connections.cut()
+        self._transport.abort()
 
     def close(self) -> None:
-        """Release pooled connections (only of a session this client created)."""
-        if self._owns_session and self._session is not None:
-            self._session.close()
-        if self._lean is not None:
-            self._lean.close()
+        """Release pooled connections (an injected session is left open: its owner closes it)."""
+        self._transport.close()
 
     def __enter__(self) -> ConductorClient:
         return self
@@ -184,6 +183,7 @@ class ConductorClient:
             params=params,
             timeout_seconds=budget,
             idempotent=False,  # a lost answer loses the tasks it claimed: never send a poll twice
+            uri="/tasks/poll/batch/{taskType}",
         )
         if reply.status_code == 204 or not reply.body.strip():
             return []
@@ -231,7 +231,8 @@ class ConductorClient:
 
     def get_task(self, task_id: str, *, timeout_seconds: float | None = None) -> dict[str, Any]:
         """The task as the server has it; :class:`ConductorNotFound` when it is gone."""
-        reply = self.request("GET", f"/tasks/{path_segment(task_id)}", timeout_seconds=timeout_seconds)
+        reply = self.request("GET", f"/tasks/{path_segment(task_id)}", timeout_seconds=timeout_seconds,
+                             uri="/tasks/{taskId}")
         data = reply.json()
         if not isinstance(data, dict):
             protocol_error(reply, "expected a JSON object")
@@ -268,7 +269,8 @@ class ConductorClient:
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         """Append one execution-log line (raw ``text/plain`` body, §6)."""
         self.request(
-            "POST", f"/tasks/{path_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds
+            "POST", f"/tasks/{path_segment(task_id)}/log", text_body=text, timeout_seconds=timeout_seconds,
+            uri="/tasks/{taskId}/log",
         )
 
     def health(self, *, timeout_seconds: float | None = None) -> bool:
@@ -307,22 +309,56 @@ class ConductorClient:
         timeout_seconds: float | None = None,
         root: bool = False,
         idempotent: bool | None = None,
+        uri: str | None = None,
     ) -> Reply:
         """One call to ``{base_url}{path}`` (``root=True``: the server root), errors translated.
+
+        ``uri``: the path's template for ``request_hook`` (default: the path itself).
 
         A 2xx comes back as a :class:`Reply`; anything else raises. With auth, a rejected token is
         refreshed and the request sent once more, within the same deadline. ``idempotent`` (default:
         GET, HEAD, PUT, DELETE) allows one resend on a fresh connection when a kept-alive one turns
         out dead under the request.
         """
+        hook = self.request_hook
+        if hook is None:
+            return self._request(method, path, params, json_body, text_body, accept, timeout_seconds, root,
+                                 idempotent)
+        started = self._clock.monotonic()
+        status = "error"
+        try:
+            reply = self._request(method, path, params, json_body, text_body, accept, timeout_seconds, root,
+                                  idempotent)
+            status = str(reply.status_code)
+            return reply
+        except ConductorError as exc:
+            status = str(exc.status_code) if exc.status_code else "error"
+            raise
+        finally:
+            hook(method, uri or path, status, self._clock.monotonic() - started)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        json_body: Any,
+        text_body: str | None,
+        accept: str,
+        timeout_seconds: float | None,
+        root: bool,
+        idempotent: bool | None,
+    ) -> Reply:
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "DELETE")
         budget = self._timeout_seconds if timeout_seconds is None else timeout_seconds
-        generation = self._lean.generation if self._lean is not None else 0  # before the abort check
+        generation = self._transport.generation  # before the abort check: an abort after it cuts this call
         if self._aborted:
             budget = min(budget, ABORTED_CALL_SECONDS)
         deadline = self._clock.monotonic() + budget
-        url = (self.root_url if root else self.base_url) + path
+        target = (self._root_target if root else self._api_target) + path
+        if params:
+            target += "?" + urlencode(params)
         headers = {"User-Agent": self._user_agent, "Accept": accept}
         data: bytes | None = None
         if json_body is not None:
@@ -332,13 +368,15 @@ class ConductorClient:
             headers["Content-Type"] = "text/plain; charset=utf-8"
             data = text_body.encode("utf-8")
         token = self._auth.current(self._remaining(deadline, method, path)) if self._auth else None
-        send = (method, path, url, params, data)
-        reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
-                           generation=generation)
+        send = (method, path, target or "/", data)
+        reply = self._send(
+            *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+        )
         if token is not None and self._auth is not None and _is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
-            reply = self._send(*send, _with_token(headers, token), deadline, idempotent=idempotent,
-                               generation=generation)
+            reply = self._send(
+                *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
+            )
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self._auth:
@@ -351,8 +389,7 @@ class ConductorClient:
         self,
         method: str,
         path: str,
-        url: str,
-        params: Mapping[str, str | int] | None,
+        target: str,
         data: bytes | None,
         headers: Mapping[str, str],
         deadline: float,
@@ -360,91 +397,14 @@ class ConductorClient:
         idempotent: bool = False,
         generation: int | None = None,
     ) -> Reply:
-        if self._lean is not None:
-            return self._send_lean(method, path, url, params, data, headers, deadline, idempotent, generation)
-        assert self._session is not None  # no lean transport: a session (given or made) serves
-        from urllib3.util import Timeout as Urllib3Timeout  # loaded with requests already
-
-        remaining = self._remaining(deadline, method, path)
-        # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
-        # below against the same deadline, so no attempt outlives it by more than one socket read.
-        timeout = cast(Any, Urllib3Timeout(total=remaining))
-        with translate_errors(method, path):
-            response = self._session.request(
-                method,
-                url,
-                params=params,
-                data=data,
-                headers=dict(headers),
-                timeout=timeout,
-                stream=True,
-                allow_redirects=False,
-                verify=self._verify,  # a path is never overridden by the environment (requests' rule)
-            )
-            try:
-                body = self._read_body(response, method, path, deadline)
-            finally:
-                response.close()
-        return Reply(method=method, path=path, status_code=response.status_code, body=body)
-
-    def _send_lean(
-        self,
-        method: str,
-        path: str,
-        url: str,
-        params: Mapping[str, str | int] | None,
-        data: bytes | None,
-        headers: Mapping[str, str],
-        deadline: float,
-        idempotent: bool,
-        generation: int | None = None,
-    ) -> Reply:
-        assert self._lean is not None
-        target = url[len(self._origin) :] or "/"
-        if params:
-            target += "?" + urlencode(params)
         self._remaining(deadline, method, path)
         with translate_errors(method, path):
-            try:
-                status, body = self._lean.send(
-                    method,
-                    target,
-                    data,
-                    headers,
-                    deadline,
-                    idempotent=idempotent,
-                    max_body_bytes=MAX_BODY_BYTES,
-                    generation=generation,
-                )
-            except AnswerTooLarge:
-                raise ConductorProtocolError(
-                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes", method=method, path=path
-                ) from None
+            status, body = self._transport.send(
+                method, target, data, headers, deadline, idempotent=idempotent, generation=generation
+            )
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s -> HTTP %d, %d bytes", method, target, status, len(body))
         return Reply(method=method, path=path, status_code=status, body=body)
-
-    def _read_body(self, response: requests.Response, method: str, path: str, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in response.iter_content(chunk_size=64 * 1024):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ConductorProtocolError(
-                    f"{method} {path}: answer larger than {MAX_BODY_BYTES} bytes",
-                    method=method,
-                    path=path,
-                    status_code=response.status_code,
-                )
-            if self._clock.monotonic() > deadline:
-                raise ConductorUnavailable(
-                    f"{method} {path}: timed out reading the answer",
-                    method=method,
-                    path=path,
-                    status_code=None,
-                )
-        return b"".join(chunks)
 
     def _remaining(self, deadline: float, method: str, path: str) -> float:
         remaining = deadline - self._clock.monotonic()
@@ -464,7 +424,7 @@ class ConductorClient:
         deadline = self._clock.monotonic() + timeout_seconds
         body = json.dumps({"keyId": self._key_id, "keySecret": self._key_secret}).encode("utf-8")
         headers = {"User-Agent": self._user_agent, "Accept": JSON, "Content-Type": JSON}
-        reply = self._send(method, path, self.base_url + path, None, body, headers, deadline)
+        reply = self._send(method, path, self._api_target + path, body, headers, deadline)
         if reply.status_code in (404, 405):
             return None
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
@@ -511,22 +471,6 @@ def _is_token_rejection(reply: Reply) -> bool:
     except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
-
-
-def _environ_proxies(url: str) -> bool:
-    """Whether requests would send calls to ``url`` through a proxy from the environment.
-
-    On POSIX, requests (urllib's ``getproxies``) reads only ``*_proxy`` variables (any case): with none
-    but ``no_proxy`` set there is no proxy, and requests need not be imported to say so; otherwise
-    requests' own reading decides (``no_proxy`` patterns, CGI's ``HTTP_PROXY`` rule)."""
-    if os.name == "posix" and not any(
-        name.lower().endswith("_proxy") and name.lower() != "no_proxy" and value
-        for name, value in os.environ.items()
-    ):
-        return False
-    from leasecore import conductor_requests
-
-    return bool(conductor_requests.environ_proxies(url))
 
 
 def _check_base_url(base_url: str) -> str:

@@ -1,4 +1,5 @@
-"""HTTP plumbing of the Conductor client: error translation, replies, the pooled session.
+"""HTTP plumbing of the Conductor client: error translation and replies (requests' session and error
+classes live in :mod:`leasecore.conductor_requests`, imported only when requests is used, #23).
 
 Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
 :func:`error_for_status` (HTTP statuses):
@@ -9,7 +10,9 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse         -> ConductorProtocolError
+    a 2xx we cannot parse,
+      an answer whose framing is
+      refused (http_framing)      -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
 """
@@ -36,6 +39,8 @@ from leasecore.errors import (
     ConductorRunError,
     ConductorUnavailable,
 )
+from leasecore.http_framing import FramingError
+from leasecore.resolve import ResolveTimeout
 
 __all__ = [
     "JSON",
@@ -76,11 +81,14 @@ def _error_table() -> tuple[tuple[type[BaseException], type[ConductorError], str
 
 @contextmanager
 def translate_errors(method: str, path: str) -> Iterator[None]:
-    """Turn any requests, urllib3, http.client or socket error raised inside into the project's tree."""
+    """Turn any requests, urllib3, http.client, socket or framing error raised inside into the project's
+    tree."""
     try:
         yield
     except ConductorRunError:
         raise
+    except FramingError as exc:
+        raise _framing_error(method, path, exc) from exc
     except Exception as exc:  # the table says which are a failed call (a warning raised under -W error too)
         _translate(exc, method, path)
         raise
@@ -93,6 +101,25 @@ def _translate(exc: BaseException, method: str, path: str) -> None:
             cause = _plain_cause(exc)
             detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
             raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
+
+
+def _framing_error(method: str, path: str, exc: FramingError) -> ConductorError:
+    """An answer whose body breaks the framing rules (or its size limit). After a 2xx status line it is
+    a protocol error (the server took the request: a reporter must not send a result twice); after any
+    other status the status decides, as if the body were empty; with no status known, a failed attempt.
+    """
+    what = f"answer refused ({exc.message})"
+    status = exc.answer_status
+    if status is None:
+        return ConductorUnavailable(f"{method} {path}: {what}", method=method, path=path)
+    if 200 <= status < 300:
+        return ConductorProtocolError(
+            f"{method} {path}: {what}", method=method, path=path, status_code=status
+        )
+    error = error_for_status(method, path, status, b"")
+    assert error is not None  # not a 2xx
+    error.args = (f"{error}: {what}",)
+    return error
 
 
 def _plain_cause(exc: BaseException) -> str | None:
@@ -110,6 +137,8 @@ def _plain_cause(exc: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, socket.gaierror):
             return "cannot resolve the host name"
+        if isinstance(current, ResolveTimeout):
+            return "cannot resolve the host name in time"
         if isinstance(current, ConnectionRefusedError):
             return "connection refused"
         if isinstance(current, ConnectionResetError):

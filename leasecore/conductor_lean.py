@@ -18,13 +18,17 @@ What it keeps:
 * a reused connection that turns out dead (reset, closed before the status line) is replaced once by
   a fresh one, but only for a call the caller marks ``idempotent``: never for a poll, whose lost
   answer would lose claimed tasks;
-* answers framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection;
-  interim ``1xx`` answers skipped; ``Connection: close`` (and HTTP/1.0) honoured; the status line and
-  headers bounded (64 KiB, 100 fields), the body by the caller's limit;
-* errors are raised as ``OSError`` and this module's ``HTTPException`` tree (named and shaped as
+* answers framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection,
+  by the same strict rules and chunked parser as the embedded server's requests
+  (:mod:`leasecore.http_framing`: ``gzip, chunked``, Content-Length beside Transfer-Encoding, a bad
+  chunk size are refused, never guessed); interim ``1xx`` answers skipped; ``Connection: close`` (and
+  HTTP/1.0) honoured; the status line and headers bounded (64 KiB, 100 fields), the body by
+  ``max_body_bytes``;
+* the host name resolved within the deadline too (:mod:`leasecore.resolve`; a literal IP skips it);
+* errors are raised as ``OSError``, this module's ``HTTPException`` tree (named and shaped as
   ``http.client``'s, which is not imported: it imports ``ssl`` and ``email``, about 5 MB of a runner's
-  RSS, #23): the caller translates them (``conductor_http.translate_errors``), so the mapping lives in
-  one place.
+  RSS, #23) or :class:`~leasecore.http_framing.FramingError`: the caller translates them
+  (``conductor_http.translate_errors``), so the mapping lives in one place.
 
 Plain ``http://`` only, and only when no proxy applies to the host (``requests`` honours
 ``HTTP_PROXY``; this transport does not speak to proxies). Everything else stays on ``requests``.
@@ -39,6 +43,9 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Mapping
+
+from leasecore.http_framing import CHUNKED, BodyTooLarge, FramingError, body_length, read_chunked
+from leasecore.resolve import BoundedResolver
 
 __all__ = [
     "AnswerTooLarge",
@@ -57,7 +64,6 @@ log = logging.getLogger(__name__)
 _CHUNK = 64 * 1024
 _MAX_HEAD_BYTES = 64 * 1024  # the status line and every header field together
 _MAX_FIELDS = 100  # http.client's limit too
-_MAX_LINE_BYTES = 4096  # one chunk-size or trailer line
 _INLINE_BODY_BYTES = 64 * 1024  # a body up to this size goes out in the same send as the head
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
 _BAD_VALUE = re.compile(r"[\r\n\0]")  # what would end a header line early (header injection)
@@ -102,15 +108,28 @@ class StaleConnection(ConnectionError):
     """A reused keep-alive connection died before the server answered (and the call was not retried)."""
 
 
-class AnswerTooLarge(ValueError):
-    """The answer's body passed the size limit; the connection was dropped."""
+AnswerTooLarge = BodyTooLarge  # the answer's body passed the size limit; the connection was dropped
 
 
 class LeanTransport:
-    """Keep-alive HTTP/1.1 to one ``host:port``; thread-safe; ``max_idle`` connections kept warm."""
+    """Keep-alive HTTP/1.1 to one ``host:port``; thread-safe; ``max_idle`` connections kept warm.
 
-    def __init__(self, host: str, port: int, *, max_idle: int, monotonic: Callable[[], float]) -> None:
+    A :class:`~leasecore.conductor_transport.Transport`; ``max_body_bytes`` bounds every answer's body.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        max_idle: int,
+        monotonic: Callable[[], float],
+        max_body_bytes: int = 256 * 1024 * 1024,
+        resolver: BoundedResolver | None = None,
+    ) -> None:
         self._host, self._port = host, port
+        self._max_body_bytes = max_body_bytes
+        self._resolver = resolver or BoundedResolver()
         name = f"[{host}]" if ":" in host else host  # an IPv6 literal is bracketed in Host
         self._host_field = f"Host: {name}" if port == 80 else f"Host: {name}:{port}"
         self._max_idle = max_idle
@@ -121,6 +140,10 @@ class LeanTransport:
         self._closed = False
         self.generation = 0  # aborts so far: a call started before the latest one is cut
         self.opened = 0  # connections made so far (diagnostics, tests)
+
+    @property
+    def connections_opened(self) -> int:
+        return self.opened
 
     def close(self) -> None:
         """Close every idle connection; one in use is closed when its call ends."""
@@ -152,13 +175,14 @@ class LeanTransport:
         deadline: float,
         *,
         idempotent: bool,
-        max_body_bytes: int,
         generation: int | None = None,
     ) -> tuple[int, bytes]:
         """One exchange: (status, the whole body). Raises ``OSError``/``HTTPException`` (``TimeoutError``
-        when the deadline passes), ``AnswerTooLarge`` for a body over ``max_body_bytes``, ``ValueError``
-        for a target or header that cannot be sent as is. ``generation``: ``self.generation`` when the
-        caller's call began; an ``abort`` since then cuts this exchange too."""
+        when the deadline passes), ``FramingError`` for an answer that cannot be delimited
+        (``AnswerTooLarge`` for a body over ``max_body_bytes``), ``ValueError`` for a target or header
+        that cannot be sent as is. ``generation``: ``self.generation`` when the caller's call began;
+        an ``abort`` since then cuts this exchange too."""
+        max_body_bytes = self._max_body_bytes
         request = self._request_bytes(method, target, body, headers)
         sock, reused = self._take(deadline)
         self._track(sock, generation)
@@ -230,7 +254,7 @@ class LeanTransport:
             sock.close()
 
     def _connect(self, deadline: float) -> socket.socket:
-        sock = socket.create_connection((self._host, self._port), timeout=_left(deadline, self._monotonic))
+        sock = self._open(deadline)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # Blocking from here: the kernel times each send and recv (_arm), one system call each,
@@ -242,6 +266,25 @@ class LeanTransport:
         with self._lock:
             self.opened += 1
         return sock
+
+    def _open(self, deadline: float) -> socket.socket:
+        """A connected socket: the name resolved and each address tried within the deadline (as
+        ``socket.create_connection`` does, whose own lookup has no timeout)."""
+        addresses = self._resolver.resolve(self._host, self._port, _left(deadline, self._monotonic))
+        error: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(_left(deadline, self._monotonic))
+                sock.connect(address)
+            except BaseException as exc:
+                sock.close()
+                if not isinstance(exc, OSError) or isinstance(exc, TimeoutError):
+                    raise  # out of time: no next address gets any
+                error = exc
+                continue
+            return sock
+        raise error or OSError(f"no address to connect to for {self._host!r}")
 
     def _exchange(
         self,
@@ -263,7 +306,11 @@ class LeanTransport:
             if status == 101:
                 raise HTTPException("the server switched protocols (101) unasked")
             status, keep_alive, fields = reader.head()
-        answer, framed = reader.body(method, status, fields, max_body_bytes)
+        try:
+            answer, framed = reader.body(method, status, fields, max_body_bytes)
+        except FramingError as exc:
+            exc.answer_status = status
+            raise
         if keep_alive and framed and not reader.buffered:
             self._give_back(sock)
         else:
@@ -330,11 +377,8 @@ class _AnswerReader:
             if not colon or not name:
                 raise HTTPException(f"malformed header line {line[:100]!r}")
             value = value.strip()
-            if name in fields:  # repeated: a list (RFC 9110 5.3); Content-Length must agree
-                if name == b"content-length" and fields[name] != value:
-                    raise HTTPException("conflicting Content-Length fields")
-                if name != b"content-length":
-                    fields[name] += b", " + value
+            if name in fields:  # repeated: a list (RFC 9110 5.3); body_length checks Content-Length agrees
+                fields[name] += b", " + value
             else:
                 fields[name] = value
         tokens = [t.strip() for t in fields.get(b"connection", b"").lower().split(b",")]
@@ -347,18 +391,16 @@ class _AnswerReader:
         """(the body, whether it was framed: a body read to the connection's end is not)."""
         if method == "HEAD" or status in (204, 304):
             return b"", True
-        coding = fields.get(b"transfer-encoding")
-        if coding is not None:
-            if coding.lower().rsplit(b",", 1)[-1].strip() != b"chunked":
-                raise HTTPException(f"unsupported Transfer-Encoding {coding[:50]!r}")
-            return self._chunked(max_bytes), True
-        length = fields.get(b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise HTTPException(f"invalid Content-Length {length[:50]!r}")
-            size = int(length)
-            if size > max_bytes:
-                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+        coding, length = fields.get(b"transfer-encoding"), fields.get(b"content-length")
+        size = body_length(
+            () if coding is None else (coding.decode("latin-1"),),
+            () if length is None else (length.decode("latin-1"),),
+            max_bytes,
+            what="answer",
+        )
+        if size == CHUNKED:
+            return read_chunked(self._line, self._exactly, max_bytes, what="answer"), True
+        if size is not None:
             return self._exactly(size), True
         return self._to_end(max_bytes), False
 
@@ -405,31 +447,20 @@ class _AnswerReader:
             self._buf += data
         return end
 
-    def _line(self) -> bytes:
-        end = self._find(b"\r\n", _MAX_LINE_BYTES, "chunk size or trailer line")
-        line = bytes(self._buf[:end])
-        del self._buf[: end + 2]
+    def _line(self, limit: int) -> bytes:
+        """The next line with its ``\\n``, or ``limit + 1`` bytes without one (read_chunked refuses
+        it); the connection ending first is a cut answer (IncompleteRead)."""
+        try:
+            end = self._find(b"\n", limit, "chunk size or trailer line")
+        except LineTooLong:
+            end = len(self._buf)
+        if end >= limit + 1:  # longer than the limit: cut there, without its "\n"
+            line = bytes(self._buf[: limit + 1])
+            del self._buf[: limit + 1]
+            return line
+        line = bytes(self._buf[: end + 1])
+        del self._buf[: end + 1]
         return line
-
-    def _chunked(self, max_bytes: int) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_text = self._line().split(b";", 1)[0].strip()
-            if not size_text or size_text.strip(b"0123456789abcdefABCDEF") or len(size_text) > 16:
-                raise HTTPException(f"invalid chunk size {size_text[:20]!r}")
-            size = int(size_text, 16)
-            if size == 0:
-                for _ in range(_MAX_FIELDS + 1):  # trailer fields, then the empty line
-                    if not self._line():
-                        return b"".join(parts)
-                raise HTTPException(f"got more than {_MAX_FIELDS} trailer fields")
-            total += size
-            if total > max_bytes:
-                raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
-            parts.append(self._exactly(size))
-            if self._exactly(2) != b"\r\n":
-                raise HTTPException("a chunk does not end where its size says")
 
     def _to_end(self, max_bytes: int) -> bytes:
         parts = [bytes(self._buf)]
@@ -439,7 +470,7 @@ class _AnswerReader:
             total += len(data)
             parts.append(data)
         if total > max_bytes:
-            raise AnswerTooLarge(f"answer larger than {max_bytes} bytes")
+            raise AnswerTooLarge(max_bytes, "answer")
         return b"".join(parts)
 
 

@@ -87,6 +87,9 @@ class RunnerSettings:
     once: bool = False
     once_wait: float = 30.0  # --once: seconds to wait for a task (a cron slot's worth of patience)
     max_tasks: int | None = None  # None: no limit
+    metrics_port: int | None = None  # #20: None = no metrics endpoint; 0 = any free port
+    metrics_host: str = "127.0.0.1"  # #20
+    cgroup: str = "auto"  # issue 19: auto | v2 | v1 | off (leasecore.process.cgroups)
     # --- issue #23: ownership checks' budget, shared by every task (leasecore.checkbudget) ---
     ownership_check_rate: float = 20.0  # checks per second per runner at most; 0: no budget
     # --- end #23 ---
@@ -120,6 +123,11 @@ class TaskSettings:
     protocol: str = "native"  # "stdio": conductor-cli's worker stdio contract (issue #21)
     user: str | None = None  # run the child as this user (#24; the runner must be root)
     group: str | None = None  # ... with this group instead of the user's primary one
+    # issue 19: per-tree limits (None: none); bytes, processes, cores, open files
+    memory_max: int | None = None
+    pids_max: int | None = None
+    cpu_max: float | None = None
+    nofile: int | None = None
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -8,6 +8,7 @@ Defaults are not here: they live on the settings dataclasses in ``config.py``.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -186,6 +187,23 @@ def argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+# ---- #20 metrics endpoint: checkers ----------------------------------------------------------------
+
+
+def ip_literal(value: Any) -> str:
+    """An IPv4 or IPv6 address to listen on (no host names: what a name resolves to may change)."""
+    allowed = "an IP address to listen on, such as 127.0.0.1, 0.0.0.0 or ::1"
+    if not isinstance(value, str):
+        raise ValueError(allowed)
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError(allowed) from None
+
+
+# ---- end #20 ------------------------------------------------------------------------------------------
+
+
 def _is_env_name(name: Any) -> bool:
     return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
 
@@ -340,6 +358,25 @@ KEYS: dict[str, KeySpec] = {
             flag="--max-tasks",
             in_file=False,
         ),
+        # ---- #20 metrics endpoint (runner-wide, [worker]) ----
+        _key(
+            "metrics_port",
+            "runner",
+            int_range(0, 65535, "a TCP port"),
+            "serve /metrics, /healthz and /readyz on this port (0: any free port, logged)",
+            env=("CONDUCTOR_RUN_METRICS_PORT",),
+            flag="--metrics-port",
+            **_I,
+        ),
+        _key(
+            "metrics_host",
+            "runner",
+            ip_literal,
+            "the address the metrics endpoint listens on",
+            env=("CONDUCTOR_RUN_METRICS_HOST",),
+            flag="--metrics-host",
+        ),
+        # ---- end #20 ----
         # per task ([[task]], defaults in [worker])
         _key(
             "type",
@@ -414,7 +451,7 @@ KEYS: dict[str, KeySpec] = {
             "kill_grace",
             "task",
             seconds(),
-            "seconds between SIGTERM and SIGKILL",
+            "seconds between SIGTERM and SIGKILL (capped at a quarter of each task's lease)",
             worker_prop="kill_grace",
             flag="--kill-grace",
             **_F,
@@ -513,6 +550,73 @@ KEYS: dict[str, KeySpec] = {
         # --- end #24 ------------------------------------------------------------------------------
     )
 }
+
+# --- issue 19: resource limits per task tree, and the cgroup mechanism ------------------------------
+# (limits.py parses the values; cgroups.py enforces them per tree, else rlimits per process.)
+
+
+def _size(value: Any) -> int:
+    from leasecore.limits import parse_size
+
+    return parse_size(value)
+
+
+def _cpus(value: Any) -> float:
+    from leasecore.limits import parse_cpus
+
+    return parse_cpus(value)
+
+
+KEYS.update(
+    {
+        spec.name: spec
+        for spec in (
+            _key(
+                "cgroup",
+                "runner",
+                choice("auto", "v2", "v1", "off"),
+                "task trees in cgroups: auto (v2 if it can limit, else v1, else none), v2, v1 or off",
+                env=("CONDUCTOR_RUN_CGROUP",),
+                flag="--cgroup",
+            ),
+            _key(
+                "memory_max",
+                "task",
+                _size,
+                "memory limit of the task's tree (64M, 2G; per process where no cgroup can enforce it)",
+                worker_prop="memory_max",
+                flag="--memory-max",
+            ),
+            _key(
+                "pids_max",
+                "task",
+                int_range(1, 4_194_304),
+                "most processes the task's tree may hold at once",
+                worker_prop="pids_max",
+                flag="--pids-max",
+                **_I,
+            ),
+            _key(
+                "cpu_max",
+                "task",
+                _cpus,
+                "CPU cores the task's tree may use (0.5, 2; needs a cgroup cpu controller)",
+                worker_prop="cpu_max",
+                flag="--cpu-max",
+            ),
+            _key(
+                "nofile",
+                "task",
+                int_range(1, 1 << 30),
+                "open files per process of the task's tree (RLIMIT_NOFILE)",
+                worker_prop="nofile",
+                flag="--nofile",
+                **_I,
+            ),
+        )
+    }
+)
+# --- end of issue 19 ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

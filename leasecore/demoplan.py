@@ -41,7 +41,7 @@ EARLY_SLACK_SECONDS = 1.0
 class SceneKind(StrEnum):
     HEARTBEATS = "heartbeats"  # lease extension on: a task several times longer than R completes
     NO_LEASE = "no_lease"  # lease extension off: the lease ends at R, the tree is killed by then
-    FENCED = "fenced"  # the server goes silent: the tree is killed at the lease deadline
+    FENCED = "fenced"  # the server goes silent: the tree is dead by the lease deadline
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class DemoSettings:
     """Numbers shared by every scene."""
 
     response_timeout_seconds: int = 2  # R, the task def's responseTimeoutSeconds
-    kill_grace_seconds: float = 2.0
+    # Within its cap for R = 2 s (a quarter of R, and R - margin - the heartbeats' 1.25 s = 0.35 s): a
+    # longer one would be cut, with a warning.
+    kill_grace_seconds: float = 0.3
     ownership_check_interval_seconds: float = 1.0
     poll_timeout_ms: int = 500
 
@@ -94,9 +96,10 @@ def standard_scenes(settings: DemoSettings, *, completed_exit: int, fenced_exit:
             kind=SceneKind.NO_LEASE,
             title="2. The same task without heartbeats",
             claim=(
-                f"with lease extension off nothing extends the lease: the runner kills the child's tree "
-                f"at R = {r}s after the poll, when the server may time the task out; the server records "
-                "its TIMED_OUT or the runner's FAILED (lease expired), whichever lands first"
+                f"with lease extension off nothing extends the lease: the child's tree is dead by R = {r}s "
+                "after the poll (TERM kill_grace before it, KILL just before it), when the server may "
+                "time the task out; the server records its TIMED_OUT or the runner's FAILED (lease "
+                "expired), whichever lands first"
             ),
             task_seconds=6 * r,
             expect_task_status="TIMED_OUT",
@@ -109,9 +112,9 @@ def standard_scenes(settings: DemoSettings, *, completed_exit: int, fenced_exit:
             kind=SceneKind.FENCED,
             title="3. A fenced kill: the server goes silent",
             claim=(
-                "heartbeats flow, then the server stops answering: the runner kills the whole tree at "
-                f"the lease deadline (last acknowledged heartbeat + {r}s), before the server can hand "
-                "the task to anyone else"
+                "heartbeats flow, then the server stops answering: the whole tree is dead by the lease "
+                f"deadline (last acknowledged heartbeat + {r}s; TERM kill_grace before it, KILL just "
+                "before it), so it is gone before the server can hand the task to anyone else"
             ),
             task_seconds=8 * r,
             expect_task_status="TIMED_OUT",
@@ -402,9 +405,9 @@ class SceneTracker:
             ended_after = _nan(self.server_terminal_at) - _nan(polled)
             check(not self.heartbeats, f"no heartbeat was sent ({len(self.heartbeats)} seen)")
             check(
-                r - EARLY_SLACK_SECONDS <= dead_after <= r + grace + LATE_SLACK_SECONDS,
+                r - grace - EARLY_SLACK_SECONDS <= dead_after <= r + LATE_SLACK_SECONDS,
                 f"the tree was gone {_secs(dead_after)} after the poll: the lease ends at R = {r:g}s "
-                f"(then TERM, KILL {grace:g}s later)",
+                f"(TERM {grace:g}s before it, KILL just before it)",
             )
             self._check_killed_early(check)
             check(
@@ -430,8 +433,8 @@ class SceneTracker:
                 "the tree lived on while the lease was valid",
             )
             check(
-                deadline - EARLY_SLACK_SECONDS <= dead <= deadline + self.settings.kill_grace_seconds
-                + LATE_SLACK_SECONDS,
+                deadline - self.settings.kill_grace_seconds - EARLY_SLACK_SECONDS <= dead
+                <= deadline + LATE_SLACK_SECONDS,
                 f"the tree was gone at +{_num(dead)}s; lease deadline +{_num(deadline)}s "
                 f"(last acknowledged heartbeat +{_num(last)}s + R)",
             )

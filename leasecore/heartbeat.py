@@ -77,6 +77,7 @@ from leasecore.lease import (
     LeaseView,
     SendHeartbeat,
 )
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskOwnership, TaskResult
 
 __all__ = ["EngineMetrics", "FinalUpdates", "LeaseEngine", "LeasePort"]
@@ -130,6 +131,7 @@ class _Job:
     action: SendHeartbeat | CheckOwnership
     min_attempt_seconds: float
     queued_at: float
+    task_type: str = ""  # the metrics' label
 
 
 Fences = list[tuple[str, FenceAction]]
@@ -147,10 +149,13 @@ class LeaseEngine:
         senders: int = 8,
         max_senders: int = 64,
         random_source: Callable[[], float] = random.random,
+        observer: Observer = NO_METRICS,
         check_budget: CheckBudget | None = None,
     ) -> None:
-        """``check_budget``: how fast ownership checks may start, for every task together (None: no
+        """``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
+        ``check_budget``: how fast ownership checks may start, for every task together (None: no
         limit, each goes when due)."""
+        self._observer = observer
         if not 1 <= senders <= max_senders:
             raise ValueError(f"need 1 <= senders ({senders}) <= max_senders ({max_senders})")
         self._port = port
@@ -206,6 +211,10 @@ class LeaseEngine:
         alive = [t.name for t in threads if t.is_alive()]
         if alive:
             log.warning("lease engine stopped with threads still busy: %s", ", ".join(alive))
+
+    def alive(self) -> bool:
+        """The timer thread runs (False before ``start``, after ``stop``, or if it died)."""
+        return bool(self._threads) and self._threads[0].is_alive()
 
     # ----- events from the runner ----------------------------------------------------------------
 
@@ -395,6 +404,7 @@ class LeaseEngine:
             action,
             entry.lease.policy.min_attempt_seconds,
             self._clock.monotonic(),
+            task_type=entry.task.task_type,
         )
         if isinstance(action, SendHeartbeat):
             heapq.heappush(self._beats, (action.due_at, next(self._seq), job))
@@ -498,38 +508,56 @@ class LeaseEngine:
         sent_at = self._clock.monotonic()
         timeout = min(action.timeout_seconds, action.expires_at - sent_at)
         outcome: Callable[[Lease, float], list[Action]]
+        late: float | None = None  # sent minus due, for the metrics (None: never sent)
+        ok = False
         if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
             outcome = Lease.on_heartbeat_failed
         else:
+            late = sent_at - action.due_at
             with self._lock:
                 self._heartbeats_sent += 1
-                self._lateness.append(sent_at - action.due_at)
+                self._lateness.append(late)
             try:
                 self._port.extend_lease(job.task_id, job.workflow_id, timeout_seconds=timeout)
                 outcome = functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at)
+                ok = True
             except ConductorNotFound:
                 log.warning("task %s: the server no longer knows it (404 on a heartbeat)", job.task_id)
                 outcome = Lease.on_heartbeat_not_found
             except ConductorError as exc:
+                self._observer.on_heartbeat(job.task_type, False, late)
                 return self._outcome(job.task_id, Lease.on_heartbeat_failed, beat_error=str(exc))
             except Exception:  # a bug in the port must not leave the lease waiting forever
                 log.exception("task %s: heartbeat raised unexpectedly", job.task_id)
                 outcome = Lease.on_heartbeat_failed
+        self._observer.on_heartbeat(job.task_type, ok, late)
         return self._outcome(job.task_id, outcome)
 
     def _check_ownership(self, job: _Job, action: CheckOwnership, expires_at: float) -> Fences:
         started = self._clock.monotonic()
         timeout = min(action.timeout_seconds, expires_at - started)
         outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
+        answered = False
         if timeout >= job.min_attempt_seconds:
             try:
                 ownership = self._port.get_task_ownership(job.task_id, timeout_seconds=timeout)
                 outcome = functools.partial(Lease.on_ownership, ownership=ownership)
+                answered = True
             except ConductorError as exc:
                 log.warning("task %s: ownership check failed: %s", job.task_id, exc)
             except Exception:
                 log.exception("task %s: ownership check raised unexpectedly", job.task_id)
-        return self._outcome(job.task_id, outcome, log_loss=True)
+        fences = self._outcome(job.task_id, outcome, log_loss=True)
+        if self._observer.enabled:  # "lost": the lease, having weighed the answer, holds the task lost
+            lost = answered and self._lost_reason(job.task_id) is not None
+            result = "lost" if lost else "ok" if answered else "failed"
+            self._observer.on_ownership_check(job.task_type, result)
+        return fences
+
+    def _lost_reason(self, task_id: str) -> str | None:
+        with self._lock:
+            entry = self._entries.get(task_id)
+            return entry.lease.lost_reason if entry is not None else None
 
     def _outcome(
         self,

@@ -8,27 +8,37 @@ thread and never reads a clock: every event carries ``now`` (monotonic seconds) 
 
 Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
 
-* Heartbeats are sent every ``heartbeat_ratio * min(R, heartbeat_timeout)`` counted from the *send*
-  time of the newest acknowledged heartbeat (or of the poll); none when that interval is under
+* **Dead by the deadline.** The server may hand the task to someone else at the lease deadline (and
+  at the hard ceiling), so the whole tree is dead by then, not after: TERM at the *TERM point*,
+  deadline - G - M, KILL at deadline - M, where G is ``kill_grace`` capped at ``kill_grace_share``
+  (1/4) of the lease timeout and of the hard ceiling, and (lease extension on) at what leaves the
+  heartbeats 1.25 s from an ack to the TERM point (``kill_grace_capped`` tells the runner to warn),
+  and M is ``fence_margin_seconds`` (``FENCE_MARGIN_SECONDS``, measured). The lease is lost at
+  the TERM point. Our own deadlines (exec timeout, shutdown) TERM at the deadline and KILL G later,
+  but never later than a server deadline's KILL point.
+* Heartbeats are sent every ``heartbeat_ratio * (L - G - M)`` (L = ``min(R, heartbeat_timeout)``)
+  counted from the *send* time of the newest acknowledged heartbeat (or of the poll): a share of the
+  time from an ack to its TERM point; none when that interval is under
   ``min_heartbeat_interval_seconds`` or lease extension is off. A beat that went out late (its sender
   was busy: 1000 leases on a loaded machine) keeps the cadence: the next is due one interval after the
   late beat was *planned*, but at least half an interval after it was sent. Lateness then shortens the
   next interval instead of stretching every later one, so the gaps the server sees stay near the
   interval (the lease deadline still counts from the actual send time). A failed beat is retried after the
-  ``retry_backoff`` delays (1 s, 1.5 s, 2 s, 2 s, ...) for as long as the lease lasts.
+  ``retry_backoff`` delays (1 s, 1.5 s, 2 s, 2 s, ...), each at most half the time left to the TERM
+  point (and at least ``MIN_RETRY_GAP_SECONDS``), for as long as the lease lasts.
 * Lease deadline = send time of the newest ack (or the poll) + ``min(heartbeat_timeout, R)`` (default
   R, the moment the server may time the task out and hand it to someone else). A heartbeat timeout can
   only shorten the lease: past R the server may already have handed the task to another worker, so a
   longer one would let two copies run (``heartbeat_timeout_capped`` tells the runner to warn). **With
   lease extension off the deadline is still enforced** at poll + that timeout: the server times the
   task out at R anyway, so a child still running after that may run next to its retry.
-* An HTTP attempt never outlives the lease: its timeout is ``min(http cap, deadline - now)`` and no
+* An HTTP attempt never outlives the lease: its timeout is ``min(http cap, TERM point - now)`` and no
   attempt starts with less than ``min_attempt_seconds`` left.
-* Fencing at the deadline is unconditional. An ack *processed* after the deadline is ignored (it
-  cannot cancel the fence or move the deadline), even if its beat was sent in time: by then the server
-  may already have timed the task out. So the tree is never fenced while the lease is confirmed
-  (deadline in the future), and is terminated at the deadline and killed at deadline +
-  ``kill_grace_seconds`` if it still lives.
+* Fencing at the TERM point is unconditional. An ack *processed* after it is ignored (it cannot
+  cancel the fence or move the deadline), even if its beat was sent in time: the tree is already
+  being stopped, and the server may time the task out soon. So the tree is never fenced while the
+  lease is confirmed (TERM point in the future), and is terminated at the TERM point and killed at
+  deadline - margin if it still lives.
   An expired lease stays expired (no more beats or checks), also after the child has exited.
 * Ownership is checked every ``ownership_check_interval_seconds`` (and right after the first failed beat
   of a streak) by reading the task back (``TaskOwnership``: status, pollCount, workerId). The task is
@@ -44,7 +54,10 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   task's ``startTime``, which survives re-deliveries: hard deadline = poll + timeoutSeconds -
   ``hard_elapsed_seconds``, the time the server had already counted at the poll (updateTime -
   startTime of the polled task, both from the server's clock, so no clock skew enters). Heartbeats
-  cannot extend it. ``exec_timeout_seconds`` counts from ``on_child_started`` (else the poll).
+  cannot extend it (fenced like the lease deadline: TERM at hard - G - M). ``exec_timeout_seconds``
+  counts from ``on_child_started`` (else the poll; with a start delay, only from the start).
+* ``start_delay_seconds`` (set by ``from_task`` for a re-delivery that may still run elsewhere,
+  ``leasecore.handover``) is the runner's to honour: the lease is held from the poll meanwhile.
 * After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
   ``on_reported`` (the final update may need retries). After ``on_reported`` no action is ever returned.
 * The final update and the heartbeats of a task never overlap: from ``on_final_update_started`` no
@@ -56,6 +69,7 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +77,7 @@ from enum import StrEnum
 
 from leasecore.backoff import Backoff
 from leasecore.errors import ConfigError
+from leasecore.handover import redelivery_wait_seconds
 from leasecore.models import Task, TaskOwnership, TaskStatus
 
 __all__ = [
@@ -82,8 +97,26 @@ __all__ = [
 
 _NEVER = math.inf
 
-# Failed heartbeats are retried after 1 s, 1.5 s, 2 s, then every 2 s (each up to 10 % sooner).
+# Failed heartbeats are retried after 1 s, 1.5 s, 2 s, then every 2 s (each up to 10 % sooner), but
+# never later than half the time left before the TERM point, nor closer than MIN_RETRY_GAP_SECONDS.
 HEARTBEAT_RETRY_BACKOFF = Backoff(initial_seconds=1.0, multiplier=1.5, max_seconds=2.0, jitter_ratio=0.1)
+MIN_RETRY_GAP_SECONDS = 0.25
+
+# The whole tree is dead (every process reaped) this long before a deadline of the server's (the lease
+# deadline, the hard ceiling): KILL goes out at deadline - margin, TERM kill_grace before that. It
+# covers the timer's lateness, the signal's way to the fork server, its /proc walk, the KILL itself and
+# the reaping. Measured on this project's 2-core machine (README "The lease's timings", bench/kill.py):
+# from the KILL time to the last process's exit, idle, 8 ms for one tree, 34 ms for 20, 54-76 ms for
+# 200 trees at once; with the machine overloaded (load average 9-11) the worst of 200 trees took up to
+# 0.43 s, the median 0.08 s. 0.4 s is four times the idle worst and covers all but that outlier.
+FENCE_MARGIN_SECONDS = 0.4
+# kill_grace is capped at this share of the lease timeout (and of the hard ceiling): the TERM point
+# then stays at >= 3/4 of the lease minus the margin, so heartbeats are at most ~1.4 x as frequent as
+# without a grace, and a grace of a quarter of R is still room enough for a child's clean-up. Nor may
+# the grace take the heartbeats' room: with lease extension on, it leaves at least
+# min_heartbeat_interval / heartbeat_ratio (1.25 s: a beat a second, 0.25 s for its answer) from an ack
+# to its TERM point, where the lease is long enough for that at all (R = 2 s: a grace of 0.35 s).
+KILL_GRACE_SHARE = 0.25
 
 
 class FenceReason(StrEnum):
@@ -112,7 +145,7 @@ class LeaseState(StrEnum):
 
 @dataclass(frozen=True)
 class SendHeartbeat:
-    """Send one extendLease; ``expires_at`` is the lease deadline the attempt must not outlive."""
+    """Send one extendLease; ``expires_at`` is the lease's TERM point, which the attempt must not outlive."""
 
     timeout_seconds: float
     due_at: float
@@ -130,15 +163,18 @@ class CheckOwnership:
 
 @dataclass(frozen=True)
 class TerminateTree:
-    """Send TERM to the child's whole tree; its KILL is due ``kill_grace`` after ``at``.
+    """Send TERM to the child's whole tree; its KILL is due ``grace_seconds`` after ``at``.
 
-    ``at``: when the fence came due (the deadline itself, not when this action was carried out), so
+    ``at``: when the fence came due (the TERM point itself, not when this action was carried out), so
     that a TERM carried out late (a runner stopping 500 trees hands them out one by one) does not
-    push its KILL back. Not part of equality: it is a time, the action is what to do.
+    push its KILL back. ``grace_seconds``: the (capped) kill grace, shortened so that the KILL comes
+    no later than a server deadline's KILL point (None: the process layer's own). Neither is part of
+    equality: they are times, the action is what to do.
     """
 
     reason: FenceReason
     at: float | None = field(default=None, compare=False)
+    grace_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -174,7 +210,13 @@ class LeasePolicy:
     exec_timeout_seconds: float = 0.0
     http_timeout_seconds: float = 10.0
     min_attempt_seconds: float = 0.1
-    redelivery_grace_seconds: float = 1.0  # a higher pollCount is confirmed this much later (0: at once)
+    redelivery_grace_seconds: float = 0.5  # a higher pollCount is confirmed this much later (0: at once)
+    # --- dead by the deadline (#17) ---
+    fence_margin_seconds: float = FENCE_MARGIN_SECONDS  # KILL this long before a server deadline
+    kill_grace_share: float = KILL_GRACE_SHARE  # kill_grace is capped at this share of the lease
+    # The command starts this long after the delivery reached the runner: a re-delivery whose previous
+    # holder may still run it (``leasecore.handover``); 0: at once.
+    start_delay_seconds: float = 0.0
     # The first heartbeat and ownership check come after (1 - spread * random()) of their interval:
     # leases polled in one batch (1000 at once) then beat spread over the interval instead of all at
     # the same instant, which no server answers within the 0.2 R of slack. 0: exactly on time.
@@ -185,13 +227,15 @@ class LeasePolicy:
             "response_timeout_seconds", "min_heartbeat_interval_seconds",
             "ownership_check_interval_seconds", "kill_grace_seconds", "hard_timeout_seconds",
             "hard_elapsed_seconds", "exec_timeout_seconds", "min_attempt_seconds",
-            "redelivery_grace_seconds",
+            "redelivery_grace_seconds", "fence_margin_seconds", "start_delay_seconds",
         ):  # fmt: skip
             _positive_or_zero(name, getattr(self, name))
         if self.heartbeat_timeout_seconds is not None:
             _positive_or_zero("heartbeat_timeout_seconds", self.heartbeat_timeout_seconds)
         if not 0 <= self.first_attempt_spread <= 1:
             raise ConfigError(f"first_attempt_spread must be in [0, 1], got {self.first_attempt_spread}")
+        if not 0 < self.kill_grace_share <= 1:
+            raise ConfigError(f"kill_grace_share must be in (0, 1], got {self.kill_grace_share}")
         if not 0 < self.heartbeat_ratio <= 1:
             raise ConfigError(f"heartbeat_ratio must be in (0, 1], got {self.heartbeat_ratio}")
         if not self.http_timeout_seconds > 0:
@@ -209,13 +253,17 @@ class LeasePolicy:
         ownership_check_interval_seconds: float = 5.0,
         http_timeout_seconds: float = 10.0,
         first_attempt_spread: float = 0.0,
+        check_queue_seconds: float = 0.0,
     ) -> LeasePolicy:
         """The policy for a polled task: R and the hard ceiling from the task, the rest from config.
+        ``check_queue_seconds``: the most the runner's ownership-check budget may hold a due check
+        (#23; it lengthens a re-delivery's wait for its previous holder).
 
         The hard ceiling keeps the time the server had already counted towards it (an earlier delivery
-        of the same task id), measured with the server's own timestamps.
+        of the same task id), measured with the server's own timestamps. A re-delivery that may still
+        run elsewhere gets its ``start_delay_seconds`` (``leasecore.handover``).
         """
-        return cls(
+        policy = cls(
             response_timeout_seconds=task.response_timeout_seconds,
             heartbeat_timeout_seconds=heartbeat_timeout_seconds,
             lease_extend_enabled=lease_extend_enabled,
@@ -227,6 +275,15 @@ class LeasePolicy:
             http_timeout_seconds=http_timeout_seconds,
             first_attempt_spread=first_attempt_spread,
         )
+        wait = redelivery_wait_seconds(
+            task,
+            ownership_check_interval_seconds=ownership_check_interval_seconds,
+            redelivery_grace_seconds=policy.redelivery_grace_seconds,
+            kill_grace_seconds=policy.effective_kill_grace_seconds,
+            fence_margin_seconds=policy.fence_margin_seconds,
+            check_queue_seconds=check_queue_seconds,
+        )
+        return dataclasses.replace(policy, start_delay_seconds=wait) if wait > 0 else policy
 
     @property
     def lease_timeout_seconds(self) -> float:
@@ -248,13 +305,48 @@ class LeasePolicy:
         return configured is not None and r > 0 and configured > r
 
     @property
+    def kill_grace_cap_seconds(self) -> float | None:
+        """The most ``kill_grace`` may be: a share of the lease timeout and of the hard ceiling, and no
+        more than leaves the heartbeats their room (None: neither deadline is set, no cap)."""
+        lease = self.lease_timeout_seconds
+        bounds = [t for t in (lease, self.hard_timeout_seconds) if t > 0]
+        if not bounds:
+            return None
+        cap = self.kill_grace_share * min(bounds)
+        if self.lease_extend_enabled and self.response_timeout_seconds > 0:
+            beats_need = self.min_heartbeat_interval_seconds / self.heartbeat_ratio
+            room = lease - self.fence_margin_seconds - beats_need
+            if room >= 0:  # (else no grace makes room: there are no heartbeats anyway)
+                cap = min(cap, room)
+        return cap
+
+    @property
+    def effective_kill_grace_seconds(self) -> float:
+        """The grace between TERM and KILL that this task gets: ``kill_grace``, capped."""
+        cap = self.kill_grace_cap_seconds
+        return self.kill_grace_seconds if cap is None else min(self.kill_grace_seconds, cap)
+
+    @property
+    def kill_grace_capped(self) -> bool:
+        """True when the configured ``kill_grace`` was cut down to its cap (the runner warns once)."""
+        return self.effective_kill_grace_seconds < self.kill_grace_seconds
+
+    @property
+    def fence_lead_seconds(self) -> float:
+        """How long before a server deadline the TERM goes out: the (capped) grace + the margin."""
+        return self.effective_kill_grace_seconds + self.fence_margin_seconds
+
+    @property
     def heartbeat_interval_seconds(self) -> float | None:
-        """Seconds from an acked beat's send time to the next beat; None: no heartbeats."""
+        """Seconds from an acked beat's send time to the next beat; None: no heartbeats.
+
+        ``heartbeat_ratio`` x (lease timeout - kill grace - margin): a share of the time from an ack
+        to its TERM point, so a healthy lease never reaches it and a failed beat has the rest for
+        its retries. None when that is under ``min_heartbeat_interval_seconds``.
+        """
         if not self.lease_extend_enabled or self.response_timeout_seconds <= 0:
             return None
-        window = self.response_timeout_seconds
-        if 0 < self.lease_timeout_seconds < window:
-            window = self.lease_timeout_seconds  # beat before our own (shorter) fence, too
+        window = self.lease_timeout_seconds - self.fence_lead_seconds
         interval = self.heartbeat_ratio * window
         return interval if interval >= self.min_heartbeat_interval_seconds else None
 
@@ -345,13 +437,30 @@ class Lease:
         timeout = self.policy.lease_timeout_seconds
         return self._acked_sent_at + timeout if timeout > 0 else _NEVER
 
+    @property
+    def term_point(self) -> float:
+        """When the tree is TERMed unless a newer ack arrives: lease deadline - grace - margin (inf:
+        never). The lease is lost from here: an ack processed later cannot revive it."""
+        return self.lease_deadline - self.policy.fence_lead_seconds
+
     def _hard_deadline(self) -> float:
         hard = self.policy.hard_timeout_seconds
         return self._polled_at + hard - self.policy.hard_elapsed_seconds if hard > 0 else _NEVER
 
+    def _server_kill_point(self) -> float:
+        """The latest moment the tree may still be KILLed: margin before the earliest server deadline."""
+        return min(self.lease_deadline, self._hard_deadline()) - self.policy.fence_margin_seconds
+
+    def _kill_due_at(self) -> float:
+        return min(self._kill_at, self._server_kill_point())
+
     def _exec_deadline(self) -> float:
         limit = self.policy.exec_timeout_seconds
-        started = self._polled_at if self._exec_started_at is None else self._exec_started_at
+        started = self._exec_started_at
+        if started is None:
+            if self.policy.start_delay_seconds > 0:
+                return _NEVER  # held until its previous holder must have stopped: counts from the start
+            started = self._polled_at
         return started + limit if limit > 0 else _NEVER
 
     def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:
@@ -363,7 +472,7 @@ class Lease:
         if planned == _NEVER:
             return None
         start = max(planned, self._now)
-        return planned if start <= self.lease_deadline - self.policy.min_attempt_seconds else None
+        return planned if start <= self.term_point - self.policy.min_attempt_seconds else None
 
     def _beat_due_at(self) -> float | None:
         return self._attempt_due_at(self._next_beat_at, self._beat_in_flight)
@@ -374,7 +483,7 @@ class Lease:
         return self._attempt_due_at(self._next_check_at, self._check_in_flight)
 
     def _attempt_timeout(self, now: float) -> float:
-        return min(self.policy.http_timeout_seconds, self.lease_deadline - now)
+        return min(self.policy.http_timeout_seconds, self.term_point - now)
 
     # ----- queries -------------------------------------------------------------------------------
 
@@ -411,10 +520,9 @@ class Lease:
         times = [self._beat_due_at(), self._check_due_at()]
         if not self._child_exited:
             if self._fence_reason is None:
-                times += [self.lease_deadline, self._hard_deadline(), self._exec_deadline()]
-                times.append(self._shutdown_at)
+                times += [deadline for deadline, _ in self._fence_points()]
             elif not self._killed:
-                times.append(self._kill_at)
+                times.append(self._kill_due_at())
         finite = [t for t in times if t is not None and t != _NEVER]
         return min(finite) if finite else None
 
@@ -460,7 +568,10 @@ class Lease:
         actions = self._advance(now)
         self._beat_in_flight = False
         self._failures += 1
-        self._next_beat_at = now + self.policy.retry_backoff.delay(self._failures, self._random())
+        # The backoff's delay, but never later than half the time left before the TERM point: a beat
+        # that failed late in its interval still gets retries before the lease is lost.
+        backoff = self.policy.retry_backoff.delay(self._failures, self._random())
+        self._next_beat_at = now + min(backoff, max(MIN_RETRY_GAP_SECONDS, (self.term_point - now) / 2))
         if self._failures == 1 and self._next_check_at != _NEVER:
             self._next_check_at = min(self._next_check_at, now)  # is the task still ours at all?
         return actions + self._advance(now)
@@ -596,21 +707,28 @@ class Lease:
                 self._fence_reason = reason  # whatever was under way: now report nothing
             return []
         self._fence_reason = reason
-        # Counted from the deadline itself, so a late tick cannot push the KILL past deadline + grace.
-        self._kill_at = at + self.policy.kill_grace_seconds
-        return [TerminateTree(reason, at)]
+        # Counted from the TERM point itself, so a late tick cannot push the KILL back; and never
+        # past a server deadline's KILL point (a shutdown's grace ends there too).
+        self._kill_at = at + self.policy.effective_kill_grace_seconds
+        grace = max(0.0, self._kill_due_at() - at)
+        return [TerminateTree(reason, at, grace)]
+
+    def _fence_points(self) -> list[tuple[float, FenceReason]]:
+        """When each fence comes due. The server's deadlines (the lease, the hard ceiling) are met
+        with the tree already dead: TERM at deadline - grace - margin, so KILL at deadline - margin.
+        Ours (the exec timeout, a shutdown) TERM at the deadline, KILL a grace later."""
+        lead = self.policy.fence_lead_seconds
+        return [
+            (self.term_point, FenceReason.LEASE_EXPIRED),
+            (self._hard_deadline() - lead, FenceReason.HARD_TIMEOUT),
+            (self._exec_deadline(), FenceReason.EXEC_TIMEOUT),
+            (self._shutdown_at, FenceReason.SHUTDOWN),
+        ]
 
     def _due_fence(self, now: float) -> tuple[float, FenceReason] | None:
         due = [
             (deadline, order, reason)
-            for order, (deadline, reason) in enumerate(
-                [
-                    (self.lease_deadline, FenceReason.LEASE_EXPIRED),
-                    (self._hard_deadline(), FenceReason.HARD_TIMEOUT),
-                    (self._exec_deadline(), FenceReason.EXEC_TIMEOUT),
-                    (self._shutdown_at, FenceReason.SHUTDOWN),
-                ]
-            )
+            for order, (deadline, reason) in enumerate(self._fence_points())
             if deadline <= now
         ]
         if not due:
@@ -622,22 +740,22 @@ class Lease:
         if self._reported:
             return []
         actions: list[Action] = []
-        if now >= self.lease_deadline:
+        if now >= self.term_point:
             self._expired = True
         if not self._child_exited:
             due = self._due_fence(now) if self._fence_reason is None else None
             if due is not None:
                 actions += self._fence(*due)
-            if self._fence_reason is not None and not self._killed and now >= self._kill_at:
+            if self._fence_reason is not None and not self._killed and now >= self._kill_due_at():
                 self._killed = True
                 actions.append(KillTree(self._fence_reason))
         beat_due = self._beat_due_at()
         if beat_due is not None and beat_due <= now:
             self._beat_in_flight = True
             self._beat_planned_at = beat_due
-            actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self.lease_deadline))
+            actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self.term_point))
         check_due = self._check_due_at()
         if check_due is not None and check_due <= now:
             self._check_in_flight = True
-            actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self.lease_deadline))
+            actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self.term_point))
         return actions

@@ -29,10 +29,15 @@ from leasecore.process.leftovers import TreeRecord
 log = logging.getLogger("conductor_run.orphans")
 
 _REASON = "the worker running this task died (runner pid {pid}); its process tree was killed"
+_SURVIVORS = ("the worker running this task died (runner pid {pid}); {count} process{es} of its tree "
+              "could not be killed")
 
 
-def orphan_reason(runner_pid: int) -> str:
-    """The ``reasonForIncompletion`` of a task whose runner died while it ran."""
+def orphan_reason(runner_pid: int, survivors: int = 0) -> str:
+    """The ``reasonForIncompletion`` of a task whose runner died while it ran: its tree was killed
+    only when every member is confirmed gone (``survivors``: how many the sweep saw still alive)."""
+    if survivors > 0:
+        return _SURVIVORS.format(pid=runner_pid, count=survivors, es="" if survivors == 1 else "es")
     return _REASON.format(pid=runner_pid)
 
 
@@ -47,7 +52,9 @@ def tree_meta(server_url: str) -> Callable[[Task, str], dict[str, Any]]:
     return meta
 
 
-def orphan_result(runner_pid: int, meta: dict[str, Any] | None) -> tuple[str, TaskResult, int] | None:
+def orphan_result(
+    runner_pid: int, meta: dict[str, Any] | None, survivors: int = 0
+) -> tuple[str, TaskResult, int] | None:
     """``(server key, FAILED result, pollCount held)`` for a tree's meta; None when it names no task
     that can be reported safely (no meta, a field missing or of the wrong type, pollCount unknown)."""
     if meta is None:
@@ -60,7 +67,7 @@ def orphan_result(runner_pid: int, meta: dict[str, Any] | None) -> tuple[str, Ta
     if not isinstance(poll_count, int) or isinstance(poll_count, bool) or poll_count <= 0:
         return None
     result = TaskResult(task_id, workflow_id, TaskStatus.FAILED,
-                        reason_for_incompletion=orphan_reason(runner_pid),
+                        reason_for_incompletion=orphan_reason(runner_pid, survivors),
                         worker_id=worker_id if isinstance(worker_id, str) else None)
     return key, result, poll_count
 
@@ -73,7 +80,7 @@ def save_orphans(
     saved = 0
     latest: dict[str, tuple[TreeRecord, str, TaskResult, int]] = {}
     for tree in trees:
-        found = orphan_result(runner_pid, tree.meta)
+        found = orphan_result(runner_pid, tree.meta, tree.survivors)
         if found is None:
             if tree.meta is not None:
                 log.warning("a task tree of the dead runner pid %d names no task that can be reported "
@@ -99,8 +106,10 @@ def save_orphans(
                       "response timeout", result.task_id, exc)
             continue
         saved += 1
+        fate = ("is killed" if not tree.survivors
+                else f"could not be killed entirely ({tree.survivors} still alive)")
         log.warning("task %s (%s, workflow %s) was running under runner pid %d, which died; its tree "
-                    "is killed: reporting it FAILED, if still ours, so the server retries it now",
+                    "%s: reporting it FAILED, if still ours, so the server retries it now",
                     result.task_id, tree.meta.get("task_type") if tree.meta else "?", result.workflow_id,
-                    runner_pid)
+                    runner_pid, fate)
     return saved

@@ -189,6 +189,15 @@ class Outbox:
         except OSError:
             return False
 
+    def saved_count(self) -> int:
+        """How many results for this server wait here (claimed ones included), from the names only."""
+        prefix = f"{self._server}-"
+        try:
+            with os.scandir(self.directory) as found:
+                return sum(1 for e in found if self._ours(e.name, prefix))
+        except OSError:
+            return 0
+
     @staticmethod
     def _ours(name: str, prefix: str) -> bool:
         """A saved result of ours, or a claim of one (its runner may have died: a delivery puts it back)."""

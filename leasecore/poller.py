@@ -21,6 +21,7 @@ from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.polling import BackoffPolicy, FailureKind, PollBackoff, Reachability
 
@@ -106,14 +107,17 @@ class Poller:
         clock: Clock | None = None,
         on_surplus: Callable[[Task, float], None] | None = None,
         end_on_refusal_at_start: bool = False,
+        observer: Observer = NO_METRICS,
     ) -> None:
-        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``).
+        """``on_surplus(task, polled_at)``: a task beyond what this poller may run (None: ``on_task``);
+        ``observer.on_poll`` after every poll request (metrics).
 
         ``end_on_refusal_at_start``: when the server refuses the very first polls (401/403: no or
         wrong credentials, no permission) before any poll was answered, the thread ends with
         ``refused`` set instead of retrying: an auth failure at start must never look like an idle
         queue (the runner stops and exits 4). Once a poll was answered, refusals are an outage:
         logged once, retried with backoff."""
+        self._observer = observer
         self.settings = settings
         self._port = port
         self._on_task = on_task
@@ -243,6 +247,7 @@ class Poller:
                 worker_id=self.settings.worker_id, domain=self.settings.domain,
             )
         except ConductorError as exc:
+            self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, exc)
             self._unreserve(count)
             if isinstance(exc, ConductorAuthError) and self._end_on_refusal and not self._answered:
                 self.refused = exc  # the client already retried once with a fresh token
@@ -251,6 +256,7 @@ class Poller:
             self.backoff_seconds = self._backoff.on_error()
             self._stop.wait(self.backoff_seconds)
             return
+        self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, None)
         run, surplus = self._split(tasks, count)
         with self._cond:
             self._unstarted += len(run) + len(surplus)

@@ -26,6 +26,7 @@ from leasecore.errors import (
     ConductorProtocolError,
     ConductorRejected,
 )
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.outbox import Outbox
 
@@ -60,7 +61,10 @@ class Reporter:
         senders: int = 4,
         request_timeout_seconds: float = 10.0,
         backoff_cap_seconds: float = 5.0,
+        observer: Observer = NO_METRICS,
     ) -> None:
+        """``observer.on_update`` after every attempt (metrics)."""
+        self._observer = observer
         self._port = port
         self._on_done = on_done
         self._outbox = outbox
@@ -70,14 +74,16 @@ class Reporter:
         self._hurry = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
 
-    def submit(self, result: TaskResult, *, retry_seconds: float, poll_count: int = 0) -> None:
+    def submit(self, result: TaskResult, *, retry_seconds: float, poll_count: int = 0,
+               task_type: str = "") -> None:
         """Deliver ``result`` in the background, retrying for up to ``retry_seconds``.
 
         ``poll_count`` (the task's newest pollCount delivered to us) is kept with the result if it
         goes to the outbox: the next start delivers it only if nobody polled the task since.
+        ``task_type`` labels the attempts' metrics.
         """
         deadline = self._clock.monotonic() + retry_seconds
-        self._pool.submit(self._deliver_safely, result, deadline, poll_count)
+        self._pool.submit(self._deliver_safely, result, deadline, poll_count, task_type)
 
     def hurry(self) -> None:
         """Stop waiting between retries: one more attempt each, then to the outbox (a forced stop)."""
@@ -87,22 +93,38 @@ class Reporter:
         """Wait for the deliveries in progress (each is bounded by its deadline)."""
         self._pool.shutdown(wait=True)
 
-    def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0) -> None:
+    def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0,
+                        task_type: str = "") -> None:
         try:
-            outcome = self._deliver(result, deadline, poll_count)
+            outcome = self._deliver(result, deadline, poll_count, task_type)
         except Exception as exc:  # a thread's top level: never lose the outcome
             log.exception("reporting task %s failed unexpectedly", result.task_id)
             outcome = ReportOutcome(result.task_id, delivered=False, error=repr(exc))
         self._on_done(outcome)
 
-    def _deliver(self, result: TaskResult, deadline: float, poll_count: int = 0) -> ReportOutcome:
+    def _update(self, result: TaskResult, timeout_seconds: float, task_type: str) -> None:
+        """One attempt, timed for the metrics (``task_update_time_seconds``)."""
+        if not self._observer.enabled:
+            self._port.update(result, timeout_seconds=timeout_seconds)
+            return
+        started = self._clock.monotonic()
+        try:
+            self._port.update(result, timeout_seconds=timeout_seconds)
+        except Exception as exc:
+            self._observer.on_update(task_type, self._clock.monotonic() - started, exc)
+            raise
+        self._observer.on_update(task_type, self._clock.monotonic() - started, None)
+
+    def _deliver(
+        self, result: TaskResult, deadline: float, poll_count: int = 0, task_type: str = ""
+    ) -> ReportOutcome:
         delay = 0.5
         attempt = 0
         while True:
             attempt += 1
             left = deadline - self._clock.monotonic()
             try:
-                self._port.update(result, timeout_seconds=max(1.0, min(self._timeout, left)))
+                self._update(result, max(1.0, min(self._timeout, left)), task_type)
                 return ReportOutcome(result.task_id, delivered=True)
             except ConductorProtocolError as exc:  # a 2xx we could not parse: the server took it
                 log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
@@ -111,7 +133,7 @@ class Reporter:
                 if not isinstance(exc, ConductorAuthError):
                     log.warning("task %s: the server rejected the result (%s); not retrying",
                                 result.task_id, exc)
-                    return self._bare_failure(result, exc, deadline)
+                    return self._bare_failure(result, exc, deadline, task_type)
                 # Refused credentials (rotated, expired) say nothing about the result: retry it, and
                 # keep it in the outbox at the deadline rather than drop it.
                 if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
@@ -124,7 +146,9 @@ class Reporter:
                     return outcome
                 delay = min(self._cap, delay * 2)
 
-    def _bare_failure(self, result: TaskResult, exc: ConductorRejected, deadline: float) -> ReportOutcome:
+    def _bare_failure(
+        self, result: TaskResult, exc: ConductorRejected, deadline: float, task_type: str = ""
+    ) -> ReportOutcome:
         """The server refused the result itself (400, 413, a 500 marked not retryable: too big, too
         deep, a value it cannot take), not the task (404: gone). Report the task FAILED without its
         output and logs, once, so that the server retries it now rather than after its response
@@ -145,7 +169,7 @@ class Reporter:
                           "reported without its output")  # fmt: skip
         try:
             left = deadline - self._clock.monotonic()
-            self._port.update(bare, timeout_seconds=max(1.0, min(self._timeout, left)))
+            self._update(bare, max(1.0, min(self._timeout, left)), task_type)
         except ConductorError as again:
             log.warning("task %s: the server refused a bare FAILED too (%s)", result.task_id, again)
             return refused

@@ -2,7 +2,7 @@
 
 The runner, started as root, runs each child as ``RunAs.uid`` / ``gid`` with the user's
 supplementary groups (``os.getgrouplist``), HOME and USER/LOGNAME set from the password database.
-The fork server does the switch (``spawn_as.py``). A runner that is not root cannot switch users: a
+The fork server does the switch (``process/forkexec.py``). A runner that is not root cannot switch users: a
 ``user`` other than its own is a configuration error there.
 """
 

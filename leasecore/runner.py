@@ -28,9 +28,11 @@ from typing import Any, Protocol
 from leasecore.clock import Clock, SystemClock
 from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
+from leasecore.handover import DyingTrees, StartGate, mark_yield, may_run_elsewhere
 from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.outbox import still_saved
 from leasecore.poller import Poller, WorkBudget
@@ -65,6 +67,7 @@ SHUTDOWN_REASON = "worker shutting down"
 _POLLER_JOIN_SLACK_SECONDS = 0.5
 _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
 _UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
+_DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
 
@@ -94,6 +97,7 @@ class Runner:
         clock: Clock | None = None,
         contact: ServerContact | None = None,
         on_force: Callable[[], None] | None = None,
+        metrics: Observer = NO_METRICS,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
@@ -101,10 +105,13 @@ class Runner:
         the server for the status snapshots; pass the one that records the engine's calls too
         (``leasecore.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
         forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
-        in flight there (``ConductorClient.abort``)."""
+        in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
+        (the runner's own, and its pollers' and default reporter's)."""
         self._on_force = on_force
         if not plans:
             raise ValueError("a runner needs at least one task type")
+        self._metrics = metrics
+        self.loop_at: float | None = None  # monotonic time the main loop last turned (liveness probe)
         self.options = options or RunOptions()
         self._clock = clock or SystemClock()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -116,7 +123,8 @@ class Runner:
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates = FinalUpdates(conductor, self._engine)
-        make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock))
+        make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock,
+                                                                 observer=metrics))
         self._reporter = make_reporter(updates, lambda outcome: self._events.put(ReportDone(outcome)))
         self._logs = logs or LogStreamer(conductor, clock=self._clock)
         self._stop_polling = threading.Event()
@@ -127,10 +135,13 @@ class Runner:
                       on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
                                                                        self._pollers[tt].refused)),
                       clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t),
-                      end_on_refusal_at_start=True)
+                      end_on_refusal_at_start=True, observer=metrics)
             for t, p in self._plans.items()
         }
         self._tasks: dict[str, InFlight] = {}
+        # Tasks polled but not started yet: a re-delivery whose previous holder may still run it, or a
+        # retry whose earlier attempt's tree is still dying here (leasecore.handover).
+        self._gate = StartGate(DyingTrees(_tree_gone))
         self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
         self._pollers_alive = len(self._pollers)
         # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
@@ -153,6 +164,15 @@ class Runner:
         self._publish_pending = False
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def stopping(self) -> bool:
+        """A stop has begun (read by the readiness probe's thread)."""
+        return self._stopping_since is not None
+
+    def failed_pollers(self) -> list[str]:
+        """Task types whose poller ended on an unexpected error (the liveness probe's)."""
+        return [t for t, p in self._pollers.items() if p.failed]
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop as a signal would, without the signal (thread-safe; for tests and embedding)."""
@@ -209,11 +229,16 @@ class Runner:
             wait = min(0.5, self.options.status_interval_seconds)
             if self._publish_pending:
                 wait = max(0.0, min(wait, self._publish_at - self._clock.monotonic()))
+            now = self._clock.monotonic()
+            if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
+                wait = max(0.0, min(wait, start_at - now))
             try:
                 event: Event = self._events.get(timeout=wait)
             except queue.Empty:
                 event = Tick()
+            self.loop_at = self._clock.monotonic()
             self._handle(event)
+            self._start_released()
             self._check_deadlines()
             self._maybe_publish()
 
@@ -311,23 +336,57 @@ class Runner:
             entry.policy = plan.make_policy(task)
             self._engine.track(task, entry.policy, polled_at=polled_at)
             entry.tracked = True
+        here = ((e.task, e.child) for e in self._tasks.values() if e.child is not None)  # earlier attempts?
+        # From now, not from the poll's send time (a long poll may have waited 5 s before the server
+        # handed it out): the previous holder's fence counts from the hand-out, which is before now.
+        now = self._clock.monotonic()
+        why = self._gate.hold(task, now + entry.policy.start_delay_seconds, now, here)
+        if why is not None:  # its lease is held (heartbeats) meanwhile
+            entry.phase = Phase.WAITING
+            log.warning("task %s: not starting it yet: %s", task.task_id, why)
+            return
+        self._start_child(entry)
+
+    def _start_child(self, entry: InFlight) -> None:
+        task, plan = entry.task, entry.plan
         task_id = task.task_id
 
         def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
                      task.workflow_id, child.pid)
 
+        self._metrics.on_task_started(task.task_type)
         try:  # returns without waiting for the exec: the next event is handled meanwhile
             entry.child = self._supervisor.start(
                 task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
+            self._metrics.on_task_exited(task.task_type, exc, None, None)
             self._engine.child_exited(task.task_id)
             self._logs.close(task.task_id)
             self._report_not_started(entry, exc)
             return
         self._engine.child_started(task.task_id)
+
+    def _start_released(self) -> None:
+        for task in self._gate.due(self._clock.monotonic()):
+            entry = self._tasks.get(task.task_id)
+            if entry is not None and entry.phase is Phase.WAITING:
+                entry.phase = Phase.RUNNING
+                log.info("task %s: its previous holder must have stopped by now: starting it", task.task_id)
+                self._start_child(entry)
+
+    def _end_unstarted(self, entry: InFlight) -> None:
+        """A held task fenced (or stopped) before its command started: report it, or nothing if lost."""
+        self._engine.child_exited(entry.task.task_id)
+        entry.fence = self._engine.fence_reason(entry.task.task_id)
+        if entry.fence is FenceReason.OWNERSHIP_LOST:
+            log.warning("task %s: no longer ours before it started; nothing is reported", entry.task.task_id)
+            self._forget(entry, None)
+            return
+        why = fence_text(entry.fence, entry.task, entry) or SHUTDOWN_REASON
+        self._report(entry, _failed(entry.task, entry.plan, f"{why} (before its command started)"))
 
     def _report_not_started(self, entry: InFlight, why: object) -> None:
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
@@ -342,7 +401,9 @@ class Runner:
         self._handing_back.add(task.task_id)
         result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                             callback_after_seconds=0, worker_id=plan.worker_id)
-        self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count)
+        if not may_run_elsewhere(task):  # (else its previous holder may still run it: no marker)
+            result = mark_yield(result, task.poll_count)
+        self._reporter.submit(result, retry_seconds=5.0, poll_count=task.poll_count, task_type=task.task_type)
 
     def _lines_sink(self, entry: InFlight) -> Callable[[str, list[str]], None]:
         send = entry.log_lines = self._logs.open_lines(entry.task.task_id)
@@ -357,8 +418,12 @@ class Runner:
 
     def _on_fence(self, task_id: str, action: FenceAction) -> None:
         entry = self._tasks.get(task_id)
+        if entry is not None and self._gate.drop(task_id):
+            self._end_unstarted(entry)  # fenced before its command started: there is no tree
+            return
         if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
             return
+        self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
         kill = isinstance(action, KillTree)
         log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
                     action.reason.value.replace("_", " "))
@@ -366,7 +431,7 @@ class Runner:
         try:
             if isinstance(action, TerminateTree):  # its KILL counts from the fence's own time
                 since = action.at if isinstance(self._clock, SystemClock) else None  # a shared clock
-                entry.child.terminate_tree(since=since)
+                entry.child.terminate_tree(since=since, grace_seconds=action.grace_seconds)
             else:
                 entry.child.kill_tree()
         except ProcessError as exc:
@@ -377,7 +442,11 @@ class Runner:
         if entry is None:
             return
         self._engine.child_exited(task_id)
+        if entry.child is not None:
+            self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
+        self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
+                                     getattr(entry.plan.spec, "in_progress_exit_code", None))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
             self._logs.close(task_id)
@@ -424,6 +493,7 @@ class Runner:
             entry.report_held = True
             self._pollers[entry.plan.poll.task_type].reporting()
         entry.phase = Phase.REPORTING
+        result = mark_yield(result, entry.task.poll_count)  # a yield: its next holder starts at once
         entry.result_status = result.status
         opts = self.options
         if self._forced:
@@ -434,7 +504,9 @@ class Runner:
             seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
         else:
             seconds = opts.report_retry_seconds
-        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count)
+        self._metrics.on_result(entry.task.task_type, result)
+        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
+                              task_type=entry.task.task_type)
 
     def _on_reported(self, outcome: ReportOutcome) -> None:
         if outcome.task_id in self._handing_back:
@@ -456,6 +528,7 @@ class Runner:
         if entry.tracked:
             self._engine.reported(entry.task.task_id)  # only now do this task's heartbeats stop
         self._release_slot(entry)
+        self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
         self._statuses[entry.index] = status
 
@@ -486,6 +559,9 @@ class Runner:
         self._stop_polling.set()
         for poller in self._pollers.values():
             poller.wake()
+        for task_id in self._gate.held():  # never started: handed back now
+            self._gate.drop(task_id)
+            self._end_unstarted(self._tasks[task_id])
         running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
         deadline = now
@@ -568,6 +644,10 @@ class Runner:
             elif task_id not in self._tasks:
                 tasks.append(snapshot)
         self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock))
+
+
+def _tree_gone(child: Any) -> bool:
+    return bool(child.wait_gone(0))
 
 
 def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:

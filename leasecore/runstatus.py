@@ -32,6 +32,7 @@ from leasecore.snapshot import (
 
 
 class Phase(Enum):
+    WAITING = "waiting"  # polled, lease held; the command starts once a previous holder must have stopped
     RUNNING = "running"  # the child runs
     STOPPING = "stopping"  # its tree was told to stop (TERM or KILL)
     REPORTING = "reporting"  # the child is gone; the final update is on its way
@@ -61,8 +62,8 @@ class _Views(Protocol):
     def view(self, task_id: str) -> LeaseView: ...
 
 
-_STATES = {Phase.RUNNING: TaskState.RUNNING, Phase.STOPPING: TaskState.TERMINATING,
-           Phase.REPORTING: TaskState.REPORTING}
+_STATES = {Phase.WAITING: TaskState.WAITING, Phase.RUNNING: TaskState.RUNNING,
+           Phase.STOPPING: TaskState.TERMINATING, Phase.REPORTING: TaskState.REPORTING}
 
 
 def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot:
@@ -89,7 +90,18 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
         consecutive_failures=view.consecutive_failures if view else 0,
         fence_reason=fence.value if fence is not None else None,
         recent_output=entry.tail.lines(),
+        memory_bytes=_memory_of(entry.child),
     )
+
+
+def _memory_of(child: object) -> int | None:
+    """The tree's memory now (``Child.memory_bytes``: its group, else the child's RSS); None for a
+    child handle that cannot tell (a test's fake) or one not running yet."""
+    reader = getattr(child, "memory_bytes", None)
+    if reader is None or not getattr(child, "pid", 0):
+        return None
+    value = reader()
+    return value if isinstance(value, int) else None
 
 
 def undelivered_snapshot(entry: InFlight) -> TaskSnapshot:

@@ -12,12 +12,12 @@ JSON layout (schema version 1), one file per runner, ``<state_dir>/runner-<pid>.
 
     {"schema_version": 1, "updated_at": "...Z",
      "runner": {"pid", "process_start_ticks", "worker_id", "server_url", "started_at",
-                "task_types", "version"},
+                "task_types", "version", "cgroup"},
      "server": {"last_ok_at", "consecutive_failures", "backoff_seconds", "last_error"},
      "tasks": [{"task_id", "workflow_id", "task_type", "state", "child_pid", "started_at",
                 "last_ack_at", "next_heartbeat_at", "lease_deadline_at", "lease_timeout_seconds",
                 "hard_deadline_at", "consecutive_failures", "fence_reason", "last_output_line",
-                "recent_output"}]}
+                "recent_output", "memory_bytes"}]}
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ _USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 class TaskState(StrEnum):
     """Where a task is in its life on this runner."""
 
+    WAITING = "waiting"  # polled, lease held; the command starts once a previous holder must have stopped
     RUNNING = "running"  # the child runs; heartbeats keep the lease
     TERMINATING = "terminating"  # the tree is being fenced (TERM, then KILL)
     REPORTING = "reporting"  # the child is gone; the final update is being sent
@@ -142,9 +143,11 @@ class RunnerInfo:
     process_start_ticks: int | None = None  # /proc/<pid>/stat field 22: tells a reused pid apart
     task_types: tuple[str, ...] = ()
     version: str = __version__
+    cgroup: str = ""  # the cgroup mechanism in force, and why not a better one (cgroups.describe)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
+            "cgroup": self.cgroup,
             "pid": self.pid,
             "process_start_ticks": self.process_start_ticks,
             "worker_id": self.worker_id,
@@ -165,6 +168,7 @@ class RunnerInfo:
             process_start_ticks=None if ticks is None else int(ticks),
             task_types=tuple(str(t) for t in data.get("task_types") or ()),
             version=str(data.get("version", "")),
+            cgroup=str(data.get("cgroup") or ""),
         )
 
 
@@ -213,6 +217,7 @@ class TaskSnapshot:
     consecutive_failures: int = 0  # failed heartbeats since the last acknowledged one
     fence_reason: str | None = None
     recent_output: tuple[str, ...] = ()  # oldest first; bounded when serialised
+    memory_bytes: int | None = None  # the tree's memory now (its cgroup), else the child's RSS
 
     @property
     def last_output_line(self) -> str | None:
@@ -236,6 +241,7 @@ class TaskSnapshot:
             "fence_reason": self.fence_reason,
             "last_output_line": output[-1] if output else None,
             "recent_output": list(output),
+            "memory_bytes": self.memory_bytes,
         }
 
     @classmethod
@@ -258,6 +264,7 @@ class TaskSnapshot:
             consecutive_failures=int(data.get("consecutive_failures") or 0),
             fence_reason=None if fence is None else str(fence),
             recent_output=_bounded_lines(str(line) for line in data.get("recent_output") or ()),
+            memory_bytes=None if data.get("memory_bytes") is None else int(data["memory_bytes"]),
         )
 
 

@@ -277,7 +277,8 @@ def probe_process(pid: int, start_ticks: int | None) -> ProcessState:
 
 
 def runner_info_for_this_process(
-    *, worker_id: str, server_url: str, task_types: Iterable[str] = (), clock: Clock | None = None
+    *, worker_id: str, server_url: str, task_types: Iterable[str] = (), clock: Clock | None = None,
+    cgroup: str = "",
 ) -> RunnerInfo:
     """Describe the calling process (pid, start ticks, start time), with a redacted server URL."""
     pid = os.getpid()
@@ -288,6 +289,7 @@ def runner_info_for_this_process(
         started_at=(clock or SystemClock()).now(),
         process_start_ticks=process_start_ticks(pid),
         task_types=tuple(task_types),
+        cgroup=cgroup,
     )
 
 

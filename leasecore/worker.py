@@ -15,9 +15,10 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leasecore.checkbudget import CheckBudget
+from leasecore import treegroups
+from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
@@ -25,6 +26,7 @@ from leasecore.contact import RecordedLeaseCalls, ServerContact
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.orphans import save_orphans, tree_meta
 from leasecore.outbox import Outbox
@@ -47,6 +49,9 @@ from leasecore.statefile import (
     runner_info_for_this_process,
 )
 
+if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
+    from leasecore.metrics.service import MetricsService
+
 log = logging.getLogger("conductor_run.worker")
 
 STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
@@ -56,34 +61,46 @@ FIRST_ATTEMPT_SPREAD = 1.0
 
 
 class WarnWhenCapped:
-    """``make_policy`` that warns once (per task type) when the heartbeat timeout is cut down to R.
+    """``make_policy`` that warns once (per task type) when the lease caps a configured value.
 
     A heartbeat timeout longer than the task's responseTimeoutSeconds would keep the tree running past
     the moment the server may hand the task to another worker, so the lease caps it (``LeasePolicy``);
-    the user asked for more, so say so, once, not per task. Called on the pollers' threads.
+    likewise a kill_grace longer than a quarter of the lease: the tree is TERMed kill_grace before the
+    deadline, so a longer grace would leave the lease hardly any time. The user asked for more, so say
+    so, once per value and task type, not per task. Called on the pollers' threads.
     """
 
     def __init__(self, task_type: str, make_policy: Callable[[Task], LeasePolicy]) -> None:
         self._task_type = task_type
         self._make_policy = make_policy
         self._lock = threading.Lock()
-        self._warned = False
+        self._warned: set[str] = set()
 
     def __call__(self, task: Task) -> LeasePolicy:
         policy = self._make_policy(task)
-        if policy.heartbeat_timeout_capped and not self._warned:
-            with self._lock:
-                warn, self._warned = not self._warned, True
-            if warn:
-                log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
-                            "responseTimeoutSeconds %gs: past it the server may give the task to "
-                            "another worker", self._task_type, policy.heartbeat_timeout_seconds,
-                            policy.response_timeout_seconds)
+        if policy.heartbeat_timeout_capped and self._first("heartbeat_timeout"):
+            log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
+                        "responseTimeoutSeconds %gs: past it the server may give the task to "
+                        "another worker", self._task_type, policy.heartbeat_timeout_seconds,
+                        policy.response_timeout_seconds)
+        if policy.kill_grace_capped and self._first("kill_grace"):
+            log.warning("task type %s: kill_grace %gs is capped at %gs, at most a quarter of the task's "
+                        "lease (responseTimeoutSeconds, or a shorter heartbeat_timeout or timeoutSeconds) "
+                        "and no more than leaves its heartbeats room: the tree is TERMed kill_grace before "
+                        "the deadline and must be dead by it", self._task_type, policy.kill_grace_seconds,
+                        policy.effective_kill_grace_seconds)  # fmt: skip
         return policy
 
+    def _first(self, what: str) -> bool:
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        return first
 
-def plan_for(task: TaskSettings) -> TaskTypePlan:
-    """What the runner needs for one ``[[task]]``."""
+
+def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTypePlan:
+    """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
+    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23)."""
     spec = CommandSpec(
         argv=tuple(task.command) if task.command is not None else None,
         shell=task.shell,
@@ -97,6 +114,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
         protocol=task.protocol,
         run_as=run_as_for(task),
+        limits=treegroups.limits_of(task),  # issue 19
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -106,6 +124,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         ownership_check_interval_seconds=task.ownership_check_interval,
         first_attempt_spread=FIRST_ATTEMPT_SPREAD,
+        check_queue_seconds=check_queue_seconds,
     ))
     poll = PollSettings(
         task_type=task.type,
@@ -216,16 +235,22 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
+    setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
+    metrics: MetricsService | None = None
     try:
+        metrics = _start_metrics(config)  # a port that cannot be listened on is exit 3 too, server or not
+        if metrics is not None:
+            client.request_hook = metrics.observer.on_request
         try:
             with relay.interrupting():  # a silent server must not hold a stop for the check's timeout
                 check_server(client)
         except StartupInterrupted as stop:
             return RunOutcome(signum=stop.signum)
         outbox = Outbox(state_dir / "outbox", server=server.url)
-        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url))
+        treegroups.log_setup(config, setup)
+        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url), cgroup_setup=setup)
         try:
             # Dead trees first, then their tasks into the outbox, then every saved result out: a
             # retry of a task must never start while its old tree may still run.
@@ -238,7 +263,8 @@ def _serve(
             supervisor.sweep_leftovers(on_orphans)
             _forget_snapshots(state_dir, swept)
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot)
+            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot, metrics,
+                                  cgroup=setup.describe())
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -250,12 +276,27 @@ def _serve(
             try:
                 return runner.run(install_signal_handlers=False)
             finally:
+                if metrics is not None:
+                    metrics.stopped()
                 redelivery.stop()
                 relay.target = None  # every child is dead and reported: later signals are recorded
         finally:
             supervisor.close()  # kills whatever it still holds (a task's leftover descendants)
     finally:
         client.close()
+        if metrics is not None:
+            metrics.close()
+
+
+def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
+    """The metrics endpoint, listening, when ``metrics_port`` is set (else None, nothing imported)."""
+    if config.runner.metrics_port is None:
+        return None
+    from leasecore.metrics.service import MetricsService
+
+    metrics = MetricsService(config)
+    metrics.start()
+    return metrics
 
 
 def _save_orphans(outbox: Outbox, runner_pid: int, trees: list[TreeRecord]) -> None:
@@ -333,12 +374,20 @@ def _make_runner(
     outbox: Outbox,
     state_dir: Path,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    metrics: MetricsService | None = None,
+    *,
+    cgroup: str = "",
 ) -> Runner:
-    plans = [plan_for(task) for task in config.tasks]
+    # The most leases this runner holds at once: every slot, plus the results that may wait to be
+    # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
+    most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
+    queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
+    plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
     info = runner_info_for_this_process(
         worker_id=plans[0].worker_id,
         server_url=config.server.url,
         task_types=[p.poll.task_type for p in plans],
+        cgroup=cgroup,
     )
     status: StatusPort = StatePublisher(state_dir, info)
     if on_snapshot is not None:
@@ -346,18 +395,22 @@ def _make_runner(
 
     # Heartbeats and ownership checks count as server contact for `status`, like the runner's calls.
     contact = ServerContact()
+    contact.answered()  # check_server just had its answer: ready from the start, not after a poll
     lease_calls = RecordedLeaseCalls(client, contact)
+    observer: Observer = metrics.observer if metrics is not None else NO_METRICS
+    engines: list[LeaseEngine] = []
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
         # Ownership checks share one budget per runner (#23, leasecore.checkbudget).
         budget = CheckBudget(config.runner.ownership_check_rate)
-        return LeaseEngine(lease_calls, on_fence, check_budget=budget)
+        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer, check_budget=budget))
+        return engines[-1]
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
         # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
-        return Reporter(updates, done, outbox=outbox)
+        return Reporter(updates, done, outbox=outbox, observer=observer)
 
-    return Runner(
+    runner = Runner(
         plans,
         conductor=client,
         make_engine=make_engine,
@@ -368,4 +421,9 @@ def _make_runner(
         reporter=make_reporter,
         contact=contact,
         on_force=client.abort,
+        metrics=observer,
     )
+    if metrics is not None:
+        metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,
+                       outbox=outbox)
+    return runner

@@ -266,3 +266,13 @@ def wait_gone(procs: dict[int, ProcInfo], pids: Iterable[int], timeout_seconds: 
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
+
+
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident set now, in bytes (from /proc/<pid>/statm); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            fields = handle.read().split()
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None

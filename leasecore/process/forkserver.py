@@ -77,7 +77,7 @@ import sys
 import time
 from typing import Any
 
-from leasecore.process import _procfs
+from leasecore.process import _cgroupfs, _procfs
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HEADER = struct.Struct(">I")
@@ -101,11 +101,12 @@ class _Tree:
     in this process for as long as the runner lives.
     """
 
-    __slots__ = ("directory", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known",
+    __slots__ = ("cgroup", "directory", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known",
                  "pid", "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
         self.directory = ""  # the task's temporary directory (removed here only if the runner died)
+        self.cgroup: dict[str, Any] | None = None  # its cgroup (_cgroupfs): members, kill, accounting
         self.key = key
         self.pid = pid
         self.token = token
@@ -199,6 +200,8 @@ class ForkServer:
         # them (a runner stopping with 200 tasks sends 200 TERMs at once; a walk per request took
         # seconds), in the order asked. A KILL asked after a TERM of the same tree supersedes it.
         self._pending: dict[str, int] = {}
+        self._empty_groups: list[dict[str, Any]] = []  # groups of gone trees not removed yet
+        self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
@@ -244,6 +247,8 @@ class ForkServer:
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
                 self._reap()
             self._tick()
+        for group in self._empty_groups:  # a last try; the sweep of a next start removes the rest
+            _cgroupfs.remove(group)
         self._remove_orphaned_dirs()
 
     def _remove_orphaned_dirs(self) -> None:
@@ -304,11 +309,11 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("run_as"):  # another user (#24): posix_spawn cannot setuid; see spawn_as.py
-                from leasecore.process.spawn_as import spawn_as
+            if req.get("cgroup") or req.get("rlimits") or req.get("run_as"):  # set up in the child
+                from leasecore.process.forkexec import fork_exec
 
                 step = "fork"
-                pid = spawn_as(req, fds, self._sigdef)
+                pid = fork_exec(req, fds, self._sigdef)
             else:
                 if req.get("cwd"):
                     os.chdir(req["cwd"])
@@ -319,13 +324,14 @@ class ForkServer:
                     setsid=True, setsigdef=self._sigdef, setsigmask=(),
                 )  # fmt: skip
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
-            step = getattr(exc, "step", step)  # spawn_as.StepFailed names the step that failed
+            step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
             self._reply({"op": "spawn_failed", "id": req["id"], "errno": code, "what": step})
             return
         info = _procfs.read_stat(pid)
         tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
         tree.directory = str(req.get("dir") or "")
+        tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
         self._watch_exit(tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
@@ -392,6 +398,7 @@ class ForkServer:
         members = self._attribute(procs)[0]
         for tree, sig in trees:
             self._signal_tree(tree, sig, procs, members[tree.key])
+        self._kill_groups()
 
     def _begin_close(self, grace_seconds: float) -> None:
         now = time.monotonic()
@@ -407,6 +414,7 @@ class ForkServer:
             tree.kill_at = min(tree.kill_at or self._closing_kill_at, self._closing_kill_at)
             self._signal_tree(tree, signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL, procs,
                               members[tree.key])  # fmt: skip
+        self._kill_groups()
 
     # killing and reaping ------------------------------------------------------------------------
 
@@ -461,6 +469,9 @@ class ForkServer:
                 owner = tokens.get(_procfs.read_marker(pid) or "")
             if owner is not None:
                 roots[owner.key].add(pid)
+        for tree in trees:  # a group holds its members whatever they did (setsid, env -i, double fork)
+            if tree.cgroup is not None and (walked is None or tree.key in walked):
+                roots[tree.key].update(pid for pid in _cgroupfs.members(tree.cgroup) if pid in procs)
         children = _procfs.children_map(procs)  # once: per tree it made every walk O(trees x procs)
         members = {key: _procfs.descendants(procs, pids, children) for key, pids in roots.items()}
         claimed = set(leaders).union(*members.values())
@@ -499,6 +510,8 @@ class ForkServer:
                 os.kill(tree.pid, sig)
         _procfs.signal_all(procs, members, sig)
         if sig == signal.SIGKILL:
+            if tree.cgroup is not None and not tree.kill_sent:  # every member, even one no walk found
+                self._group_kills.append(tree.cgroup)  # after the loop, all at once (_kill_groups)
             tree.kill_sent = True
         if sig == signal.SIGTERM:  # a stopped process would never see its TERM
             _procfs.killpg_quietly(tree.pid, signal.SIGCONT)
@@ -534,6 +547,13 @@ class ForkServer:
             return
         tree.exited = True
         killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        # What the tree used: from its group where it has one, else the leader's own (and its reaped
+        # children's) rusage. The OOM kills from the group's events, never guessed from a SIGKILL.
+        usage = _cgroupfs.zombie_rusage(tree.pid)
+        oom = 0
+        if tree.cgroup is not None:
+            usage.update(_cgroupfs.resources(tree.cgroup))
+            oom = _cgroupfs.oom_kills(tree.cgroup)
         self._reply(
             {
                 "op": "exited",
@@ -541,6 +561,8 @@ class ForkServer:
                 "pid": tree.pid,
                 "code": None if killed else result.si_status,
                 "signal": result.si_status if killed else None,
+                "resources": usage,
+                "oom_kills": oom,
             }
         )
 
@@ -559,7 +581,7 @@ class ForkServer:
     def _tick(self) -> None:
         now = time.monotonic()
         busy = [tree for tree in self._trees.values() if tree.exited or tree.kill_at is not None]
-        if not busy and self._closing_kill_at is None and not self._strays:
+        if not busy and self._closing_kill_at is None and not self._strays and not self._empty_groups:
             return
         # Walk /proc at most once per tick (it costs O(processes below us): with 1000 trees, a walk
         # per spawn request made spawning quadratic), except when a KILL is due right now.
@@ -578,10 +600,12 @@ class ForkServer:
             procs = self._scan(busy)
             members, strays = self._attribute(procs, walked)
         for tree in busy:
-            if tree.exited and not members[tree.key]:
+            if tree.exited and not members[tree.key] and not self._group_holds(tree):
                 self._unwatch_exit(tree)
                 os.waitpid(tree.pid, 0)  # a zombie already: returns at once
                 del self._trees[tree.key]
+                if tree.cgroup is not None and not _cgroupfs.remove(tree.cgroup):
+                    self._empty_groups.append(tree.cgroup)  # tried again at the next ticks
                 self._stray_grace = tree.grace_seconds
                 self._reply({"op": "gone", "key": tree.key})
             elif tree.kill_at is not None and now >= tree.kill_at:
@@ -597,15 +621,36 @@ class ForkServer:
                     _procfs.signal_all(procs, newcomers, signal.SIGTERM)
                     _procfs.signal_all(procs, newcomers, signal.SIGCONT)
                     tree.termed |= newcomers
+        self._kill_groups()
         self._handle_strays(procs, strays, now)
+        self._empty_groups = [group for group in self._empty_groups if not _cgroupfs.remove(group)]
         if self._closing_kill_at is not None and now >= self._closing_kill_at:
             # Escapees that lost their marker belong to no known tree: at close they die too.
             _procfs.signal_all(procs, _procfs.live(procs, procs), signal.SIGKILL)
 
+    def _kill_groups(self) -> None:
+        """The group KILL of every tree KILLed in this round, in one go (``_cgroupfs.kill_all``). A
+        tree's group is killed at its first KILL; what appears later is KILLed by the ticks as a
+        member (the group's members are members of the tree)."""
+        if self._group_kills:
+            groups, self._group_kills = self._group_kills, []
+            _cgroupfs.kill_all(groups)
+
+    def _group_holds(self, tree: _Tree) -> bool:
+        """Whether the tree's group still holds a process: one no walk of /proc showed (in another
+        pid namespace, or between a fork and its /proc entry) keeps the tree from being gone."""
+        if tree.cgroup is None or not _cgroupfs.populated(tree.cgroup):
+            return False
+        if tree.kill_at is None:  # the task's tree dies with the task: TERM, then KILL, as for members
+            tree.kill_at = time.monotonic() + tree.grace_seconds
+        elif tree.kill_sent:  # KILLed, and still holding what no walk shows: the group's KILL again
+            self._group_kills.append(tree.cgroup)
+        return True
+
     def _timeout(self) -> float | None:
         if any(t.exited or t.kill_at is not None for t in self._trees.values()):
             return _TICK_SECONDS
-        if self._closing_kill_at is not None or self._strays:
+        if self._closing_kill_at is not None or self._strays or self._empty_groups:
             return _TICK_SECONDS
         return None
 

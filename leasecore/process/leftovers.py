@@ -26,17 +26,20 @@ meta included, to ``on_orphans`` once their trees are dead, so the task can be r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leasecore.process import _procfs
+from leasecore.process import _cgroupfs, _procfs
 
+GROUP_PREFIX = "conductor-run."  # cgroups.GROUP_PREFIX (that module imports more than a sweep needs)
 TMP_PREFIX = "conductor-run-task-"
 TASK_FILE_NAMES = ("input.json", "output.json")  # what a task's directory holds (taskfiles.py)
 _SWEEP_ROUNDS = 20
@@ -52,13 +55,30 @@ class TreeRecord:
     token: str
     tmpdir: str
     meta: dict[str, Any] | None = None  # opaque to this module; None in records of older runners
+    cgroup: dict[str, Any] | None = None  # the tree's cgroup (_cgroupfs), None without one
+    survivors: int = 0  # set by the sweep: members still alive after it (0: every one confirmed gone)
 
     @classmethod
     def from_json(cls, tree: dict[str, Any]) -> TreeRecord:
-        """A record read back from disk; a ``meta`` that is not a JSON object is dropped."""
-        meta = tree.get("meta")
+        """A record read back from disk; a ``meta`` or ``cgroup`` that is not a JSON object, or a
+        group that is not one of ours, is dropped."""
+        meta, group = tree.get("meta"), tree.get("cgroup")
         return cls(str(tree["key"]), int(tree["pid"]), int(tree["start_time"]), str(tree["token"]),
-                   str(tree["tmpdir"]), meta if isinstance(meta, dict) else None)
+                   str(tree["tmpdir"]), meta if isinstance(meta, dict) else None,
+                   group if _is_our_group(group) else None)  # fmt: skip
+
+
+def _is_our_group(group: object) -> bool:
+    """A recorded group names only directories conductor-run made (``conductor-run.<pid>.<token>``
+    in a cgroup filesystem): a garbled or edited record must never make the sweep kill a group or
+    remove a directory it did not create."""
+    if not isinstance(group, dict) or not isinstance(group.get("dirs"), dict) or not group["dirs"]:
+        return False
+    return all(
+        isinstance(path, str) and os.path.isabs(path) and path.startswith("/sys/fs/cgroup/")
+        and os.path.basename(path).startswith(GROUP_PREFIX) and ".." not in path.split("/")
+        for path in group["dirs"].values()
+    )
 
 
 OrphanSink = Callable[[int, list[TreeRecord]], object]  # (dead runner's pid, its trees, now dead)
@@ -200,8 +220,14 @@ def _replay_journal(record_path: Path, trees: dict[str, dict[str, Any]]) -> None
 
 
 def kill_trees(trees: list[TreeRecord], *, leaders_just_died: bool = False) -> set[int]:
-    """SIGKILL every process attributable to ``trees`` (see module docstring); return their pids."""
+    """SIGKILL every process attributable to ``trees`` (see module docstring), their groups' members
+    first (a group holds a member whatever it did: setsid, a wiped environment, its parents' death);
+    remove the groups once empty; return the pids killed."""
     killed: set[int] = set()
+    for tree in trees:
+        if tree.cgroup is not None:
+            killed |= _cgroupfs.members(tree.cgroup) - {os.getpid()}
+            _cgroupfs.kill(tree.cgroup)
     for _ in range(_SWEEP_ROUNDS):
         procs = _procfs.scan()
         targets: set[int] = set()
@@ -220,7 +246,31 @@ def kill_trees(trees: list[TreeRecord], *, leaders_just_died: bool = False) -> s
         _procfs.signal_all(procs, targets, signal.SIGKILL)
         killed |= targets
         _procfs.wait_gone(procs, targets, timeout_seconds=0.5)
+    for tree in trees:
+        if tree.cgroup is not None:
+            _remove_when_empty(tree.cgroup)
     return killed
+
+
+def _remove_when_empty(group: _cgroupfs.Group, timeout_seconds: float = 2.0) -> bool:
+    """Kill what is in ``group`` until it is empty, then remove it (bounded); True once removed."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        if not _cgroupfs.populated(group) and _cgroupfs.remove(group):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        _cgroupfs.kill(group)
+        time.sleep(0.01)
+
+
+def survivors(tree: TreeRecord) -> int:
+    """How many processes of a swept tree are still alive: its group's members, and whatever still
+    carries its marker token (0: every member is confirmed gone)."""
+    alive = _cgroupfs.members(tree.cgroup) if tree.cgroup is not None else set()
+    procs = _procfs.scan()
+    alive |= {pid for pid in procs if _procfs.read_marker(pid) == tree.token}
+    return len(set(_procfs.live(procs, alive & set(procs))) - {os.getpid()})
 
 
 def _pid_in_name(record_path: Path) -> int:
@@ -290,6 +340,7 @@ def sweep(state_dir: Path, on_orphans: OrphanSink | None = None) -> set[int]:
                 continue  # not one of ours to kill: a garbled entry names no process safely
         if not earlier_boot:
             killed |= kill_trees(trees)
+            trees = [dataclasses.replace(tree, survivors=survivors(tree)) for tree in trees]
         for tree in trees:
             remove_tmpdir(tree.tmpdir)
         runner = data.get("runner") or {}

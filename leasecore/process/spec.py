@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.errors import SpawnError
+from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
@@ -64,6 +65,7 @@ class CommandSpec:
     secret_env_names: tuple[str, ...] = ()
     protocol: str = NATIVE
     run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
+    limits: Limits = field(default_factory=Limits)  # per tree where cgroups allow, else rlimits
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -97,6 +99,12 @@ class ChildExit:
     output_error: str | None = None
     start_error: str | None = None
     stdout_document: bytes | None = None
+    # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see _cgroupfs), how many
+    # of its processes the OOM killer killed inside its group, and what enforced memory_max there:
+    # "cgroup", "rlimit" (per process) or None (no memory limit).
+    resources: Mapping[str, float] | None = None
+    oom_kills: int = 0
+    memory_limit_by: str | None = None
 
 
 def input_env_name(key: str) -> str:

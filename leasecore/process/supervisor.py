@@ -23,7 +23,7 @@ same-user child can then neither read the runner's ``/proc/<pid>/mem`` nor ptrac
 can: ``run_as`` is the isolation from children that would run as root). The flag resets at exec, so
 children themselves are unaffected. The cost: no core dumps of the runner, and debuggers or
 profilers need root (CAP_SYS_PTRACE). A spec with ``run_as`` (#24) gets task files owned by that
-user and is started by the fork server through ``spawn_as.py`` (fork, setgroups/setgid/setuid, exec).
+user and is started by the fork server through ``forkexec.py`` (fork, setgroups/setgid/setuid, exec).
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ from typing import Any
 import leasecore
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
+from leasecore.limits import rlimits_for
 from leasecore.models import Task
-from leasecore.process import _procfs, leftovers
+from leasecore.process import _cgroupfs, _procfs, cgroups, leftovers
 from leasecore.process.forkserver import recv_frame, send_frame, take_frames
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit, CommandSpec, build_child_env, inherited_env
@@ -139,6 +140,9 @@ class Child:
         self._on_done = on_done
         self._clock = clock
         self._exit_info: tuple[int | None, int | None, float] | None = None
+        self.cgroup: _cgroupfs.Group | None = None  # the tree's group, from spawn until it is gone
+        self.memory_limit_by: str | None = None  # "cgroup" | "rlimit" | None: what enforces memory_max
+        self._usage: tuple[dict[str, float], int] = ({}, 0)  # resources and OOM kills, at the exit
         self._exited = threading.Event()
         self._done = threading.Event()
         self._gone = threading.Event()
@@ -179,13 +183,31 @@ class Child:
 
     # called on the reader thread, for the fork server's messages -----------------------------------
 
-    def _on_exit(self, code: int | None, sig: int | None) -> None:
+    def memory_bytes(self) -> int | None:
+        """The tree's memory use now: from its group where it has one with memory accounting, else
+        the direct child's resident set (None once it is gone)."""
+        group = self.cgroup
+        used = None if group is None else _cgroupfs.memory_current(group)
+        if used is None and self.pid and not self.exited:
+            used = _procfs.rss_bytes(self.pid)
+        return used
+
+    def _on_exit(self, code: int | None, sig: int | None, event: Mapping[str, Any] | None = None) -> None:
+        if event is not None:
+            raw = event.get("resources")
+            usage = {}
+            if isinstance(raw, dict):
+                usage = {k: round(float(v), 3) for k, v in raw.items() if isinstance(v, int | float)}
+            if "max_rss_bytes" in usage:
+                usage["max_rss_bytes"] = int(usage["max_rss_bytes"])
+            self._usage = (usage, int(event.get("oom_kills") or 0))
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()
             self._supervisor._output.exited(self)
 
     def _on_gone(self) -> None:
+        self.cgroup = None  # removed by the fork server
         self._gone.set()
 
     def _start_failed(self, error: ProcessError, notify: bool) -> None:
@@ -254,6 +276,9 @@ class Child:
             output=output,
             output_error=output_error,
             stdout_document=stdout_document,
+            resources=self._usage[0],
+            oom_kills=self._usage[1],
+            memory_limit_by=self.memory_limit_by,
         )
         self._done.set()
         if self._on_done is not None:
@@ -590,6 +615,7 @@ class Supervisor:
         tmp_dir: str | None = None,
         protect_runner: bool = True,
         tree_meta: TreeMeta | None = None,
+        cgroup_setup: cgroups.CgroupSetup | None = None,
     ) -> None:
         """``tree_meta(task, worker_id)``: a JSON object kept with each tree's record in the state
         directory (in the same one append per spawn), handed back by a later ``sweep_leftovers``
@@ -600,6 +626,8 @@ class Supervisor:
         self._drain_seconds = output_drain_seconds
         self._tmp_dir = tmp_dir
         self._tree_meta = tree_meta
+        # None: no cgroups (posix_spawn; limits as rlimits); else each tree gets a group of its own
+        self._cgroups = cgroup_setup if cgroup_setup is not None else cgroups.CgroupSetup()
         self._children: dict[str, Child] = {}
         self._replies: dict[int, dict[str, Any]] = {}  # answers to _call, by request id
         self._calls: set[int] = set()  # request ids a _call waits for
@@ -634,6 +662,12 @@ class Supervisor:
     @property
     def forkserver_pid(self) -> int:
         return self._process.pid
+
+    @property
+    def forkserver_up(self) -> bool:
+        """The fork server runs (False once it died, until the next start makes a new one; a plain
+        read, for the readiness probe)."""
+        return not self._lost and not self._closing
 
     def forkserver_stats(self) -> dict[str, int]:
         """Counters of the fork server (diagnostics): ``walks`` of /proc so far, ``walked`` processes
@@ -799,19 +833,29 @@ class Supervisor:
             files.remove()
             raise SpawnError(f"cannot make the command's output pipes: {exc.strerror or exc}") from exc
         out_r, out_w, err_r, err_w = pipes
+        try:
+            group, rlimits = self._group_for(spec, token)
+        except SpawnError:
+            for fd in pipes:
+                os.close(fd)
+            files.remove()
+            raise
+        child.cgroup = group
+        if spec.limits.memory_max is not None:
+            child.memory_limit_by = "cgroup" if group and "memory" in self._cgroups.limits else "rlimit"
         request_id = next(self._ids)
         # Until its record is written, the tree is known by its marker token only: should the fork
         # server die right after the spawn (no parent-death signal any more), it is killed by that.
         # The pipes' read ends are ours until the reader thread takes them with the `spawned` answer.
         pending = _Start(child, request_id, (out_r, err_r), argv[0], time.monotonic(), notify, on_started,
-                         leftovers.TreeRecord(key, 0, 0, token, files.directory, meta))  # fmt: skip
+                         leftovers.TreeRecord(key, 0, 0, token, files.directory, meta, group))  # fmt: skip
         with self._cond:
             self._children[key] = child
             self._starting[request_id] = pending
         request = {"op": "spawn", "id": request_id, "key": key, "path": path, "argv": argv, "env": env,
                    "cwd": cwd, "token": token, "grace": spec.kill_grace_seconds,
-                   "dir": files.directory}  # fmt: skip
-        if spec.run_as is not None:  # the fork server starts it as that user (spawn_as.py)
+                   "dir": files.directory, "cgroup": group, "rlimits": rlimits}  # fmt: skip
+        if spec.run_as is not None:  # the fork server starts it as that user (forkexec.py)
             request["run_as"] = spec.run_as.wire()
         try:
             try:
@@ -834,6 +878,16 @@ class Supervisor:
             os.close(out_w)
             os.close(err_w)
         return child
+
+    def _group_for(
+        self, spec: CommandSpec, token: str
+    ) -> tuple[_cgroupfs.Group | None, list[tuple[str, int]]]:
+        """The task's new group (None without cgroups) and the rlimits its command gets."""
+        group = None
+        if self._cgroups.active:
+            group = cgroups.create_group(self._cgroups, token, spec.limits)  # SpawnError
+        by_group = self._cgroups.limits if group is not None else frozenset()
+        return group, rlimits_for(spec.limits, by_group)
 
     def _drop_start(self, pending: _Start) -> bool:
         """Undo a spawn whose request was never sent; False if someone else has ended it already."""
@@ -864,6 +918,9 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(fd)
         pending.child._files.remove(self._chores.rmtree)
+        group, pending.child.cgroup = pending.child.cgroup, None
+        if group is not None:  # a start given up may still run late: its group dies with it
+            cgroups.remove_group(group)
 
     def _give_up_starts(self, which: Callable[[_Start], bool]) -> None:
         """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
@@ -1011,7 +1068,7 @@ class Supervisor:
                 finally:  # an unwritable record must not leave wait_gone waiting for ever
                     child._on_gone()
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
-            child._on_exit(event.get("code"), event.get("signal"))
+            child._on_exit(event.get("code"), event.get("signal"), event)
 
     def _on_answer(self, op: str, event: dict[str, Any]) -> None:
         """An answer, on the reader thread: to a ``_call``, or to a spawn, whose child now runs (its
@@ -1095,7 +1152,9 @@ def _spawn_failure(argv0: str, reply: dict[str, Any]) -> str:
     why = os.strerror(errno_value) if errno_value else "unknown error"
     if errno_value == errno.ENOEXEC:
         why += "; a script needs a #! line"
-    return f"cannot start {argv0!r}: {why} (while doing {reply.get('what', '?')})"
+    what = {"cgroup": "joining its cgroup", "rlimit": "setting its rlimits"}.get(
+        str(reply.get("what")), reply.get("what", "?"))
+    return f"cannot start {argv0!r}: {why} (while doing {what})"
 
 
 def _warn_if_not_linux() -> None:

@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from leasecore.http_framing import CHUNKED, FramingError, body_length, read_chunked
 from leasecore.server.store import ApiError, Store
 
 JSON_TYPE = "application/json"
@@ -375,84 +376,25 @@ class Api:
 
 LINGER_SECONDS = 1.0
 LINGER_MAX_BYTES = 1024 * 1024
-MAX_CHUNK_LINE = 4096
-MAX_TRAILER_LINES = 64
-_CHUNKED = -1
-_DIGITS = re.compile(r"[0-9]{1,19}")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-
-
-class _FramingError(Exception):
-    """A request body that cannot be delimited (or is too large): answered, then the connection closes."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def _framing(headers: Message) -> int:
-    """The body length the headers announce, or ``_CHUNKED`` (RFC 9112 §6.3); raises _FramingError.
-
-    Anything ambiguous is refused rather than guessed, because a wrong guess leaves part of a body on
-    the connection to be read as the next request: conflicting Content-Length values, a transfer
-    coding other than plain ``chunked``, or both headers at once (the request smuggling shape).
-    """
-    codings = [
-        c.strip().lower()
-        for v in headers.get_all("Transfer-Encoding") or []
-        for c in v.split(",")
-        if c.strip()
-    ]
-    lengths = {v.strip() for raw in headers.get_all("Content-Length") or [] for v in str(raw).split(",")}
-    if codings:
-        if codings != ["chunked"]:
-            raise _FramingError(501, f"Transfer-Encoding {', '.join(codings)!r} is not supported")
-        if lengths:
-            raise _FramingError(400, "Both Content-Length and Transfer-Encoding: refused")
-        return _CHUNKED
-    if not lengths:
-        return 0
-    if len(lengths) != 1:
-        raise _FramingError(400, "Conflicting Content-Length values")
-    (value,) = lengths
-    if not _DIGITS.fullmatch(value):
-        raise _FramingError(400, f"Invalid Content-Length {value[:40]!r}")
-    length = int(value)
-    if length > MAX_BODY_BYTES:
-        raise _FramingError(413, f"Request body larger than {MAX_BODY_BYTES} bytes")
-    return length
-
-
-def _read_line(rfile: io.BufferedIOBase) -> bytes:
-    line = rfile.readline(MAX_CHUNK_LINE + 1)
-    if not line.endswith(b"\n"):
-        raise _FramingError(400, "Malformed chunked body (line too long or cut short)")
-    return line.rstrip(b"\r\n")
+    """The body length the headers announce, or ``CHUNKED``: the rules in :mod:`leasecore.http_framing`
+    (shared with the client); raises :class:`FramingError` (answered, then the connection closes)."""
+    length = body_length(
+        [str(v) for v in headers.get_all("Transfer-Encoding") or []],
+        [str(v) for v in headers.get_all("Content-Length") or []],
+        MAX_BODY_BYTES,
+        what="Request body",
+    )
+    return 0 if length is None else length
 
 
 def _read_chunked(rfile: io.BufferedIOBase) -> bytes:
     """A ``Transfer-Encoding: chunked`` body, read through its last CRLF (trailers discarded)."""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        size_text = _read_line(rfile).split(b";", 1)[0].strip()
-        if not _HEX.fullmatch(size_text):
-            raise _FramingError(400, "Malformed chunked body (bad chunk size)")
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        total += size
-        if total > MAX_BODY_BYTES:
-            raise _FramingError(413, f"Request body larger than {MAX_BODY_BYTES} bytes")
-        data = rfile.read(size)
-        if len(data) != size or rfile.read(2) != b"\r\n":
-            raise _FramingError(400, "Malformed chunked body (chunk data does not match its size)")
-        chunks.append(data)
-    for _ in range(MAX_TRAILER_LINES):
-        if _read_line(rfile) == b"":
-            return b"".join(chunks)
-    raise _FramingError(400, "Malformed chunked body (too many trailer lines)")
+    return read_chunked(
+        lambda limit: rfile.readline(limit + 1), rfile.read, MAX_BODY_BYTES, what="Request body"
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -472,22 +414,22 @@ class _Handler(BaseHTTPRequestHandler):
         """Send ``100 Continue`` only for a body we will read; a refused one gets its error at once."""
         try:
             _framing(self.headers)
-        except _FramingError:
+        except FramingError:
             return True  # no 100: _dispatch answers with the error and closes the connection
         return super().handle_expect_100()
 
     def _read_body(self) -> bytes:
         """The request body, read to its exact end so nothing is left on a kept-alive connection.
 
-        Raises :class:`_FramingError` when the body cannot be delimited or is too large; the caller then
+        Raises :class:`FramingError` when the body cannot be delimited or is too large; the caller then
         answers and closes the connection, since where the next request starts is unknown.
         """
         length = _framing(self.headers)
-        if length == _CHUNKED:
+        if length == CHUNKED:
             return _read_chunked(self.rfile)
         body = self.rfile.read(length) if length else b""
         if len(body) != length:
-            raise _FramingError(400, "The request body ended before its Content-Length")
+            raise FramingError(400, "The request body ended before its Content-Length")
         return body
 
     def _dispatch(self) -> None:
@@ -495,7 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
         refused = False
         try:
             body = self._read_body()
-        except _FramingError as exc:
+        except FramingError as exc:
             self.close_connection = refused = True
             response = self.server.api._error(exc.status, exc.message)
         else:

@@ -13,6 +13,7 @@ import pytest
 
 from leasecore import conductor_lean as lean
 from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
+from leasecore.http_framing import FramingError
 
 from .rawsocket import ThreadedSocketServer
 
@@ -65,12 +66,14 @@ class ScriptedServer(ThreadedSocketServer):
 
 
 @pytest.fixture
-def scripted() -> Iterator[Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]]]:
+def scripted() -> Iterator[Callable[..., tuple[ScriptedServer, LeanTransport]]]:
     opened: list[tuple[ScriptedServer, LeanTransport]] = []
 
-    def start(answers: list[Answer]) -> tuple[ScriptedServer, LeanTransport]:
+    def start(answers: list[Answer], limit: int = 1 << 20) -> tuple[ScriptedServer, LeanTransport]:
         server = ScriptedServer(answers)
-        transport = LeanTransport("127.0.0.1", server.port, max_idle=4, monotonic=time.monotonic)
+        transport = LeanTransport(
+            "127.0.0.1", server.port, max_idle=4, monotonic=time.monotonic, max_body_bytes=limit
+        )
         opened.append((server, transport))
         return server, transport
 
@@ -80,10 +83,10 @@ def scripted() -> Iterator[Callable[[list[Answer]], tuple[ScriptedServer, LeanTr
         server.close()
 
 
-def get(transport: LeanTransport, *, limit: int = 1 << 20, seconds: float = 5.0) -> tuple[int, bytes]:
+def get(transport: LeanTransport, *, seconds: float = 5.0) -> tuple[int, bytes]:
     return transport.send(
         "GET", "/api/tasks/t1", None, {"Accept": "application/json"}, time.monotonic() + seconds,
-        idempotent=True, max_body_bytes=limit,
+        idempotent=True,
     )
 
 
@@ -93,17 +96,17 @@ def ok(body: bytes, *fields: bytes) -> bytes:
 
 
 def test_a_request_is_one_well_formed_head_with_its_body(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     server, transport = scripted([ok(b"t1"), ok(b"")])
     deadline = time.monotonic() + 5
     status, body = transport.send(
         "POST", "/api/tasks", b'{"a": 1}', {"Content-Type": "application/json"}, deadline,
-        idempotent=False, max_body_bytes=1024,
+        idempotent=False,
     )
     assert (status, body) == (200, b"t1")
     # A POST without a body still says its length (0), as servers want for a POST.
-    transport.send("POST", "/api/x", None, {}, deadline, idempotent=False, max_body_bytes=1024)
+    transport.send("POST", "/api/x", None, {}, deadline, idempotent=False)
     first, second = (request for _, request in server.requests)
     assert first == (
         b"POST /api/tasks HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept-Encoding: identity\r\n"
@@ -118,20 +121,18 @@ def test_a_request_is_one_well_formed_head_with_its_body(
     [("X-Token", "abc\r\nX-Evil: 1"), ("X-Token", "abc\ndef"), ("X Bad", "v"), ("X-Token", "a\0b")],
 )
 def test_a_header_that_would_break_the_head_is_refused_before_anything_is_sent(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]], name: str, value: str
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]], name: str, value: str
 ) -> None:
     server, transport = scripted([ok(b"")])
     with pytest.raises(ValueError, match="invalid HTTP header"):
-        transport.send("GET", "/api/x", None, {name: value}, time.monotonic() + 5, idempotent=True,
-                       max_body_bytes=1024)
+        transport.send("GET", "/api/x", None, {name: value}, time.monotonic() + 5, idempotent=True)
     with pytest.raises(lean.InvalidURL, match="not a valid request line"):  # translated as HTTP
-        transport.send("GET", "/api/x y", None, {}, time.monotonic() + 5, idempotent=True,
-                       max_body_bytes=1024)
+        transport.send("GET", "/api/x y", None, {}, time.monotonic() + 5, idempotent=True)
     assert transport.opened == 0 and server.requests == []
 
 
 def test_a_chunked_answer_is_joined_and_its_connection_kept(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     chunked = (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -147,7 +148,7 @@ def test_a_chunked_answer_is_joined_and_its_connection_kept(
 
 
 def test_an_answer_dripped_one_byte_at_a_time_is_read_whole(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
 
@@ -161,7 +162,7 @@ def test_an_answer_dripped_one_byte_at_a_time_is_read_whole(
 
 
 def test_interim_answers_are_skipped(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n"
     _, transport = scripted([interim + ok(b"done")])
@@ -181,7 +182,7 @@ def test_interim_answers_are_skipped(
     ],
 )
 def test_a_connection_is_kept_only_when_the_server_keeps_it(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]], answer: bytes, kept: bool
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]], answer: bytes, kept: bool
 ) -> None:
     server, transport = scripted([answer, ok(b"y")])
     status, _ = get(transport)
@@ -191,7 +192,7 @@ def test_a_connection_is_kept_only_when_the_server_keeps_it(
 
 
 def test_an_unframed_answer_is_read_to_the_end_and_the_connection_dropped(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     def unframed(conn: socket.socket) -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of ")
@@ -214,11 +215,11 @@ def test_an_unframed_answer_is_read_to_the_end_and_the_connection_dropped(
     ],
 )
 def test_a_body_over_the_limit_is_refused(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]], answer: bytes
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]], answer: bytes
 ) -> None:
-    _, transport = scripted([lambda conn: (conn.sendall(answer), conn.shutdown(socket.SHUT_WR))])
+    _, transport = scripted([lambda conn: (conn.sendall(answer), conn.shutdown(socket.SHUT_WR))], 1500)
     with pytest.raises(AnswerTooLarge):
-        get(transport, limit=1500)
+        get(transport)
 
 
 @pytest.mark.parametrize(
@@ -230,16 +231,33 @@ def test_a_body_over_the_limit_is_refused(
                      id="over 100 fields"),
         pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", lean.BadStatusLine, id="not HTTP"),
         pytest.param(b"HTTP/1.1 2000 OK\r\n\r\n", lean.BadStatusLine, id="status of 4 digits"),
+        # Framing: the rules of leasecore.http_framing, shared with the embedded server
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
-                     lean.HTTPException, id="conflicting Content-Length"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", lean.HTTPException,
+                     FramingError, id="conflicting Content-Length"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", FramingError,
                      id="negative Content-Length"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", lean.HTTPException,
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", FramingError,
                      id="unsupported coding"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                     FramingError, id="gzip, chunked"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n0\r\n\r\n", FramingError, id="gzip then chunked, two fields"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n0\r\n\r\n", FramingError, id="Content-Length with chunked"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n",
-                     lean.HTTPException, id="negative chunk size"),
+                     FramingError, id="negative chunk size"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                     FramingError, id="chunk size not hex"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"0" * 17 + b"1\r\n",
+                     FramingError, id="chunk size over 16 digits"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;" + b"x" * 5000 + b"\r\n",
+                     FramingError, id="chunk line over 4 KiB"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
-                     lean.HTTPException, id="chunk longer than its size"),
+                     FramingError, id="chunk longer than its size"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: x\r\n" * 65
+                     + b"\r\n", FramingError, id="over 64 trailer lines"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+                     lean.IncompleteRead, id="cut chunk"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", lean.IncompleteRead,
                      id="cut body"),
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-", lean.IncompleteRead, id="cut head"),
@@ -247,7 +265,7 @@ def test_a_body_over_the_limit_is_refused(
     ],
 )
 def test_a_malformed_or_cut_answer_is_an_http_error(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
     answer: bytes,
     error: type[Exception],
 ) -> None:
@@ -261,7 +279,7 @@ def test_a_malformed_or_cut_answer_is_an_http_error(
 
 
 def test_a_stalled_answer_ends_at_the_deadline(
-    scripted: Callable[[list[Answer]], tuple[ScriptedServer, LeanTransport]],
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
 ) -> None:
     release = threading.Event()
 
@@ -313,7 +331,7 @@ def test_a_server_reading_slowly_or_not_at_all_cannot_stretch_the_send_past_the_
     try:
         with pytest.raises(TimeoutError):
             transport.send("POST", "/api/tasks", b"x" * (16 << 20), {}, time.monotonic() + 0.5,
-                           idempotent=False, max_body_bytes=1024)
+                           idempotent=False)
         elapsed = time.monotonic() - started
     finally:
         stop.set()

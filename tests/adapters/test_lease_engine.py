@@ -24,7 +24,15 @@ from leasecore.clock import FakeClock
 from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
 from leasecore.heartbeat import FinalUpdates, LeaseEngine
-from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, LeaseState, TerminateTree
+from leasecore.lease import (
+    FENCE_MARGIN_SECONDS,
+    FenceAction,
+    FenceReason,
+    KillTree,
+    LeasePolicy,
+    LeaseState,
+    TerminateTree,
+)
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.reporter import Reporter, ReportOutcome
 from leasecore.server import EmbeddedServer
@@ -142,7 +150,10 @@ def task(n: int | str, poll_count: int = 0) -> Task:
 
 
 def policy(r: float = 2.0, **kwargs: object) -> LeasePolicy:
-    values: dict[str, object] = {"ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 1.0}
+    """R=2 s; no kill grace, no fence margin unless a test sets them: beats every 0.8 R = 1.6 s."""
+    values: dict[str, object] = {
+        "ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 0.0, "fence_margin_seconds": 0.0,
+    }
     values.update(kwargs)
     return LeasePolicy(response_timeout_seconds=r, **values)  # type: ignore[arg-type]
 
@@ -215,7 +226,8 @@ def test_a_hanging_request_for_one_task_does_not_delay_the_others(
     # Given one task whose heartbeat call never returns (a client ignoring its timeout), and 20 others
     port.beat_mode["t-stuck"] = "stuck"
     t0 = time.monotonic()
-    engine.track(task("-stuck"), policy(2.0, kill_grace_seconds=0.5), polled_at=t0)
+    # (grace 0.5 s, margin 0.2 s: its TERM point is poll + 1.3 s, its only beat due at 0.8 x 1.3 s)
+    engine.track(task("-stuck"), policy(2.0, kill_grace_seconds=0.5, fence_margin_seconds=0.2), polled_at=t0)
     for n in range(20):
         engine.track(task(n), policy(2.0), polled_at=t0)
     # When the others beat twice more while the stuck call still hangs
@@ -223,29 +235,31 @@ def test_a_hanging_request_for_one_task_does_not_delay_the_others(
     # Then each of them beat on time
     for n in range(20):
         assert max(lateness(port.beats[f"t{n}"][:3], t0, 1.6)) < MARGIN
-    # And the stuck task was fenced at its deadline (poll + 2 s) although its call still hangs
+    # And the stuck task was fenced at its TERM point (poll + 1.3 s) although its call still hangs, and
+    # killed at deadline - margin (poll + 1.8 s)
     (t_term, term), (t_kill, kill) = fences.wait_for(2, "t-stuck", timeout=10)[:2]
     assert (term, kill) == (TerminateTree(FenceReason.LEASE_EXPIRED), KillTree(FenceReason.LEASE_EXPIRED))
-    assert 2.0 - 0.01 <= t_term - t0 < 2.0 + MARGIN
-    assert 2.5 - 0.01 <= t_kill - t0 < 2.5 + MARGIN
+    assert 1.3 - 0.01 <= t_term - t0 < 1.3 + MARGIN
+    assert 1.8 - 0.01 <= t_kill - t0 < 1.8 + MARGIN
     assert len(port.beats["t-stuck"]) == 1  # never two beats in flight for one task
-    assert port.beat_timeouts["t-stuck"][0] <= 0.4 + 1e-6  # bounded by the time left on the lease
+    assert port.beat_timeouts["t-stuck"][0] <= 0.26 + 1e-6  # bounded by the time left to the TERM point
 
 
-def test_failing_heartbeats_fence_at_the_deadline_then_kill_after_the_grace(
+def test_failing_heartbeats_fence_at_the_term_point_and_kill_before_the_deadline(
     engine: LeaseEngine, port: FakePort, fences: Fences
 ) -> None:
-    # Given a task (R=3 s, grace 0.5 s) whose server is down
+    # Given a task (R=3 s, grace 0.5 s, margin 0.2 s: TERM point 2.3 s) whose server is down
     port.beat_mode["t1"] = "fail"
     t0 = time.monotonic()
-    engine.track(task(1), policy(3.0, kill_grace_seconds=0.5), polled_at=t0)
+    engine.track(task(1), policy(3.0, kill_grace_seconds=0.5, fence_margin_seconds=0.2), polled_at=t0)
     # When the lease runs out
     (t_term, term), (t_kill, kill) = fences.wait_for(2, "t1", timeout=10)
-    # Then: beat at 2.4 s, retries at 3.4 s would be too late; TERM at 3 s, KILL at 3.5 s
+    # Then: beat at 1.84 s, one retry 0.25 s later (the backoff's 1 s would be past the TERM point);
+    # TERM at 2.3 s, KILL at 2.8 s, before the server's deadline at 3 s
     assert term == TerminateTree(FenceReason.LEASE_EXPIRED) and kill == KillTree(FenceReason.LEASE_EXPIRED)
-    assert 3.0 - 0.01 <= t_term - t0 < 3.0 + MARGIN
-    assert 3.5 - 0.01 <= t_kill - t0 < 3.5 + MARGIN
-    assert engine.view("t1").consecutive_failures == 1
+    assert 2.3 - 0.01 <= t_term - t0 < 2.3 + MARGIN
+    assert 2.8 - 0.01 <= t_kill - t0 < 2.8 + MARGIN
+    assert engine.view("t1").consecutive_failures == 2
     assert engine.fence_reason("t1") is FenceReason.LEASE_EXPIRED
 
 
@@ -487,7 +501,8 @@ def test_against_the_embedded_server_heartbeats_keep_a_task_past_r_and_a_termina
         engine = LeaseEngine(client, fences, senders=2)
         engine.start()
         try:
-            engine.track(polled, LeasePolicy.from_task(polled, ownership_check_interval_seconds=0.5))
+            engine.track(polled, LeasePolicy.from_task(polled, ownership_check_interval_seconds=0.5,
+                                                       kill_grace_seconds=0.2))  # fmt: skip
             # When 2.5 R pass (the server's decider would have timed the task out without beats)
             deadline = polled_at + 5.0
             with fences.cv:
@@ -643,11 +658,11 @@ def test_a_task_polled_again_elsewhere_is_fenced_after_the_confirming_check(
     # Given our delivery had pollCount 1 and the server now says 2 (still IN_PROGRESS, same worker id)
     port.poll_count["t1"] = 2
     engine.track(task(1, poll_count=1), policy(30.0, ownership_check_interval_seconds=0.3))
-    # Then the tree is terminated at the second check, 1 s (the grace) after the first
+    # Then the tree is terminated at the second check, 0.5 s (the grace) after the first
     [(t_term, term)] = fences.wait_for(1, "t1", timeout=10)[:1]
     assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
     first, second = port.checks["t1"][:2]
-    assert 1.0 - 0.01 <= second - first < 1.0 + MARGIN
+    assert 0.5 - 0.01 <= second - first < 0.5 + MARGIN
     assert t_term - second < MARGIN
 
 
@@ -737,13 +752,18 @@ def test_against_the_embedded_server_the_hard_timeout_counts_from_the_first_star
         engine = LeaseEngine(client, fences, senders=2)
         engine.start()
         try:
-            policy_ = LeasePolicy.from_task(again, ownership_check_interval_seconds=0.0)
+            policy_ = LeasePolicy.from_task(again, ownership_check_interval_seconds=0.0,
+                                            kill_grace_seconds=0.5)  # fmt: skip
             assert policy_.hard_elapsed_seconds == pytest.approx(25.0)
             engine.track(again, policy_, polled_at=polled_at)
-            # Then the tree is fenced 2 s after the second poll (27 s after the first start), not 27 s
-            [(t_term, term)] = fences.wait_for(1, again.task_id, timeout=10)[:1]
+            # Then the tree is dead 2 s after the second poll (27 s after the first start), not 27 s:
+            # TERM at 2 - grace - margin, KILL at 2 - margin
+            term_at, kill_at = 2.0 - 0.5 - FENCE_MARGIN_SECONDS, 2.0 - FENCE_MARGIN_SECONDS
+            (t_term, term), (t_kill, kill) = fences.wait_for(2, again.task_id, timeout=10)[:2]
             assert term == TerminateTree(FenceReason.HARD_TIMEOUT)
-            assert 2.0 - 0.01 <= t_term - polled_at < 2.0 + MARGIN
+            assert kill == KillTree(FenceReason.HARD_TIMEOUT)
+            assert term_at - 0.01 <= t_term - polled_at < term_at + MARGIN
+            assert kill_at - 0.01 <= t_kill - polled_at < kill_at + MARGIN
         finally:
             engine.stop(timeout_seconds=30)
 

@@ -217,6 +217,7 @@ def test_output_data_merges_file_object_with_exit_facts() -> None:
         "durationSeconds": 1.235,
         "stdoutTail": "out",
         "stderrTail": "err",
+        "resources": {"max_rss_bytes": None, "cpu_user_seconds": None, "cpu_system_seconds": None},
     }
 
 

@@ -179,6 +179,10 @@ def test_expect_100_continue_with_a_refused_body_gets_the_error_instead(conn: Co
         ("Transfer-Encoding: chunked\r\n", b"zz\r\nxx\r\n0\r\n\r\n", 400),
         ("Transfer-Encoding: chunked\r\n", b"1\r\nxx\r\n0\r\n\r\n", 400),
         ("Transfer-Encoding: chunked\r\n", b"3\r\nxx\n0\r\n\r\n", 400),
+        ("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", b"2\r\nxx\r\n0\r\n\r\n", 501),
+        ("Transfer-Encoding: chunked\r\n", b"0" * 17 + b"2\r\nxx\r\n0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"2;" + b"x" * 5000 + b"\r\nxx\r\n0\r\n\r\n", 400),
+        ("Transfer-Encoding: chunked\r\n", b"2\r\nxx\r\n0\r\n" + b"T: x\r\n" * 65 + b"\r\n", 400),
     ],
     ids=[
         "conflicting-lengths",
@@ -190,6 +194,10 @@ def test_expect_100_continue_with_a_refused_body_gets_the_error_instead(conn: Co
         "bad-chunk-size",
         "chunk-longer-than-its-size",
         "chunk-eating-its-crlf",
+        "gzip-then-chunked-two-fields",
+        "chunk-size-over-16-digits",
+        "chunk-line-over-4-KiB",
+        "over-64-trailer-lines",
     ],
 )
 def test_a_body_that_cannot_be_delimited_is_refused_and_the_connection_closed(

@@ -29,6 +29,8 @@ PLAIN = [
     ["--task-type", "t", "--"],
     ["--", "--help"],
     ["--", "--", "-x"],
+    ["--metrics-port", "0", "--metrics-host", "127.0.0.1", "--cgroup", "off"],
+    ["--memory-max", "512M", "--pids-max", "100", "--cpu-max", "0.5", "--nofile", "1024"],
 ]
 
 NOT_PLAIN = [

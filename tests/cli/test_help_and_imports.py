@@ -47,7 +47,8 @@ def test_run_help_gives_unit_default_and_other_sources_of_each_option() -> None:
         f"--server URL Conductor API base URL (/api is appended when missing). Default: {server.url}; "
         "env CONDUCTOR_SERVER_URL; file [server] url.",
         "--config FILE Config file. Default: ./conductor.toml when present; env CONDUCTOR_RUN_CONFIG.",
-        f"--kill-grace SECONDS Seconds between SIGTERM and SIGKILL. Default: {_n(task.kill_grace)} s;",
+        f"--kill-grace SECONDS Seconds between SIGTERM and SIGKILL (capped at a quarter of each task's "
+        f"lease). Default: {_n(task.kill_grace)} s;",
         f"--drain-timeout SECONDS Seconds to wait for children when draining. Default: "
         f"{_n(runner.drain_timeout)} s; env CONDUCTOR_RUN_DRAIN_TIMEOUT; file [worker] drain_timeout.",
         f"--poll-timeout MS Long-poll wait in ms (<= 5000). Default: {task.poll_timeout} ms;",
@@ -83,7 +84,9 @@ def test_other_commands_say_units_and_defaults() -> None:
         assert squeezed(part) in flat, part
 
 
-HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy")
+HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy",
+         # #20: prometheus-client only with --metrics-port (idle footprint)
+         "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.service")
 # Not on a plain run's start path either (#23, the idle footprint): the CLI framework and what it
 # converts with, and requests with its stack (the lean http:// transport serves).
 FRAMEWORK = ("typer", "click", "pydantic", "pydantic_core", "shellingham", "requests", "urllib3",

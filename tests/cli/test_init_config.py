@@ -282,3 +282,16 @@ def test_config_shows_a_task_without_a_command_with_a_warning(tmp_path: Path) ->
         result = _invoke(["run", *args])
         assert result.exit_code == exitcodes.CONFIG
         assert "has no command" in result.output
+
+
+def test_config_shows_the_kill_grace_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # R comes with each task, so without a heartbeat_timeout the cap is shown as its rule; with one
+    # (an upper bound of every lease) as a number, saying whether the configured grace is cut.
+    monkeypatch.chdir(tmp_path)
+    cap = _json(["config", "--task-type", "x", "--shell", "true"])["tasks"][0]["settings"]["kill_grace_cap"]
+    assert cap["source"] == "derived" and "0.25 x the task's lease" in cap["value"]
+    view = _json(["config", "--task-type", "x", "--shell", "true", "--heartbeat-timeout", "8"])
+    assert view["tasks"][0]["settings"]["kill_grace_cap"]["value"].startswith("at most 2s (capped:")
+    view = _json(["config", "--task-type", "x", "--shell", "true", "--heartbeat-timeout", "60",
+                  "--kill-grace", "5"])  # fmt: skip
+    assert view["tasks"][0]["settings"]["kill_grace_cap"]["value"].startswith("at most 5s (not capped:")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pty
@@ -125,7 +126,7 @@ def test_the_host_view_shows_runners_and_their_tasks() -> None:
 
 
 def a_wide_record() -> SnapshotRecord:
-    """Two tasks whose table is 172 columns wide: a long type, a 7-digit pid, a long output line."""
+    """Two tasks whose table is 180 columns wide: a long type, a 7-digit pid, a long output line."""
     return a_record(
         a_task(),
         a_task(
@@ -134,14 +135,16 @@ def a_wide_record() -> SnapshotRecord:
             child_pid=2701234,
             state=TaskState.UNDELIVERED,
             recent_output=("x" * 40,),
+            memory_bytes=50 * 1024 * 1024,
         ),
     )
 
 
 NARROWEST = "TYPE TASK PID STATE LEASE ELAPSED"
 EVERY_COLUMN = (
-    "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LAST_BEAT NEXT_BEAT LEASE_ENDS HARD_LIMIT LAST_OUTPUT"
+    "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LAST_BEAT NEXT_BEAT LEASE_ENDS HARD_LIMIT MEMORY LAST_OUTPUT"
 )
+ALL_BUT_MEMORY = EVERY_COLUMN.replace(" MEMORY", "")  # the first column left out
 
 
 @pytest.mark.parametrize(
@@ -150,8 +153,8 @@ EVERY_COLUMN = (
         (60, NARROWEST),
         (80, "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LEASE_ENDS"),
         (100, "TYPE TASK WORKFLOW PID STATE LEASE ELAPSED LAST_BEAT LEASE_ENDS"),
-        (130, EVERY_COLUMN),  # TYPE and LAST OUTPUT shortened
-        (180, EVERY_COLUMN),
+        (130, ALL_BUT_MEMORY),  # TYPE and LAST OUTPUT shortened
+        (190, EVERY_COLUMN),
     ],
 )
 def test_a_narrow_terminal_leaves_columns_out_but_never_cuts_ids_pids_states_or_times(
@@ -172,12 +175,13 @@ def test_a_narrow_terminal_leaves_columns_out_but_never_cuts_ids_pids_states_or_
         "NEXT_BEAT": ("in 4.8s", "in 4.8s"),
         "LEASE_ENDS": ("in 6.8s", "in 6.8s"),
         "HARD_LIMIT": ("in 55m00s", "in 55m00s"),
+        "MEMORY": ("-", "50.0M"),
     }
     for name in set(columns.split()) & set(whole):
         for row, value in zip(table[1:], whole[name], strict=True):
             assert f" {value} " in f" {row} ", (name, value, row)
     assert table[1].startswith("encode_") and table[2].startswith("heal_th")  # shortened, kept
-    if width >= 172:  # the table's own width
+    if width >= 180:  # the table's own width
         assert table[2].startswith("heal_thumbnails_for_ever ") and table[2].endswith("x" * 40)
 
 
@@ -400,7 +404,7 @@ def test_off_a_terminal_every_row_is_printed_whole_on_one_line(is_terminal: bool
     assert lines[1].split()[-2:] == ["LAST", "OUTPUT"]
     assert lines[3].split() == [
         "heal_thumbnails_for_ever", "a1b2c3d4", "9b2d0c11", "2701234", "undelivered", "-", "2m05s", "3.2s",
-        "ago", "in", "4.8s", "in", "6.8s", "in", "55m00s", "x" * 40,
+        "ago", "in", "4.8s", "in", "6.8s", "in", "55m00s", "50.0M", "x" * 40,
     ]  # fmt: skip
 
 
@@ -612,3 +616,18 @@ def test_task_labels_are_the_shortest_prefix_no_other_id_starts_with() -> None:
                 size += 1
             expected[task_id] = task_id[:size]
         assert prefix_labels(ids) == expected, ids
+
+
+def test_the_cgroup_mechanism_and_each_tasks_memory_are_shown() -> None:
+    record = a_record(a_task(memory_bytes=3 * 1024 * 1024 * 1024 // 2))
+    assert record.snapshot is not None
+    runner = dataclasses.replace(record.snapshot.runner, cgroup="cgroup v1: one group per task tree in pids")
+    record = dataclasses.replace(record, snapshot=dataclasses.replace(record.snapshot, runner=runner))
+    text = to_text(render_status([record], NOW), width=200)
+    assert "\n  task trees: cgroup v1: one group per task tree in pids\n" in text
+    assert " 1.5G " in text
+    (task,) = record.snapshot.tasks
+    assert "memory          1.5G" in to_text(render_task(record, task, NOW))
+    # And the snapshot keeps both through its JSON form.
+    back = RunnerSnapshot.from_json_dict(record.snapshot.to_json_dict())
+    assert back.runner.cgroup == runner.cgroup and back.tasks[0].memory_bytes == 3 * 1024**3 // 2

@@ -241,7 +241,14 @@ class RealChild:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    def terminate_tree(self, *, since: float | None = None) -> None:
+    def wait_gone(self, timeout: float | None = None) -> bool:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def terminate_tree(self, grace_seconds: float | None = None, *, since: float | None = None) -> None:
         self._signal(signal.SIGTERM)
 
     def kill_tree(self) -> None:

@@ -175,6 +175,25 @@ def test_bare_in_progress_update_requeues(api: Api) -> None:
     assert again["startTime"] == first["startTime"]
 
 
+def test_an_in_progress_updates_output_comes_back_with_the_next_poll(api: Api) -> None:
+    # conductor-run marks its own yields in outputData (leasecore.handover): the next holder, on any
+    # host, reads the marker from the poll and starts at once instead of waiting for a previous holder.
+    task_type = api.task_type()
+    workflow_id, task_id = api.started_task(task_type)
+    marker = {"conductorRunYieldedAtPollCount": 1, "exitCode": 75}
+    r = api.update({"taskId": task_id, "workflowInstanceId": workflow_id, "status": "IN_PROGRESS",
+                    "callbackAfterSeconds": 0, "outputData": marker})  # fmt: skip
+    assert (r.status_code, r.text) == (200, task_id)
+    again = api.poll(task_type, worker="other-worker")
+    assert (again["taskId"], again["pollCount"]) == (task_id, 2)
+    assert again["outputData"] == marker
+    # A bare IN_PROGRESS update (an operator's requeue) replaces the output: no marker any more
+    r = api.update({"taskId": task_id, "workflowInstanceId": workflow_id, "status": "IN_PROGRESS"})
+    assert r.status_code == 200
+    third = api.poll(task_type, worker="third-worker")
+    assert third["pollCount"] == 3 and "conductorRunYieldedAtPollCount" not in (third.get("outputData") or {})
+
+
 def test_terminate_cancels_tasks_and_late_calls_are_silently_accepted(api: Api) -> None:
     task_type = api.task_type()
     workflow_id, task_id = api.started_task(task_type)

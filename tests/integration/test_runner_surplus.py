@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from leasecore.handover import YIELD_MARKER
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.poller import Poller, PollSettings, WorkBudget
@@ -160,3 +161,17 @@ def test_extras_within_the_budget_run_beyond_the_concurrency() -> None:
     assert outcome.statuses == (TaskStatus.COMPLETED, TaskStatus.COMPLETED)
     assert conductor.statuses() == {"a": TaskStatus.COMPLETED, "b": TaskStatus.COMPLETED}
     assert conductor.asked[0] == 1
+
+
+def test_a_hand_back_carries_the_yield_marker_only_when_nobody_else_may_run_the_task() -> None:
+    # Given three tasks in one answer for one: "b" a first delivery, "c" a re-delivery (pollCount 2,
+    # not after a yield of ours: its previous holder may still run it)
+    conductor = OverDelivering()
+    conductor.add(make_task("a"), make_task("b", poll_count=1), make_task("c", poll_count=2))
+    outcome = run_once_against(conductor, RunOptions(once=True))
+    assert outcome.started == 1
+    updates = {u.task_id: u for u in conductor.updates}
+    # Then "b"'s hand-back says which delivery it ended, so its next holder starts at once; "c"'s
+    # does not, so its next holder still waits for the holder before us
+    assert updates["b"].output_data == {YIELD_MARKER: 1}
+    assert YIELD_MARKER not in updates["c"].output_data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leasecore.checkbudget import CheckBudget, check_period
+from leasecore.checkbudget import CheckBudget, check_period, max_queue_seconds
 
 
 def test_the_period_is_the_interval_until_the_tasks_outgrow_the_rate() -> None:
@@ -51,3 +51,9 @@ def test_rate_zero_is_no_limit_and_bad_rates_are_refused() -> None:
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ownership check rate"):
             CheckBudget(bad)
+
+
+def test_the_longest_hold_is_the_most_leases_over_the_rate() -> None:
+    assert max_queue_seconds(12, 20.0) == pytest.approx(0.6)
+    assert max_queue_seconds(1000, 20.0) == pytest.approx(50.0)
+    assert max_queue_seconds(12, 0.0) == 0.0  # no budget: no hold

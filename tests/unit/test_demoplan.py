@@ -16,7 +16,7 @@ from leasecore.demoplan import (
     task_defs_for,
 )
 
-SETTINGS = DemoSettings()  # R = 2 s, kill grace 2 s, ownership check every 1 s
+SETTINGS = DemoSettings()  # R = 2 s, kill grace 0.3 s, ownership check every 1 s
 SCENES = {s.kind: s for s in standard_scenes(SETTINGS, completed_exit=0, fenced_exit=5)}
 TREE = (101, 102)
 
@@ -141,9 +141,9 @@ def test_no_lease_scene_passes_when_the_tree_dies_at_r_whoever_ends_the_task(out
     assert any(e.text == "the runner fences the tree: lease expired" for e in tracker.events)
 
 
-def test_no_lease_scene_fails_when_the_tree_outlives_r_and_the_grace() -> None:
-    # Gone at +8.5 s, 7.5 s after the poll: past R (2 s) + grace (2 s) + slack (3 s); the server may
-    # have handed the task to another worker since R.
+def test_no_lease_scene_fails_when_the_tree_outlives_r() -> None:
+    # Gone at +8.5 s, 7.5 s after the poll: past R (2 s, when it must be dead) + slack (3 s); the
+    # server may have handed the task to another worker since R.
     tracker = feed(SceneTracker(SCENES[SceneKind.NO_LEASE], SETTINGS), no_lease_timeline(8.5), ended_at=3.1)
     failed = failed_texts(tracker)
     assert any("the tree was gone 7.5s after the poll: the lease ends at R = 2s" in t for t in failed)

@@ -20,8 +20,8 @@ PACKAGES = ("leasecore", "cli")
 # The pure core: decisions and values, clock injected. config_toml parses text it is handed.
 PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
-    "leasecore.fleet", "leasecore.lease", "leasecore.snapshot", "leasecore.config_keys",
-    "leasecore.config_toml",
+    "leasecore.fleet", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
+    "leasecore.config_keys", "leasecore.config_toml", "leasecore.http_framing", "leasecore.checkbudget",
 })
 # Standard-library modules the pure core may not touch: I/O, threads, processes, sockets, signals.
 IMPURE_STDLIB = frozenset({

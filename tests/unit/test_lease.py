@@ -12,6 +12,7 @@ from leasecore.backoff import Backoff
 from leasecore.clock import FakeClock
 from leasecore.errors import ConfigError
 from leasecore.lease import (
+    FENCE_MARGIN_SECONDS,
     Action,
     CheckOwnership,
     FenceReason,
@@ -29,8 +30,12 @@ T0 = 1000.0  # FakeClock's start; the poll happens here
 
 
 def policy(r: float = 10.0, **overrides: object) -> LeasePolicy:
-    """R=10 s (beats every 8 s), grace 10 s; ownership checks off unless a test turns them on."""
-    values: dict[str, object] = {"ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 10.0}
+    """R=10 s (beats every 8 s); no kill grace and no fence margin, so that the cadence tests count in
+    whole seconds (a test of fencing sets both: TERM at deadline - grace - margin, KILL at deadline -
+    margin); ownership checks off unless a test turns them on."""
+    values: dict[str, object] = {
+        "ownership_check_interval_seconds": 0.0, "kill_grace_seconds": 0.0, "fence_margin_seconds": 0.0,
+    }
     values.update(overrides)
     return LeasePolicy(response_timeout_seconds=r, **values)  # type: ignore[arg-type]
 
@@ -95,7 +100,10 @@ def test_policy_from_task_takes_r_and_the_hard_ceiling_from_the_task() -> None:
     assert (p.response_timeout_seconds, p.hard_timeout_seconds, p.exec_timeout_seconds) == (30, 600, 60.0)
     assert p.kill_grace_seconds == 3.0
     assert p.lease_timeout_seconds == 30
-    assert p.heartbeat_interval_seconds == pytest.approx(24.0)
+    # beats at 0.8 of the time from an ack to its TERM point: R - grace - margin
+    assert p.effective_kill_grace_seconds == 3.0 and not p.kill_grace_capped
+    assert p.heartbeat_interval_seconds == pytest.approx(0.8 * (30 - 3.0 - FENCE_MARGIN_SECONDS))
+    assert p.start_delay_seconds == 0.0  # a first delivery starts at once
     assert p.ownership_check_interval_seconds == 5.0
     assert p.http_timeout_seconds == 10.0
 
@@ -206,28 +214,34 @@ def test_a_task_never_has_two_heartbeats_in_flight() -> None:
     h.at(8)
     # When time runs on to the lease deadline
     h.at(10)
-    # Then no second beat was started, and the lease fenced at its deadline
+    # Then no second beat was started, and the lease fenced at its deadline (no grace, no margin here)
     assert len(h.beats()) == 1
-    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+    assert h.fences() == [
+        (T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 10, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
 
 
-def test_failed_heartbeats_are_retried_after_1_then_1_5_then_2_seconds_until_the_deadline() -> None:
-    # Given R=20 (beat at 16, lease ends at 20) and every beat failing at once
-    h = Harness(policy(r=20.0))
+def test_failed_heartbeats_are_retried_after_1_then_1_5_seconds_then_sooner_until_the_term_point() -> None:
+    # Given R=20, grace 2, margin 0.5: the TERM point is poll+17.5, beats every 0.8 x 17.5 = 14 s;
+    # and every beat failing at once
+    h = Harness(policy(r=20.0, kill_grace_seconds=2.0, fence_margin_seconds=0.5))
     while h.now < T0 + 30:
         actions = h.run_until(min(h.lease.next_wakeup() or T0 + 30, T0 + 30))
         for t, action in actions:
             if isinstance(action, SendHeartbeat):
                 h.record(h.lease.on_heartbeat_failed(t))
-    # Then attempts went out at 16, 17, 18.5 (each with its timeout bounded by the time left) and none
-    # later: a retry at 20.5 would be past the deadline, where the tree was terminated instead
-    assert [round(t - T0, 3) for t, _ in h.beats()] == [16.0, 17.0, 18.5]
-    assert [round(b.timeout_seconds, 3) for _, b in h.beats()] == [4.0, 3.0, 1.5]
-    assert h.fences() == [
-        (T0 + 20, TerminateTree(FenceReason.LEASE_EXPIRED)),
-        (T0 + 30, KillTree(FenceReason.LEASE_EXPIRED)),
+    # Then attempts went out at 14, 15 (backoff 1 s), 16.25 (1.5 s would be past half the 2.5 s
+    # left), then at half the time left, 16.875, 17.1875, each with its timeout bounded by the time
+    # left before the TERM point, and none with less than the 0.1 s minimum left
+    assert [round(t - T0, 4) for t, _ in h.beats()] == [14.0, 15.0, 16.25, 16.875, 17.1875]
+    assert [round(b.timeout_seconds, 4) for _, b in h.beats()] == [3.5, 2.5, 1.25, 0.625, 0.3125]
+    # And the tree was terminated at the TERM point and killed at deadline - margin
+    assert [(round(t - T0, 4), a) for t, a in h.fences()] == [
+        (17.5, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (19.5, KillTree(FenceReason.LEASE_EXPIRED)),
     ]
-    assert h.lease.view().consecutive_failures == 3
+    assert h.lease.view().consecutive_failures == 5
 
 
 def test_retries_continue_every_2_seconds_while_the_lease_lasts() -> None:
@@ -243,30 +257,35 @@ def test_retries_continue_every_2_seconds_while_the_lease_lasts() -> None:
 
 
 def test_no_attempt_starts_with_less_than_the_minimum_time_left() -> None:
-    # Given a lease with 10 s left and a failing beat whose retry would start with 0.05 s left
+    # Given a lease ending at poll+10 and a beat sent at poll+8 that fails at poll+9.72: its retry
+    # comes MIN_RETRY_GAP (0.25 s) later, at poll+9.97, with 0.03 s left
     h = Harness(policy(r=10.0, retry_backoff=Backoff(initial_seconds=1.95, multiplier=1.0, max_seconds=1.95)))
     h.at(8)
+    h.clock.advance(1.72)
     h.record(h.lease.on_heartbeat_failed(h.now))
     # When time runs to the deadline
     h.at(10)
-    # Then the retry at 9.95 (0.05 s left) was never started
+    # Then that retry was never started
     assert [t for t, _ in h.beats()] == [T0 + 8]
-    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+    assert h.fences() == [
+        (T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 10, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
 
 
 def test_a_404_on_a_heartbeat_fences_at_once_and_kills_after_the_grace() -> None:
-    # Given a beat in flight
-    h = Harness(policy(r=10.0, kill_grace_seconds=3.0))
-    h.at(8)
+    # Given a beat in flight (R=100: the 3 s grace is not capped, the beat is at poll+0.8 x 97)
+    h = Harness(policy(r=100.0, kill_grace_seconds=3.0))
+    h.at(77.6)
     # When the server answers 404
     h.clock.advance(0.2)
     actions = h.record(h.lease.on_heartbeat_not_found(h.now))
     # Then the tree is terminated at once for OWNERSHIP_LOST, killed 3 s later, and no beat follows
     assert actions == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
-    h.at(60)
-    assert h.fences() == [
-        (T0 + 8.2, TerminateTree(FenceReason.OWNERSHIP_LOST)),
-        (T0 + 11.2, KillTree(FenceReason.OWNERSHIP_LOST)),
+    h.at(160)
+    assert [(round(t - T0, 3), a) for t, a in h.fences()] == [
+        (77.8, TerminateTree(FenceReason.OWNERSHIP_LOST)),
+        (80.8, KillTree(FenceReason.OWNERSHIP_LOST)),
     ]
     assert len(h.beats()) == 1
     assert h.lease.fence_reason is FenceReason.OWNERSHIP_LOST
@@ -297,49 +316,53 @@ def test_an_ack_before_the_deadline_extends_the_lease_and_nothing_is_fenced() ->
     assert h.lease.state is LeaseState.RUNNING
 
 
-def test_an_ack_processed_after_the_deadline_does_not_cancel_the_fence() -> None:
-    # Given a beat sent in time (poll+8) whose ack is only processed after the deadline (poll+10.3)
-    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
-    h.at(8)
-    h.clock.advance(2.3)
-    # When the late ack is fed in before any tick at the deadline
-    actions = h.record(h.lease.on_heartbeat_ok(h.now, T0 + 8))
-    # Then the deadline passed first: TerminateTree now, KillTree at deadline + grace, no more beats
+def test_an_ack_processed_after_the_term_point_does_not_cancel_the_fence() -> None:
+    # Given R=10, grace 2, margin 0.5: TERM point poll+7.5, KILL at poll+9.5, beats every 6 s; a beat
+    # sent in time (poll+6) whose ack is only processed after the TERM point (poll+7.8)
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0, fence_margin_seconds=0.5))
+    h.at(6)
+    assert len(h.beats()) == 1
+    h.clock.advance(1.8)
+    # When the late ack is fed in before any tick at the TERM point
+    actions = h.record(h.lease.on_heartbeat_ok(h.now, T0 + 6))
+    # Then the TERM point passed first: TerminateTree now, KillTree at deadline - margin, no more beats
     assert actions == [TerminateTree(FenceReason.LEASE_EXPIRED)]
     h.at(30)
-    assert h.fences()[-1] == (T0 + 12, KillTree(FenceReason.LEASE_EXPIRED))
+    assert h.fences()[-1] == (T0 + 9.5, KillTree(FenceReason.LEASE_EXPIRED))
     assert len(h.beats()) == 1
     assert h.lease.view().lease_deadline == T0 + 10  # the late ack did not move the deadline
     assert h.lease.view().last_ack_at == T0
 
 
-def test_the_kill_is_never_later_than_deadline_plus_grace_even_after_a_late_tick() -> None:
-    # Given a lease that expires at poll+10, with a 5 s grace
-    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=5.0))
-    # When the first tick after the deadline only comes at poll+13 (a slow timer thread)
-    h.clock.advance(13)
+def test_the_kill_is_never_later_than_deadline_minus_margin_even_after_a_late_tick() -> None:
+    # Given a lease that expires at poll+10, a 5 s grace (capped at R/4 = 2.5 s) and a 0.5 s margin:
+    # TERM point poll+7, KILL at poll+9.5
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=5.0, fence_margin_seconds=0.5))
+    # When the first tick after the TERM point only comes at poll+8 (a slow timer thread)
+    h.clock.advance(8)
     h.record(h.lease.on_tick(h.now))
     h.at(30)
-    # Then the KILL still lands at poll+15
+    # Then the KILL still lands at poll+9.5, before the deadline
     assert h.fences() == [
-        (T0 + 13, TerminateTree(FenceReason.LEASE_EXPIRED)),
-        (T0 + 15, KillTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 8, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 9.5, KillTree(FenceReason.LEASE_EXPIRED)),
     ]
-    # And the late TERM carries the deadline, so the fork server's own KILL also counts from it
+    # And the late TERM carries the TERM point and the capped grace, so the fork server's own KILL
+    # lands at deadline - margin too
     term = h.fences()[0][1]
-    assert isinstance(term, TerminateTree) and term.at == T0 + 10
+    assert isinstance(term, TerminateTree) and term.at == T0 + 7 and term.grace_seconds == 2.5
 
 
 def test_with_lease_extension_disabled_no_beats_but_the_deadline_is_still_enforced() -> None:
     # Given --no-lease-extend and R=10: the server will time the task out at poll+10 anyway
-    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=1.0))
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=1.0, fence_margin_seconds=0.5))
     # When time passes the deadline
     h.at(20)
-    # Then no heartbeat was sent and the tree was fenced at poll+10, killed at poll+11
+    # Then no heartbeat was sent and the tree was dead by poll+10: TERM at 8.5, KILL at 9.5
     assert h.beats() == []
     assert h.fences() == [
-        (T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED)),
-        (T0 + 11, KillTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 8.5, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 9.5, KillTree(FenceReason.LEASE_EXPIRED)),
     ]
 
 
@@ -361,11 +384,13 @@ def test_a_heartbeat_timeout_longer_than_r_is_capped_at_r(extend: bool) -> None:
     for t, action in h.run_until(T0 + 20):
         if isinstance(action, SendHeartbeat):
             h.record(h.lease.on_heartbeat_failed(t))
-    # Then the lease ends at R, not at 10 s, and the policy says it was capped
+    # Then the lease ends at R, not at 10 s, and the policy says it was capped; the grace too (R/4):
+    # the tree is TERMed at poll+1.5 and KILLed at poll+2, when the server may time the task out
     assert p.lease_timeout_seconds == 2.0 and p.heartbeat_timeout_capped
+    assert p.effective_kill_grace_seconds == 0.5 and p.kill_grace_capped
     assert h.fences() == [
-        (T0 + 2, TerminateTree(FenceReason.LEASE_EXPIRED)),
-        (T0 + 3, KillTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 1.5, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 2, KillTree(FenceReason.LEASE_EXPIRED)),
     ]
 
 
@@ -457,7 +482,7 @@ def test_the_first_failed_heartbeat_brings_an_ownership_check_forward() -> None:
 
 def test_ownership_lost_overrides_a_shutdown_already_under_way() -> None:
     # Given a tree being terminated for SHUTDOWN
-    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0))
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, kill_grace_seconds=10.0))
     assert h.lease.on_shutdown(h.now) == [TerminateTree(FenceReason.SHUTDOWN)]
     # When an ownership check then says CANCELED
     h.at(5)
@@ -473,10 +498,10 @@ def test_a_task_polled_again_by_someone_else_is_lost_once_a_second_look_confirms
     h.at(5)
     # When a check reads IN_PROGRESS with pollCount 2, from the same (default, hostname) worker id
     assert h.lease.on_ownership(h.now, own(poll_count=2, worker="host")) == []
-    # Then it looks again after the 1 s grace (the new delivery might be ours, still on its way)
+    # Then it looks again after the 0.5 s grace (the new delivery might be ours, still on its way)
     actions = h.run_until(T0 + 6)
     assert [(t - T0, a) for t, a in actions] == [
-        (6.0, CheckOwnership(timeout_seconds=10.0, due_at=T0 + 6, expires_at=T0 + 100))
+        (5.5, CheckOwnership(timeout_seconds=10.0, due_at=T0 + 5.5, expires_at=T0 + 98))
     ]
     # And when that check still reads pollCount 2, the tree is fenced for OWNERSHIP_LOST
     assert h.lease.on_ownership(h.now, own(poll_count=2)) == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
@@ -487,7 +512,8 @@ def test_a_task_polled_again_by_someone_else_is_lost_once_a_second_look_confirms
 
 
 def test_without_a_grace_a_higher_poll_count_fences_at_once() -> None:
-    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, redelivery_grace_seconds=0.0))
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=5.0, redelivery_grace_seconds=0.0,
+                       kill_grace_seconds=1.0))
     h.at(5)
     assert h.lease.on_ownership(h.now, own(poll_count=3)) == [TerminateTree(FenceReason.OWNERSHIP_LOST)]
 
@@ -556,16 +582,17 @@ def test_in_progress_at_or_below_our_poll_count_is_still_ours(read: TaskOwnershi
 
 
 def test_the_hard_timeout_counts_from_the_poll_of_a_first_delivery_and_heartbeats_cannot_extend_it() -> None:
-    # Given timeoutSeconds=20, R=10, and every beat acknowledged at once
-    h = Harness(policy(r=10.0, hard_timeout_seconds=20.0, kill_grace_seconds=1.0))
+    # Given timeoutSeconds=20, R=10, grace 1, margin 0.5, and every beat acknowledged at once
+    h = Harness(policy(r=10.0, hard_timeout_seconds=20.0, kill_grace_seconds=1.0, fence_margin_seconds=0.5))
     while h.now < T0 + 25:
         for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 25, T0 + 25)):
             if isinstance(action, SendHeartbeat):
                 h.record(h.lease.on_heartbeat_ok(t, t))
-    # Then the tree is fenced at poll+20 for HARD_TIMEOUT although the lease was fine
+    # Then the tree is fenced for HARD_TIMEOUT although the lease was fine, dead by poll+20 when the
+    # server times it out: TERM at 18.5, KILL at 19.5
     assert h.fences() == [
-        (T0 + 20, TerminateTree(FenceReason.HARD_TIMEOUT)),
-        (T0 + 21, KillTree(FenceReason.HARD_TIMEOUT)),
+        (T0 + 18.5, TerminateTree(FenceReason.HARD_TIMEOUT)),
+        (T0 + 19.5, KillTree(FenceReason.HARD_TIMEOUT)),
     ]
     assert h.lease.view().hard_deadline == T0 + 20
 
@@ -596,11 +623,12 @@ def test_the_hard_timeout_of_a_redelivered_task_counts_from_its_server_start_tim
         for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 75, T0 + 75)):
             if isinstance(action, SendHeartbeat):
                 h.record(h.lease.on_heartbeat_ok(t, t))
-    # Then the tree is fenced at poll + 70, when the server's own check fires
+    # Then the tree is dead by poll + 70, when the server's own check fires: KILL at 70 - margin
     assert h.lease.view().hard_deadline == T0 + 70
-    assert h.fences() == [
-        (T0 + 70, TerminateTree(FenceReason.HARD_TIMEOUT)),
-        (T0 + 71, KillTree(FenceReason.HARD_TIMEOUT)),
+    m = FENCE_MARGIN_SECONDS
+    assert [(round(t - T0, 6), a) for t, a in h.fences()] == [
+        (round(70 - 1 - m, 6), TerminateTree(FenceReason.HARD_TIMEOUT)),
+        (round(70 - m, 6), KillTree(FenceReason.HARD_TIMEOUT)),
     ]
 
 
@@ -612,7 +640,9 @@ def test_the_start_delay_is_not_counted() -> None:
 def test_a_task_past_its_hard_timeout_on_the_server_is_fenced_at_once() -> None:
     task = server_task(timeout=60, start_ms=1_000_000, update_ms=1_000_000 + 61_000)
     h = Harness(LeasePolicy.from_task(task, ownership_check_interval_seconds=0.0))
-    assert h.lease.on_tick(h.now) == [TerminateTree(FenceReason.HARD_TIMEOUT)]
+    # (both at once: the server timed it out already, so its KILL point has passed too)
+    fences = [TerminateTree(FenceReason.HARD_TIMEOUT), KillTree(FenceReason.HARD_TIMEOUT)]
+    assert h.lease.on_tick(h.now) == fences
 
 
 @pytest.mark.parametrize(
@@ -652,27 +682,30 @@ def test_the_exec_timeout_counts_from_the_poll_when_no_child_start_is_reported()
 
 
 def test_when_two_deadlines_coincide_the_lease_expiry_wins() -> None:
-    h = Harness(policy(r=10.0, lease_extend_enabled=False, hard_timeout_seconds=10.0))
+    h = Harness(policy(r=10.0, lease_extend_enabled=False, hard_timeout_seconds=10.0, kill_grace_seconds=1.0))
     h.at(10)
-    assert h.fences() == [(T0 + 10, TerminateTree(FenceReason.LEASE_EXPIRED))]
+    assert h.fences() == [
+        (T0 + 9, TerminateTree(FenceReason.LEASE_EXPIRED)),
+        (T0 + 10, KillTree(FenceReason.LEASE_EXPIRED)),
+    ]
 
 
 # ----- shutdown ----------------------------------------------------------------------------------
 
 
 def test_shutdown_terminates_now_and_heartbeats_continue_until_reported() -> None:
-    # Given a running task and a shutdown at poll+3
-    h = Harness(policy(r=10.0, kill_grace_seconds=10.0))
+    # Given a running task (R=10, grace 2: beats every 6.4 s) and a shutdown at poll+3
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
     h.at(3)
     assert h.record(h.lease.on_shutdown(h.now)) == [TerminateTree(FenceReason.SHUTDOWN)]
-    # When the child takes a while to die, then exits, and the report needs a while
-    h.at(8)
-    h.record(h.lease.on_heartbeat_ok(h.now, h.now))
-    h.at(9)
+    # When the child takes a while to die, exits within its grace, and the report needs a while
+    h.at(4.5)
     h.lease.on_child_exited(h.now)
+    h.at(6.4)
+    h.record(h.lease.on_heartbeat_ok(h.now, h.now))
     h.at(16)
     # Then beats kept the lease alive through it all, and no KILL followed the exit
-    assert [t - T0 for t, _ in h.beats()] == [8.0, 16.0]
+    assert [round(t - T0, 3) for t, _ in h.beats()] == [6.4, 12.8]
     assert h.fences() == [(T0 + 3, TerminateTree(FenceReason.SHUTDOWN))]
     assert h.lease.state is LeaseState.REPORTING
 
@@ -685,8 +718,9 @@ def test_a_drain_keeps_beating_and_fences_at_the_drain_deadline() -> None:
         for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 23, T0 + 23)):
             if isinstance(action, SendHeartbeat):
                 h.record(h.lease.on_heartbeat_ok(t, t))
-    # Then it beat at 8 and 16, and was fenced for SHUTDOWN at 20, killed at 22
-    assert [t - T0 for t, _ in h.beats()] == [8.0, 16.0]
+    # Then it beat every 6.4 s, and was fenced for SHUTDOWN at 20, killed at 22 (our own deadline:
+    # TERM at it, KILL a grace later)
+    assert [round(t - T0, 3) for t, _ in h.beats()] == [6.4, 12.8, 19.2]
     assert h.fences() == [
         (T0 + 20, TerminateTree(FenceReason.SHUTDOWN)),
         (T0 + 22, KillTree(FenceReason.SHUTDOWN)),
@@ -694,7 +728,7 @@ def test_a_drain_keeps_beating_and_fences_at_the_drain_deadline() -> None:
 
 
 def test_a_forced_shutdown_kills_at_once() -> None:
-    h = Harness(policy(r=10.0))
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
     h.lease.on_shutdown(h.now)
     h.clock.advance(1)
     assert h.lease.on_force_shutdown(h.now) == [KillTree(FenceReason.SHUTDOWN)]
@@ -896,9 +930,9 @@ def test_the_view_shows_every_timer_and_the_state() -> None:
 def test_states_run_from_running_to_done() -> None:
     h = Harness(policy(r=10.0, lease_extend_enabled=False, kill_grace_seconds=1.0))
     seen = [h.lease.state]
-    h.at(10)
+    h.at(9)  # the TERM point: deadline - grace
     seen.append(h.lease.state)
-    h.at(11)
+    h.at(10)
     seen.append(h.lease.state)
     h.lease.on_child_exited(h.now)
     seen.append(h.lease.state)
@@ -916,6 +950,7 @@ OUTCOMES = st.sampled_from(["ok", "fail", "404", "late"])
 @given(
     r=st.floats(1.5, 30.0),
     grace=st.floats(0.0, 5.0),
+    margin=st.floats(0.0, 0.5),
     script=st.lists(st.tuples(OUTCOMES, st.floats(0.0, 3.0)), max_size=25),
     exit_after=st.none() | st.floats(0.0, 80.0),
     report_after=st.none() | st.floats(0.0, 10.0),
@@ -923,19 +958,26 @@ OUTCOMES = st.sampled_from(["ok", "fail", "404", "late"])
 def test_properties_of_any_heartbeat_history(
     r: float,
     grace: float,
+    margin: float,
     script: list[tuple[str, float]],
     exit_after: float | None,
     report_after: float | None,
 ) -> None:
     """For any sequence of heartbeat outcomes and delays, with a perfect timer:
 
-    (a) no TerminateTree/KillTree while the lease is confirmed and no fence reason applies;
-    (b) TerminateTree by the deadline, KillTree by deadline + grace if the child lives;
+    (a) no TerminateTree/KillTree while the lease is confirmed (its TERM point, deadline - grace -
+        margin, in the future) and no fence reason applies;
+    (b) TerminateTree by the TERM point, KillTree by deadline - margin if the child lives: the tree
+        is dead before the server may hand the task out;
     (c) no SendHeartbeat after on_reported;
-    (d) no attempt's timeout exceeds the time left (nor the HTTP cap), none starts under the minimum.
+    (d) no attempt's timeout exceeds the time left before the TERM point (nor the HTTP cap), none
+        starts under the minimum.
     """
-    p = policy(r=r, kill_grace_seconds=grace)
-    h_timeout = p.lease_timeout_seconds
+    p = policy(r=r, kill_grace_seconds=grace, fence_margin_seconds=margin)
+    grace = p.effective_kill_grace_seconds  # capped at R/4
+    assert grace <= r / 4 + 1e-9
+    # the model: a lease lasts until its TERM point
+    h_timeout = p.lease_timeout_seconds - grace - margin
     lease = Lease(p, polled_at=T0)
     outcomes = iter(script)
     end = T0 + 120.0
@@ -964,7 +1006,7 @@ def test_properties_of_any_heartbeat_history(
                     extra = action.timeout_seconds if kind == "late" else 0.0
                     pending = (t + delay + extra, kind, t)
             elif isinstance(action, TerminateTree | KillTree):
-                confirmed = t < acked + h_timeout and expired_at is None
+                confirmed = t < acked + h_timeout - 1e-9 and expired_at is None  # (float rounding)
                 assert not confirmed or lost_at is not None, f"(a) {action} at {t - T0} while confirmed"
                 assert not exited, "fenced a child that had exited"
                 if isinstance(action, TerminateTree):
@@ -980,7 +1022,7 @@ def test_properties_of_any_heartbeat_history(
         if not due or min(due) > end:
             break
         now = max(now, min(due))
-        if expired_at is None and lost_at is None and now >= acked + h_timeout:
+        if expired_at is None and lost_at is None and now >= acked + h_timeout - 1e-9:  # (float rounding)
             expired_at = acked + h_timeout
         if pending is not None and pending[0] <= now:
             _, kind, sent_at = pending
@@ -991,7 +1033,7 @@ def test_properties_of_any_heartbeat_history(
             elif kind == "fail":
                 check(now, lease.on_heartbeat_failed(now))
             else:
-                if expired_at is None and now < acked + h_timeout:
+                if expired_at is None and now < acked + h_timeout - 1e-9:
                     acked = max(acked, sent_at)
                 check(now, lease.on_heartbeat_ok(now, sent_at))
         elif exit_at is not None and not exited and exit_at <= now:
@@ -1010,3 +1052,150 @@ def test_properties_of_any_heartbeat_history(
             assert killed_at is not None and killed_at <= expired_at + grace + 1e-9, "(b) late KILL"
     if lost_at is not None:
         assert terminated_at is not None and terminated_at <= lost_at + 1e-9
+
+
+# ----- dead by the deadline: the capped grace, the margin and the cadence (#17) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "grace", "capped"),
+    [
+        ({"r": 40.0, "kill_grace_seconds": 10.0}, 10.0, False),  # R/4 = 10: room enough
+        ({"r": 20.0, "kill_grace_seconds": 10.0}, 5.0, True),  # cut to R/4
+        ({"r": 20.0, "heartbeat_timeout_seconds": 8.0, "kill_grace_seconds": 10.0}, 2.0, True),  # our lease
+        ({"r": 0.0, "hard_timeout_seconds": 8.0, "kill_grace_seconds": 10.0}, 2.0, True),  # the ceiling
+        ({"r": 0.0, "kill_grace_seconds": 10.0}, 10.0, False),  # no deadline of the server's: no cap
+        # R = 2 s: R/4 = 0.5 s, but the beats need 1.25 s from an ack to the TERM point: 2 - 0.4 - 1.25
+        ({"r": 2.0, "kill_grace_seconds": 10.0, "fence_margin_seconds": 0.4}, 0.35, True),
+        ({"r": 2.0, "kill_grace_seconds": 10.0, "fence_margin_seconds": 0.4, "lease_extend_enabled": False},
+         0.5, True),  # no heartbeats to make room for
+    ],
+)
+def test_kill_grace_is_capped_at_a_quarter_of_the_lease_and_of_the_hard_ceiling(
+    kwargs: dict[str, object], grace: float, capped: bool
+) -> None:
+    p = policy(**kwargs)  # type: ignore[arg-type]
+    assert (p.effective_kill_grace_seconds, p.kill_grace_capped) == (pytest.approx(grace), capped)
+
+
+@pytest.mark.parametrize(
+    ("r", "grace", "margin", "interval"),
+    [
+        (30.0, 10.0, 0.3, 0.8 * (30 - 7.5 - 0.3)),  # grace capped at 7.5
+        (60.0, 10.0, 0.3, 0.8 * (60 - 10 - 0.3)),
+        (4.0, 2.0, 0.3, 0.8 * (4 - 1 - 0.3)),
+        # R/4 = 0.5 s would leave 0.8 x (2 - 0.5 - 0.3) = 0.96 s, under the 1 s minimum: the grace is
+        # cut to leave the beats their 1.25 s (0.45 s), and they go once a second
+        (2.0, 10.0, 0.3, 1.0),
+        (1.5, 10.0, 0.3, None),  # no grace leaves 1.25 s: no heartbeats, the grace stays R/4
+    ],
+)
+def test_the_heartbeat_interval_is_0_8_of_the_time_from_an_ack_to_its_term_point(
+    r: float, grace: float, margin: float, interval: float | None
+) -> None:
+    p = policy(r=r, kill_grace_seconds=grace, fence_margin_seconds=margin)
+    got = p.heartbeat_interval_seconds
+    assert got == (pytest.approx(interval) if interval is not None else None)
+
+
+@pytest.mark.parametrize(("r", "grace"), [(4.0, 2.0), (10.0, 10.0), (30.0, 10.0), (300.0, 10.0)])
+def test_a_healthy_lease_never_reaches_its_term_point(r: float, grace: float) -> None:
+    # Given every beat acknowledged within 0.2 s, for 20 R
+    h = Harness(policy(r=r, kill_grace_seconds=grace, fence_margin_seconds=FENCE_MARGIN_SECONDS))
+    while h.now < T0 + 20 * r:
+        for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 20 * r, T0 + 20 * r)):
+            if isinstance(action, SendHeartbeat):
+                h.clock.advance(0.2)
+                h.record(h.lease.on_heartbeat_ok(h.now, t))
+    # Then nothing was ever fenced
+    assert h.fences() == [] and len(h.beats()) >= 19
+
+
+@pytest.mark.parametrize(("r", "grace"), [(4.0, 2.0), (10.0, 10.0), (30.0, 10.0)])
+def test_a_failed_beat_is_retried_before_the_term_point(r: float, grace: float) -> None:
+    # Given a lease whose first beat fails at once and whose first retry is acknowledged
+    h = Harness(policy(r=r, kill_grace_seconds=grace, fence_margin_seconds=FENCE_MARGIN_SECONDS))
+    failed = False
+    while h.now < T0 + 3 * r:
+        for t, action in h.run_until(min(h.lease.next_wakeup() or T0 + 3 * r, T0 + 3 * r)):
+            if isinstance(action, SendHeartbeat):
+                if failed:
+                    h.record(h.lease.on_heartbeat_ok(t, t))
+                else:
+                    failed = True
+                    h.record(h.lease.on_heartbeat_failed(t))
+    # Then the retry went out (and was acknowledged) before the TERM point: nothing was fenced
+    beats = [t for t, _ in h.beats()]
+    assert len(beats) >= 2 and beats[1] < T0 + r - h.lease.policy.fence_lead_seconds
+    assert h.fences() == []
+
+
+def test_our_own_deadlines_term_at_the_deadline_and_kill_a_grace_later() -> None:
+    # Given an exec timeout of 30 s (ours: the server does not know it), grace 3 s, margin 0.5 s
+    h = Harness(policy(r=100.0, exec_timeout_seconds=30.0, kill_grace_seconds=3.0, fence_margin_seconds=0.5))
+    h.at(40)
+    # Then TERM at poll+30, KILL at poll+33 (not moved forward by the margin)
+    assert h.fences() == [
+        (T0 + 30, TerminateTree(FenceReason.EXEC_TIMEOUT)),
+        (T0 + 33, KillTree(FenceReason.EXEC_TIMEOUT)),
+    ]
+
+
+def server_delivery(poll_count: int, output: dict[str, object] | None = None) -> Task:
+    data: dict[str, object] = {
+        "taskId": "t1", "workflowInstanceId": "w1", "taskType": "x", "referenceTaskName": "x_ref",
+        "responseTimeoutSeconds": 60, "pollCount": poll_count,
+    }  # fmt: skip
+    if output is not None:
+        data["outputData"] = output
+    return Task.from_json(data)
+
+
+@pytest.mark.parametrize(
+    ("poll_count", "output", "waits"),
+    [
+        (1, None, False),  # a first delivery
+        (2, None, True),  # handed out again, not after a yield of ours: the previous holder may run it
+        (2, {"conductorRunYieldedAtPollCount": 1}, False),  # right after our yield
+        (4, {"conductorRunYieldedAtPollCount": 2}, True),  # a stale marker: re-queued again since
+        (3, {"conductorRunYieldedAtPollCount": "2"}, True),  # not a marker of ours
+    ],
+)
+def test_a_redelivery_that_may_still_run_elsewhere_starts_after_its_holder_must_have_fenced(
+    poll_count: int, output: dict[str, object] | None, waits: bool
+) -> None:
+    p = LeasePolicy.from_task(server_delivery(poll_count, output), kill_grace_seconds=4.0,
+                              ownership_check_interval_seconds=5.0)  # fmt: skip
+    # check interval + the holder's confirmation (redelivery grace) + its kill grace + margin
+    expected = 5.0 + p.redelivery_grace_seconds + 4.0 + FENCE_MARGIN_SECONDS if waits else 0.0
+    assert p.start_delay_seconds == pytest.approx(expected)
+
+
+def test_a_redelivery_also_waits_twice_the_longest_the_check_budget_holds_a_check() -> None:
+    # #23: the previous holder's runner may hold its checks for its turn in the budget (up to
+    # its most leases / rate): the first check that sees the re-poll and the confirming one.
+    p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
+                              ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
+    assert p.start_delay_seconds == pytest.approx(
+        5.0 + p.redelivery_grace_seconds + 2 * 0.6 + 4.0 + FENCE_MARGIN_SECONDS
+    )
+    first = LeasePolicy.from_task(server_delivery(1), kill_grace_seconds=4.0,
+                                  ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
+    assert first.start_delay_seconds == 0.0  # a first delivery still starts at once
+
+
+def test_without_ownership_checks_a_redelivery_still_waits_a_grace_and_the_margin() -> None:
+    p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
+                              ownership_check_interval_seconds=0.0)  # fmt: skip
+    assert p.start_delay_seconds == pytest.approx(4.0 + FENCE_MARGIN_SECONDS)
+
+
+def test_a_held_redelivery_counts_its_exec_timeout_from_its_start() -> None:
+    # Given a re-delivery held 8 s (its previous holder may still run it) with an exec timeout of 5 s
+    p = policy(r=100.0, exec_timeout_seconds=5.0, start_delay_seconds=8.0, kill_grace_seconds=1.0)
+    h = Harness(p)
+    h.at(8.5)
+    assert h.fences() == []  # not counted while held
+    h.lease.on_child_started(h.now)
+    h.at(20)
+    assert h.fences()[0] == (T0 + 13.5, TerminateTree(FenceReason.EXEC_TIMEOUT))

@@ -9,7 +9,9 @@ from leasecore.lease import CheckOwnership, Lease, LeasePolicy, SendHeartbeat
 
 
 def _first_attempts(spread: float, draw: float) -> tuple[float, float]:
-    policy = LeasePolicy(response_timeout_seconds=10, first_attempt_spread=spread)
+    # no grace, no margin: the interval is 0.8 R, as in test_lease's policy()
+    policy = LeasePolicy(response_timeout_seconds=10, first_attempt_spread=spread, kill_grace_seconds=0.0,
+                         fence_margin_seconds=0.0)
     lease = Lease(policy, 100.0, random=lambda: draw)
     beat = check = None
     for step in range(1, 1000):

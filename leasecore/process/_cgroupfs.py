@@ -1,0 +1,251 @@
+"""The file operations on a task's cgroup that the fork server and the leftover sweep do. Stdlib only:
+the fork server imports it (see forkserver.py's note on imports).
+
+A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
+``{"v": 2, "dirs": {"unified": PATH}}`` or ``{"v": 1, "dirs": {"memory": PATH, "pids": PATH,
+"freezer": PATH, "cpu": PATH, "cpuacct": PATH}}`` (a v1 hierarchy that is not usable is absent; two
+controllers mounted together share one PATH). Every function here is quiet about a group that is
+already gone (ENOENT): removal races nothing but itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+Group = dict[str, Any]
+_FREEZE_WAIT_SECONDS = 1.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def paths(group: Group) -> list[str]:
+    """Each directory of the group once (v1 controllers mounted together share one)."""
+    return list(dict.fromkeys(group.get("dirs", {}).values()))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _write(path: str, text: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, text.encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def join_self(group: Group) -> None:
+    """Move the calling process into every directory of ``group`` (the fork server's child, between
+    fork and exec). OSError when one refuses: the command must not run outside its group."""
+    for path in paths(group):
+        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
+def _keyed(text: str | None) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        name, _, number = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            values[name] = int(number.strip())
+    return values
+
+
+def members(group: Group) -> set[int]:
+    """The pids in the group now (from the v1 freezer or pids hierarchy, else any of its dirs)."""
+    dirs = group.get("dirs", {})
+    found: set[int] = set()
+    order = [dirs.get("freezer"), dirs.get("pids"), *paths(group)]
+    for path in (p for p in order if p):
+        text = _read(os.path.join(path, "cgroup.procs"))
+        if text is not None:
+            found.update(int(pid) for pid in text.split())
+            if group.get("v") == 2 or path in (dirs.get("freezer"), dirs.get("pids")):
+                break  # one complete list is enough: every hierarchy holds the whole tree
+    return found
+
+
+def populated(group: Group) -> bool:
+    """Whether any process is still in the group."""
+    if group.get("v") == 2:
+        events = _keyed(_read(os.path.join(group["dirs"]["unified"], "cgroup.events")))
+        if "populated" in events:
+            return events["populated"] != 0
+    return bool(members(group))
+
+
+def kill(group: Group) -> int:
+    """SIGKILL every process of the group; how many were signalled (v2: -1, the kernel does it)."""
+    return kill_all([group])
+
+
+def kill_all(groups: list[Group]) -> int:
+    """SIGKILL every process of every group; how many were signalled (v2 groups count none: the
+    kernel does it).
+
+    v2: ``cgroup.kill`` (the kernel kills every member, including ones forking at that moment).
+    v1: freeze (no member can fork or exit while frozen), SIGKILL each member, thaw (they die as they
+    thaw), all the groups at once: freezing is asynchronous, and one group after another made a KILL
+    of 200 trees wait for 200 freezes in turn. Without a usable freezer, SIGKILL the members until
+    none is left (bounded rounds).
+    """
+    v1 = []
+    for group in groups:
+        if group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
+            continue
+        v1.append(group)
+    if not v1:
+        return 0
+    freezers = [f for f in (group.get("dirs", {}).get("freezer") for group in v1) if f]
+    frozen = set(_freeze(freezers))
+    signalled = 0
+    for group in v1:
+        rounds = 1 if group.get("dirs", {}).get("freezer") in frozen else 5
+        for _ in range(rounds):
+            pids = members(group)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    signalled += 1
+    for freezer in freezers:
+        _write(os.path.join(freezer, "freezer.state"), "THAWED")
+    return signalled
+
+
+def _freeze(freezers: list[str]) -> list[str]:
+    """Freeze every v1 freezer group given; those that reached FROZEN (bounded wait: a member stuck
+    in D state keeps its group FREEZING, and its members are then signalled unfrozen)."""
+    waiting = [f for f in freezers if _write(os.path.join(f, "freezer.state"), "FROZEN")]
+    done: list[str] = []
+    deadline = time.monotonic() + _FREEZE_WAIT_SECONDS
+    while waiting:
+        still = []
+        for freezer in waiting:
+            if (_read(os.path.join(freezer, "freezer.state")) or "").strip() == "FROZEN":
+                done.append(freezer)
+            else:
+                still.append(freezer)
+        waiting = still
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
+    return done
+
+
+def oom_kills(group: Group) -> int:
+    """How many processes the kernel's OOM killer killed in the group (its own events, not a guess):
+    v2 ``memory.events`` oom_kill; v1 ``memory.oom_control`` oom_kill (kernel 4.13+)."""
+    dirs = group.get("dirs", {})
+    if group.get("v") == 2:
+        return _keyed(_read(os.path.join(dirs["unified"], "memory.events"))).get("oom_kill", 0)
+    memory = dirs.get("memory")
+    if not memory:
+        return 0
+    return _keyed(_read(os.path.join(memory, "memory.oom_control"))).get("oom_kill", 0)
+
+
+def resources(group: Group) -> dict[str, float]:
+    """What the group tells of the tree: ``max_rss_bytes`` (peak memory), ``cpu_user_seconds``,
+    ``cpu_system_seconds``; only the keys it knows."""
+    dirs = group.get("dirs", {})
+    found: dict[str, float] = {}
+    if group.get("v") == 2:
+        unified = dirs["unified"]
+        peak = _read(os.path.join(unified, "memory.peak"))
+        if peak is not None and peak.strip().isdigit():
+            found["max_rss_bytes"] = int(peak)
+        stat = _keyed(_read(os.path.join(unified, "cpu.stat")))
+        if "user_usec" in stat:
+            found["cpu_user_seconds"] = stat["user_usec"] / 1e6
+            found["cpu_system_seconds"] = stat.get("system_usec", 0) / 1e6
+        return found
+    if dirs.get("memory"):
+        peak = _read(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"))
+        if peak is not None and peak.strip().isdigit():
+            found["max_rss_bytes"] = int(peak)
+    if dirs.get("cpuacct"):
+        stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+        if "user" in stat:
+            found["cpu_user_seconds"] = stat["user"] / _CLK_TCK
+            found["cpu_system_seconds"] = stat.get("system", 0) / _CLK_TCK
+    return found
+
+
+def memory_current(group: Group) -> int | None:
+    """The group's memory use now, in bytes (None: no memory accounting)."""
+    dirs = group.get("dirs", {})
+    if group.get("v") == 2:
+        path = os.path.join(dirs["unified"], "memory.current")
+    elif dirs.get("memory"):
+        path = os.path.join(dirs["memory"], "memory.usage_in_bytes")
+    else:
+        return None
+    text = _read(path)
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def remove(group: Group) -> bool:
+    """rmdir every directory of the group; True once none is left (False: a member is still in it)."""
+    done = True
+    for path in paths(group):
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            done = False
+    return done
+
+
+# Without a group: the leader's own accounting, read from its zombie -----------------------------------
+
+_WAITID = {"x86_64": 247, "aarch64": 95}  # the raw syscall takes a struct rusage (glibc's wrapper not)
+_P_PID = 1
+_WEXITED, _WNOHANG, _WNOWAIT = 4, 1, 0x01000000
+_libc: Any = None  # the C library, opened at the first call
+
+
+def zombie_rusage(pid: int) -> dict[str, float]:
+    """``max_rss_bytes`` / ``cpu_*_seconds`` of an exited, unreaped child and the descendants it reaped
+    (``waitid(WNOWAIT)`` fills the rusage, as the kernel's getrusage(RUSAGE_BOTH)); {} where it cannot
+    be read (another architecture, not our child, not Linux)."""
+    linux = sys.platform.startswith("linux")
+    number = _WAITID.get(os.uname().machine) if linux else None
+    if number is None:
+        return {}
+    import ctypes
+
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
+    info = ctypes.create_string_buffer(128)  # siginfo_t
+    usage = (ctypes.c_long * 18)()  # struct rusage: two timevals, then 14 longs
+    flags = _WEXITED | _WNOHANG | _WNOWAIT
+    if libc.syscall(ctypes.c_long(number), _P_PID, pid, info, flags, usage) != 0:
+        return {}
+    return {
+        "max_rss_bytes": usage[4] * 1024,  # ru_maxrss, KiB
+        "cpu_user_seconds": usage[0] + usage[1] / 1e6,
+        "cpu_system_seconds": usage[2] + usage[3] / 1e6,
+    }

@@ -1,0 +1,302 @@
+"""Which cgroup mechanism holds the task trees (detected once at start), and making a task's group.
+
+``detect(mode)`` looks at the runner's own cgroups (``/proc/self/cgroup``) and the mounts
+(``/proc/self/mountinfo``) and answers a ``CgroupSetup``:
+
+- **v2**: the runner may create child groups of its own v2 group (root, or a delegated subtree:
+  systemd ``Delegate=yes``, a container's own cgroup namespace). Membership and the kill
+  (``cgroup.kill``) always; the limits only for the controllers its own group hands to its children
+  (``cgroup.subtree_control``: memory, pids, cpu). ``auto`` takes it when memory and pids are there.
+- **v1**: the runner may create child groups in the v1 hierarchies: memory, pids, cpu, cpuacct and
+  freezer (the kill: freeze, SIGKILL every member, thaw). ``auto`` takes it when v2 cannot limit.
+- **none**: /proc tracking only, rlimits for the limits (per process, not per tree).
+
+Every task group is a direct child of the runner's own group in each hierarchy (never beside it:
+the runner's own limits keep applying to its tasks), named ``conductor-run.<runner pid>.<token>``.
+The runner never moves itself or its fork server, and never writes to a group it did not create
+(detection probes by creating and removing a group of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from dataclasses import dataclass, field
+
+from leasecore.errors import SpawnError
+from leasecore.limits import Limits
+from leasecore.process import _cgroupfs
+
+MODES = ("auto", "v2", "v1", "off")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
+GROUP_PREFIX = "conductor-run."
+_CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class CgroupSetup:
+    """The mechanism in force: ``mechanism`` v2 | v1 | none; ``dirs`` the runner's own group per
+    hierarchy (``unified`` for v2); ``limits`` the controllers that enforce limits per tree;
+    ``why`` says why not a better mechanism (empty when the best one is in force)."""
+
+    mechanism: str = "none"
+    dirs: dict[str, str] = field(default_factory=dict)
+    limits: frozenset[str] = frozenset()
+    why: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.mechanism != "none"
+
+    def describe(self) -> str:
+        """One line for ``config``, ``status`` and the log."""
+        if self.mechanism == "v2":
+            what = "cgroup v2: one group per task tree under " + self.dirs["unified"]
+        elif self.mechanism == "v1":
+            what = "cgroup v1: one group per task tree in " + ", ".join(sorted(self.dirs))
+        else:
+            what = ("no cgroups: task trees tracked through /proc; memory and process limits are "
+                    "per-process rlimits")
+        enforced = ", ".join(c for c in LIMIT_CONTROLLERS if c in self.limits) or "none"
+        if self.active:
+            what += f" (limits enforced per tree: {enforced})"
+        return what + (f"; {self.why}" if self.why else "")
+
+
+@dataclass(frozen=True)
+class _Mount:
+    root: str
+    point: str
+    fstype: str
+    options: frozenset[str]
+
+
+def _mounts(mountinfo: str) -> list[_Mount]:
+    found = []
+    for line in mountinfo.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        options = frozenset(tail[2].split(","))
+        found.append(_Mount(_unescape(fields[3]), _unescape(fields[4]), tail[0], options))
+    return found
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def own_dirs(proc_cgroup: str, mountinfo: str) -> dict[str, str]:
+    """The runner's own group's directory per hierarchy: ``unified`` (v2) and each v1 controller of
+    ``V1_CONTROLLERS`` whose hierarchy is mounted where the runner's group can be seen."""
+    mounts = _mounts(mountinfo)
+    dirs: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not hier or not path.startswith("/"):
+            continue
+        if hier == "0" and not controllers:
+            wanted = [m for m in mounts if m.fstype == "cgroup2"]
+            names = ["unified"]
+        else:
+            names = [c for c in controllers.split(",") if c in V1_CONTROLLERS]
+            wanted = [m for m in mounts if m.fstype == "cgroup" and set(names) <= m.options]
+        for mount in wanted:
+            rel = os.path.relpath(path, mount.root) if mount.root != "/" else path.lstrip("/")
+            if rel.startswith(".."):
+                continue  # this mount does not show our group
+            directory = os.path.normpath(os.path.join(mount.point, rel))
+            for name in names:
+                dirs.setdefault(name, directory)
+            break
+    return dirs
+
+
+def _probe(directory: str) -> str:
+    """'' when a child group can be created (and removed) in ``directory``, else why not."""
+    probe = os.path.join(directory, f"{GROUP_PREFIX}probe.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        os.mkdir(probe)
+    except OSError as exc:
+        return f"cannot create a group in {directory}: {exc.strerror or exc}"
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return ""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def detect(
+    mode: str = "auto", *, proc_cgroup: str | None = None, mountinfo: str | None = None
+) -> CgroupSetup:
+    """The mechanism to use; ``mode`` auto | v2 | v1 | off. A forced mode that cannot work: ValueError
+    saying why (the caller names the key and its source)."""
+    if mode == "off":
+        return CgroupSetup(why="cgroups are off (cgroup = off)")
+    if proc_cgroup is None:
+        proc_cgroup = _read("/proc/self/cgroup")
+    if mountinfo is None:
+        mountinfo = _read("/proc/self/mountinfo")
+    dirs = own_dirs(proc_cgroup, mountinfo)
+    v2_why, v2_limits = _v2(dirs)
+    v1_why, v1_dirs = _v1(dirs)
+    v1_limits = frozenset(c for c in LIMIT_CONTROLLERS if c in v1_dirs)
+    v2 = CgroupSetup("v2", {"unified": dirs["unified"]}, v2_limits) if not v2_why else None
+    v1 = CgroupSetup("v1", v1_dirs, v1_limits) if not v1_why else None
+    if mode == "v2":
+        if v2 is None:
+            raise ValueError(f"cgroup v2 cannot be used here: {v2_why}")
+        return _with_why(v2, _missing(v2_limits, "cgroup v2"))
+    if mode == "v1":
+        if v1 is None:
+            raise ValueError(f"cgroup v1 cannot be used here: {v1_why}")
+        return _with_why(v1, _missing(v1_limits, "cgroup v1"))
+    if v2 is not None and {"memory", "pids"} <= v2_limits:
+        return _with_why(v2, _missing(v2_limits, "cgroup v2"))
+    not_v2 = v2_why or (
+        f"not cgroup v2: {dirs['unified']}/cgroup.subtree_control gives its child groups "
+        f"{', '.join(sorted(v2_limits)) or 'no controller'}, not memory and pids"
+    )
+    if v1 is not None:
+        return _with_why(v1, "; ".join(filter(None, [not_v2, _missing(v1_limits, "cgroup v1")])))
+    if v2 is not None:
+        return _with_why(v2, f"{not_v2}; no usable cgroup v1 either ({v1_why}): membership and the kill "
+                             "only, memory and process limits are per-process rlimits")  # fmt: skip
+    return CgroupSetup(why=f"{not_v2}; not cgroup v1: {v1_why}")
+
+
+def _with_why(setup: CgroupSetup, why: str) -> CgroupSetup:
+    return CgroupSetup(setup.mechanism, setup.dirs, setup.limits, why)
+
+
+def _missing(limits: frozenset[str], what: str) -> str:
+    missing = [c for c in LIMIT_CONTROLLERS if c not in limits]
+    return f"{what} has no {'/'.join(missing)} controller for task groups" if missing else ""
+
+
+def _v2(dirs: dict[str, str]) -> tuple[str, frozenset[str]]:
+    unified = dirs.get("unified")
+    if unified is None:
+        return "no cgroup v2 hierarchy is mounted where this process can see its own group", frozenset()
+    why = _probe(unified)
+    if why:
+        return why, frozenset()
+    if not os.path.exists(os.path.join(unified, "cgroup.procs")):
+        return f"{unified} is not a cgroup v2 directory", frozenset()
+    # A child group gets the controllers its parent enables for its children; cgroup.kill (5.14+) is
+    # in every non-root group, so it is checked where the task groups will be, at their creation.
+    enabled = frozenset(_read(os.path.join(unified, "cgroup.subtree_control")).split())
+    return "", frozenset(c for c in LIMIT_CONTROLLERS if c in enabled)
+
+
+def _v1(dirs: dict[str, str]) -> tuple[str, dict[str, str]]:
+    usable: dict[str, str] = {}
+    problems = []
+    for name in V1_CONTROLLERS:
+        directory = dirs.get(name)
+        if directory is None:
+            problems.append(f"no {name} hierarchy")
+            continue
+        why = _probe(directory)
+        if why:
+            problems.append(why)
+        else:
+            usable[name] = directory
+    if "freezer" not in usable and "pids" not in usable:
+        return "; ".join(problems) or "no v1 hierarchy", {}
+    return "", usable
+
+
+def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Group:
+    """Make a task's group under the runner's own, with ``limits`` written in; SpawnError if it cannot
+    be made (what was made is removed again)."""
+    name = f"{GROUP_PREFIX}{os.getpid()}.{token}"
+    if setup.mechanism == "v2":
+        group: _cgroupfs.Group = {"v": 2, "dirs": {"unified": os.path.join(setup.dirs["unified"], name)}}
+    else:
+        group = {"v": 1, "dirs": {c: os.path.join(d, name) for c, d in setup.dirs.items()}}
+    made = []
+    try:
+        for path in _cgroupfs.paths(group):
+            os.mkdir(path)
+            made.append(path)
+        if setup.mechanism == "v2" and not os.path.exists(os.path.join(made[0], "cgroup.kill")):
+            raise SpawnError("this kernel's cgroup v2 has no cgroup.kill (Linux 5.14+)")
+        _write_limits(group, setup, limits)
+    except OSError as exc:
+        _remove_made(made)
+        raise SpawnError(f"cannot create the task's cgroup: {exc.strerror or exc}") from exc
+    except SpawnError:
+        _remove_made(made)
+        raise
+    return group
+
+
+def _remove_made(made: list[str]) -> None:
+    for path in made:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+def _write_limits(group: _cgroupfs.Group, setup: CgroupSetup, limits: Limits) -> None:
+    dirs = group["dirs"]
+    writes: list[tuple[str, str]] = []
+    if group["v"] == 2:
+        unified = dirs["unified"]
+        if limits.memory_max is not None and "memory" in setup.limits:
+            writes.append((os.path.join(unified, "memory.max"), str(limits.memory_max)))
+            swap = os.path.join(unified, "memory.swap.max")
+            if os.path.exists(swap):  # the limit is on memory, not on memory + whatever swap holds
+                writes.append((swap, "0"))
+        if limits.pids_max is not None and "pids" in setup.limits:
+            writes.append((os.path.join(unified, "pids.max"), str(limits.pids_max)))
+        if limits.cpu_max is not None and "cpu" in setup.limits:
+            quota = int(limits.cpu_max * _CPU_PERIOD_US)
+            writes.append((os.path.join(unified, "cpu.max"), f"{quota} {_CPU_PERIOD_US}"))
+    else:
+        if limits.memory_max is not None and "memory" in dirs:
+            writes.append((os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(limits.memory_max)))
+            memsw = os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):
+                writes.append((memsw, str(limits.memory_max)))
+        if limits.pids_max is not None and "pids" in dirs:
+            writes.append((os.path.join(dirs["pids"], "pids.max"), str(limits.pids_max)))
+        if limits.cpu_max is not None and "cpu" in dirs:
+            writes.append((os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(_CPU_PERIOD_US)))
+            quota = int(limits.cpu_max * _CPU_PERIOD_US)
+            writes.append((os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota)))
+    for path, text in writes:
+        with open(path, "w") as handle:
+            handle.write(text)
+
+
+def remove_group(group: _cgroupfs.Group) -> bool:
+    """Kill what is left in a group and remove it; True once it is gone."""
+    if _cgroupfs.populated(group):
+        _cgroupfs.kill(group)
+    return _cgroupfs.remove(group)
+
+
+def unenforced(limits: Limits, setup: CgroupSetup) -> list[tuple[str, str]]:
+    """``(key, what)`` for each of ``limits`` that ``setup`` enforces per process rather than per
+    tree, or not at all."""
+    notes = []
+    if limits.memory_max is not None and "memory" not in setup.limits:
+        notes.append(("memory_max", "is a per-process rlimit (RLIMIT_DATA) here, not a limit of the "
+                                    "whole tree"))  # fmt: skip
+    if limits.pids_max is not None and "pids" not in setup.limits:
+        notes.append(("pids_max", "is RLIMIT_NPROC here: it counts the user's processes, not the "
+                                  "tree's, and does not bind root"))  # fmt: skip
+    if limits.cpu_max is not None and "cpu" not in setup.limits:
+        notes.append(("cpu_max", "cannot be enforced here (no cgroup cpu controller): ignored"))
+    return notes

@@ -1,0 +1,352 @@
+"""Task trees in real cgroups (v1 controllers and the v2 hierarchy, whichever this host lets us
+create), and the rlimits that stand in for them everywhere else.
+
+The group tests skip, saying why, where the runner may not create groups (not root, no hierarchy
+mounted). Every test leaves no group behind: ``no_leftover_groups`` checks after each one that no
+directory named ``conductor-run.<this pid>.*`` is left under the runner's own groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from leasecore.limits import Limits
+from leasecore.models import TaskStatus
+from leasecore.process import CommandSpec, Supervisor, cgroups, leftovers, to_task_result
+
+from .process_support import REPO, alive, make_task, wait_until
+
+MB = 1 << 20
+ALLOCATE_300MB = "import time; a = bytearray(300 * 1024 * 1024); time.sleep(0.1); print(len(a))"
+# Forks children that sleep until it says so, counting the forks that worked, then reaps them all.
+FORK_LOOP = textwrap.dedent("""
+    import os, signal
+    pids = []
+    for _ in range(40):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            signal.pause()
+            os._exit(0)
+        pids.append(pid)
+    print(len(pids), flush=True)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+""")
+# Starts a daemon that leaves the session and wipes its environment (no marker token, no group, no
+# session: nothing of /proc tracking names it), prints its pid, and sleeps.
+DAEMON = "setsid env -i sh -c 'sleep 3319' & echo started; sleep 300"
+DAEMON_CMDLINE = ["sleep", "3319"]
+
+
+def _setup(mode: str) -> cgroups.CgroupSetup:
+    if os.geteuid() != 0:
+        pytest.skip("cgroup tests need root (or a delegated cgroup subtree): not root here")
+    try:
+        return cgroups.detect(mode)
+    except ValueError as exc:
+        pytest.skip(f"no cgroup {mode} here: {exc}")
+
+
+def _own_dirs() -> dict[str, str]:
+    with open("/proc/self/cgroup") as a, open("/proc/self/mountinfo") as b:
+        return cgroups.own_dirs(a.read(), b.read())
+
+
+def _our_groups() -> list[str]:
+    prefix = f"{cgroups.GROUP_PREFIX}{os.getpid()}."
+    found = []
+    for directory in set(_own_dirs().values()):
+        try:
+            found += [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(prefix)]
+        except OSError:
+            continue
+    return found
+
+
+def _daemons() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == DAEMON_CMDLINE and alive(p)]
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_groups() -> Iterator[None]:
+    yield
+    for process in _daemons():
+        process.kill()
+    assert wait_until(lambda: not _daemons(), 5)
+    left = _our_groups()
+    for path in left:  # clean up whatever a failed test left, then fail it
+        unified = "/unified/" in path
+        kind = "unified" if unified else "x"
+        leftovers._remove_when_empty({"v": 2 if unified else 1, "dirs": {kind: path}})
+    assert not left, f"groups left behind: {left}"
+
+
+@pytest.fixture(params=["v1", "v2"])
+def setup(request: pytest.FixtureRequest) -> cgroups.CgroupSetup:
+    return _setup(request.param)
+
+
+def _python(code: str, **limits: int) -> CommandSpec:
+    return CommandSpec(argv=(sys.executable, "-c", code), limits=Limits(**limits), kill_grace_seconds=1.0)
+
+
+# --- the group itself ------------------------------------------------------------------------------
+
+
+def test_each_tree_gets_a_group_nested_under_the_runners_own_and_removed_after(
+    setup: cgroups.CgroupSetup,
+) -> None:
+    own = _own_dirs()
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+        exit_ = child.wait(20)
+        assert exit_ is not None and exit_.exit_code == 0
+        assert child.wait_gone(10)
+    assert child.cgroup is None and not _our_groups()
+    assert setup.dirs and all(own[name] == path for name, path in setup.dirs.items())
+    # The child's own view: in each hierarchy of the mechanism, a direct child of the runner's group.
+    with open("/proc/self/cgroup") as handle:
+        mine = {line.split(":", 2)[1] or "unified": line.split(":", 2)[2] for line in handle.read().split()}
+    theirs = {line.split(":", 2)[1] or "unified": line.split(":", 2)[2] for line in exit_.stdout_tail.split()}
+    checked = 0
+    for controllers, path in theirs.items():
+        names = {"unified"} if controllers == "unified" else set(controllers.split(","))
+        if not names & set(setup.dirs):
+            assert path == mine[controllers]  # a hierarchy we do not use: left where it was
+            continue
+        parent, name = path.rsplit("/", 1)
+        assert (parent or "/") == mine[controllers], (controllers, path)  # never beside the runner's
+        assert name.startswith(f"{cgroups.GROUP_PREFIX}{os.getpid()}.")
+        checked += 1
+    assert checked == len({own[n] for n in setup.dirs})
+
+
+def test_the_runner_and_fork_server_stay_in_their_own_groups(setup: cgroups.CgroupSetup) -> None:
+    with open("/proc/self/cgroup") as handle:
+        before = handle.read()
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        with open(f"/proc/{supervisor.forkserver_pid}/cgroup") as handle:
+            forkserver_before = handle.read()
+        child = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w")
+        assert child.wait(20) is not None and child.wait_gone(10)
+        with open(f"/proc/{supervisor.forkserver_pid}/cgroup") as handle:
+            assert handle.read() == forkserver_before
+    with open("/proc/self/cgroup") as handle:
+        assert handle.read() == before
+
+
+def test_an_env_wiped_setsid_daemon_dies_with_its_tree_on_a_fence(setup: cgroups.CgroupSetup) -> None:
+    """The lease-loss path: the runner TERMs the tree, the grace passes, the group KILL takes all."""
+    lines: list[str] = []
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(make_task(), CommandSpec(shell=DAEMON, kill_grace_seconds=0.5),
+                                 worker_id="w", on_line=lambda _s, line: lines.append(line))  # fmt: skip
+        assert wait_until(lambda: "started" in lines and bool(_daemons()), 10)
+        (daemon,) = _daemons()
+        assert child.cgroup is not None
+        from leasecore.process import _cgroupfs
+
+        assert daemon.pid in _cgroupfs.members(child.cgroup)
+        child.terminate_tree()
+        assert child.wait_gone(10)
+        assert not alive(daemon)
+
+
+def test_resources_come_from_the_group(setup: cgroups.CgroupSetup) -> None:
+    task = make_task()
+    spec = _python("x = bytearray(40 * 1024 * 1024); sum(range(3_000_000))")
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(task, spec, worker_id="w")
+        exit_ = child.wait(30)
+        assert exit_ is not None and child.wait_gone(10)
+    resources = to_task_result(task, exit_, spec, worker_id="w").output_data["resources"]
+    assert resources["max_rss_bytes"] >= 40 * MB  # the group's peak, else the child's own maxrss
+    assert resources["cpu_user_seconds"] > 0 and resources["cpu_system_seconds"] is not None
+
+
+# --- limits enforced by the group (v1 here: the v2 hierarchy has no controllers) ----------------------
+
+
+def test_300mb_under_a_64m_group_limit_fails_naming_the_limit() -> None:
+    setup = _setup("v1")
+    if "memory" not in setup.limits:
+        pytest.skip(f"no v1 memory controller: {setup.describe()}")
+    task, spec = make_task(), _python(ALLOCATE_300MB, memory_max=64 * MB)
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(task, spec, worker_id="w")
+        exit_ = child.wait(60)
+        assert exit_ is not None and child.wait_gone(10)
+    result = to_task_result(task, exit_, spec, worker_id="w")
+    assert exit_.oom_kills >= 1
+    assert result.status is TaskStatus.FAILED
+    assert result.reason_for_incompletion == "memory limit 64 MiB exceeded: killed by the kernel's OOM killer"
+    assert result.output_data["resources"]["max_rss_bytes"] <= 64 * MB + MB
+
+
+def test_a_fork_loop_under_pids_max_16_forks_fewer_than_16() -> None:
+    setup = _setup("v1")
+    if "pids" not in setup.limits:
+        pytest.skip(f"no v1 pids controller: {setup.describe()}")
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(make_task(), _python(FORK_LOOP, pids_max=16), worker_id="w")
+        exit_ = child.wait(60)
+        assert exit_ is not None and child.wait_gone(10)
+    assert exit_.exit_code == 0, exit_.stderr_tail
+    assert 0 < int(exit_.stdout_tail) < 16  # the python itself is one of the 16
+
+
+def test_cpu_max_is_written_to_the_group() -> None:
+    setup = _setup("v1")
+    if "cpu" not in setup.limits:
+        pytest.skip(f"no v1 cpu controller: {setup.describe()}")
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        child = supervisor.spawn(make_task(), CommandSpec(shell="sleep 0.3", limits=Limits(cpu_max=0.5)),
+                                 worker_id="w")  # fmt: skip
+        assert wait_until(lambda: child.pid > 0, 10) and child.cgroup is not None
+        quota = Path(child.cgroup["dirs"]["cpu"], "cpu.cfs_quota_us").read_text().strip()
+        period = Path(child.cgroup["dirs"]["cpu"], "cpu.cfs_period_us").read_text().strip()
+        assert child.wait(20) is not None and child.wait_gone(10)
+    assert (quota, period) == ("50000", "100000")
+
+
+# --- rlimits, with no cgroups at all (every host) ------------------------------------------------------
+
+
+def test_without_groups_300mb_under_64m_fails_naming_the_rlimit() -> None:
+    task, spec = make_task(), _python(ALLOCATE_300MB, memory_max=64 * MB)
+    with Supervisor(None) as supervisor:
+        exit_ = supervisor.spawn(task, spec, worker_id="w").wait(60)
+    assert exit_ is not None
+    result = to_task_result(task, exit_, spec, worker_id="w")
+    assert result.status is TaskStatus.FAILED
+    assert "MemoryError" in (result.reason_for_incompletion or "")
+    assert "memory limit 64 MiB, a per-process rlimit" in (result.reason_for_incompletion or "")
+    assert exit_.oom_kills == 0  # no group: nothing claims the OOM killer did it
+
+
+def test_without_groups_nofile_and_resources_are_set() -> None:
+    task = make_task()
+    spec = _python("import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))", nofile=100)
+    with Supervisor(None) as supervisor:
+        exit_ = supervisor.spawn(task, spec, worker_id="w").wait(30)
+    assert exit_ is not None and exit_.stdout_tail.strip() == "(100, 100)"
+    resources = to_task_result(task, exit_, spec, worker_id="w").output_data["resources"]
+    assert resources["max_rss_bytes"] > MB  # the child's own peak (waitid's rusage)
+    assert resources["cpu_user_seconds"] is not None and resources["cpu_system_seconds"] is not None
+
+
+def test_without_groups_the_plain_spawn_fills_resources_too() -> None:
+    task, spec = make_task(), CommandSpec(argv=("true",))
+    with Supervisor(None) as supervisor:
+        exit_ = supervisor.spawn(task, spec, worker_id="w").wait(30)
+    assert exit_ is not None and exit_.exit_code == 0
+    assert set(to_task_result(task, exit_, spec, worker_id="w").output_data["resources"]) == {
+        "max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds"}  # fmt: skip
+    assert (exit_.resources or {}).get("max_rss_bytes", 0) > 0
+
+
+def test_without_groups_pids_max_is_rlimit_nproc() -> None:
+    if os.geteuid() == 0:
+        pytest.skip("RLIMIT_NPROC does not bind root (CAP_SYS_RESOURCE): nothing to observe here")
+    with Supervisor(None) as supervisor:
+        exit_ = supervisor.spawn(make_task(), _python(FORK_LOOP, pids_max=16), worker_id="w").wait(60)
+    assert exit_ is not None and exit_.exit_code == 0
+    assert int(exit_.stdout_tail) < 16
+
+
+def test_a_group_that_cannot_be_joined_fails_the_start_not_the_fork_server(
+    setup: cgroups.CgroupSetup,
+) -> None:
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        original = cgroups.create_group
+
+        def vanishing(*args: object, **kwargs: object) -> dict[str, object]:
+            group = original(*args, **kwargs)  # type: ignore[arg-type]
+            cgroups.remove_group(group)  # gone before the child can join it
+            return group
+
+        cgroups.create_group = vanishing  # type: ignore[assignment]
+        try:
+            from leasecore.errors import SpawnError
+
+            with pytest.raises(SpawnError, match="joining its cgroup"):
+                supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w")
+        finally:
+            cgroups.create_group = original
+        exit_ = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(20)
+        assert exit_ is not None and exit_.exit_code == 0
+
+
+# --- runner and fork server SIGKILLed together: the next start's sweep walks the groups -------------------
+
+RUNNER = """
+import json, sys, time
+from pathlib import Path
+from leasecore.models import Task
+from leasecore.process import CommandSpec, Supervisor, cgroups
+
+state_dir, mode, shell = sys.argv[1], sys.argv[2], sys.argv[3]
+sup = Supervisor(Path(state_dir), cgroup_setup=cgroups.detect(mode))
+lines = []
+task = Task(task_id="t", workflow_id="w", task_type="x")
+child = sup.spawn(task, CommandSpec(shell=shell), worker_id="w", on_line=lambda s, l: lines.append(l))
+deadline = time.monotonic() + 30
+while "started" not in lines and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({"forkserver": sup.forkserver_pid, "leader": child.pid, "group": child.cgroup}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
+    setup: cgroups.CgroupSetup, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(state), setup.mechanism, DAEMON],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, process_group=0)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert wait_until(lambda: bool(_daemons()), 10)
+        (daemon,) = _daemons()
+        forkserver = psutil.Process(info["forkserver"])
+        # Both at once: nobody is left to kill the tree. The runner is stopped first: alive, it would
+        # see its fork server die and kill every tree itself (as it should).
+        proc.send_signal(signal.SIGSTOP)
+        os.kill(info["forkserver"], signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert wait_until(lambda: not alive(forkserver), 5)
+        assert alive(daemon)  # re-parented to init, outside every session we know: only its group names it
+        group_dirs = list(info["group"]["dirs"].values())
+        assert all(os.path.isdir(path) for path in group_dirs)
+        seen: list[leftovers.TreeRecord] = []
+        killed = leftovers.sweep(state, lambda _pid, trees: seen.extend(trees))
+        assert daemon.pid in killed
+        assert wait_until(lambda: not alive(daemon), 5)
+        assert not any(os.path.exists(path) for path in group_dirs)  # removed once empty
+        assert [tree.survivors for tree in seen] == [0]  # every member confirmed gone
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        for process in _daemons():
+            process.kill()
+        # The dead runner's pid named its groups: remove any this test left (the fixture checks ours).
+        if "info" in locals() and info["group"]:
+            leftovers._remove_when_empty(info["group"])
