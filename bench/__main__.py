@@ -1,7 +1,7 @@
 """``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
 
 Not part of the test suite. See bench/README.md for what is measured and how. Sizes are flags; the
-default run is bounded (about 10 minutes on a 2-core machine), ``--quick`` takes a minute or two.
+default run is bounded (about 16 minutes on a 2-core machine), ``--quick`` takes a few.
 """
 
 from __future__ import annotations
