@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
 def fleet(
     config: str | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
     server: str | None = typer.Option(None, "--server", metavar="URL", help=key_help("url")),
+    ca_bundle: str | None = typer.Option(None, "--ca-bundle", metavar="FILE", help=key_help("ca_bundle")),
     task_types: list[str] | None = typer.Option(
         None, "--task-type", metavar="NAME",
         help="Show only this task type, in every domain (repeatable). Default: every type the server knows.",
@@ -59,9 +60,11 @@ def fleet(
     One row per task type and domain: the tasks waiting in its queue and each worker's last poll.
     A type with work queued and no poll in the last 10 s is STALLED and listed first. The server
     keeps one poll record per task type and domain (the last poller's), so many workers polling the
-    same type show as the one that polled last. Server and credentials as for run (--server,
-    CONDUCTOR_SERVER_URL, CONDUCTOR_AUTH_KEY/SECRET, the config file). Exit 3: a configuration
-    error; exit 4: the server cannot be reached or refuses the credentials.
+    same type show as the one that polled last. Server, credentials and CAs as for run (--server,
+    CONDUCTOR_SERVER_URL; CONDUCTOR_AUTH_KEY with CONDUCTOR_AUTH_SECRET or CONDUCTOR_AUTH_SECRET_FILE,
+    or CONDUCTOR_AUTH_TOKEN; --ca-bundle, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE; the
+    config file). Exit 3: a configuration error; exit 4: the server cannot be reached or refuses the
+    credentials.
     """
     if watch and as_json:
         raise _fail("--watch and --json cannot be combined", exitcodes.USAGE, None)
@@ -69,7 +72,7 @@ def fleet(
     if any(not t for t in wanted):
         raise _fail("--task-type is empty: give a task type name", exitcodes.USAGE, None)
     try:
-        overrides = {"config": config, "server": server}
+        overrides = {"config": config, "server": server, "ca_bundle": ca_bundle}
         resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, None) from None

@@ -26,11 +26,12 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 
 from leasecore.config_keys import KEYS
-from leasecore.errors import ConductorRunError
+from leasecore.errors import ConductorRunError, ConfigError
 from leasecore.process.spec import is_secret_name
 
 HANDOFF_ENV = "CONDUCTOR_RUN_SECRETS_FD"
@@ -61,15 +62,14 @@ def secret_names(environ: Mapping[str, str], patterns: Iterable[str] = ()) -> li
 def receive(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """The environment to resolve the configuration from: ``environ`` (default ``os.environ``) plus
     the secrets a hand-off brought, if this process is the re-executed runner. The pipe is read,
-    closed and the marker removed from ``environ``, whatever happens."""
+    closed and the marker removed from ``environ``, whatever happens. A marker that names no pipe of
+    ours (set by hand, or inherited: ``abc``, ``77``, ``0``) is a ConfigError (exit 3), and the fd it
+    names is then neither read nor closed."""
     env = os.environ if environ is None else environ
     marker = env.pop(HANDOFF_ENV, None)
     if marker is None:
         return dict(env)
-    try:
-        fd = int(marker)
-    except ValueError:
-        raise ConductorRunError(f"{HANDOFF_ENV}={marker!r} is not a file descriptor") from None
+    fd = _handoff_fd(marker)
     chunks: list[bytes] = []
     try:
         size = 0
@@ -91,6 +91,27 @@ def receive(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     if not isinstance(handed, dict) or not all(isinstance(v, str) for v in handed.values()):
         raise ConductorRunError(f"the secrets handed over on fd {fd} are not readable")
     return {**env, **handed}
+
+
+def _handoff_fd(marker: str) -> int:
+    """The pipe ``marker`` names; ConfigError, before anything is read or closed, when it names none."""
+    why = None
+    fd = int(marker) if marker.isascii() and marker.isdigit() else -1
+    if fd < 0:
+        why = "not a file descriptor number"
+    elif fd <= 2:
+        why = "stdin, stdout or stderr, never a hand-off"
+    else:
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                why = f"fd {fd} is not a pipe"
+        except OSError:
+            why = f"fd {fd} is not open"
+    if why is not None:
+        raise ConfigError(f"{HANDOFF_ENV}={marker[:40]!r} is not a secrets hand-off ({why}): only "
+                          "conductor-run's own re-exec sets it; unset it", key=HANDOFF_ENV,
+                          source=f"env {HANDOFF_ENV}")  # fmt: skip
+    return fd
 
 
 def hand_off(patterns: Iterable[str] = ()) -> None:

@@ -213,6 +213,8 @@ def load_config(
         require_task=require_task,
     )
     config = replace(config, server=_server_files(config.server))
+    if loaded is not None:
+        config = _config_file_mode(config, loaded, cwd)
     problems = {task.type: command_problems(task, environ) + run_as_problems(task) for task in config.tasks}
     fatal = [problem for task in config.tasks if not task.paused for problem in problems[task.type]]
     if fatal and require_task:
@@ -234,6 +236,22 @@ def _server_files(server: ServerSettings) -> ServerSettings:
     source = server.sources["auth_secret_file"]
     secret = trust.read_secret_file(server.auth_secret_file, source)
     return replace(server, auth_secret=secret, sources={**server.sources, "auth_secret": source})
+
+
+def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> ResolvedConfig:
+    """A config file holding a credential must be private where children run as another user (#24)."""
+    from leasecore import trust
+
+    server = loaded.data.get("server")
+    if not isinstance(server, dict):
+        return config
+    task = next((task for task in config.tasks if task.user is not None), None)
+    run_as = None
+    if task is not None:
+        run_as = (f"task {task.type!r} runs its children as user {task.user!r} "
+                  f"(from {task.sources.get('user', DEFAULT)})")  # fmt: skip
+    warning = trust.config_file_secrets(posixpath.join(cwd, loaded.path), server, run_as)
+    return replace(config, warnings=(*config.warnings, warning)) if warning else config
 
 
 def run_as_problems(task: TaskSettings) -> list[str]:

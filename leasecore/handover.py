@@ -15,7 +15,12 @@ side, a task handed to *us* whose previous holder may still run it:
   or a surplus task handed back) ends that delivery on purpose, with nothing left running: the update
   carries the pollCount it ended (``mark_yield``), and the next delivery, pollCount + 1, on any host,
   starts at once (``follows_our_yield``). No marker, or a stale one (the task was re-queued again
-  since), means wait.
+  since), means wait. "Nothing left running" is checked, not assumed: a child's IN_PROGRESS result
+  waits in ``YieldHold`` until its whole tree is gone (escapees included), and goes out marked only
+  then; a tree still alive at the hold's bound goes out unmarked (its next holder waits).
+* **A held delivery handed back unstarted** (fenced, or the runner stops, while it waits): when its
+  previous holder may still run it, it goes back as an *unmarked* IN_PROGRESS (never FAILED, which
+  would make the server create a retry at once that nobody waits for), so its next holder waits again.
 * **A retry of the same logical task on this host** (a new taskId, same workflow and reference name)
   polled while the previous attempt's tree is still dying here starts once that tree is gone
   (``DyingTrees``; the runner asks it).
@@ -35,6 +40,7 @@ __all__ = [
     "YIELD_MARKER",
     "DyingTrees",
     "StartGate",
+    "YieldHold",
     "follows_our_yield",
     "logical_key",
     "mark_yield",
@@ -196,6 +202,11 @@ class StartGate:
             times.append(now + poll_seconds)
         return min(times)
 
+    def start_at(self, task_id: str) -> float | None:
+        """When held ``task_id`` may start at the earliest (None: not held)."""
+        held = self._held.get(task_id)
+        return held.start_at if held is not None else None
+
     def drop(self, task_id: str) -> bool:
         """Stop holding ``task_id``; True when it was held."""
         return self._held.pop(task_id, None) is not None
@@ -205,3 +216,33 @@ class StartGate:
 
     def held(self) -> list[str]:
         return list(self._held)
+
+
+class YieldHold:
+    """IN_PROGRESS results of children whose tree is not gone yet, by task id: a yield is marked only
+    once nothing of ours runs any more (``mark_yield``). Each waits until its tree is gone or its bound
+    passes (``until``: the effective kill grace + margin after the leader's exit, when the fork server
+    must have killed every escapee). Pure: the caller passes the time. Main thread only."""
+
+    def __init__(self, gone: Callable[[object], bool]) -> None:
+        self._gone = gone
+        self._held: dict[str, tuple[object, TaskResult, float]] = {}
+
+    def hold(self, task_id: str, handle: object, result: TaskResult, until: float) -> None:
+        self._held[task_id] = (handle, result, until)
+
+    def due(self, now: float) -> list[tuple[str, TaskResult, bool]]:
+        """The results that may go out now, with whether their tree is gone (removed from the hold)."""
+        out = []
+        for task_id, (handle, result, until) in list(self._held.items()):
+            gone = self._gone(handle)
+            if gone or now >= until:
+                del self._held[task_id]
+                out.append((task_id, result, gone))
+        return out
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._held

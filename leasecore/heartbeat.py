@@ -239,6 +239,10 @@ class LeaseEngine:
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
 
+    def start_held(self, task_id: str) -> None:
+        """The runner holds the command back (``StartGate``): its exec timeout counts from its start."""
+        self._event(task_id, lambda lease, now: lease.on_start_held(now))
+
     def child_started(self, task_id: str) -> None:
         """The child is being started (its spawn is asked for; the runner does not wait for the exec):
         its exec timeout counts from now."""

@@ -55,7 +55,8 @@ Rules (DESIGN.md §4 and §6, CONDUCTOR_PROTOCOL.md §3, §4, §10):
   ``hard_elapsed_seconds``, the time the server had already counted at the poll (updateTime -
   startTime of the polled task, both from the server's clock, so no clock skew enters). Heartbeats
   cannot extend it (fenced like the lease deadline: TERM at hard - G - M). ``exec_timeout_seconds``
-  counts from ``on_child_started`` (else the poll; with a start delay, only from the start).
+  counts from ``on_child_started`` (else the poll; with a start delay, or once ``on_start_held`` said
+  the runner holds the command, e.g. for an earlier attempt's tree still dying here, only from the start).
 * ``start_delay_seconds`` (set by ``from_task`` for a re-delivery that may still run elsewhere,
   ``leasecore.handover``) is the runner's to honour: the lease is held from the poll meanwhile.
 * After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
@@ -424,6 +425,7 @@ class Lease:
         check_every = policy.ownership_check_interval_seconds
         self._next_check_at = polled_at + check_every * early if check_every > 0 else _NEVER
         self._exec_started_at: float | None = None
+        self._start_held = False  # the runner holds the command: the exec timeout waits for its start
         self._shutdown_at = self._kill_at = _NEVER
         self._fence_reason: FenceReason | None = None
         self._killed = self._child_exited = self._reported = False
@@ -458,8 +460,8 @@ class Lease:
         limit = self.policy.exec_timeout_seconds
         started = self._exec_started_at
         if started is None:
-            if self.policy.start_delay_seconds > 0:
-                return _NEVER  # held until its previous holder must have stopped: counts from the start
+            if self.policy.start_delay_seconds > 0 or self._start_held:
+                return _NEVER  # held (its previous holder, a dying tree): counts from the start
             started = self._polled_at
         return started + limit if limit > 0 else _NEVER
 
@@ -623,6 +625,13 @@ class Lease:
         self._record_ack(min(polled_at, now))
         self._poll_count = max(self._poll_count, poll_count)
         return actions + self._advance(now)
+
+    def on_start_held(self, now: float) -> list[Action]:
+        """The runner holds the command back (``leasecore.handover.StartGate``): the exec timeout
+        counts from ``on_child_started``, never from the poll."""
+        now = self._enter(now)
+        self._start_held = True
+        return self._advance(now)
 
     def on_child_started(self, now: float) -> list[Action]:
         """The child is running: the exec timeout counts from here."""

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import queue
 import signal
 import threading
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 from leasecore.clock import Clock, SystemClock
 from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
-from leasecore.handover import DyingTrees, StartGate, mark_yield, may_run_elsewhere
+from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
 from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.logsink import LogStreamer
@@ -68,6 +69,7 @@ _POLLER_JOIN_SLACK_SECONDS = 0.5
 _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
 _UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
 _DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
+_YIELD_SLACK_SECONDS = 1.0  # a yield's tree is waited for up to its grace + margin + this (YieldHold)
 
 
 
@@ -143,6 +145,7 @@ class Runner:
         # retry whose earlier attempt's tree is still dying here (leasecore.handover).
         self._gate = StartGate(DyingTrees(_tree_gone))
         self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
+        self._yields = YieldHold(_tree_gone)  # IN_PROGRESS results waiting for their tree to be gone
         self._pollers_alive = len(self._pollers)
         # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
         # or it failed) there is no more work. A paused type's poller only waits for the stop, so a
@@ -232,12 +235,15 @@ class Runner:
             now = self._clock.monotonic()
             if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
                 wait = max(0.0, min(wait, start_at - now))
+            if self._yields:
+                wait = min(wait, _DYING_POLL_SECONDS)
             try:
                 event: Event = self._events.get(timeout=wait)
             except queue.Empty:
                 event = Tick()
             self.loop_at = self._clock.monotonic()
             self._handle(event)
+            self._report_yields()
             self._start_released()
             self._check_deadlines()
             self._maybe_publish()
@@ -330,7 +336,8 @@ class Runner:
             entry.policy, entry.tracked = policy, True
         if self._stopping_since is not None:
             # Polled while stopping (a long poll was in flight): hand it straight back for a retry.
-            self._report(entry, _failed(task, plan, SHUTDOWN_REASON))
+            self._end_unstarted(entry, (entry.policy or plan.make_policy(task)).start_delay_seconds,
+                                held=False)
             return
         if entry.policy is None:
             entry.policy = plan.make_policy(task)
@@ -343,6 +350,8 @@ class Runner:
         why = self._gate.hold(task, now + entry.policy.start_delay_seconds, now, here)
         if why is not None:  # its lease is held (heartbeats) meanwhile
             entry.phase = Phase.WAITING
+            self._engine.start_held(task.task_id)  # its exec timeout counts from the command's start
+            self._metrics.on_task_held(task.task_type, True)  # it holds its slot meanwhile
             log.warning("task %s: not starting it yet: %s", task.task_id, why)
             return
         self._start_child(entry)
@@ -358,7 +367,8 @@ class Runner:
         self._metrics.on_task_started(task.task_type)
         try:  # returns without waiting for the exec: the next event is handled meanwhile
             entry.child = self._supervisor.start(
-                task, plan.spec, worker_id=plan.worker_id, on_lines=self._lines_sink(entry),
+                task, _spawn_spec(plan.spec, entry.policy), worker_id=plan.worker_id,
+                on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
@@ -374,19 +384,36 @@ class Runner:
             entry = self._tasks.get(task.task_id)
             if entry is not None and entry.phase is Phase.WAITING:
                 entry.phase = Phase.RUNNING
+                self._metrics.on_task_held(task.task_type, False)
                 log.info("task %s: its previous holder must have stopped by now: starting it", task.task_id)
                 self._start_child(entry)
 
-    def _end_unstarted(self, entry: InFlight) -> None:
-        """A held task fenced (or stopped) before its command started: report it, or nothing if lost."""
-        self._engine.child_exited(entry.task.task_id)
-        entry.fence = self._engine.fence_reason(entry.task.task_id)
+    def _end_unstarted(self, entry: InFlight, wait_left: float, *, held: bool = True) -> None:
+        """A task fenced (or stopped) before its command started: report it, or nothing if lost.
+
+        One whose previous holder may still run it (``may_run_elsewhere``) goes back as an unmarked
+        IN_PROGRESS, re-queued no sooner than ``wait_left`` (the hold time left): FAILED would make
+        the server create a retry at once that nobody waits for (two copies, and a retry spent)."""
+        task = entry.task
+        if entry.tracked:
+            self._engine.child_exited(task.task_id)
+            entry.fence = self._engine.fence_reason(task.task_id)
+        if held:  # its fence (if any) counts: conductor_run_fences_total
+            self._metrics.on_task_held(task.task_type, False, entry.fence)
         if entry.fence is FenceReason.OWNERSHIP_LOST:
-            log.warning("task %s: no longer ours before it started; nothing is reported", entry.task.task_id)
+            log.warning("task %s: no longer ours before it started; nothing is reported", task.task_id)
             self._forget(entry, None)
             return
-        why = fence_text(entry.fence, entry.task, entry) or SHUTDOWN_REASON
-        self._report(entry, _failed(entry.task, entry.plan, f"{why} (before its command started)"))
+        why = fence_text(entry.fence, task, entry) or SHUTDOWN_REASON
+        if may_run_elsewhere(task):
+            seconds = max(0, math.ceil(wait_left))
+            log.warning("task %s: %s before its command started; its previous holder may still run it: "
+                        "handing it back (re-queued in %d s, its next holder waits too)", task.task_id,
+                        why, seconds)
+            self._report(entry, TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                                           callback_after_seconds=seconds, worker_id=entry.plan.worker_id))
+            return
+        self._report(entry, _failed(task, entry.plan, f"{why} (before its command started)" if held else why))
 
     def _report_not_started(self, entry: InFlight, why: object) -> None:
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
@@ -418,8 +445,9 @@ class Runner:
 
     def _on_fence(self, task_id: str, action: FenceAction) -> None:
         entry = self._tasks.get(task_id)
-        if entry is not None and self._gate.drop(task_id):
-            self._end_unstarted(entry)  # fenced before its command started: there is no tree
+        start_at = self._gate.start_at(task_id)
+        if entry is not None and self._gate.drop(task_id):  # fenced before its command started: no tree
+            self._end_unstarted(entry, (start_at or 0.0) - self._clock.monotonic())
             return
         if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
             return
@@ -462,7 +490,36 @@ class Runner:
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
+        if result.status is TaskStatus.IN_PROGRESS:
+            self._yield(entry, result)
+            return
         self._report(entry, result)
+
+    def _yield(self, entry: InFlight, result: TaskResult) -> None:
+        """An IN_PROGRESS result is marked as our yield (its next holder starts at once) only once the
+        whole tree is gone: it waits meanwhile, lease heartbeated, up to the tree's effective grace +
+        margin (the fork server kills escapees by then); still alive then, it goes out unmarked."""
+        if entry.child is None or _tree_gone(entry.child):
+            self._report(entry, mark_yield(result, entry.task.poll_count))
+            return
+        lead = entry.policy.fence_lead_seconds if entry.policy else entry.plan.kill_grace_seconds
+        until = self._clock.monotonic() + lead + _YIELD_SLACK_SECONDS
+        log.info("task %s: its tree is not gone yet: reporting IN_PROGRESS once it is", entry.task.task_id)
+        self._yields.hold(entry.task.task_id, entry.child, result, until)
+
+    def _report_yields(self) -> None:
+        if not self._yields:
+            return
+        for task_id, result, gone in self._yields.due(self._clock.monotonic()):
+            entry = self._tasks.get(task_id)
+            if entry is None:
+                continue
+            if gone:
+                result = mark_yield(result, entry.task.poll_count)
+            else:
+                log.warning("task %s: its tree outlived its grace; reporting IN_PROGRESS without the yield "
+                            "marker, so its next holder waits", task_id)
+            self._report(entry, result)
 
     def _result_for(self, entry: InFlight, exit_: Any | None) -> TaskResult:
         task, plan = entry.task, entry.plan
@@ -492,8 +549,7 @@ class Runner:
             entry.slot_held = False
             entry.report_held = True
             self._pollers[entry.plan.poll.task_type].reporting()
-        entry.phase = Phase.REPORTING
-        result = mark_yield(result, entry.task.poll_count)  # a yield: its next holder starts at once
+        entry.phase = Phase.REPORTING  # (a yield was marked by _yield, once its tree was gone)
         entry.result_status = result.status
         opts = self.options
         if self._forced:
@@ -560,8 +616,9 @@ class Runner:
         for poller in self._pollers.values():
             poller.wake()
         for task_id in self._gate.held():  # never started: handed back now
+            start_at = self._gate.start_at(task_id) or now
             self._gate.drop(task_id)
-            self._end_unstarted(self._tasks[task_id])
+            self._end_unstarted(self._tasks[task_id], start_at - now)
         running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
         deadline = now
@@ -648,6 +705,16 @@ class Runner:
 
 def _tree_gone(child: Any) -> bool:
     return bool(child.wait_gone(0))
+
+
+def _spawn_spec(spec: Any, policy: LeasePolicy | None) -> Any:
+    """``spec`` with the policy's effective (capped) kill grace: the fork server's own TERM -> KILL of
+    a tree's escapees, after its leader exits, follows the cap the lease's fences do."""
+    grace = getattr(spec, "kill_grace_seconds", None)
+    if policy is None or grace is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        return spec
+    capped = min(grace, policy.effective_kill_grace_seconds)
+    return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)
 
 
 def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:

@@ -1,4 +1,5 @@
-"""Files the server settings point at (#24): the key secret's file and a private CA bundle.
+"""Files the server settings point at (#24): the key secret's file and a private CA bundle; and the
+config file's own mode when it holds a credential itself.
 
 I/O at configuration time (``config.load_config`` calls these), so a bad file is a configuration
 error (exit 3) naming the file, its source and what is allowed, before anything is polled. The
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import BinaryIO
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
 
 from leasecore.config_keys import Source
 from leasecore.errors import ConfigError
@@ -92,3 +95,39 @@ def _has_pem_block(handle: BinaryIO) -> bool:
         scanned += len(chunk)
         tail = chunk[-len(_PEM_MARK):]
     return False
+
+
+# The config file keys whose value is a credential (a url with a password counts too).
+FILE_SECRET_KEYS = ("auth_secret", "auth_token")
+
+
+def config_file_secrets(path: str, server: Mapping[str, Any], run_as: str | None) -> str | None:
+    """The rule ``read_secret_file`` applies, for a config file that holds a credential itself.
+
+    ``server``: the file's ``[server]`` table; ``run_as``: where children run as another user (e.g.
+    "task 'x' runs its children as user 'nobody' (from flag --user)"), else None. A file open to
+    group or others (any of mode 0077) is refused (ConfigError) when children run as another user,
+    who could then read it; otherwise it is a warning returned (any local user can read it, but the
+    child, being the runner's own user, could read even a 0600 file: refusing would only break the
+    many configs written with the default 0644). None when the file holds none or is private."""
+    held = [key for key in FILE_SECRET_KEYS if server.get(key)]
+    url = server.get("url")
+    try:
+        if isinstance(url, str) and urlsplit(url).password:
+            held.append("a password in url")
+    except ValueError:  # a malformed url: its own error comes from the url check
+        pass
+    if not held:
+        return None
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # it was read a moment ago; gone now: nothing left to protect
+        return None
+    if not mode & 0o077:
+        return None
+    what = f"config file {path} holds {' and '.join(held)} and is open to group or others (mode {mode:04o})"
+    fix = (f"run `chmod 600 {path}`, or give the secret by the environment ($CONDUCTOR_AUTH_SECRET, "
+           "$CONDUCTOR_AUTH_TOKEN) or auth_secret_file")
+    if run_as is not None:
+        raise ConfigError(f"{what}, and {run_as}, who could read it: {fix}", key=held[0], source=path)
+    return f"{what}: any local user can read it; {fix}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.server import EmbeddedServer
-from tests.integration.helpers import World
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, World
 
 pytest_plugins = ["tests.realserver"]  # real Conductor OSS server fixtures (real_server_url)
 
@@ -30,6 +30,17 @@ def world(tmp_path: Path) -> Iterator[World]:
     """An embedded server on a free port, a task type with a short R, and the runner processes started."""
     with EmbeddedServer() as server:
         w = World(tmp_path, server)
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+@pytest.fixture
+def auth_world(tmp_path: Path) -> Iterator[World]:
+    """As ``world``, with a server that wants ``AUTH_KEY``/``AUTH_SECRET`` and runners that send them."""
+    with EmbeddedServer(auth_key=AUTH_KEY, auth_secret=AUTH_SECRET) as server:
+        w = World(tmp_path, server, auth_key=AUTH_KEY, auth_secret=AUTH_SECRET)
         try:
             yield w
         finally:

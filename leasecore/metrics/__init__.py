@@ -11,7 +11,8 @@ Who calls what (each on its own thread; an implementation must be thread-safe an
 * ``Reporter`` (its pool): ``on_update`` after every attempt of a final update (or hand-back).
 * ``LeaseEngine`` (its senders): ``on_heartbeat`` per heartbeat, ``on_ownership_check`` per check.
 * ``ConductorClient`` (any thread): ``on_request`` per HTTP request, through ``request_hook``.
-* ``Runner`` (its main thread only): ``on_task_started`` when it asks for the spawn,
+* ``Runner`` (its main thread only): ``on_task_held`` when it holds a polled task's command back
+  (``leasecore.handover``) and when that hold ends, ``on_task_started`` when it asks for the spawn,
   ``on_task_exited`` once the command is gone (or could not start), ``on_task_done`` when the task
   leaves the runner (reported, saved for later, or no longer ours).
 
@@ -48,6 +49,10 @@ class Observer:
 
     def on_ownership_check(self, task_type: str, result: str) -> None:
         """One ownership check: ``ok`` (still ours), ``lost`` (not ours any more) or ``failed``."""
+
+    def on_task_held(self, task_type: str, held: bool, fence: FenceReason | None = None) -> None:
+        """A polled task's command is held back (``held``; it occupies its slot meanwhile), or that
+        hold ended (started, handed back, or fenced before it started: ``fence``, its reason)."""
 
     def on_task_started(self, task_type: str) -> None:
         """The runner asked for the task's command to start."""

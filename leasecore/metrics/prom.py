@@ -46,6 +46,7 @@ class GaugeSource(Protocol):
     """What the scrape-time gauges read (``leasecore.metrics.service`` adapts the live objects)."""
 
     def running(self) -> Mapping[str, int]: ...
+    def waiting(self) -> Mapping[str, int]: ...
     def free_slots(self) -> Mapping[str, int]: ...
     def outbox_results(self) -> int: ...
     def lease_remaining_seconds(self) -> float | None: ...
@@ -119,6 +120,7 @@ class PrometheusObserver(Observer):
         self._checks = counter("conductor_run_ownership_checks", "Ownership checks (GET /tasks/{id}): "
                                "ok, lost or failed.", tt, "result")
         self.running_by_type: dict[str, int] = {t: 0 for t in task_types}
+        self.waiting_by_type: dict[str, int] = {t: 0 for t in task_types}  # held before their start
         for task_type in self.running_by_type:  # zero, not absent, until the first event
             self._poll(task_type)
             self._started(task_type)
@@ -154,6 +156,12 @@ class PrometheusObserver(Observer):
 
     def on_ownership_check(self, task_type: str, result: str) -> None:
         self._checks(task_type, result).inc()
+
+    def on_task_held(self, task_type: str, held: bool, fence: FenceReason | None = None) -> None:
+        waiting = self.waiting_by_type.get(task_type, 0)
+        self.waiting_by_type[task_type] = waiting + 1 if held else max(0, waiting - 1)
+        if fence is not None:
+            self._fences(task_type, fence.value).inc()
 
     def on_task_started(self, task_type: str) -> None:
         self._started(task_type).inc()
@@ -199,8 +207,11 @@ class RunnerGauges:
                                    "name).", labels=["taskType"])
         running = GaugeMetricFamily("conductor_run_tasks_running", "Tasks whose command is running now.",
                                     labels=["taskType"])
+        waiting = GaugeMetricFamily("conductor_run_tasks_waiting", "Tasks polled and held, lease kept, "
+                                    "whose command has not started yet (a previous holder may still run "
+                                    "it, or an earlier attempt's tree is dying here).", labels=["taskType"])
         free = GaugeMetricFamily("conductor_run_slots_free", "Free slots: concurrency minus the commands "
-                                 "running.", labels=["taskType"])
+                                 "running and the tasks waiting to start.", labels=["taskType"])
         outbox = GaugeMetricFamily("conductor_run_outbox_results", "Results waiting in the outbox for the "
                                    "server to take them.")
         lease = GaugeMetricFamily("conductor_run_lease_remaining_seconds", "Seconds until the nearest "
@@ -209,10 +220,12 @@ class RunnerGauges:
             for task_type, count in sorted(source.running().items()):
                 active.add_metric([task_type], count)
                 running.add_metric([task_type], count)
+            for task_type, count in sorted(source.waiting().items()):
+                waiting.add_metric([task_type], count)
             for task_type, count in sorted(source.free_slots().items()):
                 free.add_metric([task_type], count)
             outbox.add_metric([], source.outbox_results())
             left = source.lease_remaining_seconds()
             if left is not None and math.isfinite(left):
                 lease.add_metric([], left)
-        return [active, running, free, outbox, lease]
+        return [active, running, waiting, free, outbox, lease]

@@ -113,11 +113,15 @@ class MetricsService:
     def running(self) -> Mapping[str, int]:
         return dict(self.observer.running_by_type)  # a dict copy is atomic under the GIL
 
+    def waiting(self) -> Mapping[str, int]:
+        return dict(self.observer.waiting_by_type)
+
     def free_slots(self) -> Mapping[str, int]:
-        # Concurrency minus the commands running: a slot a poll has reserved for the tasks it may bring
-        # is still free (it is free for them), as is one whose task is only reporting its result.
-        running = self.observer.running_by_type
-        return {t: max(0, n - running.get(t, 0)) for t, n in self._concurrency.items()}
+        # Concurrency minus the commands running and the tasks held before their start (they hold
+        # their slot): a slot a poll has reserved for the tasks it may bring is still free (it is
+        # free for them), as is one whose task is only reporting its result.
+        running, waiting = self.observer.running_by_type, self.observer.waiting_by_type
+        return {t: max(0, n - running.get(t, 0) - waiting.get(t, 0)) for t, n in self._concurrency.items()}
 
     def outbox_results(self) -> int:
         return self._outbox.saved_count() if self._outbox is not None else 0

@@ -15,11 +15,14 @@ thrown away, so the child never blocks on a full pipe). stderr streams to the lo
 How the exit maps to the update (``to_stdio_result``), first match wins::
 
     exec timeout                    -> FAILED "exec timeout after 30s"
+    OOM kills in the tree's group   -> FAILED "worker execution failed: memory limit 64 MiB exceeded: killed
+                                       by the kernel's OOM killer" (whatever the exit, as natively)
     killed by a signal              -> FAILED "worker execution failed: killed by SIGKILL"
     exit in in_progress_exit_code   -> IN_PROGRESS (callbackAfterSeconds from the spec)
     exit in terminal_exit_codes     -> FAILED_WITH_TERMINAL_ERROR "worker execution failed: exit status 2"
     any other non-zero exit         -> FAILED "worker execution failed: exit status 3: <last stderr line>"
-                                       (the terminal one gets the stderr line too)
+                                       (the terminal one gets the stderr line too; under a memory
+                                       rlimit, "(under memory limit 64 MiB, a per-process rlimit)")
     exit 0, stdout over the limit   -> FAILED "worker stdout is too large: ..."
     exit 0, stdout not the document -> FAILED "invalid worker stdout JSON: <why>; stdout began: '...'"
     exit 0, an unknown status       -> FAILED "invalid status from worker: 'DONE' (...)"
@@ -29,8 +32,9 @@ How the exit maps to the update (``to_stdio_result``), first match wins::
 ``FAILED_WITH_TERMINAL_ERROR`` from the document is honoured (conductor-cli turns it into FAILED, and
 so into a retry the script asked not to have). An IN_PROGRESS document without
 ``callbackAfterSeconds`` is re-queued at once, as with conductor-cli. A valid document's ``output``
-is the whole of outputData, as with conductor-cli; the failures above carry ``exitCode``,
-``signal``, ``durationSeconds``, ``stderrTail`` (and ``stdoutExcerpt`` when stdout was the trouble).
+is the whole of outputData, as with conductor-cli (no ``resources`` added); the failures above carry
+``exitCode``, ``signal``, ``durationSeconds``, ``stderrTail``, ``resources`` (and ``stdoutExcerpt``
+when stdout was the trouble). ``reasons.py`` holds what this mapping and the native one share.
 Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown
 fields are ignored; the types are as strict as conductor-cli's (``output`` an object, ``logs`` strings,
 ``reason`` and ``status`` strings, each may be null).
@@ -39,14 +43,13 @@ fields are ignored; the types are as strict as conductor-cli's (``output`` an ob
 from __future__ import annotations
 
 import json
-import signal as signal_module
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from leasecore.errors import SpawnError
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, OUTPUT_MAX_DEPTH, deeper_than
+from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
 if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types from there
     from leasecore.process.spec import ChildExit, CommandSpec
@@ -59,7 +62,6 @@ EXCERPT_CHARS = 200  # of stdout, in a reason
 STDOUT_EXCERPT_BYTES = 4096  # of stdout, in outputData.stdoutExcerpt
 MAX_LOG_ENTRIES = 1000  # the document's logs kept (the task log's own buffer holds as many)
 MAX_CALLBACK_SECONDS = 365 * 24 * 3600
-REASON_LIMIT = 500
 
 STATUSES = {
     "COMPLETED": TaskStatus.COMPLETED,
@@ -87,13 +89,7 @@ def stdio_env(task: Task) -> dict[str, str]:
 
 def task_json(task: Task) -> bytes:
     """The task object as the server sent it, as UTF-8 JSON (``\\u`` escapes for lone surrogates)."""
-    try:
-        try:
-            return json.dumps(dict(task.raw), ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            return json.dumps(dict(task.raw)).encode()
-    except RecursionError:  # parsed on the poller's thread, too deep to write back on this one
-        raise SpawnError("the task is nested too deeply to pass on") from None
+    return dump_json(task.raw, "the task")
 
 
 # --------------------------------------------------------------------------- what comes back
@@ -267,54 +263,17 @@ def _reply(document: Mapping[str, Any]) -> StdioReply:
 # --------------------------------------------------------------------------- the update
 
 
-def _last_line(text: str) -> str:
-    for line in reversed(text.splitlines()):
-        if line.strip():
-            return line.strip()
-    return ""
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal_module.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _bounded(reason: str) -> str:
-    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 3] + "..."
-
-
 def _diagnostics(exit: ChildExit, *, stdout: bytes | None = None) -> dict[str, Any]:
     output: dict[str, Any] = {
         "exitCode": exit.exit_code,
-        "signal": _signal_name(exit.signal) if exit.signal is not None else None,
+        "signal": signal_name(exit.signal) if exit.signal is not None else None,
         "durationSeconds": round(exit.duration_seconds, 3),
         "stderrTail": exit.stderr_tail,
+        "resources": resources(exit),
     }
     if stdout is not None:
         output["stdoutExcerpt"] = stdout[:STDOUT_EXCERPT_BYTES].decode("utf-8", "replace")
     return output
-
-
-def _exit_failure(exit: ChildExit, spec: CommandSpec, timed_out: bool) -> tuple[TaskStatus, str] | None:
-    """The status and reason when the exit alone decides (the document is not read), else None."""
-    if timed_out:
-        return TaskStatus.FAILED, f"exec timeout after {spec.exec_timeout_seconds:g}s"
-    if exit.signal is not None:
-        return TaskStatus.FAILED, f"worker execution failed: killed by {_signal_name(exit.signal)}"
-    code = exit.exit_code
-    if code == 0:
-        return None
-    if code is not None and code == spec.in_progress_exit_code:
-        return TaskStatus.IN_PROGRESS, ""
-    last = _last_line(exit.stderr_tail)
-    reason = f"worker execution failed: exit status {code}" + (
-        f": {last}" if last else " (nothing on stderr)"
-    )
-    if code in spec.terminal_exit_codes:
-        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
-    return TaskStatus.FAILED, reason
 
 
 def to_stdio_result(
@@ -322,13 +281,14 @@ def to_stdio_result(
 ) -> TaskResult:
     """The update for ``task`` under the stdio contract (the module docstring has the mapping)."""
     document = exit.stdout_document or b""
-    decided = _exit_failure(exit, spec, timed_out)
+    # The exit alone decides (the document is not read) unless it was 0.
+    decided = exit_verdict(exit, spec, timed_out, failed="worker execution failed: ", exited="exit status")
     if decided is not None:
         status, reason = decided
         in_progress = status is TaskStatus.IN_PROGRESS
         return TaskResult(
             task_id=task.task_id, workflow_id=task.workflow_id, status=status,
-            output_data=_diagnostics(exit), reason_for_incompletion=_bounded(reason) or None,
+            output_data=_diagnostics(exit), reason_for_incompletion=bounded(reason) or None,
             callback_after_seconds=spec.callback_after_seconds if in_progress else 0, worker_id=worker_id,
         )  # fmt: skip
     try:
@@ -339,7 +299,7 @@ def to_stdio_result(
             reason = f"{reason}; stdout began: {excerpt(document)}"
         return TaskResult(
             task_id=task.task_id, workflow_id=task.workflow_id, status=TaskStatus.FAILED,
-            output_data=_diagnostics(exit, stdout=document), reason_for_incompletion=_bounded(reason),
+            output_data=_diagnostics(exit, stdout=document), reason_for_incompletion=bounded(reason),
             worker_id=worker_id,
         )  # fmt: skip
     return TaskResult(
@@ -347,7 +307,7 @@ def to_stdio_result(
         workflow_id=task.workflow_id,
         status=reply.status,
         output_data=reply.output,
-        reason_for_incompletion=_bounded(reply.reason) or None,
+        reason_for_incompletion=bounded(reply.reason) or None,
         callback_after_seconds=reply.callback_after_seconds,
         worker_id=worker_id,
         logs=tuple(TaskLog(line, 0) for line in reply.logs),  # streamed by the runner, see runner.py

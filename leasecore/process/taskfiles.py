@@ -15,7 +15,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ class TaskFiles:
         files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
                     stdin_path)  # fmt: skip
         try:
-            body = _input_json(task)
+            body = dump_json(task.input_data, "the task's input")
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
             if stdin_path is not None and stdin is not None:
@@ -99,16 +99,17 @@ class TaskFiles:
         remove_tmpdir(self.directory, rmtree)
 
 
-def _input_json(task: Task) -> bytes:
-    """``inputData`` as UTF-8 JSON; with ``\\u`` escapes when it holds lone surrogates (a Java
-    server can send them), which strict UTF-8 cannot carry but every JSON parser reads."""
+def dump_json(value: Mapping[str, Any], what: str) -> bytes:
+    """``value`` as UTF-8 JSON; with ``\\u`` escapes when it holds lone surrogates (a Java server
+    can send them), which strict UTF-8 cannot carry but every JSON parser reads. SpawnError "``what``
+    is nested too deeply to pass on" when it cannot be written (``what``: "the task's input")."""
     try:
         try:
-            return json.dumps(dict(task.input_data), ensure_ascii=False).encode()
+            return json.dumps(dict(value), ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            return json.dumps(dict(task.input_data)).encode()
+            return json.dumps(dict(value)).encode()
     except RecursionError:  # parsed on the poller's thread, too deep to write back on this one
-        raise SpawnError("the task's input is nested too deeply to pass on") from None
+        raise SpawnError(f"{what} is nested too deeply to pass on") from None
 
 
 def _hand_over(files: TaskFiles, uid: int, gid: int) -> None:

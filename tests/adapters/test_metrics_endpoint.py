@@ -244,6 +244,9 @@ class _NoGauges:
     def running(self) -> dict[str, int]:
         return {"demo": 0}
 
+    def waiting(self) -> dict[str, int]:
+        return {"demo": 0}
+
     def free_slots(self) -> dict[str, int]:
         return {"demo": 1}
 

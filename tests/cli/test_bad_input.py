@@ -284,7 +284,7 @@ def test_config_masks_env_values_named_like_credentials(tmp_path: Path) -> None:
 
 
 def test_a_password_in_the_files_url_draws_a_warning_like_auth_secret(tmp_path: Path) -> None:
-    write(tmp_path / "c.toml", '[server]\nurl = "http://me:pw9@conductor:8080/api"\n')
+    write(tmp_path / "c.toml", '[server]\nurl = "http://me:pw9@conductor:8080/api"\n').chmod(0o600)
     code, out, _ = invoke("config", "--config", "c.toml", "--json")
     assert code == exitcodes.OK
     doc = json.loads(out)
@@ -293,7 +293,22 @@ def test_a_password_in_the_files_url_draws_a_warning_like_auth_secret(tmp_path: 
         "url holds a password in the config file (c.toml:2 [server]); prefer $CONDUCTOR_SERVER_URL"
     )
     assert "pw9" not in out
+    (tmp_path / "c.toml").chmod(0o644)  # readable by others too: said as well (refused under --user)
+    code, out, _ = invoke("config", "--config", "c.toml", "--json")
+    assert code == exitcodes.OK
+    [_, mode_warning] = json.loads(out)["warnings"]
+    assert "holds a password in url and is open to group or others (mode 0644)" in mode_warning
+    assert "pw9" not in out
 
+
+
+def test_a_readable_config_file_with_a_secret_under_user_is_exit_3_in_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.toml", '[server]\nauth_key = "k"\nauth_secret = "pw9-secret"\n')
+    path.chmod(0o644)
+    args = ("--config", str(path), "--user", "nobody", "--task-type", "t", "--", "/bin/true")
+    err = config_error("run", *args)
+    assert f"config file {path} holds auth_secret and is open to group or others (mode 0644)" in err
+    assert f"chmod 600 {path}" in err and "pw9" not in err
 
 # --- init ----------------------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from cli import exitcodes
@@ -20,9 +23,11 @@ from leasecore.config import load_config
 from leasecore.errors import ConductorUnavailable
 from leasecore.fleet import FleetRow, WorkerPoll, fleet_rows
 from leasecore.server import EmbeddedServer
+from tests.tlsrelay import TlsRelay, make_private_ca
 
 AT = datetime(2026, 12, 1, 22, 0, 0, tzinfo=UTC)
 URL = "http://conductor:8080/api"
+CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 def text_of(renderable: object, width: int = 140) -> str:
@@ -97,3 +102,40 @@ def test_watch_on_a_terminal_stays_live_until_ctrl_c_then_exits_0(tmp_path: Path
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+# --- --ca-bundle, as for run (#24's key ca_bundle, the flag first) --------------------------------
+
+
+def _fleet_json(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    from typer.testing import CliRunner
+
+    from cli.main import _register, app
+
+    _register()
+    result = CliRunner().invoke(app, ["fleet", "--json", *args], env={"COLUMNS": "200", **env})
+    assert "Traceback" not in result.stdout + result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_ca_bundle_flag_trusts_a_private_ca_and_wins_over_the_environment(tmp_path: Path) -> None:
+    certs = make_private_ca(tmp_path)
+    system = "/etc/ssl/certs/ca-certificates.crt"  # a real bundle without the test's CA
+    untrusting = {name: system if Path(system).exists() else "" for name in CA_VARS}
+    with EmbeddedServer() as server:
+        port = int(server.url.split(":")[2].split("/")[0])
+        with TlsRelay(certs, "127.0.0.1", port) as relay:
+            url = relay.url_for("/api")
+            code, out, err = _fleet_json("--server", url, "--ca-bundle", str(certs.ca), env=untrusting)
+            assert code == exitcodes.OK, err
+            assert json.loads(out)["server"] == url
+            code, _, err = _fleet_json("--server", url, env=untrusting)  # the flag is what trusted it
+            assert code == exitcodes.UNREACHABLE, err
+
+
+def test_a_missing_ca_bundle_is_exit_3_naming_the_flag(tmp_path: Path) -> None:
+    missing = tmp_path / "none.pem"
+    code, _, err = _fleet_json("--server", "https://127.0.0.1:1/api", "--ca-bundle", str(missing), env={})
+    assert code == exitcodes.CONFIG
+    assert f"ca_bundle {missing} (from flag --ca-bundle)" in err and err.count("\n") == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,6 +26,10 @@ from tests.faultproxy import FaultProxy
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = str(ROOT / "sample_tasks" / "sleeper.sh")
 FAILER = str(ROOT / "sample_tasks" / "failer.sh")
+# The credentials of the auth_world fixture (tests/conftest.py); the secret is unique per test run, so
+# that no other process on the machine holds it (tests scan /proc for it).
+AUTH_KEY = "e2e-key-id"
+AUTH_SECRET = "e2e-secret-" + secrets.token_hex(12)
 
 
 class HasUrl(Protocol):

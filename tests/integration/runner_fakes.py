@@ -133,6 +133,9 @@ class FakeEngine:
             self.calls.append(("track", task.task_id))
             self.live.add(task.task_id)
 
+    def start_held(self, task_id: str) -> None:
+        self.calls.append(("start_held", task_id))
+
     def child_started(self, task_id: str) -> None:
         self.calls.append(("child_started", task_id))
 

@@ -105,12 +105,9 @@ def test_a_wiped_daemon_dies_when_the_lease_is_lost(world: World) -> None:
     assert code == exitcodes.SIGTERM, err
 
 
-def test_memory_max_fails_a_300mb_task_naming_the_limit_and_resources_are_reported(world: World) -> None:
-    setup = _setup()
-    world.define(response_timeout=30)
-    wf = world.start_workflow()
-    code_text = "a = bytearray(300 * 1024 * 1024); print(len(a))"
-    proc = world.run("--once", "--memory-max", "64M", command=[sys.executable, "-c", code_text])
+def _failed_naming_the_limit(world: World, proc: Any, wf: str, setup: cgroups.CgroupSetup,
+                             prefix: str = "") -> None:  # fmt: skip
+    """The --memory-max 64M run ended FAILED naming the limit, with the tree's resources."""
     code, err = world.finish(proc)
     assert code == exitcodes.TASK_FAILED, err
     task = world.task_of(wf)
@@ -118,8 +115,29 @@ def test_memory_max_fails_a_300mb_task_naming_the_limit_and_resources_are_report
     resources = task["outputData"]["resources"]
     assert set(resources) == {"max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds"}
     assert resources["max_rss_bytes"] > 0
-    if "memory" in setup.limits:
-        assert task["reasonForIncompletion"] == memory_reason(64 * 1024 * 1024)
+    if "memory" in setup.limits:  # the group's OOM record names it
+        assert task["reasonForIncompletion"] == prefix + memory_reason(64 * 1024 * 1024)
         assert resources["max_rss_bytes"] <= 65 * 1024 * 1024
     else:
         assert "memory limit 64 MiB, a per-process rlimit" in task["reasonForIncompletion"]
+
+
+def test_memory_max_fails_a_300mb_task_naming_the_limit_and_resources_are_reported(world: World) -> None:
+    setup = _setup()
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    code_text = "a = bytearray(300 * 1024 * 1024); print(len(a))"
+    proc = world.run("--once", "--memory-max", "64M", command=[sys.executable, "-c", code_text])
+    _failed_naming_the_limit(world, proc, wf, setup)
+
+
+def test_memory_max_fails_a_stdio_task_naming_the_limit_with_resources(world: World) -> None:
+    """``--protocol stdio`` maps an OOM kill as the native protocol does, not as "killed by SIGKILL"."""
+    setup = _setup()
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    code_text = ("import json, sys; sys.stdin.read(); a = bytearray(256 * 1024 * 1024); "
+                 "print(json.dumps({'status': 'COMPLETED', 'output': {'n': len(a)}}))")  # fmt: skip
+    proc = world.run("--once", "--protocol", "stdio", "--memory-max", "64M",
+                     command=[sys.executable, "-c", code_text])  # fmt: skip
+    _failed_naming_the_limit(world, proc, wf, setup, prefix="worker execution failed: ")

@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from cli import exitcodes
 from leasecore.outbox import Outbox
-from leasecore.server import EmbeddedServer
 
 from .helpers import World, wait_until
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def test_a_second_sigterm_cuts_the_update_in_flight(world: World) -> None:

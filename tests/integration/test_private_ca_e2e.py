@@ -5,13 +5,11 @@ whose certificate a CA of the test's own signed (openssl), trusted through SSL_C
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
 from tests.tlsrelay import Certs, TlsRelay, make_private_ca
 
 from .helpers import World
@@ -19,16 +17,6 @@ from .helpers import World
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # a real bundle without the test's CA
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 @pytest.fixture(scope="module")

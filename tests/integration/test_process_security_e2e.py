@@ -7,37 +7,23 @@ from __future__ import annotations
 
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
 
-from .helpers import World, wait_until
+from .helpers import AUTH_KEY, AUTH_SECRET, World, wait_until
 
-KEY, SECRET, TOKEN = "sec-key-id", "sec-secret-9d1e7", "my-token-5b2a"
+KEY, SECRET, TOKEN = AUTH_KEY, AUTH_SECRET, "my-token-5b2a"
 
 # Runs for a while (so the state files exist) and reports what it could see of the secrets.
 CHILD = (
     "import json, os, time\n"
-    "seen = [k for k, v in os.environ.items() if any(s in v for s in ('sec-secret', 'my-token'))]\n"
+    f"seen = [k for k, v in os.environ.items() if any(s in v for s in ({SECRET[:-4]!r}, 'my-token'))]\n"
     "print('started', flush=True)\n"
     "time.sleep(2)\n"
     "with open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w') as f:\n"
     "    json.dump({'seen': seen}, f)\n"
 )
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
-        w = World(tmp_path, server, auth_key=KEY, auth_secret=SECRET)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def _check_state_dir(state_dir: Path) -> list[Path]:
@@ -57,25 +43,25 @@ def _check_state_dir(state_dir: Path) -> list[Path]:
     return files
 
 
-def test_no_credential_in_state_files_logs_or_results(world: World) -> None:
-    world.define(response_timeout=30)
-    workflow = world.start_workflow()
-    config = world.tmp / "conductor.toml"
+def test_no_credential_in_state_files_logs_or_results(auth_world: World) -> None:
+    auth_world.define(response_timeout=30)
+    workflow = auth_world.start_workflow()
+    config = auth_world.tmp / "conductor.toml"
     config.write_text('[worker]\nsecrets = ["MY_TOKEN"]\n')
     env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET, "MY_TOKEN": TOKEN}
-    proc = world.run("--config", str(config), "--once", command=[sys.executable, "-c", CHILD], env=env)
+    proc = auth_world.run("--config", str(config), "--once", command=[sys.executable, "-c", CHILD], env=env)
     names: set[str] = set()
 
     def both_records_seen() -> bool:
-        names.update(p.name.split("-")[0] for p in _check_state_dir(world.state_dir))
+        names.update(p.name.split("-")[0] for p in _check_state_dir(auth_world.state_dir))
         return {"runner", "processes"} <= names
 
     wait_until(both_records_seen, 30, what="the status snapshot and the tree record")
-    code, log = world.finish(proc)
+    code, log = auth_world.finish(proc)
     assert code == exitcodes.OK, log
-    _check_state_dir(world.state_dir)
+    _check_state_dir(auth_world.state_dir)
     assert SECRET not in log and TOKEN not in log
-    task = world.task_of(workflow)
+    task = auth_world.task_of(workflow)
     assert task["status"] == "COMPLETED"
     assert task["outputData"]["seen"] == []
     body = str(task)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
 
 from .helpers import World
 
@@ -28,16 +26,6 @@ REPORT = (
     '"$(case "$input" in *\'"x": "hello"\'*) echo true;; *) echo false;; esac)" '
     '"$([ "$stdin" = "$input" ] && echo true || echo false)" > "$CONDUCTOR_OUTPUT_FILE"'
 )
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer() as server:
-        w = World(tmp_path, server)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def _config(world: World, text: str) -> Path:

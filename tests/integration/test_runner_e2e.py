@@ -8,7 +8,6 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -18,10 +17,9 @@ from cli import exitcodes
 from leasecore.conductor import ConductorClient
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.outbox import Outbox
-from leasecore.server import EmbeddedServer
 from leasecore.worker import Redelivery
 from tests.faultproxy import FaultProxy
-from tests.integration.helpers import FAILER, ROOT, World, gone, wait_until
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone, wait_until
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 
@@ -216,22 +214,12 @@ def test_a_saved_result_is_delivered_while_the_runner_serves_once_the_server_ans
 
 # ---------------------------------------------------------------- issue #6: the runner's loose ends
 
-KEY, SECRET = "e2e-key-id", "e2e-secret-never-printed"
+KEY, SECRET = AUTH_KEY, AUTH_SECRET
 WRITE_ENV_NAMES = (
     "import json, os\n"
     "with open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w') as f:\n"
     "    json.dump({'names': sorted(os.environ)}, f)\n"
 )
-
-
-@pytest.fixture
-def auth_world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
-        w = World(tmp_path, server, auth_key=KEY, auth_secret=SECRET)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def test_secrets_and_credentials_never_reach_the_child(auth_world: World) -> None:

@@ -10,20 +10,17 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli import exitcodes
-from leasecore.server import EmbeddedServer
-from tests.integration.helpers import ROOT, World, all_gone, tree_of, wait_until
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, ROOT, World, all_gone, tree_of, wait_until
 
 WORKER = [sys.executable, str(ROOT / "sample_tasks" / "cli_stdio_worker.py")]
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
-KEY, SECRET = "stdio-key-id", "stdio-secret-7f3a"
+KEY, SECRET = AUTH_KEY, AUTH_SECRET
 INPUTS = ("mode", "name", "seconds", "lookFor")
 
 pytestmark = pytest.mark.slow
@@ -198,16 +195,6 @@ def test_the_exec_timeout_kills_the_whole_tree_not_just_the_script(world: World)
     task = world.task_of(wf)
     assert task["status"] == "FAILED"
     assert task["reasonForIncompletion"] == "exec timeout after 2s"
-
-
-@pytest.fixture
-def auth_world(tmp_path: Path) -> Iterator[World]:
-    with EmbeddedServer(auth_key=KEY, auth_secret=SECRET) as server:
-        w = World(tmp_path, server, auth_key=KEY, auth_secret=SECRET)
-        try:
-            yield w
-        finally:
-            w.close()
 
 
 def test_no_credential_reaches_the_script(auth_world: World) -> None:

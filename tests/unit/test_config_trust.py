@@ -118,3 +118,63 @@ def test_a_secret_file_without_a_key_is_named(tmp_path: Path) -> None:
     path = _secret(tmp_path / "secret", "x")
     with pytest.raises(ConfigError, match=r"auth_secret_file is set .* but auth_key is not"):
         _load(tmp_path, {"CONDUCTOR_AUTH_SECRET_FILE": str(path)})
+
+
+# --- a config file that holds a credential itself: private, where children run as another user ---
+
+SECRET_TABLES = {
+    "auth_secret": '[server]\nauth_key = "k"\nauth_secret = "s3cr3t-in-file"\n',
+    "auth_token": '[server]\nauth_token = "s3cr3t-in-file"\n',
+    "a password in url": '[server]\nurl = "http://u:s3cr3t-in-file@127.0.0.1:1/api"\n',
+}
+
+
+def _config(tmp_path: Path, text: str, mode: int) -> Path:
+    path = tmp_path / "conductor.toml"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("held", sorted(SECRET_TABLES))
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_readable_config_file_with_a_credential_is_refused_under_user(
+    tmp_path: Path, held: str, mode: int
+) -> None:
+    path = _config(tmp_path, SECRET_TABLES[held], mode)
+    with pytest.raises(ConfigError) as info:
+        load_config({**FLAGS, "config": str(path), "user": "nobody"}, {}, "/", hostname="h")
+    message = str(info.value)
+    assert f"config file {path} holds {held} and is open to group or others (mode {mode:04o})" in message
+    assert "runs its children as user 'nobody' (from flag --user)" in message
+    assert f"chmod 600 {path}" in message and "auth_secret_file" in message
+    assert "s3cr3t" not in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user to run children as needs a root runner")
+def test_a_user_from_the_file_counts_and_a_private_file_is_fine(tmp_path: Path) -> None:
+    text = SECRET_TABLES["auth_secret"] + '[[task]]\ntype = "t"\ncommand = ["/bin/true"]\nuser = "nobody"\n'
+    path = _config(tmp_path, text, 0o644)
+    with pytest.raises(ConfigError, match=r"as user 'nobody' \(from .*conductor.toml:\d+ \[\[task\]\] 't'\)"):
+        load_config({"config": str(path)}, {}, "/", hostname="h")
+    path.chmod(0o600)
+    assert load_config({"config": str(path)}, {}, "/", hostname="h").server.auth_secret == "s3cr3t-in-file"
+
+
+def test_without_user_a_readable_config_file_with_a_credential_is_a_warning(tmp_path: Path) -> None:
+    path = _config(tmp_path, SECRET_TABLES["auth_token"], 0o644)
+    config = load_config({**FLAGS, "config": str(path)}, {}, "/", hostname="h")
+    (warning,) = [w for w in config.warnings if "open to group or others" in w]
+    assert f"config file {path} holds auth_token" in warning and "any local user can read it" in warning
+    assert "s3cr3t" not in warning
+    path.chmod(0o600)
+    private = load_config({**FLAGS, "config": str(path)}, {}, "/", hostname="h")
+    assert not [w for w in private.warnings if "open to group or others" in w]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user to run children as needs a root runner")
+def test_a_readable_config_file_without_a_credential_is_fine_under_user(tmp_path: Path) -> None:
+    path = _config(tmp_path, '[server]\nauth_key = "k"\nauth_secret_file = "secret"\n', 0o644)
+    _secret(tmp_path / "secret", "s3cr3t")
+    config = load_config({**FLAGS, "config": str(path), "user": "nobody"}, {}, "/", hostname="h")
+    assert config.server.auth_secret == "s3cr3t"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from leasecore.errors import SpawnError
+from leasecore.limits import Limits
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, to_task_result
 from leasecore.process.spec import ChildExit, build_child_env, is_secret_name
@@ -26,6 +27,7 @@ from leasecore.process.stdio_protocol import (
 )
 
 STDIO = CommandSpec(argv=("w",), protocol="stdio", terminal_exit_codes=frozenset({9}))
+NO_RESOURCES = {"max_rss_bytes": None, "cpu_user_seconds": None, "cpu_system_seconds": None}
 
 
 def task(**raw: Any) -> Task:
@@ -207,6 +209,7 @@ def test_invalid_stdout_is_failed_with_a_bounded_excerpt_and_diagnostics() -> No
     assert out["exitCode"] == 0 and out["signal"] is None and out["durationSeconds"] == 1.235
     assert out["stderrTail"] == "warming up\n"
     assert out["stdoutExcerpt"] == garbage[:4096]
+    assert out["resources"] == NO_RESOURCES
     assert result.logs == ()
 
 
@@ -227,7 +230,8 @@ def test_a_non_zero_exit_fails_with_its_status_and_last_stderr_line() -> None:
     assert result.status is TaskStatus.FAILED
     assert result.reason_for_incompletion == "worker execution failed: exit status 3: something broke"
     assert result.output_data == {"exitCode": 3, "signal": None, "durationSeconds": 1.235,
-                                  "stderrTail": "step 1\nsomething broke\n\n"}  # fmt: skip
+                                  "stderrTail": "step 1\nsomething broke\n\n",
+                                  "resources": NO_RESOURCES}  # fmt: skip
     quiet = result_of("", 4).reason_for_incompletion
     assert quiet == "worker execution failed: exit status 4 (nothing on stderr)"
 
@@ -252,6 +256,41 @@ def test_death_by_signal_and_the_exec_timeout() -> None:
     spec = CommandSpec(argv=("w",), protocol="stdio", exec_timeout_seconds=30)
     timed = to_stdio_result(task(), exit_(None, sig=signal.SIGTERM), spec, worker_id="w1", timed_out=True)
     assert timed.reason_for_incompletion == "exec timeout after 30s"
+
+
+MEMORY_CAPPED = CommandSpec(argv=("w",), protocol="stdio", limits=Limits(memory_max=64 * 1024 * 1024))
+USAGE = {"max_rss_bytes": 67_000_000, "cpu_user_seconds": 0.5, "cpu_system_seconds": 0.25}
+
+
+@pytest.mark.parametrize(("code", "sig"), [(None, signal.SIGKILL), (137, None), (0, None)])
+def test_an_oom_kill_in_the_group_names_the_memory_limit_whatever_the_exit(code: Any, sig: Any) -> None:
+    exit = ChildExit(exit_code=code, signal=sig, duration_seconds=2.0, stderr_tail="",
+                     stdout_document=b'{"status": "COMPLETED"}', resources=USAGE, oom_kills=1,
+                     memory_limit_by="cgroup")  # fmt: skip
+    result = to_stdio_result(task(), exit, MEMORY_CAPPED, worker_id="w1")
+    assert result.status is TaskStatus.FAILED
+    assert result.reason_for_incompletion == (
+        "worker execution failed: memory limit 64 MiB exceeded: killed by the kernel's OOM killer"
+    )
+    assert result.output_data["resources"] == USAGE
+
+
+def test_a_failing_exit_under_a_memory_rlimit_says_the_limit_was_in_force() -> None:
+    exit = ChildExit(exit_code=1, signal=None, duration_seconds=2.0, stderr_tail="MemoryError\n",
+                     stdout_document=b"", memory_limit_by="rlimit")  # fmt: skip
+    result = to_stdio_result(task(), exit, MEMORY_CAPPED, worker_id="w1")
+    assert result.reason_for_incompletion == (
+        "worker execution failed: exit status 1: MemoryError"
+        " (under memory limit 64 MiB, a per-process rlimit)"
+    )
+
+
+def test_a_valid_document_is_outputdata_as_is_without_resources() -> None:
+    document = b'{"status": "COMPLETED", "output": {"n": 1}}'
+    exit = ChildExit(exit_code=0, signal=None, duration_seconds=2.0, stderr_tail="",
+                     stdout_document=document, resources=USAGE)  # fmt: skip
+    result = to_stdio_result(task(), exit, MEMORY_CAPPED, worker_id="w1")
+    assert result.status is TaskStatus.COMPLETED and result.output_data == {"n": 1}
 
 
 def test_to_task_result_hands_the_stdio_protocol_over() -> None:

@@ -1,0 +1,77 @@
+"""What both result mappings (``result.py`` native, ``stdio_protocol.py`` stdio) say the same way. Pure.
+
+The verdict of the exit alone (``exit_verdict``: timeout, OOM kill, signal, exit code), the last
+stderr line of a reason, a signal's name, the bound on ``reasonForIncompletion`` and the
+``resources`` object of outputData.
+"""
+
+from __future__ import annotations
+
+import signal as signal_module
+from typing import TYPE_CHECKING, Any
+
+from leasecore.limits import format_size, memory_reason
+from leasecore.models import TaskStatus
+
+if TYPE_CHECKING:  # spec.py imports stdio_protocol, which imports this module: only the types
+    from leasecore.process.spec import ChildExit, CommandSpec
+
+REASON_LIMIT = 500
+RESOURCE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text``, stripped ("" when there is none)."""
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal_module.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def bounded(reason: str) -> str:
+    """``reason`` cut to ``REASON_LIMIT`` characters (with "..." when cut)."""
+    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 3] + "..."
+
+
+def resources(exit: ChildExit) -> dict[str, Any]:
+    """outputData's ``resources``: every key present, None where the accounting did not know it."""
+    return {name: (exit.resources or {}).get(name) for name in RESOURCE_KEYS}
+
+
+def exit_verdict(
+    exit: ChildExit, spec: CommandSpec, timed_out: bool, *, failed: str = "", exited: str = "exit code"
+) -> tuple[TaskStatus, str] | None:
+    """The status and reason the exit alone gives; None for exit 0 (the caller's output decides).
+
+    First match wins: the exec timeout; OOM kills in the tree's group (``limits.memory_reason``,
+    whatever the exit was: from the group's events, never guessed from a SIGKILL); a signal; the
+    in-progress exit code; any other code, with the last stderr line (and, under a per-process memory
+    rlimit, the limit that was in force: not a verdict, no group tells why it failed), terminal when
+    in ``spec.terminal_exit_codes``. ``failed`` prefixes the failures' reasons but the timeout's,
+    ``exited`` names the code ("exit code 3" natively; the stdio protocol says "exit status 3").
+    """
+    if timed_out:
+        return TaskStatus.FAILED, f"exec timeout after {spec.exec_timeout_seconds:g}s"
+    if exit.oom_kills > 0:
+        return TaskStatus.FAILED, failed + memory_reason(spec.limits.memory_max)
+    if exit.signal is not None:
+        return TaskStatus.FAILED, f"{failed}killed by {signal_name(exit.signal)}"
+    code = exit.exit_code
+    if code == 0:
+        return None
+    if code is not None and code == spec.in_progress_exit_code:
+        return TaskStatus.IN_PROGRESS, ""
+    last = last_line(exit.stderr_tail)
+    reason = f"{failed}{exited} {code}" + (f": {last}" if last else " (nothing on stderr)")
+    if exit.memory_limit_by == "rlimit" and spec.limits.memory_max is not None:
+        reason += f" (under memory limit {format_size(spec.limits.memory_max)}, a per-process rlimit)"
+    if code in spec.terminal_exit_codes:
+        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
+    return TaskStatus.FAILED, reason
