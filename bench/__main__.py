@@ -1,12 +1,13 @@
 """``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
 
 Not part of the test suite. See bench/README.md for what is measured and how. Sizes are flags; the
-default run is bounded (about 10 minutes on a 2-core machine), ``--quick`` takes a minute or two.
+default run is bounded (about 16 minutes on a 2-core machine), ``--quick`` takes a few.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import datetime
 import importlib.metadata
@@ -24,10 +25,11 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, harness, heartbeat, kill, report, throughput
+from bench import footprint, harness, heartbeat, kill, realjar, report, serverload, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "kill-groups")  # kill-groups: only with --only
+# kill-groups: only with --only
+SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real", "kill-groups")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -37,6 +39,17 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         leases, r = item.lower().split("x")
         out.append((int(leases), int(r)))
+    return out
+
+
+def _load_configs(text: str) -> list[tuple[str, int]]:
+    """``conductor-run:20,sdk:20`` -> [("conductor-run", 20), ("sdk", 20)]: worker kind x tasks."""
+    out = []
+    for item in text.split(","):
+        kind, _, tasks = item.partition(":")
+        if kind not in WORKER_KINDS or not tasks.isdigit() or int(tasks) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KIND:TASKS, KIND one of {WORKER_KINDS}")
+        out.append((kind, int(tasks)))
     return out
 
 
@@ -68,6 +81,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "list (default 1,200; quick 1)")  # fmt: skip
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
+    p.add_argument("--real-leases", type=_pairs,
+                   help="heartbeat-real: LEASESxR list on the real server (default 40x2,40x10)")
+    p.add_argument("--load", type=_load_configs,
+                   help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
+    p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
     p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
                    help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
@@ -83,6 +101,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.deadline_trees = args.deadline_trees or ([1] if q else [1, 200])
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
+    args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
+    args.load = args.load or [("conductor-run", 20), ("sdk", 20), ("conductor-run", 200)]
+    args.load_window = args.load_window or (30.0 if q else 120.0)
     return args
 
 
@@ -125,6 +146,18 @@ def versions() -> dict[str, str]:
     return out
 
 
+def compile_bytecode() -> str:
+    """Write the project's ``.pyc`` files, as ``pip install`` does for an installed package.
+
+    An editable checkout has none until an import writes them, and with PYTHONDONTWRITEBYTECODE (set
+    on the machine these reports come from) none ever is: every worker start then compiles ~45
+    modules from source (~70 ms of CPU), which an installed conductor-run never does, and the SDK,
+    installed from a wheel, does not either. Python reads existing ``.pyc`` files under that setting."""
+    root = Path(__file__).resolve().parent.parent
+    ok = all(compileall.compile_dir(str(root / name), quiet=2) for name in ("leasecore", "cli", "bench"))
+    return "compiled (as an installed package)" if ok else "some modules failed to compile"
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     harness.CONDUCTOR_RUN_CGROUP = args.cgroup
@@ -137,6 +170,7 @@ def main(argv: list[str]) -> int:
         "machine": machine(),
         "versions": versions(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep")},
+        "bytecode": compile_bytecode(),
         "errors": [],
         "notes": [],
     }
@@ -173,6 +207,20 @@ def main(argv: list[str]) -> int:
                             shutdown_tasks=args.shutdown_tasks,
                             log=log,
                             deadline_trees=tuple(args.deadline_trees),
+                        )
+                    elif section == "heartbeat-real":
+                        real_kinds = [k for k in kinds if k in ("conductor-run", "sdk")]
+                        results["heartbeat_real"] = realjar.run(workdir, real_kinds, configs=args.real_leases,
+                                                                log=log)  # fmt: skip
+                    elif section == "serverload":
+                        results[section] = serverload.run(
+                            srv,
+                            workdir,
+                            [c for c in args.load if c[0] in kinds],
+                            r_seconds=60,
+                            window_seconds=args.load_window,
+                            warmup_seconds=10.0,
+                            log=log,
                         )
                     elif section == "kill-groups":
                         results[section] = kill.groups_vs_none(

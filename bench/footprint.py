@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.harness import BenchServer, WorkerConfig, running_worker
 from bench.measure import cpu_seconds, rss_bytes, worker_processes
 
@@ -41,6 +43,7 @@ def idle(srv: BenchServer, workdir: Path, kind: str, *, seconds: float, warmup: 
             rss.append(rss_bytes(procs))
             time.sleep(min(1.0, max(end - time.monotonic(), 0)))
         cpu1, t1 = cpu_seconds(procs), time.monotonic()
+        each = [(_role(p, worker.pid), p.memory_info().rss / MB) for p in procs]
         if not worker.alive():
             raise RuntimeError(f"the {kind} worker exited during the idle window:\n{worker.log_tail()}")
     return {
@@ -50,7 +53,21 @@ def idle(srv: BenchServer, workdir: Path, kind: str, *, seconds: float, warmup: 
         "cpu_percent": 100.0 * (cpu1 - cpu0) / (t1 - t0),
         "rss_max_mb": max(rss) / MB,
         "rss_last_mb": rss[-1] / MB,
+        "rss_by_process_mb": each,
     }
+
+
+def _role(proc: psutil.Process, root_pid: int) -> str:
+    """The worker's main process, or what its command line says a helper is (fork server, ...)."""
+    if proc.pid == root_pid:
+        return "main"
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "helper"
+    if "forkserver" in line or "_BOOT" in line or " -I -S " in line:
+        return "fork server"
+    return "helper"
 
 
 def printing(srv: BenchServer, workdir: Path, kind: str, *, print_mb: int) -> dict[str, Any]:

@@ -111,6 +111,11 @@ class BenchServer:
     def release_polls(self, task_type: str) -> None:
         self._command("release_polls", task_type)
 
+    def requests(self) -> dict[str, dict[str, int]]:
+        """Worker calls the server counted so far: task type -> kind -> calls (see bench.server)."""
+        counts = self._ask({"cmd": "requests"})
+        return {t: {k: int(n) for k, n in kinds.items()} for t, kinds in counts.items()}
+
     def settled(self, task_ids: Sequence[str]) -> int:
         """How many of ``task_ids`` got their final update or ended on the server (e.g. timed out)."""
         return int(self._ask({"cmd": "progress", "task_ids": list(task_ids)})["settled"])

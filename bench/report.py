@@ -88,6 +88,12 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 _verdict(None if lat is None else lat <= target),
             )
         )
+    if tp:  # #23: runner + fork server CPU per task (start-up included), the median over the rounds
+        cpu = median([r["worker_cpu_ms_per_task"] for r in tp["runs"]
+                      if r["kind"] == "conductor-run" and r.get("worker_cpu_ms_per_task") is not None])
+        if cpu is not None:
+            rows.append(("conductor-run CPU per task (runner + fork server) <= 2.0 ms",
+                         f"{_f(cpu, 2)} ms", _verdict(cpu <= 2.0)))
     fp = results.get("footprint")
     if fp:
         for r in fp["idle"]:
@@ -95,7 +101,8 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 continue
             rows.append(("idle CPU < 1 %", f"{_f(r['cpu_percent'], 2)} %", _verdict(r["cpu_percent"] < 1.0)))
             rows.append(
-                ("idle RSS < 60 MB", f"{_f(r['rss_max_mb'], 1)} MB", _verdict(r["rss_max_mb"] < 60.0))
+                ("idle RSS <= 40 MB (runner + fork server)", f"{_f(r['rss_max_mb'], 1)} MB",
+                 _verdict(r["rss_max_mb"] <= 40.0))
             )
     return rows
 
@@ -112,7 +119,8 @@ def render(results: dict[str, Any]) -> str:
         f"{_f(m['memory_gb'], 1)} GB, {m['os']}; load average at start {m['load_average_at_start']}. "
         f"Python {m['python']}; conductor-run {results['versions']['conductor-run']}, "
         f"conductor-python {results['versions']['conductor-python']}, "
-        f"psutil {results['versions']['psutil']}.",
+        f"psutil {results['versions']['psutil']}."
+        + (f" conductor-run's bytecode: {results['bytecode']}." if results.get("bytecode") else ""),
         "",
         "Every worker runs as a separate process against the embedded server, itself in its own process. "
         "Figures are what was measured on this (shared) machine in this run; see bench/README.md for "
@@ -129,6 +137,7 @@ def render(results: dict[str, Any]) -> str:
     out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
     out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
     out += _footprint(results.get("footprint"))
+    out += _heartbeat_real(results.get("heartbeat_real")) + _serverload(results.get("serverload"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
     return "\n".join(out) + "\n"
@@ -217,6 +226,32 @@ def _heartbeat(hb: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _heartbeat_real(hb: dict[str, Any] | None) -> list[str]:
+    if not hb:
+        return []
+    out = [
+        "",
+        "## Heartbeat precision on the real server",
+        "",
+        f"The same measure on {hb['server']} (children live {hb['hold_factor']} x R). The gaps are "
+        "between the answers a recording relay in front of the server saw (claim, then each accepted "
+        "extendLease); over R = gaps a prompt timeout check (the embedded server's) would take back. "
+        "Statuses are the real server's own, read after a decide of every workflow: its timeout checks "
+        "run late (SQLite sweeper), so a lapse can go unpunished there.",
+        "",
+        "| worker | leases | R (s) | gaps | p50 (s) | p99 (s) | max (s) | over R | TIMED_OUT | statuses |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in hb["runs"]:
+        g = r["gaps_seconds"]
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        out.append(
+            f"| {r['kind']} | {r['leases']} | {r['r_seconds']} | {g['count']} | {_f(g['p50'])} | "
+            f"{_f(g['p99'])} | {_f(g['max'])} | {r['gaps_over_r']} | {r['lost']} | {statuses} |"
+        )
+    return out
+
+
 def _kill(kl: dict[str, Any] | None) -> list[str]:
     if not kl:
         return []
@@ -286,12 +321,14 @@ def _footprint(fp: dict[str, Any] | None) -> list[str]:
         f"Idle: {fp['idle_seconds']:.0f} s of long polling an empty queue. CPU in % of one core; RSS summed "
         "over the worker's own (Python) processes, task children excluded.",
         "",
-        "| worker | processes | idle CPU % | idle RSS max (MB) |",
-        "|---|---|---|---|",
+        "| worker | processes | idle CPU % | idle RSS max (MB) | RSS per process at the end (MB) |",
+        "|---|---|---|---|---|",
     ]
     for r in fp["idle"]:
+        each = ", ".join(f"{name} {_f(mb, 1)}" for name, mb in r.get("rss_by_process_mb", []))
         out.append(
-            f"| {r['kind']} | {r['processes']} | {_f(r['cpu_percent'], 2)} | {_f(r['rss_max_mb'], 1)} |"
+            f"| {r['kind']} | {r['processes']} | {_f(r['cpu_percent'], 2)} | {_f(r['rss_max_mb'], 1)} "
+            f"| {each or '-'} |"
         )
     out += [
         "",
@@ -302,4 +339,33 @@ def _footprint(fp: dict[str, Any] | None) -> list[str]:
     ]
     for r in fp["printing"]:
         out.append(f"| {r['kind']} | {_f(r['rss_peak_mb'], 1)} | {_f(r['seconds'], 1)} | {r['status']} |")
+    return out
+
+
+def _serverload(sl: dict[str, Any] | None) -> list[str]:
+    if not sl:
+        return []
+    out = [
+        "",
+        "## Server load",
+        "",
+        f"Requests per running task per hour, by kind, counted at the server (R = {sl['r_seconds']} s; every "
+        "task's child outlives the window, all slots busy). Window: "
+        f"{_f(sl['runs'][0]['window_seconds'] if sl['runs'] else sl['window_seconds'], 0)} s, from "
+        f"{sl['warmup_seconds']:.0f} s after every task was claimed; the rows ran at the same time, each on "
+        "its own task type. Heartbeats also from the median gap between a task's accepted extendLease calls "
+        "(3600 / gap), which the window's edges do not skew. Checks = GET /api/tasks/{id} (ownership); "
+        "conductor-run's are bounded per runner by `ownership_check_rate` (20/s by default), shared by "
+        "its tasks.",
+        "",
+        "| worker | tasks | polls | heartbeats (window) | heartbeats (from gaps) | checks | logs | other "
+        "updates | all | worker's requests/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sl["runs"]:
+        h = r["per_task_per_hour"]
+        cells = [r["kind"], r["tasks"], _f(h["poll"], 0), _f(h["heartbeat"], 0),
+                 _f(r["heartbeats_per_task_per_hour_from_gaps"], 0), _f(h["check"], 0), _f(h["log"], 0),
+                 _f(h["update"], 0), _f(r["total_per_hour"], 0), _f(r["runner_requests_per_second"], 2)]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return out

@@ -9,6 +9,7 @@ once listening, then answers JSON-line commands on stdin (one reply line each on
     {"cmd": "refuse_update_v2", "task_type": T} -> {"ok": true}
     {"cmd": "hold_polls", "task_type": T}       -> {"ok": true}  (polls for T find nothing ...)
     {"cmd": "release_polls", "task_type": T}    -> {"ok": true}  (... until released: waiting polls wake)
+    {"cmd": "requests"}                          -> {task type: {kind: count}}  (the server load)
     {"cmd": "quit"}
 
 Recorded (server-side ``time.monotonic()``, which on Linux is the same clock in every process, so the
@@ -19,7 +20,11 @@ driver can compare it with its own readings):
 - ``updates[task_id]``: ``[time, status, endpoint]`` of every non-lease update that was applied,
   endpoint ``"v1"`` (``POST /api/tasks``) or ``"v2"`` (``POST /api/tasks/update-v2``);
 - ``refused[task_id]``: how many update-v2 calls for the task were refused (see below);
-- ``ends[task_id]``: when the server ended the task (its ``endTime``, mapped back to the clock), or None.
+- ``ends[task_id]``: when the server ended the task (its ``endTime``, mapped back to the clock), or None;
+- ``requests[task_type][kind]``: the calls workers made for that type, by kind: ``poll`` (each poll or
+  batch poll), ``heartbeat`` (an ``extendLease`` update), ``update`` (any other update, v1 or v2),
+  ``check`` (``GET /api/tasks/{id}``: an ownership check), ``log`` (``POST /api/tasks/{id}/log``).
+  The bench's own look-ups (``marks``, ``progress``) go around the counting.
 
 Refusing update-v2: after ``refuse_update_v2`` for a task type, every ``update-v2`` call for a task of
 that type (known from the poll that handed it out) is answered 404 *before* the update is applied, as
@@ -62,6 +67,25 @@ class RecordingStore(Store):
         self._refuse_v2: set[str] = set()  # task types whose update-v2 calls are answered 404
         self.refused: dict[str, int] = {}  # task id -> update-v2 calls refused
         self._held: dict[str, threading.Event] = {}  # task type -> set when its polls are released
+        self.requests: dict[str, dict[str, int]] = {}  # task type -> kind -> calls (server load)
+        self._in_v2 = threading.local()  # set while update-v2 claims the next task through poll()
+
+    def _count(self, task_type: str | None, kind: str) -> None:
+        with self._marks_lock:
+            per_type = self.requests.setdefault(str(task_type), {})
+            per_type[kind] = per_type.get(kind, 0) + 1
+
+    def _type_of(self, task_id: Any) -> str | None:
+        with self._marks_lock:
+            return self._task_types.get(str(task_id))
+
+    def get_task(self, task_id: str) -> JSON:
+        self._count(self._type_of(task_id), "check")
+        return super().get_task(task_id)
+
+    def add_log(self, task_id: str, text: str) -> None:
+        self._count(self._type_of(task_id), "log")
+        super().add_log(task_id, text)
 
     def poll(
         self,
@@ -72,6 +96,8 @@ class RecordingStore(Store):
         worker_id: str | None = None,
         domain: str | None = None,
     ) -> list[JSON]:
+        if not getattr(self._in_v2, "active", False):  # update-v2's own claim is not a poll request
+            self._count(task_type, "poll")
         with self._marks_lock:
             released = self._held.get(task_type)
         if released is not None:
@@ -122,13 +148,18 @@ class RecordingStore(Store):
             if refused:
                 # What a server without the endpoint answers; the SDK falls back to v1 on 404/405.
                 raise ApiError(404, "No static resource api/tasks/update-v2.")
-        nxt = super().update_task_v2(body)
+        self._in_v2.active = True
+        try:
+            nxt = super().update_task_v2(body)
+        finally:
+            self._in_v2.active = False
         self._record_update(body, "v2")
         return nxt
 
     def _record_update(self, body: Any, endpoint: str) -> None:
         now = time.monotonic()
         task_id = str(body.get("taskId"))
+        self._count(self._type_of(task_id), "heartbeat" if body.get("extendLease") is True else "update")
         with self._marks_lock:
             if body.get("extendLease") is True:
                 self.leases.setdefault(task_id, []).append(now)
@@ -162,7 +193,7 @@ class RecordingStore(Store):
         ref = time.monotonic()
         for t in ids:
             try:
-                task = self.get_task(t)
+                task = super().get_task(t)  # the bench's own look-up: not a worker's request
             except ApiError:
                 statuses[t], ends[t] = None, None
                 continue
@@ -197,6 +228,9 @@ def main() -> int:
             elif request.get("cmd") == "hold_polls":
                 store.hold_polls(str(request["task_type"]))
                 reply = {"ok": True}
+            elif request.get("cmd") == "requests":
+                with store._marks_lock:
+                    reply = {t: dict(kinds) for t, kinds in store.requests.items()}
             elif request.get("cmd") == "release_polls":
                 store.release_polls(str(request["task_type"]))
                 reply = {"ok": True}

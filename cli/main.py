@@ -1,46 +1,33 @@
-"""The ``conductor-run`` typer app: registers every command; each lives in its own module."""
+"""The console-script entry point: a plain ``run`` without typer, everything else through the app.
+
+The typer app lives in :mod:`cli.app` (``cli.main.app`` still names it, loaded on first use). A
+runner lives for weeks, and typer with the pydantic it converts parameters with is about 12 MB of
+its idle RSS: :mod:`cli.fastrun` reads a plain ``run`` command line and calls the same ``run``.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from leasecore import __version__
-
-app = typer.Typer(
-    name="conductor-run",
-    help="Run any shell command or script as a Conductor worker: poll, run, heartbeat, fence, report.",
-    no_args_is_help=True,
-    add_completion=True,  # --install-completion / --show-completion; _CONDUCTOR_RUN_COMPLETE=bash_source etc.
-    # Plain click help: readable at 80 columns, and on/off flags are not shown as taking a <bool>.
-    rich_markup_mode=None,
-    pretty_exceptions_show_locals=False,  # locals can hold credentials
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+if TYPE_CHECKING:
+    from cli.app import app as app
 
 
-def _version_callback(value: bool) -> None:
-    if value:
-        typer.echo(f"conductor-run {__version__}")
-        raise typer.Exit()
+def __getattr__(name: str) -> Any:
+    if name == "app":  # ``from cli.main import app``: the typer app, imported on first use
+        from cli.app import app
 
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """Run any shell command or script as a Conductor worker."""
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register() -> None:
-    # Each command module exposes ``register(app)``; importing them here keeps main.py the one list.
-    from cli import commands
+    from cli.app import register
 
-    commands.register_all(app)
+    register()
 
 
 COMPLETE_VAR = "_CONDUCTOR_RUN_COMPLETE"
@@ -59,8 +46,16 @@ def _typer_completion_instruction(environ: MutableMapping[str, str]) -> None:
 def main() -> None:
     """Console-script entry point."""
     _typer_completion_instruction(os.environ)
-    from cli import reexec
+    from cli import fastrun, reexec
 
     reexec.allow()  # `run` may re-execute itself without secrets in its environment (cli/reexec.py)
+    overrides = fastrun.plain_run(sys.argv[1:], os.environ)
+    if overrides is not None:
+        from cli.run import run
+
+        run(overrides)  # ends with SystemExit(code), as under typer
+        return  # pragma: no cover - run always raises
+    from cli.app import app
+
     _register()
     app(prog_name="conductor-run")  # the same usage lines under `python -m cli`

@@ -15,10 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import typer
-
 from cli import exitcodes, reexec
-from cli.runoptions import with_run_options
 from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.config_keys import KEYS
 from leasecore.errors import (
@@ -31,6 +28,7 @@ from leasecore.runtypes import RunOutcome
 from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
+    import typer
     from rich.console import Console
 
     from cli.runview import LiveView
@@ -113,14 +111,25 @@ def configure_logging(log_format: str, console: Console | None = None) -> None:
         root.propagate = False
 
 
-def _fail(message: str, code: int, log_format: str | None) -> typer.Exit:
-    """The one line that ends a run: plain text, or with ``json`` a log line of level error."""
+def _fail(message: str, code: int, log_format: str | None) -> SystemExit:
+    """The one line that ends a run: plain text, or with ``json`` a log line of level error.
+
+    A SystemExit, not typer's Exit: ``run`` is also entered without typer (``cli.fastrun``), and
+    click lets a SystemExit through as the exit status (its CliRunner records it the same way)."""
     if log_format == "json":
         record = logging.LogRecord("conductor_run", logging.ERROR, __file__, 0, "%s", (message,), None)
-        typer.echo(JsonFormatter().format(record), err=True)
+        _echo_err(JsonFormatter().format(record))
     else:
-        typer.echo(f"conductor-run: {message}", err=True)
-    return typer.Exit(code)
+        _echo_err(f"conductor-run: {message}")
+    return SystemExit(code)
+
+
+def _echo_err(line: str) -> None:
+    stream = sys.stderr
+    if stream is None:  # pragma: no cover - no stderr at all (a daemon's closed fd 2)
+        return
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def _asked_log_format(flag: str | None, config_flag: str | None) -> str | None:
@@ -167,7 +176,7 @@ def run(overrides: dict[str, Any]) -> None:
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
-    raise typer.Exit(serve(resolved, view))
+    raise SystemExit(serve(resolved, view))
 
 
 def live_view_for(log_format: str) -> LiveView | None:
@@ -232,4 +241,6 @@ def _credentials_hint(resolved: ResolvedConfig) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from cli.runoptions import with_run_options  # typer's option objects: not on the lean start path
+
     app.command("run")(with_run_options(run))

@@ -13,10 +13,8 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
-
-import requests
 
 from leasecore import __version__
 from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
@@ -41,6 +39,9 @@ from leasecore.errors import (
     ConfigError,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+
+if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
+    import requests
 
 __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
 

@@ -1,4 +1,5 @@
-"""HTTP plumbing of the Conductor client: error translation, replies, the pooled session.
+"""HTTP plumbing of the Conductor client: error translation and replies (requests' session and error
+classes live in :mod:`leasecore.conductor_requests`, imported only when requests is used, #23).
 
 Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
 :func:`error_for_status` (HTTP statuses):
@@ -18,26 +19,17 @@ Each carries method, path, status code and a short body excerpt with any credent
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import re
 import socket
-import threading
-import weakref
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-import requests
-import requests.adapters
-import requests.exceptions as rexc
-import urllib3
-import urllib3.connection
-import urllib3.exceptions
-
+from leasecore.conductor_lean import HTTPException as LeanHTTPException
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
@@ -53,11 +45,9 @@ from leasecore.resolve import ResolveTimeout
 __all__ = [
     "JSON",
     "TEXT_OR_JSON",
-    "Connections",
     "Reply",
     "error_for_status",
     "excerpt_of",
-    "new_session",
     "path_segment",
     "protocol_error",
     "translate_errors",
@@ -67,31 +57,26 @@ EXCERPT_CHARS = 200
 JSON = "application/json"
 TEXT_OR_JSON = "text/plain, application/json"  # POST /api/tasks answers text/plain (§3)
 
-# requests' exception classes, most specific first, with what each means for a caller.
-_REQUESTS_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], ...] = (
-    (rexc.JSONDecodeError, ConductorProtocolError, "unparseable JSON"),
-    (rexc.InvalidJSONError, ConductorRejected, "request body is not valid JSON"),
-    (rexc.InvalidURL, ConductorRejected, "invalid URL"),
-    (rexc.MissingSchema, ConductorRejected, "invalid URL"),
-    (rexc.InvalidSchema, ConductorRejected, "invalid URL"),
-    (rexc.URLRequired, ConductorRejected, "invalid URL"),
-    (rexc.InvalidHeader, ConductorRejected, "invalid header"),
-    (rexc.TooManyRedirects, ConductorProtocolError, "too many redirects"),
-    (rexc.Timeout, ConductorUnavailable, "timed out"),
-    (rexc.ConnectionError, ConductorUnavailable, "connection failed"),
-    (rexc.ChunkedEncodingError, ConductorUnavailable, "connection broke mid-answer"),
-    (rexc.ContentDecodingError, ConductorUnavailable, "connection broke mid-answer"),
-    (rexc.RetryError, ConductorUnavailable, "connection failed"),
-    # Anything else requests raises (or warns, under -W error) is a failed attempt: retryable, and the
-    # lease deadline bounds how long a caller keeps trying.
-    (rexc.RequestException, ConductorUnavailable, "request failed"),
-    (rexc.RequestsWarning, ConductorUnavailable, "request failed"),
-    (urllib3.exceptions.HTTPError, ConductorUnavailable, "request failed"),
-    # The lean http.client path (conductor_lean) raises the standard library's own errors.
+# The standard library's errors and the lean transport's (conductor_lean), with what each means.
+# requests' own classes come first once requests is loaded (conductor_requests.ERRORS): the client
+# imports it only for https://, a proxy or an injected session; a plain http:// runner never does.
+_STDLIB_ERRORS: tuple[tuple[type[BaseException], type[ConductorError], str], ...] = (
     (TimeoutError, ConductorUnavailable, "timed out"),
-    (http.client.HTTPException, ConductorUnavailable, "connection broke mid-answer"),
+    (LeanHTTPException, ConductorUnavailable, "connection broke mid-answer"),
     (OSError, ConductorUnavailable, "connection failed"),
 )
+
+
+def _error_table() -> tuple[tuple[type[BaseException], type[ConductorError], str], ...]:
+    table = _STDLIB_ERRORS
+    http_client = sys.modules.get("http.client")  # loaded with requests (urllib3), or by a caller
+    if http_client is not None:
+        table = ((http_client.HTTPException, ConductorUnavailable, "connection broke mid-answer"), *table)
+    if "requests" not in sys.modules:  # then no error raised inside can be one of requests'
+        return table
+    from leasecore import conductor_requests
+
+    return (*conductor_requests.ERRORS, *table)
 
 
 @contextmanager
@@ -104,19 +89,18 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
         raise
     except FramingError as exc:
         raise _framing_error(method, path, exc) from exc
-    except (
-        rexc.RequestException,
-        rexc.RequestsWarning,
-        urllib3.exceptions.HTTPError,
-        http.client.HTTPException,
-        OSError,
-    ) as exc:
-        for library_type, error_type, what in _REQUESTS_ERRORS:  # pragma: no branch - OSError is last
-            if isinstance(exc, library_type):
-                cause = _plain_cause(exc)
-                detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
-                raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
-        raise  # pragma: no cover - unreachable: the table ends with every caught base class
+    except Exception as exc:  # the table says which are a failed call (a warning raised under -W error too)
+        _translate(exc, method, path)
+        raise
+
+
+def _translate(exc: BaseException, method: str, path: str) -> None:
+    """Raise the project's error for a library error ``exc``; return when it is not one."""
+    for library_type, error_type, what in _error_table():
+        if isinstance(exc, library_type):
+            cause = _plain_cause(exc)
+            detail = cause if cause else f"{type(exc).__name__}: {_short(str(exc))}"
+            raise error_type(f"{method} {path}: {what} ({detail})", method=method, path=path) from exc
 
 
 def _framing_error(method: str, path: str, exc: FramingError) -> ConductorError:
@@ -269,66 +253,3 @@ def protocol_error(reply: Reply, what: str) -> NoReturn:
         status_code=reply.status_code,
         body_excerpt=excerpt_of(reply.body),
     )
-
-
-def new_session(pool_maxsize: int, tracker: Connections | None = None) -> requests.Session:
-    """A session with one keep-alive pool per host, sized for ``pool_maxsize`` threads, no retries.
-    ``tracker``: records the session's connections, so that ``tracker.cut()`` can end calls in flight."""
-    session = requests.Session()
-    # One pool per host, big enough that every thread sharing the client can hold a connection
-    # (a pool too small makes urllib3 warn "Connection pool is full" and drop connections).
-    # max_retries=0: retrying is the caller's decision.
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_maxsize, max_retries=0)
-    if tracker is not None:
-        adapter.poolmanager.pool_classes_by_scheme = tracker.pool_classes()
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
-
-
-class Connections:
-    """The live connections of one requests session (#24): ``cut()`` shuts down their sockets, so a
-    call blocked on one (a silent server) fails at once instead of at its timeout (a forced stop).
-
-    urllib3 keeps no reference to a connection in use; the pools made here use connection classes
-    that register themselves once connected and leave at close."""
-
-    def __init__(self) -> None:
-        self._live: weakref.WeakSet[urllib3.connection.HTTPConnection] = weakref.WeakSet()
-        self._lock = threading.Lock()
-
-    def pool_classes(self) -> dict[str, type[urllib3.HTTPConnectionPool]]:
-        live, lock = self._live, self._lock
-
-        class Plain(urllib3.connection.HTTPConnection):
-            def connect(self) -> None:
-                super().connect()
-                with lock:
-                    live.add(self)
-
-        class Tls(urllib3.connection.HTTPSConnection):
-            def connect(self) -> None:
-                super().connect()
-                with lock:
-                    live.add(self)
-
-        class PlainPool(urllib3.HTTPConnectionPool):
-            ConnectionCls = Plain
-
-        class TlsPool(urllib3.HTTPSConnectionPool):
-            ConnectionCls = Tls
-
-        return {"http": PlainPool, "https": TlsPool}
-
-    def cut(self) -> int:
-        """Shut down every live connection's socket; returns how many."""
-        with self._lock:
-            connections = list(self._live)
-        cut = 0
-        for connection in connections:
-            sock = getattr(connection, "sock", None)
-            if isinstance(sock, socket.socket):
-                with contextlib.suppress(OSError):
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # not SSLSocket's: it drops its state
-                    cut += 1
-        return cut

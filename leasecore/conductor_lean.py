@@ -25,8 +25,9 @@ What it keeps:
   HTTP/1.0) honoured; the status line and headers bounded (64 KiB, 100 fields), the body by
   ``max_body_bytes``;
 * the host name resolved within the deadline too (:mod:`leasecore.resolve`; a literal IP skips it);
-* errors are raised as the standard library's own (``OSError``, ``http.client.HTTPException``) or
-  :class:`~leasecore.http_framing.FramingError`: the caller translates them
+* errors are raised as ``OSError``, this module's ``HTTPException`` tree (named and shaped as
+  ``http.client``'s, which is not imported: it imports ``ssl`` and ``email``, about 5 MB of a runner's
+  RSS, #23) or :class:`~leasecore.http_framing.FramingError`: the caller translates them
   (``conductor_http.translate_errors``), so the mapping lives in one place.
 
 Plain ``http://`` only, and only when no proxy applies to the host (``requests`` honours
@@ -36,7 +37,6 @@ Plain ``http://`` only, and only when no proxy applies to the host (``requests``
 from __future__ import annotations
 
 import contextlib
-import http.client
 import logging
 import re
 import socket
@@ -47,7 +47,17 @@ from collections.abc import Callable, Mapping
 from leasecore.http_framing import CHUNKED, BodyTooLarge, FramingError, body_length, read_chunked
 from leasecore.resolve import BoundedResolver
 
-__all__ = ["AnswerTooLarge", "LeanTransport", "StaleConnection"]
+__all__ = [
+    "AnswerTooLarge",
+    "BadStatusLine",
+    "HTTPException",
+    "IncompleteRead",
+    "InvalidURL",
+    "LeanTransport",
+    "LineTooLong",
+    "RemoteDisconnected",
+    "StaleConnection",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,39 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 
 _BAD_VALUE = re.compile(r"[\r\n\0]")  # what would end a header line early (header injection)
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")  # a request target never holds controls or spaces
 _PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
+
+
+class HTTPException(Exception):
+    """The answer (or the request) breaks HTTP/1.1: the connection cannot be trusted any more."""
+
+
+class InvalidURL(HTTPException):
+    """A target that cannot be sent as a request line."""
+
+
+class BadStatusLine(HTTPException):
+    """The first line of the answer is not an HTTP status line."""
+
+
+class LineTooLong(HTTPException):
+    """The status line and headers, a chunk-size or a trailer line are over their bound."""
+
+
+class IncompleteRead(HTTPException):
+    """The connection ended inside the body."""
+
+    def __init__(self, partial: bytes, expected: int | None = None) -> None:
+        super().__init__(partial, expected)
+        self.partial = partial
+        self.expected = expected
+
+    def __str__(self) -> str:
+        more = f", {self.expected} more expected" if self.expected is not None else ""
+        return f"IncompleteRead({len(self.partial)} bytes read{more})"
+
+
+class RemoteDisconnected(ConnectionResetError, BadStatusLine):
+    """The server closed the connection before the status line."""
 
 
 class StaleConnection(ConnectionError):
@@ -145,7 +188,7 @@ class LeanTransport:
         self._track(sock, generation)
         try:
             return self._exchange(sock, method, request, body, deadline, max_body_bytes)
-        except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
+        except (ConnectionError, RemoteDisconnected, BadStatusLine) as exc:
             sock.close()
             if not reused:
                 raise
@@ -188,8 +231,8 @@ class LeanTransport:
     ) -> bytes:
         """The request line and header section (the body itself is not copied in here)."""
         if not _TOKEN.fullmatch(method) or not target or _BAD_TARGET.search(target):
-            # InvalidURL, as http.client raised: an HTTPException, so the caller's translation sees it
-            raise http.client.InvalidURL(f"cannot send {method!r} {target!r}: not a valid request line")
+            # InvalidURL, as http.client did: an HTTPException, so the caller's translation sees it
+            raise InvalidURL(f"cannot send {method!r} {target!r}: not a valid request line")
         lines = [f"{method} {target} HTTP/1.1", self._host_field, "Accept-Encoding: identity"]
         for name, value in headers.items():
             if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
@@ -261,7 +304,7 @@ class LeanTransport:
         status, keep_alive, fields = reader.head()
         while 100 <= status < 200:  # interim answers (100 Continue, 103 Early Hints): the real one follows
             if status == 101:
-                raise http.client.HTTPException("the server switched protocols (101) unasked")
+                raise HTTPException("the server switched protocols (101) unasked")
             status, keep_alive, fields = reader.head()
         try:
             answer, framed = reader.body(method, status, fields, max_body_bytes)
@@ -312,17 +355,17 @@ class _AnswerReader:
         """(status, whether the server keeps the connection open, lower-cased header fields)."""
         end = self._find(b"\r\n\r\n", _MAX_HEAD_BYTES, "answer's header section", first=True)
         if end > _MAX_HEAD_BYTES:
-            raise http.client.LineTooLong("answer's header section")
+            raise LineTooLong("answer's header section")
         lines = bytes(self._buf[:end]).split(b"\r\n")
         del self._buf[: end + 4]
         status_line = lines[0]
         parts = status_line.split(None, 2)
         version, code = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")
         if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise http.client.BadStatusLine(repr(status_line[:100]))
+            raise BadStatusLine(repr(status_line[:100]))
         status = int(code)
         if len(lines) - 1 > _MAX_FIELDS:
-            raise http.client.HTTPException(f"got more than {_MAX_FIELDS} header fields")
+            raise HTTPException(f"got more than {_MAX_FIELDS} header fields")
         fields: dict[bytes, bytes] = {}
         name = b""
         for line in lines[1:]:
@@ -332,7 +375,7 @@ class _AnswerReader:
             name, colon, value = line.partition(b":")
             name = name.strip().lower()
             if not colon or not name:
-                raise http.client.HTTPException(f"malformed header line {line[:100]!r}")
+                raise HTTPException(f"malformed header line {line[:100]!r}")
             value = value.strip()
             if name in fields:  # repeated: a list (RFC 9110 5.3); body_length checks Content-Length agrees
                 fields[name] += b", " + value
@@ -379,7 +422,7 @@ class _AnswerReader:
         while have < size:
             data = self._recv()
             if not data:
-                raise http.client.IncompleteRead(b"".join(parts), size - have)
+                raise IncompleteRead(b"".join(parts), size - have)
             if have + len(data) > size:
                 self._buf += data[size - have :]
                 data = data[: size - have]
@@ -394,13 +437,13 @@ class _AnswerReader:
         start = 0
         while (end := self._buf.find(delimiter, start)) < 0:
             if len(self._buf) > limit:
-                raise http.client.LineTooLong(what)
+                raise LineTooLong(what)
             start = max(0, len(self._buf) - len(delimiter) + 1)
             data = self._recv()
             if not data:
                 if first and not self._buf:
-                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
-                raise http.client.IncompleteRead(bytes(self._buf))
+                    raise RemoteDisconnected("Remote end closed connection without response")
+                raise IncompleteRead(bytes(self._buf))
             self._buf += data
         return end
 
@@ -409,7 +452,7 @@ class _AnswerReader:
         it); the connection ending first is a cut answer (IncompleteRead)."""
         try:
             end = self._find(b"\n", limit, "chunk size or trailer line")
-        except http.client.LineTooLong:
+        except LineTooLong:
             end = len(self._buf)
         if end >= limit + 1:  # longer than the limit: cut there, without its "\n"
             line = bytes(self._buf[: limit + 1])

@@ -3,8 +3,8 @@ one place that picks between them (:func:`open_transport`).
 
 * :class:`~leasecore.conductor_lean.LeanTransport`: keep-alive HTTP/1.1 on a plain socket, for
   ``http://`` without a proxy (the runner's hot path: the fewest system calls and the least CPU);
-* :class:`RequestsTransport`: ``requests`` (TLS, proxies from the environment, a caller's own session
-  and adapters).
+* :class:`~leasecore.conductor_requests.RequestsTransport`: ``requests`` (TLS, proxies from the
+  environment, a caller's own session and adapters), imported only when chosen (#23).
 
 Both frame answers by the rules of :mod:`leasecore.http_framing` (the lean one with its parser, the
 requests one by refusing the same ambiguous header fields before reading a body), bound a whole
@@ -19,21 +19,27 @@ Threads: any; one transport is shared by every thread of a client.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-import requests
-import requests.utils
-from urllib3.util import Timeout as Urllib3Timeout
-
-from leasecore.conductor_http import Connections, new_session
 from leasecore.conductor_lean import LeanTransport
-from leasecore.http_framing import BodyTooLarge, FramingError, body_length
+
+if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
+    import requests
+
+    from leasecore.conductor_requests import RequestsTransport
 
 __all__ = ["RequestsTransport", "Transport", "open_transport"]
 
-_READ_CHUNK = 64 * 1024
+
+def __getattr__(name: str) -> Any:
+    if name == "RequestsTransport":  # defined with the rest of the requests side, loaded on first use
+        from leasecore.conductor_requests import RequestsTransport
+
+        return RequestsTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Transport(Protocol):
@@ -77,116 +83,6 @@ class Transport(Protocol):
         ...
 
 
-class RequestsTransport:
-    """A :class:`Transport` on a ``requests`` session: TLS, proxies, injected sessions and adapters."""
-
-    def __init__(
-        self,
-        origin: str,
-        *,
-        session: requests.Session | None = None,
-        verify: bool | str = True,
-        pool_maxsize: int,
-        max_body_bytes: int,
-        monotonic: Callable[[], float],
-    ) -> None:
-        self._origin = origin
-        self._owns_session = session is None
-        self._connections = Connections()  # the owned session's live connections (abort cuts them)
-        self._session = session or new_session(pool_maxsize, self._connections)
-        # Per request, not session.verify: requests lets REQUESTS_CA_BUNDLE override a session's
-        # setting, never a request's. An injected session keeps its own (None: the session decides).
-        self._verify: bool | str | None = verify if session is None else None
-        self._max_body_bytes = max_body_bytes
-        self._monotonic = monotonic
-
-    @property
-    def connections_opened(self) -> int | None:
-        return None  # urllib3's pool does not say
-
-    @property
-    def generation(self) -> int:
-        return 0  # abort() cuts the connections themselves: no call needs to know its generation
-
-    @property
-    def session(self) -> requests.Session:
-        return self._session
-
-    @property
-    def verify(self) -> bool | str | None:
-        """What each request is told to verify TLS against (``None``: the injected session's own)."""
-        return self._verify
-
-    def abort(self) -> None:
-        """Shut down the sockets of the session's live connections (#24), only of a session this
-        transport created: an injected session's connections are its owner's."""
-        if self._owns_session:
-            self._connections.cut()
-
-    def close(self) -> None:
-        """Close the session's pools, only of a session this transport created."""
-        if self._owns_session:
-            self._session.close()
-
-    def send(
-        self,
-        method: str,
-        target: str,
-        body: bytes | None,
-        headers: Mapping[str, str],
-        deadline: float,
-        *,
-        idempotent: bool,
-        generation: int | None = None,
-    ) -> tuple[int, bytes]:
-        remaining = deadline - self._monotonic()
-        if remaining <= 0:
-            raise TimeoutError("timed out")
-        # urllib3's total timeout bounds connect + waiting for the answer together; the body is read
-        # below against the same deadline, so no attempt outlives it by more than one socket read.
-        timeout = cast(Any, Urllib3Timeout(total=remaining))
-        response = self._session.request(
-            method,
-            self._origin + target,
-            data=body,
-            headers=dict(headers),
-            timeout=timeout,
-            stream=True,
-            allow_redirects=False,
-            verify=self._verify,
-        )
-        try:
-            return response.status_code, self._read_body(response, method, deadline)
-        except FramingError as exc:
-            exc.answer_status = response.status_code
-            raise
-        finally:
-            response.close()
-
-    def _read_body(self, response: requests.Response, method: str, deadline: float) -> bytes:
-        if method == "HEAD" or response.status_code in (204, 304):
-            return b""
-        # The framing rules of the lean transport and the server, on the fields http.client parsed
-        # (it would read "gzip, chunked" to the end undecoded, and let chunked win over Content-Length).
-        coding, length = response.headers.get("Transfer-Encoding"), response.headers.get("Content-Length")
-        body_length(
-            () if coding is None else (coding,),
-            () if length is None else (length,),
-            self._max_body_bytes,
-            what="answer",
-        )
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in response.iter_content(chunk_size=_READ_CHUNK):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self._max_body_bytes:
-                raise BodyTooLarge(self._max_body_bytes, "answer")
-            if self._monotonic() > deadline:
-                raise TimeoutError("timed out reading the answer")
-        return b"".join(chunks)
-
-
 def open_transport(
     base_url: str,
     *,
@@ -203,7 +99,7 @@ def open_transport(
     bundle's path); it does not apply to plain HTTP, nor to an injected session (which has its own).
     """
     parts = urlsplit(base_url)
-    if session is None and parts.scheme == "http" and not requests.utils.get_environ_proxies(base_url):
+    if session is None and parts.scheme == "http" and not _environ_proxies(base_url):
         return LeanTransport(
             parts.hostname or "",
             parts.port or 80,
@@ -211,6 +107,8 @@ def open_transport(
             monotonic=monotonic,
             max_body_bytes=max_body_bytes,
         )
+    from leasecore.conductor_requests import RequestsTransport  # https, a proxy, a session: requests
+
     return RequestsTransport(
         f"{parts.scheme}://{parts.netloc}",
         session=session,
@@ -219,3 +117,20 @@ def open_transport(
         max_body_bytes=max_body_bytes,
         monotonic=monotonic,
     )
+
+
+def _environ_proxies(url: str) -> bool:
+    """Whether requests would send calls to ``url`` through a proxy from the environment.
+
+    On POSIX, requests (urllib's ``getproxies``) reads only ``*_proxy`` variables (any case): with none
+    but ``no_proxy`` set there is no proxy, and requests need not be imported to say so (#23: it is
+    about 10 MB of a runner's RSS); otherwise requests' own reading decides (``no_proxy`` patterns,
+    CGI's ``HTTP_PROXY`` rule)."""
+    if os.name == "posix" and not any(
+        name.lower().endswith("_proxy") and name.lower() != "no_proxy" and value
+        for name, value in os.environ.items()
+    ):
+        return False
+    from leasecore import conductor_requests
+
+    return bool(conductor_requests.environ_proxies(url))

@@ -90,6 +90,9 @@ class RunnerSettings:
     metrics_port: int | None = None  # #20: None = no metrics endpoint; 0 = any free port
     metrics_host: str = "127.0.0.1"  # #20
     cgroup: str = "auto"  # issue 19: auto | v2 | v1 | off (leasecore.process.cgroups)
+    # --- issue #23: ownership checks' budget, shared by every task (leasecore.checkbudget) ---
+    ownership_check_rate: float = 20.0  # checks per second per runner at most; 0: no budget
+    # --- end #23 ---
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -63,6 +63,20 @@ def int_from_text(text: str) -> int:
         raise ValueError("an integer") from None
 
 
+def rate_per_second(value: Any) -> float:
+    """A rate: a number >= 0 and <= 100000 per second (#23)."""
+    allowed = "a number of checks per second >= 0 and <= 100000 (0: no limit)"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(allowed)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(allowed) from None
+    if not math.isfinite(number) or number < 0 or number > 100000:
+        raise ValueError(allowed)
+    return number
+
+
 def seconds(*, positive: bool = False) -> Checker:
     low = "> 0" if positive else ">= 0"
     allowed = f"a number of seconds {low} and <= {MAX_SECONDS} (one year)"
@@ -315,6 +329,17 @@ KEYS: dict[str, KeySpec] = {
             flag="--drain-timeout",
             **_F,
         ),
+        # --- issue #23: the ownership checks' budget per runner ---------------------------------
+        _key(
+            "ownership_check_rate",
+            "runner",
+            rate_per_second,
+            "ownership checks per second at most, shared by every task of the runner (0: no "
+            "limit); each task is checked every max(ownership_check_interval, tasks / rate) s",
+            env=("CONDUCTOR_RUN_OWNERSHIP_CHECK_RATE",),
+            **_F,
+        ),
+        # --- end #23 ------------------------------------------------------------------------
         _key("once", "runner", check_bool, "run one task, then exit", flag="--once", in_file=False),
         _key(
             "once_wait",

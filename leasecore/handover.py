@@ -7,9 +7,10 @@ side, a task handed to *us* whose previous holder may still run it:
 * **A re-delivery** (``pollCount`` > 1) that does not follow a yield of ours. The server hands a task
   out again after a re-queue while it still runs elsewhere (a bare IN_PROGRESS update, an operator's
   requeue, a queue repair, a double delivery). Its previous holder notices at its next ownership check
-  (within ``ownership_check_interval``), confirms it ``redelivery_grace`` later, and its tree is dead
-  ``kill_grace`` + margin after that. So the command starts only that long after our poll
-  (``redelivery_wait_seconds``); the lease is held with heartbeats meanwhile.
+  (within ``ownership_check_interval``, plus the longest its runner's check budget may hold a due
+  check: ``check_queue_seconds``, #23), confirms it ``redelivery_grace`` later (that check may wait for
+  the budget too), and its tree is dead ``kill_grace`` + margin after that. So the command starts
+  only that long after our poll (``redelivery_wait_seconds``); the lease is held with heartbeats meanwhile.
 * **A yield of ours** (an IN_PROGRESS update: ``in_progress_exit_code`` with ``callbackAfterSeconds``,
   or a surplus task handed back) ends that delivery on purpose, with nothing left running: the update
   carries the pollCount it ended (``mark_yield``), and the next delivery, pollCount + 1, on any host,
@@ -78,15 +79,19 @@ def redelivery_wait_seconds(
     redelivery_grace_seconds: float,
     kill_grace_seconds: float,
     fence_margin_seconds: float,
+    check_queue_seconds: float = 0.0,
 ) -> float:
     """How long after the poll the command of ``task`` may start: 0, or (a re-delivery that may still
     run elsewhere) until its previous holder must have fenced: check interval + confirmation + grace
-    + margin. Without ownership checks nothing bounds that; the wait is still the grace + margin."""
+    + margin, plus twice ``check_queue_seconds`` (the most a runner's ownership-check budget holds a due
+    check, ``leasecore.checkbudget.max_queue_seconds``: the first check and the confirming one may each
+    wait that long). Without ownership checks nothing bounds that; the wait is still the grace +
+    margin."""
     if not may_run_elsewhere(task):
         return 0.0
     check = 0.0
     if ownership_check_interval_seconds > 0:
-        check = ownership_check_interval_seconds + redelivery_grace_seconds
+        check = ownership_check_interval_seconds + redelivery_grace_seconds + 2 * check_queue_seconds
     return check + kill_grace_seconds + fence_margin_seconds
 
 

@@ -14,7 +14,10 @@ Threads and locking:
   Heartbeats (deadline-critical) go first: they wait in their own queue, ordered by due time, and a
   free sender always takes a heartbeat before an ownership check. Checks in flight are capped at half
   the pool (``max_senders // 2``, at least 1), so a burst of checks, or checks hanging on a slow
-  server, never occupies the senders a heartbeat needs (with ``max_senders`` >= 2).
+  server, never occupies the senders a heartbeat needs (with ``max_senders`` >= 2). Checks also
+  start no faster than the runner's budget allows (``leasecore.checkbudget``, #23: at most
+  ``ownership_check_rate`` per second, shared by every task, first come first served); one idle
+  sender at a time waits for the budget's next token.
   Requests waiting for a sender show up in ``metrics()`` (``queued``, ``oldest_queued_seconds``).
 * every ``Lease`` is touched only under the one engine lock; ``on_fence`` is called outside it, from
   the timer thread, a sender thread or the caller of ``shutdown``. It must be quick and must not call
@@ -61,6 +64,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.lease import (
@@ -147,8 +151,11 @@ class LeaseEngine:
         max_senders: int = 64,
         random_source: Callable[[], float] = random.random,
         observer: Observer = NO_METRICS,
+        check_budget: CheckBudget | None = None,
     ) -> None:
-        """``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics)."""
+        """``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
+        ``check_budget``: how fast ownership checks may start, for every task together (None: no
+        limit, each goes when due)."""
         self._observer = observer
         if not 1 <= senders <= max_senders:
             raise ValueError(f"need 1 <= senders ({senders}) <= max_senders ({max_senders})")
@@ -172,6 +179,8 @@ class LeaseEngine:
         self._checks: deque[_Job] = deque()
         self._checks_calling = 0
         self._max_checks_calling = max(1, max_senders // 2)
+        self._check_budget = check_budget or CheckBudget(0.0)
+        self._budget_waiter = False  # an idle sender sleeps until the budget's next token
         self._idle = 0
         self._threads: list[threading.Thread] = []
         self._started = self._stopping = False
@@ -387,9 +396,20 @@ class LeaseEngine:
             yield self._checks[0].queued_at
 
     def _runnable_locked(self) -> int:
-        """How many queued requests a free sender may take now (checks beyond the cap wait)."""
+        """How many queued requests a free sender may take now (checks beyond the cap or the budget
+        wait)."""
         free_check_slots = max(0, self._max_checks_calling - self._checks_calling)
+        if self._checks and free_check_slots:
+            free_check_slots = min(free_check_slots, self._check_budget.available(self._clock.monotonic()))
         return len(self._beats) + min(len(self._checks), free_check_slots)
+
+    def _budget_wait_locked(self) -> float | None:
+        """How long an idle sender sleeps: until the budget lets the first queued check go, when
+        only the budget holds it back and no other sender waits for that already; else untimed."""
+        if self._budget_waiter or not self._checks or self._checks_calling >= self._max_checks_calling:
+            return None
+        wait = self._check_budget.wait_seconds(self._clock.monotonic())
+        return wait if wait > 0 else None
 
     def _event(self, task_id: str, apply: Callable[[Lease, float], list[Action]]) -> None:
         fences: Fences = []
@@ -478,9 +498,13 @@ class LeaseEngine:
         while True:
             with self._lock:
                 while not self._runnable_locked() and not self._stopping:
+                    timeout = self._budget_wait_locked()
+                    self._budget_waiter = self._budget_waiter or timeout is not None
                     self._idle += 1
-                    self._work_cv.wait()
+                    self._work_cv.wait(timeout)
                     self._idle -= 1
+                    if timeout is not None:
+                        self._budget_waiter = False
                 if self._stopping:
                     return
                 # Heartbeats first, the most overdue first; then checks, in order.
@@ -490,6 +514,9 @@ class LeaseEngine:
                     continue  # reported meanwhile: never send it
                 if isinstance(job.action, CheckOwnership):
                     self._checks_calling += 1  # in the same locked step as the pop: the cap holds
+                    self._check_budget.take(self._clock.monotonic())
+                    # It may have waited for the budget: bound its call by the lease as it is now.
+                    check_expires_at = entry.lease.lease_deadline
                 else:
                     # Marked in the same locked step as the pop: begin_final_update sees every beat
                     # either still queued (and withdraws it) or calling (and waits for it).
@@ -507,7 +534,7 @@ class LeaseEngine:
                 self._deliver(fences)
             else:
                 try:
-                    fences = self._check_ownership(job, job.action)
+                    fences = self._check_ownership(job, job.action, check_expires_at)
                 finally:
                     with self._lock:
                         self._checks_calling -= 1
@@ -544,9 +571,9 @@ class LeaseEngine:
         self._observer.on_heartbeat(job.task_type, ok, late)
         return self._outcome(job.task_id, outcome)
 
-    def _check_ownership(self, job: _Job, action: CheckOwnership) -> Fences:
+    def _check_ownership(self, job: _Job, action: CheckOwnership, expires_at: float) -> Fences:
         started = self._clock.monotonic()
-        timeout = min(action.timeout_seconds, action.expires_at - started)
+        timeout = min(action.timeout_seconds, expires_at - started)
         outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
         answered = False
         if timeout >= job.min_attempt_seconds:

@@ -254,8 +254,11 @@ class LeasePolicy:
         ownership_check_interval_seconds: float = 5.0,
         http_timeout_seconds: float = 10.0,
         first_attempt_spread: float = 0.0,
+        check_queue_seconds: float = 0.0,
     ) -> LeasePolicy:
         """The policy for a polled task: R and the hard ceiling from the task, the rest from config.
+        ``check_queue_seconds``: the most the runner's ownership-check budget may hold a due check
+        (#23; it lengthens a re-delivery's wait for its previous holder).
 
         The hard ceiling keeps the time the server had already counted towards it (an earlier delivery
         of the same task id), measured with the server's own timestamps. A re-delivery that may still
@@ -279,6 +282,7 @@ class LeasePolicy:
             redelivery_grace_seconds=policy.redelivery_grace_seconds,
             kill_grace_seconds=policy.effective_kill_grace_seconds,
             fence_margin_seconds=policy.fence_margin_seconds,
+            check_queue_seconds=check_queue_seconds,
         )
         return dataclasses.replace(policy, start_delay_seconds=wait) if wait > 0 else policy
 

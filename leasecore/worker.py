@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leasecore import treegroups
+from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor import ConductorClient
 from leasecore.config import ResolvedConfig, TaskSettings
@@ -97,8 +98,9 @@ class WarnWhenCapped:
         return first
 
 
-def plan_for(task: TaskSettings) -> TaskTypePlan:
-    """What the runner needs for one ``[[task]]``."""
+def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTypePlan:
+    """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
+    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23)."""
     spec = CommandSpec(
         argv=tuple(task.command) if task.command is not None else None,
         shell=task.shell,
@@ -122,6 +124,7 @@ def plan_for(task: TaskSettings) -> TaskTypePlan:
         exec_timeout_seconds=task.exec_timeout,
         ownership_check_interval_seconds=task.ownership_check_interval,
         first_attempt_spread=FIRST_ATTEMPT_SPREAD,
+        check_queue_seconds=check_queue_seconds,
     ))
     poll = PollSettings(
         task_type=task.type,
@@ -375,7 +378,11 @@ def _make_runner(
     *,
     cgroup: str = "",
 ) -> Runner:
-    plans = [plan_for(task) for task in config.tasks]
+    # The most leases this runner holds at once: every slot, plus the results that may wait to be
+    # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
+    most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
+    queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
+    plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
     info = runner_info_for_this_process(
         worker_id=plans[0].worker_id,
         server_url=config.server.url,
@@ -394,7 +401,9 @@ def _make_runner(
     engines: list[LeaseEngine] = []
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer))
+        # Ownership checks share one budget per runner (#23, leasecore.checkbudget).
+        budget = CheckBudget(config.runner.ownership_check_rate)
+        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer, check_budget=budget))
         return engines[-1]
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:

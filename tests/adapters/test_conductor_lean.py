@@ -18,6 +18,7 @@ from typing import cast
 import pytest
 import requests
 
+from leasecore import conductor_lean as lean
 from leasecore.conductor import ConductorClient, translate_errors
 from leasecore.conductor_lean import LeanTransport
 from leasecore.conductor_transport import RequestsTransport, open_transport
@@ -257,6 +258,11 @@ def test_a_session_and_a_transport_together_are_refused() -> None:
         http.client.RemoteDisconnected("Remote end closed connection without response"),
         http.client.IncompleteRead(b"abc", 10),
         http.client.BadStatusLine("garbage"),
+        lean.RemoteDisconnected("Remote end closed connection without response"),
+        lean.IncompleteRead(b"abc", 10),
+        lean.BadStatusLine("garbage"),
+        lean.LineTooLong("answer's header section"),
+        lean.HTTPException("a chunk does not end where its size says"),
         TimeoutError("timed out"),
         ConnectionResetError(104, "Connection reset by peer"),
     ],

@@ -4,7 +4,6 @@ against a scripted socket server on 127.0.0.1 that writes exactly the bytes a te
 
 from __future__ import annotations
 
-import http.client
 import socket
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from leasecore import conductor_lean as lean
 from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
 from leasecore.http_framing import FramingError
 
@@ -126,7 +126,7 @@ def test_a_header_that_would_break_the_head_is_refused_before_anything_is_sent(
     server, transport = scripted([ok(b"")])
     with pytest.raises(ValueError, match="invalid HTTP header"):
         transport.send("GET", "/api/x", None, {name: value}, time.monotonic() + 5, idempotent=True)
-    with pytest.raises(http.client.InvalidURL, match="not a valid request line"):  # translated as HTTP
+    with pytest.raises(lean.InvalidURL, match="not a valid request line"):  # translated as HTTP
         transport.send("GET", "/api/x y", None, {}, time.monotonic() + 5, idempotent=True)
     assert transport.opened == 0 and server.requests == []
 
@@ -225,12 +225,12 @@ def test_a_body_over_the_limit_is_refused(
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        pytest.param(b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", http.client.LineTooLong,
+        pytest.param(b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", lean.LineTooLong,
                      id="header section over 64 KiB"),
-        pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", http.client.HTTPException,
+        pytest.param(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", lean.HTTPException,
                      id="over 100 fields"),
-        pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", http.client.BadStatusLine, id="not HTTP"),
-        pytest.param(b"HTTP/1.1 2000 OK\r\n\r\n", http.client.BadStatusLine, id="status of 4 digits"),
+        pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", lean.BadStatusLine, id="not HTTP"),
+        pytest.param(b"HTTP/1.1 2000 OK\r\n\r\n", lean.BadStatusLine, id="status of 4 digits"),
         # Framing: the rules of leasecore.http_framing, shared with the embedded server
         pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
                      FramingError, id="conflicting Content-Length"),
@@ -257,11 +257,11 @@ def test_a_body_over_the_limit_is_refused(
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: x\r\n" * 65
                      + b"\r\n", FramingError, id="over 64 trailer lines"),
         pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
-                     http.client.IncompleteRead, id="cut chunk"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", http.client.IncompleteRead,
+                     lean.IncompleteRead, id="cut chunk"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", lean.IncompleteRead,
                      id="cut body"),
-        pytest.param(b"HTTP/1.1 200 OK\r\nContent-", http.client.IncompleteRead, id="cut head"),
-        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", http.client.HTTPException, id="101"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-", lean.IncompleteRead, id="cut head"),
+        pytest.param(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", lean.HTTPException, id="101"),
     ],
 )
 def test_a_malformed_or_cut_answer_is_an_http_error(

@@ -6,6 +6,7 @@ Timing assertions carry generous margins (the machine is a loaded 2-core box): t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import random
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from leasecore.backoff import Backoff
+from leasecore.checkbudget import CheckBudget
 from leasecore.clock import FakeClock
 from leasecore.conductor import ConductorAdmin, ConductorClient
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
@@ -797,3 +799,83 @@ def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
     recovered = [(level, text) for level, text in lines if "acknowledged again" in text]
     assert len(recovered) == 1 and recovered[0][0] == "INFO"
     assert recovered[0][1].startswith("task t1: heartbeat acknowledged again after ")
+
+
+# -- the ownership checks' budget (#23, leasecore.checkbudget) ----------------------------------
+
+
+def test_ownership_checks_of_many_tasks_stay_within_the_runners_budget(
+    port: FakePort, fences: Fences
+) -> None:
+    # Given 80 tasks each due for a check every 0.2 s (400 a second), and a budget of 40 a second
+    engine = LeaseEngine(port, fences, senders=4, max_senders=16, check_budget=CheckBudget(40.0))
+    engine.start()
+    try:
+        t0 = time.monotonic()
+        for n in range(80):
+            engine.track(task(f"c{n}"), policy(30.0, ownership_check_interval_seconds=0.2), polled_at=t0)
+        # When 2.5 s pass
+        port.wait_for(lambda: all(len(port.checks[f"tc{n}"]) >= 1 for n in range(80)), timeout=10)
+        port.wait_for(lambda: time.monotonic() - t0 >= 2.5, timeout=10)  # the cv is notified per check
+        with port.cv:
+            times = sorted(t for n in range(80) for t in port.checks[f"tc{n}"])
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+    # Then the checks started no faster than the budget (its one-second burst, then 40 a second),
+    # each task was checked in turn (first come, first served), and nothing was fenced
+    in_window = [t for t in times if t - t0 <= 2.5]
+    assert len(in_window) <= 40 + 40 * 2.5 + 2, len(in_window)
+    assert len(in_window) >= 40 * 2.5 * 0.6, len(in_window)  # the budget was used, not starved
+    for n in range(80):
+        first = port.checks[f"tc{n}"][0] - t0
+        assert first <= 80 / 40 + MARGIN, (n, first)  # every task within tasks / rate seconds
+    assert fences.calls == []
+
+
+def test_a_handful_of_tasks_keep_their_check_interval_under_the_budget(
+    port: FakePort, fences: Fences
+) -> None:
+    # Given 3 tasks checked every 0.3 s under a budget of 20 a second (60 tasks' worth)
+    engine = LeaseEngine(port, fences, senders=2, max_senders=8, check_budget=CheckBudget(20.0))
+    engine.start()
+    try:
+        t0 = time.monotonic()
+        for n in range(3):
+            engine.track(task(f"c{n}"), policy(30.0, ownership_check_interval_seconds=0.3), polled_at=t0)
+        port.wait_for(lambda: all(len(port.checks[f"tc{n}"]) >= 5 for n in range(3)), timeout=10)
+        # When the server cancels one of them
+        with port.cv:
+            port.status["tc1"] = TaskStatus.CANCELED
+            cancelled_at = time.monotonic()
+        [(t_term, term)] = fences.wait_for(1, "tc1", timeout=10)[:1]
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+    # Then each was checked every ~0.3 s, and the cancellation was seen within one interval
+    for n in range(3):
+        gaps = [b - a for a, b in itertools.pairwise(port.checks[f"tc{n}"][:5])]
+        assert max(gaps) < 0.3 + MARGIN, gaps
+    assert term == TerminateTree(FenceReason.OWNERSHIP_LOST)
+    assert t_term - cancelled_at < 0.3 + MARGIN
+
+
+def test_a_check_held_by_the_budget_is_bounded_by_the_lease_as_it_is_when_it_starts(
+    port: FakePort, fences: Fences
+) -> None:
+    # Given a budget of one check a second and 4 tasks due at once (R = 30 s, heartbeats working)
+    engine = LeaseEngine(port, fences, senders=2, max_senders=8, check_budget=CheckBudget(1.0))
+    engine.start()
+    try:
+        t0 = time.monotonic()
+        for n in range(4):
+            engine.track(task(f"c{n}"), policy(30.0, ownership_check_interval_seconds=0.1), polled_at=t0)
+        # When they wait their turn
+        port.wait_for(lambda: sum(len(port.checks[f"tc{n}"]) for n in range(4)) >= 3, timeout=10)
+        checks = sorted(t for n in range(4) for t in port.checks[f"tc{n}"])
+    finally:
+        port.release.set()
+        engine.stop(timeout_seconds=30)
+    # Then they went one a second, each a real call (none given up as too late)
+    assert [round(b - a) for a, b in itertools.pairwise(checks[:3])] == [1, 1]
+    assert fences.calls == []

@@ -87,16 +87,22 @@ def test_other_commands_say_units_and_defaults() -> None:
 HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy",
          # #20: prometheus-client only with --metrics-port (idle footprint)
          "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.service")
+# Not on a plain run's start path either (#23, the idle footprint): the CLI framework and what it
+# converts with, and requests with its stack (the lean http:// transport serves).
+FRAMEWORK = ("typer", "click", "pydantic", "pydantic_core", "shellingham", "requests", "urllib3",
+             "charset_normalizer", "idna", "certifi", "leasecore.conductor_requests", "cli.app")
 
 
-def _loaded_after(code: str, tmp_path: Path) -> dict[str, object]:
+def _loaded_after(code: str, tmp_path: Path, heavy: tuple[str, ...] = HEAVY,
+                  environ: dict[str, str] | None = None) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith("CONDUCTOR") and k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+           if not k.upper().startswith("CONDUCTOR") and k not in ("FORCE_COLOR", "TTY_COMPATIBLE")
+           and not k.lower().endswith("_proxy")} | (environ or {})
     script = (
         "import atexit, json, sys\n"
-        f"heavy = {HEAVY!r}\n"
+        f"heavy = {heavy!r}\n"
         "atexit.register(lambda: print('LOADED=' + json.dumps(sorted(m for m in sys.modules\n"
-        "    if m.split('.')[0] == 'rich' or m in heavy))))\n" + code
+        "    if m.split('.')[0] in ('rich', *heavy) or m in heavy))))\n" + code
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -119,3 +125,38 @@ def test_run_off_a_terminal_never_loads_rich_the_server_or_the_demo(tmp_path: Pa
     seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path)
     assert seen["code"] == exitcodes.UNREACHABLE, seen
     assert seen["loaded"] == [], seen
+
+
+def _run_argv(tmp_path: Path, *extra: str) -> list[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return ["conductor-run", "run", "--server", f"http://127.0.0.1:{port}/api", "--task-type", "t",
+            "--state-dir", str(tmp_path / "state"), *extra, "--", sys.executable, "-c", "pass"]
+
+
+def test_a_plain_run_loads_no_cli_framework_and_no_requests(tmp_path: Path) -> None:
+    argv = _run_argv(tmp_path, "--concurrency", "2", "--no-lease-extend")
+    seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path,
+                         heavy=HEAVY + FRAMEWORK, environ={"no_proxy": "example.com"})
+    assert seen["code"] == exitcodes.UNREACHABLE, seen
+    assert "server unreachable at http://127.0.0.1:" in str(seen["stderr"]), seen
+    assert seen["loaded"] == [], seen
+
+
+def test_a_run_typer_must_read_still_works_and_says_typers_words(tmp_path: Path) -> None:
+    # A misspelled option is not plain: typer reads the line and answers with its usage error.
+    argv = _run_argv(tmp_path, "--concurency", "2")
+    seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path,
+                         heavy=("typer",))
+    assert seen["code"] == exitcodes.USAGE, seen
+    assert "No such option: --concurency" in str(seen["stderr"]), seen
+    assert "typer" in seen["loaded"], seen
+
+
+def test_a_proxy_in_the_environment_loads_requests_for_the_calls(tmp_path: Path) -> None:
+    argv = _run_argv(tmp_path)
+    seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path,
+                         heavy=("requests",), environ={"http_proxy": "http://127.0.0.1:9", "no_proxy": ""})
+    assert seen["code"] == exitcodes.UNREACHABLE, seen
+    assert "requests" in seen["loaded"], seen

@@ -21,7 +21,7 @@ PACKAGES = ("leasecore", "cli")
 PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
     "leasecore.fleet", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
-    "leasecore.config_keys", "leasecore.config_toml", "leasecore.http_framing",
+    "leasecore.config_keys", "leasecore.config_toml", "leasecore.http_framing", "leasecore.checkbudget",
 })
 # Standard-library modules the pure core may not touch: I/O, threads, processes, sockets, signals.
 IMPURE_STDLIB = frozenset({

@@ -1171,6 +1171,19 @@ def test_a_redelivery_that_may_still_run_elsewhere_starts_after_its_holder_must_
     assert p.start_delay_seconds == pytest.approx(expected)
 
 
+def test_a_redelivery_also_waits_twice_the_longest_the_check_budget_holds_a_check() -> None:
+    # #23: the previous holder's runner may hold its checks for its turn in the budget (up to
+    # its most leases / rate): the first check that sees the re-poll and the confirming one.
+    p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
+                              ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
+    assert p.start_delay_seconds == pytest.approx(
+        5.0 + p.redelivery_grace_seconds + 2 * 0.6 + 4.0 + FENCE_MARGIN_SECONDS
+    )
+    first = LeasePolicy.from_task(server_delivery(1), kill_grace_seconds=4.0,
+                                  ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
+    assert first.start_delay_seconds == 0.0  # a first delivery still starts at once
+
+
 def test_without_ownership_checks_a_redelivery_still_waits_a_grace_and_the_margin() -> None:
     p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
                               ownership_check_interval_seconds=0.0)  # fmt: skip
