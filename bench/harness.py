@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILDREN = Path(__file__).resolve().parent / "children"

@@ -27,7 +27,7 @@ from typing import Any
 from bench.harness import WorkerConfig, running_worker, wait_until
 from bench.relay import RecordingRelay
 from bench.stats import confirmation_gaps, summary
-from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
 
 HOLD_FACTOR = 2.6
 TERMINAL = {"COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR", "TIMED_OUT", "CANCELED", "SKIPPED"}

@@ -4,7 +4,7 @@
 
 Issue #18 asked whether urllib3 used directly (a well-kept library: TLS and proxies included, already
 installed under requests) comes within 5 % of the hand-written lean transport; if so it should replace
-it. :class:`Urllib3Transport` is that prototype: a :class:`~leasecore.conductor_transport.Transport`
+it. :class:`Urllib3Transport` is that prototype: a :class:`~leasecore.conductor.transport.Transport`
 over one ``urllib3.HTTPConnectionPool`` (no retries, no redirects, the answer streamed against the
 deadline and the size limit, the same framing refusals as the other two). It lives here, not in
 leasecore, because it lost (docs/perf-notes.md has the figures).
@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 import urllib3
 
 from bench.harness import BenchServer
-from leasecore.conductor import MAX_BODY_BYTES, POOL_MAXSIZE, ConductorClient
-from leasecore.conductor_lean import LeanTransport
-from leasecore.conductor_transport import RequestsTransport, Transport
+from leasecore.conductor.client import MAX_BODY_BYTES, POOL_MAXSIZE, ConductorClient
+from leasecore.conductor.lean import LeanTransport
+from leasecore.conductor.transport import RequestsTransport, Transport
 from leasecore.http_framing import BodyTooLarge, FramingError, body_length
 
 KINDS = ("lean", "urllib3", "requests")

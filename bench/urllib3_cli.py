@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-import leasecore.conductor as conductor
+import leasecore.conductor.client as conductor
 from bench.transport_ab import Urllib3Transport
-from leasecore.conductor_transport import Transport
+from leasecore.conductor.transport import Transport
 
 _chosen = conductor.open_transport
 

@@ -19,7 +19,7 @@ import typer
 
 from cli import exitcodes
 from cli.runoptions import with_run_options
-from leasecore.config import ResolvedConfig, Source, TaskSettings, load_config
+from leasecore.config.loader import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
 from leasecore.lease import KILL_GRACE_SHARE
 
@@ -100,8 +100,7 @@ def _entries(values: Mapping[str, Any], sources: Mapping[str, Source]) -> dict[s
 def cgroup_view(config: ResolvedConfig) -> dict[str, Any]:
     """The cgroup mechanism ``run`` would use here (detected now), why not a better one, and the
     limits it would enforce per process rather than per tree, or not at all."""
-    from leasecore import treegroups
-
+    from leasecore.runner import treegroups
     setup = treegroups.setup_for(config)
     return {"mechanism": setup.mechanism, "detail": setup.describe(),
             "limits_per_tree": sorted(setup.limits), "notes": treegroups.limit_notes(config, setup)}

@@ -1,7 +1,7 @@
 """``conductor-run demo``: the whole idea in three short scenes on the embedded server.
 
-The scenes are played by ``leasecore.demo`` (real server, real runner process, real children) and
-judged by ``leasecore.demoplan``; this module only renders: a rich live view on a terminal, plain
+The scenes are played by ``leasecore.demo.scenes`` (real server, real runner process, real children) and
+judged by ``leasecore.demo.plan``; this module only renders: a rich live view on a terminal, plain
 timestamped lines otherwise (or with ``--plain``). Exit 0 only if every scene showed what it claims,
 so the demo doubles as a smoke test.
 """
@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # rich and the demo modules are imported when the demo runs, 
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from leasecore.demo import DemoFiles
-    from leasecore.demoplan import DemoSettings, Event, Scene, SceneTracker, Verdict
+    from leasecore.demo.plan import DemoSettings, Event, Scene, SceneTracker, Verdict
+    from leasecore.demo.scenes import DemoFiles
 
 LIVE_EVENTS = 12  # events shown under the live table
 _STYLES = {"good": "green", "warn": "yellow", "bad": "bold red", "info": ""}
@@ -45,8 +45,8 @@ def demo(
     """Show heartbeats, a server timeout and a fenced kill on the embedded server (about 30 s)."""
     from rich.console import Console
 
-    from leasecore.demo import DemoFiles  # heavy imports only when the command runs
-    from leasecore.demoplan import DemoSettings, standard_scenes
+    from leasecore.demo.plan import DemoSettings, standard_scenes
+    from leasecore.demo.scenes import DemoFiles  # heavy imports only when the command runs
 
     out = Console(highlight=False)
     live = out.is_terminal and not plain
@@ -89,7 +89,7 @@ def _play(
 ) -> Verdict:
     from rich.live import Live
 
-    from leasecore.demo import play_scene
+    from leasecore.demo.scenes import play_scene
 
     if not live:
         _echo(f"\n== {scene.title}\n   {scene.claim}")

@@ -1,7 +1,7 @@
 """``conductor-run fleet``: every task type's queue and the workers polling it, from the server alone.
 
 The server, its credentials and the config file are found exactly as ``run`` finds them (one
-``load_config``); the rows come from ``leasecore.fleet`` (pure) over ``leasecore.fleet_source`` (two
+``load_config``); the rows come from ``leasecore.fleet.view`` (pure) over ``leasecore.fleet.source`` (two
 GETs). Errors end the command with ``run``'s messages and exit codes.
 """
 
@@ -21,15 +21,15 @@ import typer
 from cli import exitcodes
 from cli.helptext import config_file_help, key_help
 from cli.run import _credentials_hint, _fail
-from leasecore.config import ResolvedConfig, load_config
+from leasecore.config.loader import ResolvedConfig, load_config
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRunError, ConfigError
-from leasecore.fleet import ACTIVE_POLL_SECONDS, FleetRow, fleet_document, fleet_rows
+from leasecore.fleet.view import ACTIVE_POLL_SECONDS, FleetRow, fleet_document, fleet_rows
 from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich is imported when the command runs, not at registration
     from rich.console import Console, RenderableType
 
-    from leasecore.conductor import ConductorClient
+    from leasecore.conductor.client import ConductorClient
 
 REFRESH_SECONDS = 2.0  # --watch: how often the server is asked again (two GETs per refresh)
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -76,7 +76,7 @@ def fleet(
         resolved = load_config(overrides, os.environ, os.getcwd(), require_task=False)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, None) from None
-    from leasecore.conductor import ConductorClient
+    from leasecore.conductor.client import ConductorClient
 
     url = redact_url(resolved.server.url)
     try:
@@ -113,7 +113,7 @@ def fleet(
 
 def load_rows(client: ConductorClient, task_types: Sequence[str]) -> list[FleetRow]:
     """Ask the server and build the rows (now = this host's clock, right after the answers)."""
-    from leasecore.fleet_source import read_fleet
+    from leasecore.fleet.source import read_fleet
 
     answers = read_fleet(client)
     return fleet_rows(answers.queue_sizes, answers.poll_data, now_ms=int(time.time() * 1000),

@@ -1,7 +1,7 @@
 """``--help`` text for the options that set a configuration key: unit, default, and where else to set it.
 
-Composed from the key table (``leasecore.config_keys``: help, environment variables, file section)
-and the defaults on the settings dataclasses (``leasecore.config``), so ``--help`` says what the
+Composed from the key table (``leasecore.config.keys``: help, environment variables, file section)
+and the defaults on the settings dataclasses (``leasecore.config.loader``), so ``--help`` says what the
 merge does. The flags themselves default to None ("not given"): the merge owns the defaults.
 """
 
@@ -10,13 +10,19 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from typing import Any
 
-from leasecore.config import CONFIG_ENV, DEFAULT_CONFIG_NAME, RunnerSettings, ServerSettings, TaskSettings
-from leasecore.config_keys import KEYS
+from leasecore.config.keys import KEYS
+from leasecore.config.loader import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_NAME,
+    RunnerSettings,
+    ServerSettings,
+    TaskSettings,
+)
 
 _SETTINGS: dict[str, type] = {"server": ServerSettings, "runner": RunnerSettings, "task": TaskSettings}
 _SECTIONS = {"server": "[server]", "runner": "[worker]", "task": "[[task]]/[worker]"}
 _UNITS = {"s": " s", "ms": " ms", "": ""}
-# leasecore.statefile.default_state_dir when CONDUCTOR_RUN_STATE_DIR is unset
+# leasecore.state.statefile.default_state_dir when CONDUCTOR_RUN_STATE_DIR is unset
 STATE_DIR_DEFAULT = "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run"
 
 

@@ -1,6 +1,6 @@
 """``conductor-run init [PATH]``: write a commented starter conductor.toml.
 
-The text is composed here from the key table (``leasecore.config_keys``) and the defaults on the
+The text is composed here from the key table (``leasecore.config.keys``) and the defaults on the
 settings dataclasses, so it cannot drift from what ``resolve`` accepts; values are written by tomli-w.
 ``conductor.toml.example`` in the repository is exactly this text (a test keeps them equal).
 """
@@ -17,8 +17,8 @@ import tomli_w
 import typer
 
 from cli import exitcodes
-from leasecore.config import DEFAULT_CONFIG_NAME, RunnerSettings, ServerSettings, TaskSettings
-from leasecore.config_keys import KeySpec, keys_of
+from leasecore.config.keys import KeySpec, keys_of
+from leasecore.config.loader import DEFAULT_CONFIG_NAME, RunnerSettings, ServerSettings, TaskSettings
 
 # Shown (commented out) where the default is "unset".
 _EXAMPLES: dict[str, Any] = {

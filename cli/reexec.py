@@ -30,7 +30,7 @@ import stat
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 
-from leasecore.config_keys import KEYS
+from leasecore.config.keys import KEYS
 from leasecore.errors import ConductorRunError, ConfigError
 from leasecore.process.spec import is_secret_name
 

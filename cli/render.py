@@ -29,7 +29,7 @@ from leasecore.snapshot import (
     TaskState,
     lease_health,
 )
-from leasecore.statefile import SnapshotRecord, find_tasks
+from leasecore.state.statefile import SnapshotRecord, find_tasks
 
 __all__ = [
     "HEALTH_STYLES",

@@ -1,8 +1,9 @@
 """``conductor-run run``: turn a command into a Conductor worker.
 
 Thin on purpose: flags (all defaulting to None, "not given") become overrides for the one config
-merge (``leasecore.config.load_config``); the resolved config goes to ``leasecore.worker.run_worker``
-which builds the real collaborators and runs the loop; the outcome becomes an exit code here, once.
+merge (``leasecore.config.loader.load_config``); the resolved config goes to
+``leasecore.runner.wiring.run_worker``, which builds the real collaborators and runs the loop; the
+outcome becomes an exit code here, once.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cli import exitcodes, reexec
-from leasecore.config import ResolvedConfig, find_config_file, load_config, load_file
-from leasecore.config_keys import KEYS
+from leasecore.config.keys import KEYS
+from leasecore.config.loader import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
     ConductorRunError,
     ConfigError,
 )
-from leasecore.runtypes import RunOutcome
+from leasecore.runner.ports import RunOutcome
 from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
@@ -76,7 +77,7 @@ class JsonFormatter(logging.Formatter):
 
 
 # Every logger of the project lives under one of these: the runner's own (``conductor_run.*``) and the
-# adapters named after their module (``leasecore.heartbeat``, ``leasecore.process.supervisor``, ...).
+# adapters named after their module (``leasecore.runner.engine``, ``leasecore.process.supervisor``, ...).
 PROJECT_LOGGERS = ("conductor_run", "leasecore")
 
 
@@ -203,7 +204,7 @@ def _maybe_terminal() -> bool:
 
 def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
     """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code."""
-    from leasecore.worker import run_worker  # heavy imports only once the flags are valid
+    from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
     log_format = resolved.runner.log_format

@@ -2,7 +2,7 @@
 
 ``config`` takes any ``run`` command line and shows what that run would use, so both must take the
 same options: a new one added here reaches both. Every option sets one key of the merge (its name is
-the key in ``leasecore.config.OVERRIDE_KEYS``) and defaults to None, "not given": the merge owns the
+the key in ``leasecore.config.loader.OVERRIDE_KEYS``) and defaults to None, "not given": the merge owns the
 defaults, and ``--help`` says them (``cli.helptext``).
 """
 
@@ -120,7 +120,7 @@ def with_run_options(command: Callable[..., None]) -> Callable[..., None]:
     """``command(overrides, **own)`` as a typer command: every run option, then ``command``'s own.
 
     typer reads a command's options from its signature, so the returned function's signature lists
-    them; it hands them to ``command`` as one overrides dict (``leasecore.config.load_config``).
+    them; it hands them to ``command`` as one overrides dict (``leasecore.config.loader.load_config``).
     """
     own = list(inspect.signature(command, eval_str=True).parameters.values())[1:]  # after overrides
     keyword = inspect.Parameter.KEYWORD_ONLY

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from cli.render import render_status
 from leasecore.snapshot import RunnerSnapshot
-from leasecore.statefile import SnapshotRecord
+from leasecore.state.statefile import SnapshotRecord
 
 REFRESH_PER_SECOND = 2
 

@@ -16,7 +16,7 @@ from cli import exitcodes
 from cli.helptext import STATE_DIR_DEFAULT
 from leasecore.clock import SystemClock
 from leasecore.errors import ConfigError
-from leasecore.statefile import (
+from leasecore.state.statefile import (
     SnapshotRecord,
     default_state_dir,
     find_tasks,

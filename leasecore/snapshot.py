@@ -1,6 +1,6 @@
 """The status snapshot schema: frozen values, their JSON form, and lease health; pure, stdlib only.
 
-A runner publishes a :class:`RunnerSnapshot` through ``leasecore.statefile.StatePublisher``;
+A runner publishes a :class:`RunnerSnapshot` through ``leasecore.state.statefile.StatePublisher``;
 ``conductor-run status`` reads it back and judges each lease with :func:`lease_health`. Nothing here
 touches files or processes.
 

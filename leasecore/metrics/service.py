@@ -1,6 +1,6 @@
 """Metrics for one run: the Prometheus observer, the endpoint, and what its gauges and probes read.
 
-``leasecore.worker`` makes one when ``metrics_port`` is set (imported there only then: this module
+``leasecore.runner.wiring`` makes one when ``metrics_port`` is set (imported there only then: this module
 loads prometheus-client), starts it before anything else of the run (a bad port is exit 3 even with
 the server down), hands ``observer`` to the client, the pollers, the reporter, the lease engine and
 the runner, ``attach``es the live objects once they exist, and ``close``s it last.
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.config import ResolvedConfig
+from leasecore.config.loader import ResolvedConfig
 from leasecore.metrics.endpoint import MetricsEndpoint
 from leasecore.metrics.health import HealthFacts, RunPhase, liveness, readiness
 from leasecore.metrics.prom import PrometheusObserver

@@ -310,5 +310,5 @@ def to_stdio_result(
         reason_for_incompletion=bounded(reply.reason) or None,
         callback_after_seconds=reply.callback_after_seconds,
         worker_id=worker_id,
-        logs=tuple(TaskLog(line, 0) for line in reply.logs),  # streamed by the runner, see runner.py
+        logs=tuple(TaskLog(line, 0) for line in reply.logs),  # streamed by the runner, see runner/runner.py
     )

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from leasecore.clock import SystemClock
-from leasecore.conductor import MAX_BODY_BYTES, POOL_MAXSIZE, ConductorClient
-from leasecore.conductor_lean import LeanTransport
-from leasecore.conductor_transport import RequestsTransport
+from leasecore.conductor.client import MAX_BODY_BYTES, POOL_MAXSIZE, ConductorClient
+from leasecore.conductor.lean import LeanTransport
+from leasecore.conductor.transport import RequestsTransport
 from leasecore.server import EmbeddedServer
 from tests.conformance.harness import Harness
 

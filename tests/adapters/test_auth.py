@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from leasecore.auth import TokenManager, jwt_expiry_epoch_seconds
 from leasecore.clock import FakeClock
-from leasecore.conductor import ConductorClient
+from leasecore.conductor.auth import TokenManager, jwt_expiry_epoch_seconds
+from leasecore.conductor.client import ConductorClient
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorUnavailable
 from tests.adapters.fakehttp import Answer, ScriptedServer, Seen
 

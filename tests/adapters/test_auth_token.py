@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasecore.conductor import ConductorClient
+from leasecore.conductor.client import ConductorClient
 from leasecore.errors import ConductorAuthError, ConfigError
 from leasecore.server import EmbeddedServer
 

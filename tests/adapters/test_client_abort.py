@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from leasecore.conductor import ABORTED_CALL_SECONDS, ConductorClient
+from leasecore.conductor.client import ABORTED_CALL_SECONDS, ConductorClient
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.server import EmbeddedServer

@@ -18,7 +18,7 @@ import requests
 import requests.adapters
 import requests.exceptions
 
-from leasecore.conductor import ConductorAdmin, ConductorClient, error_for_status, translate_errors
+from leasecore.conductor.client import ConductorAdmin, ConductorClient, error_for_status, translate_errors
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,

@@ -18,10 +18,10 @@ from typing import cast
 import pytest
 import requests
 
-from leasecore import conductor_lean as lean
-from leasecore.conductor import ConductorClient, translate_errors
-from leasecore.conductor_lean import LeanTransport
-from leasecore.conductor_transport import RequestsTransport, open_transport
+from leasecore.conductor import lean
+from leasecore.conductor.client import ConductorClient, translate_errors
+from leasecore.conductor.lean import LeanTransport
+from leasecore.conductor.transport import RequestsTransport, open_transport
 from leasecore.errors import ConductorProtocolError, ConductorUnavailable
 from leasecore.models import TaskResult, TaskStatus
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasecore.conductor import ConductorClient
-from leasecore.demo_proxy import SilenceProxy
+from leasecore.conductor.client import ConductorClient
+from leasecore.demo.proxy import SilenceProxy
 from leasecore.errors import ConductorUnavailable
 from leasecore.server import EmbeddedServer
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from leasecore import conductor_lean as lean
-from leasecore.conductor_lean import AnswerTooLarge, LeanTransport
+from leasecore.conductor import lean
+from leasecore.conductor.lean import AnswerTooLarge, LeanTransport
 from leasecore.http_framing import FramingError
 
 from .rawsocket import ThreadedSocketServer

@@ -21,9 +21,8 @@ import pytest
 from leasecore.backoff import Backoff
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import FakeClock
-from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
-from leasecore.heartbeat import FinalUpdates, LeaseEngine
 from leasecore.lease import (
     FENCE_MARGIN_SECONDS,
     FenceAction,
@@ -34,7 +33,8 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runner.engine import FinalUpdates, LeaseEngine
+from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.server import EmbeddedServer
 
 MARGIN = 0.5  # seconds: what "on time" may be off by on a loaded machine
@@ -772,7 +772,7 @@ def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
     engine: LeaseEngine, port: FakePort, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A line per attempt was, with 300 tasks and the server away, 1349 lines in 25 s (a QA pass).
-    logger = logging.getLogger("leasecore.heartbeat")
+    logger = logging.getLogger("leasecore.runner.engine")
     logger.addHandler(caplog.handler)  # whatever an earlier CLI run in this process did to propagation
     level = logger.level
     logger.setLevel(logging.DEBUG)  # setLevel, not .level =: it clears isEnabledFor's cache
@@ -793,7 +793,7 @@ def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
         logger.removeHandler(caplog.handler)
         logger.setLevel(level)
         logger.propagate = propagate
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "leasecore.heartbeat"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "leasecore.runner.engine"]
     failed = [level for level, text in lines if "heartbeat failed" in text]
     assert failed[0] == "WARNING" and set(failed[1:]) == {"DEBUG"} and len(failed) >= 4
     recovered = [(level, text) for level, text in lines if "acknowledged again" in text]

@@ -8,9 +8,9 @@ The engine is driven on a FakeClock and never started (no threads, no sleeps): o
 from __future__ import annotations
 
 from leasecore.clock import FakeClock
-from leasecore.heartbeat import FinalUpdates, LeaseEngine
 from leasecore.lease import FenceAction, Lease, LeasePolicy, LeaseState
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.engine import FinalUpdates, LeaseEngine
 
 T0 = 1000.0
 

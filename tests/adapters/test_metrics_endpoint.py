@@ -16,13 +16,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from leasecore.errors import ConductorRejected, ConductorUnavailable, ConfigError
-from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics.endpoint import MetricsEndpoint
 from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.poller import Poller, PollSettings, WorkBudget
-from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.poller import Poller, PollSettings, WorkBudget
+from leasecore.runner.reporter import Reporter, ReportOutcome
 from tests.integration.helpers import ROOT, wait_until
 
 
@@ -299,7 +299,7 @@ class FakeOutbox:
 
 def test_the_service_reads_the_probes_and_gauges_from_the_live_objects() -> None:
     from leasecore.clock import FakeClock
-    from leasecore.config import parse_toml, resolve
+    from leasecore.config.loader import parse_toml, resolve
     from leasecore.metrics.service import MetricsService
 
     text = '[worker]\nmetrics_port = 0\n[[task]]\ntype = "demo"\ncommand = ["true"]\nconcurrency = 3\n'

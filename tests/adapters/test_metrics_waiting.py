@@ -4,7 +4,7 @@ conductor_run_tasks_waiting, and a fence while it waits counts in conductor_run_
 from __future__ import annotations
 
 from leasecore.clock import FakeClock
-from leasecore.config import parse_toml, resolve
+from leasecore.config.loader import parse_toml, resolve
 from leasecore.lease import FenceReason
 from leasecore.metrics.service import MetricsService
 from tests.adapters.test_metrics_endpoint import (

@@ -1,5 +1,5 @@
 """The tasks of a dead runner's trees become FAILED results in the outbox of their own server, and are
-delivered only while still ours (``leasecore.orphans``)."""
+delivered only while still ours (``leasecore.state.orphans``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from leasecore.clock import FakeClock
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.orphans import orphan_reason, orphan_result, save_orphans, tree_meta
-from leasecore.outbox import Outbox, server_key
 from leasecore.process.leftovers import TreeRecord
+from leasecore.state.orphans import orphan_reason, orphan_result, save_orphans, tree_meta
+from leasecore.state.outbox import Outbox, server_key
 
 URL = "http://user:secret@conductor.example:8080/api"
 OTHER = "http://other.example/api"

@@ -16,8 +16,8 @@ import pytest
 
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.outbox import DeliveryReport, Outbox, still_saved
-from leasecore.reporter import Reporter, ReportOutcome
+from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.state.outbox import DeliveryReport, Outbox, still_saved
 
 URL = "http://conductor.example/api"
 FAILED = TaskResult("t1", "w1", TaskStatus.FAILED, reason_for_incompletion="lease expired")

@@ -1,4 +1,4 @@
-"""Name resolution bounded by the attempt's deadline (leasecore.resolve), alone and under the lean
+"""Name resolution bounded by the attempt's deadline (leasecore.conductor.resolve), alone and under the lean
 transport and the client: a resolver that hangs costs the attempt no more than its budget."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from leasecore.conductor import ConductorClient
-from leasecore.conductor_lean import LeanTransport
+from leasecore.conductor.client import ConductorClient
+from leasecore.conductor.lean import LeanTransport
+from leasecore.conductor.resolve import BoundedResolver, ResolveTimeout
 from leasecore.errors import ConductorUnavailable
-from leasecore.resolve import BoundedResolver, ResolveTimeout
 from leasecore.server import EmbeddedServer
 
 

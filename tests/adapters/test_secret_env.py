@@ -10,9 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from leasecore.config import load_config
+from leasecore.config.loader import load_config
 from leasecore.process import Supervisor
-from leasecore.worker import plan_for
+from leasecore.runner.wiring import plan_for
 
 from .process_support import make_task
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from leasecore.config import TaskSettings
+from leasecore.config.loader import TaskSettings
 from leasecore.models import Task
-from leasecore.worker import plan_for
+from leasecore.runner.wiring import plan_for
 
 
 def task(r: int, task_id: str = "t1") -> Task:

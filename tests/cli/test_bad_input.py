@@ -26,7 +26,12 @@ from cli.main import _register, app
 from cli.render import render_view
 from leasecore.clock import FakeClock
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState, wall_time
-from leasecore.statefile import SnapshotRecord, StatePublisher, read_snapshots, runner_info_for_this_process
+from leasecore.state.statefile import (
+    SnapshotRecord,
+    StatePublisher,
+    read_snapshots,
+    runner_info_for_this_process,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

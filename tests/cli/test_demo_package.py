@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from leasecore import demo
-from leasecore.demo import DemoFiles, sample_dirs
+from leasecore.demo import scenes as demo
+from leasecore.demo.scenes import DemoFiles, sample_dirs
 from leasecore.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +142,8 @@ def test_the_demo_runs_from_the_built_wheel_outside_the_checkout(tmp_path: Path)
     prefix = "leasecore/sample_tasks/"
     shipped = {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
     assert shipped == {p.name for p in (ROOT / "sample_tasks").iterdir() if p.is_file()}
-    assert {"leasecore/demo.py", "leasecore/py.typed", "cli/main.py", "leasecore/server/embedded.py"} <= names
+    assert {"leasecore/demo/scenes.py", "leasecore/py.typed", "cli/main.py",
+            "leasecore/server/embedded.py"} <= names
     assert not [n for n in names if "__pycache__" in n or n.startswith("sample_tasks/")]
 
     python = _install_into_fresh_venv(wheel, tmp_path / "venv")
@@ -152,7 +153,7 @@ def test_the_demo_runs_from_the_built_wheel_outside_the_checkout(tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("CONDUCTOR", "PYTHON"))}
     probe = subprocess.run(
         [str(python), "-c",
-         "import json, sys, cli.main, leasecore.demo as d\n"
+         "import json, sys, cli.main, leasecore.demo.scenes as d\n"
          "script = str(d.DemoFiles.locate().task_script)\n"
          "print(json.dumps([cli.main.__file__, d.__file__, script, sys.path]))"],
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -160,7 +161,7 @@ def test_the_demo_runs_from_the_built_wheel_outside_the_checkout(tmp_path: Path)
     assert probe.returncode == 0, probe.stderr
     cli_main, demo_module, task_script, path = json.loads(probe.stdout)
     assert cli_main == str(site / "cli" / "main.py")
-    assert demo_module == str(site / "leasecore" / "demo.py")
+    assert demo_module == str(site / "leasecore" / "demo" / "scenes.py")
     assert task_script == str(site / "leasecore" / "sample_tasks" / "demo_long.py")
     assert not [p for p in path if p.startswith(str(ROOT)) and not p.startswith(str(ROOT / ".venv"))]
 

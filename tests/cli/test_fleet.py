@@ -19,9 +19,9 @@ from rich.console import Console
 
 from cli import exitcodes
 from cli.fleet import render_fleet, run_watch
-from leasecore.config import load_config
+from leasecore.config.loader import load_config
 from leasecore.errors import ConductorUnavailable
-from leasecore.fleet import FleetRow, WorkerPoll, fleet_rows
+from leasecore.fleet.view import FleetRow, WorkerPoll, fleet_rows
 from leasecore.server import EmbeddedServer
 from tests.tlsrelay import TlsRelay, make_private_ca
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from cli import exitcodes
 from cli.main import _register, app
-from leasecore.config import RunnerSettings, ServerSettings, TaskSettings
+from leasecore.config.loader import RunnerSettings, ServerSettings, TaskSettings
 
 TYPE_PLACEHOLDER = re.compile(r"<(str|int|float|bool|path|list)[^>]*>")
 
@@ -84,13 +84,13 @@ def test_other_commands_say_units_and_defaults() -> None:
         assert squeezed(part) in flat, part
 
 
-HEAVY = ("rich", "leasecore.server", "leasecore.demo", "leasecore.demoplan", "leasecore.demo_proxy",
+HEAVY = ("rich", "leasecore.server", "leasecore.demo.scenes", "leasecore.demo.plan", "leasecore.demo.proxy",
          # #20: prometheus-client only with --metrics-port (idle footprint)
          "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.service")
 # Not on a plain run's start path either (#23, the idle footprint): the CLI framework and what it
 # converts with, and requests with its stack (the lean http:// transport serves).
 FRAMEWORK = ("typer", "click", "pydantic", "pydantic_core", "shellingham", "requests", "urllib3",
-             "charset_normalizer", "idna", "certifi", "leasecore.conductor_requests", "cli.app")
+             "charset_normalizer", "idna", "certifi", "leasecore.conductor.session", "cli.app")
 
 
 def _loaded_after(code: str, tmp_path: Path, heavy: tuple[str, ...] = HEAVY,

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from cli import exitcodes
 from cli.init import starter_text
 from cli.main import _register, app
-from leasecore.config import load_config, load_file, parse_toml, resolve
-from leasecore.config_keys import KEYS
+from leasecore.config.keys import KEYS
+from leasecore.config.loader import load_config, load_file, parse_toml, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from cli import exitcodes, status
 from cli.render import format_duration, format_relative, render_status, render_task, render_view
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState
-from leasecore.statefile import (
+from leasecore.state.statefile import (
     ProcessState,
     SnapshotRecord,
     StatePublisher,
@@ -451,7 +451,7 @@ import sys, time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from leasecore.snapshot import OutputTail, ServerHealth, TaskSnapshot, TaskState
-from leasecore.statefile import StatePublisher, runner_info_for_this_process
+from leasecore.state.statefile import StatePublisher, runner_info_for_this_process
 
 info = runner_info_for_this_process(worker_id="script", server_url="http://bob:s3cret@127.0.0.1:9/api")
 publisher = StatePublisher(Path(sys.argv[1]), info)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from leasecore.config import ResolvedConfig
-from leasecore.runtypes import RunOptions
+from leasecore.config.loader import ResolvedConfig
+from leasecore.runner.ports import RunOptions
 
 MARGIN_SECONDS = 20.0
 """Beyond the budget below: the long poll in flight (at most 5 s + 0.5 s, waited for in parallel with

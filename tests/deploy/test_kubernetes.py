@@ -11,8 +11,8 @@ from urllib.parse import parse_qs, urlsplit
 import requests
 import yaml
 
-from leasecore.config import ResolvedConfig, resolve
-from leasecore.config_toml import parse_toml
+from leasecore.config.loader import ResolvedConfig, resolve
+from leasecore.config.tomlfile import parse_toml
 from leasecore.server import EmbeddedServer
 from tests.deploy.stopbudget import MARGIN_SECONDS, stop_budget_seconds
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.server import EmbeddedServer
 from tests.integration.helpers import wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from leasecore.config import resolve
+from leasecore.config.loader import resolve
 from tests.deploy.stopbudget import MARGIN_SECONDS, stop_budget_seconds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from leasecore.fleet import ACTIVE_POLL_SECONDS
+from leasecore.fleet.view import ACTIVE_POLL_SECONDS
 from tests.integration.helpers import HasUrl, World, wait_until
 
 

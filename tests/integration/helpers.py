@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from leasecore.conductor import ConductorAdmin, ConductorClient
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]

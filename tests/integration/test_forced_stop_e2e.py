@@ -7,7 +7,7 @@ import signal
 import time
 
 from cli import exitcodes
-from leasecore.outbox import Outbox
+from leasecore.state.outbox import Outbox
 
 from .helpers import World, wait_until
 

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.config import TaskSettings
+from leasecore.config.loader import TaskSettings
 from leasecore.errors import ConductorError
 from tests.integration.helpers import World, wait_until
 from tests.realserver import RealConductorServer

@@ -9,14 +9,14 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from leasecore.contact import RecordedLeaseCalls, ServerContact
 from leasecore.errors import ConductorUnavailable
-from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.poller import PollSettings
-from leasecore.runner import Runner
-from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
+from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.poller import PollSettings
+from leasecore.runner.ports import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import (
     FakeConductor,
     FakeEngine,

@@ -14,10 +14,10 @@ import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.conductor import ConductorClient
+from leasecore.conductor.client import ConductorClient
 from leasecore.models import TaskResult, TaskStatus
-from leasecore.outbox import Outbox
-from leasecore.worker import Redelivery
+from leasecore.runner.wiring import Redelivery
+from leasecore.state.outbox import Outbox
 from tests.faultproxy import FaultProxy
 from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone, wait_until
 

@@ -13,10 +13,10 @@ import pytest
 from leasecore.handover import YIELD_MARKER
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.poller import Poller, PollSettings, WorkBudget
-from leasecore.reporter import Reporter
-from leasecore.runner import Runner
-from leasecore.runtypes import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.poller import Poller, PollSettings, WorkBudget
+from leasecore.runner.ports import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.reporter import Reporter
+from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from leasecore.config import OVERRIDE_KEYS, ResolvedConfig, TaskSettings, parse_toml, resolve
-from leasecore.config_keys import KEYS
+from leasecore.config.keys import KEYS
+from leasecore.config.loader import OVERRIDE_KEYS, ResolvedConfig, TaskSettings, parse_toml, resolve
 from leasecore.errors import ConfigError
 
 BASE = '[[task]]\ntype = "encode"\ncommand = ["./encode.sh"]\n'

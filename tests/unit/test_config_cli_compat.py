@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from leasecore.config import ResolvedConfig, parse_toml, resolve
+from leasecore.config.loader import ResolvedConfig, parse_toml, resolve
 from leasecore.errors import ConfigError
-from leasecore.worker import plan_for
+from leasecore.runner.wiring import plan_for
 
 BASE = '[[task]]\ntype = "encode"\ncommand = ["./encode.sh"]\n'
 

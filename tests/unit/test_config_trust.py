@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from leasecore.config import ResolvedConfig, load_config
+from leasecore.config.loader import ResolvedConfig, load_config
 from leasecore.errors import ConfigError
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from leasecore.demoplan import (
+from leasecore.demo.plan import (
     DemoSettings,
     Observation,
     SceneKind,

@@ -1,10 +1,10 @@
-"""The fleet rows (leasecore/fleet.py): joining queue sizes and poll records, stalled types first."""
+"""The fleet rows (leasecore/fleet/view.py): joining queue sizes and poll records, stalled types first."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from leasecore.fleet import ACTIVE_POLL_SECONDS, fleet_document, fleet_rows, split_queue_name
+from leasecore.fleet.view import ACTIVE_POLL_SECONDS, fleet_document, fleet_rows, split_queue_name
 
 NOW = 1_800_000_000_000  # ms
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from leasecore.config import ResolvedConfig, parse_toml, resolve
+from leasecore.config.loader import ResolvedConfig, parse_toml, resolve
 from leasecore.errors import ConfigError
 from leasecore.limits import (
     RLIMIT_DATA,
@@ -22,9 +22,9 @@ from leasecore.limits import (
     rlimits_for,
 )
 from leasecore.models import Task, TaskStatus
-from leasecore.orphans import orphan_reason
 from leasecore.process import CommandSpec, cgroups, to_task_result
 from leasecore.process.spec import ChildExit
+from leasecore.state.orphans import orphan_reason
 
 MB = 1 << 20
 BASE = '[[task]]\ntype = "encode"\ncommand = ["./encode.sh"]\n'
@@ -114,8 +114,7 @@ def test_bad_limits_are_one_line_errors_naming_key_and_source(
 
 
 def test_a_forced_mechanism_that_cannot_work_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leasecore import treegroups
-
+    from leasecore.runner import treegroups
     def refuse(mode: str) -> cgroups.CgroupSetup:
         raise ValueError("cannot create a group in /sys/fs/cgroup/x: Permission denied")
 
@@ -129,8 +128,7 @@ def test_a_forced_mechanism_that_cannot_work_is_a_config_error(monkeypatch: pyte
 
 
 def test_limits_a_host_cannot_enforce_per_tree_are_warned_with_their_source() -> None:
-    from leasecore import treegroups
-
+    from leasecore.runner import treegroups
     config = _resolve(BASE + 'memory_max = "64M"\ncpu_max = 2\n')
     notes = treegroups.limit_notes(config, cgroups.CgroupSetup())
     assert notes == [

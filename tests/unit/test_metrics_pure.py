@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from leasecore.config import parse_toml, resolve
+from leasecore.config.loader import parse_toml, resolve
 from leasecore.errors import ConfigError, SpawnError
 from leasecore.lease import FenceReason
 from leasecore.metrics import NO_METRICS, execute_error, final_status

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from leasecore.config import TaskSettings, run_as_problems
+from leasecore.config.loader import TaskSettings, run_as_problems
 from leasecore.runas import RunAs, resolve_run_as, switch_problem
 
 NOBODY = pwd.getpwnam("nobody")
@@ -76,7 +76,7 @@ def test_a_cwd_or_program_the_user_cannot_reach_is_warned() -> None:
 
 
 def _check_access_warnings(tmp_path: Path) -> None:
-    from leasecore.config import load_config
+    from leasecore.config.loader import load_config
     from leasecore.runas import access_problem
 
     nobody = resolve_run_as("nobody")

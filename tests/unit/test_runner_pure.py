@@ -15,11 +15,11 @@ from leasecore.errors import (
     ConductorRejected,
     ConductorUnavailable,
 )
-from leasecore.logsink import LogBuffer, LogStreamer
 from leasecore.models import TaskStatus
-from leasecore.poller import failure_kind
-from leasecore.polling import BackoffPolicy, PollBackoff, Reachability
-from leasecore.runtypes import RunOutcome
+from leasecore.runner.logsink import LogBuffer, LogStreamer
+from leasecore.runner.poller import failure_kind
+from leasecore.runner.pollpolicy import BackoffPolicy, PollBackoff, Reachability
+from leasecore.runner.ports import RunOutcome
 
 
 def test_empty_polls_back_off_exponentially_up_to_the_cap() -> None:

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 
 from leasecore.clock import FakeClock
-from leasecore.contact import RecordedCalls, RecordedLeaseCalls, ServerContact
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorNotFound, ConductorUnavailable
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runstatus import server_health
+from leasecore.runner.contact import RecordedCalls, RecordedLeaseCalls, ServerContact
+from leasecore.runner.status import server_health
 
 
 class Port:

@@ -22,7 +22,7 @@ import pytest
 from leasecore.clock import FakeClock
 from leasecore.errors import ConfigError
 from leasecore.snapshot import RunnerInfo, ServerHealth, TaskSnapshot, TaskState
-from leasecore.statefile import (
+from leasecore.state.statefile import (
     ProcessState,
     StatePublisher,
     default_state_dir,
@@ -175,7 +175,7 @@ def test_publish_never_raises_and_logs_a_failure_once(
     state = tmp_path / "state"
     publisher = StatePublisher(state, this_runner(clock), clock=clock)
     shutil.rmtree(state)  # every write now fails, as on a vanished or full filesystem
-    with caplog.at_level(logging.INFO, logger="leasecore.statefile"):
+    with caplog.at_level(logging.INFO, logger="leasecore.state.statefile"):
         assert not publisher.publish([a_task()], server=SERVER)
         clock.advance(1.0)
         assert not publisher.publish([a_task()], server=SERVER)

@@ -1,5 +1,5 @@
 """HTTP plumbing of the Conductor client: error translation and replies (requests' session and error
-classes live in :mod:`leasecore.conductor_requests`, imported only when requests is used, #23).
+classes live in :mod:`leasecore.conductor.session`, imported only when requests is used, #23).
 
 Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
 :func:`error_for_status` (HTTP statuses):
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from leasecore.conductor_lean import HTTPException as LeanHTTPException
+from leasecore.conductor.lean import HTTPException as LeanHTTPException
+from leasecore.conductor.resolve import ResolveTimeout
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,
@@ -40,7 +41,6 @@ from leasecore.errors import (
     ConductorUnavailable,
 )
 from leasecore.http_framing import FramingError
-from leasecore.resolve import ResolveTimeout
 
 __all__ = [
     "JSON",
@@ -74,8 +74,7 @@ def _error_table() -> tuple[tuple[type[BaseException], type[ConductorError], str
         table = ((http_client.HTTPException, ConductorUnavailable, "connection broke mid-answer"), *table)
     if "requests" not in sys.modules:  # then no error raised inside can be one of requests'
         return table
-    from leasecore import conductor_requests
-
+    from leasecore.conductor import session as conductor_requests
     return (*conductor_requests.ERRORS, *table)
 
 

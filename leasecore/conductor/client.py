@@ -1,9 +1,9 @@
 """The Conductor HTTP client: the one place that speaks HTTP to the server (CONDUCTOR_PROTOCOL.md).
 
-Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.auth`). The bytes
-go through one :class:`~leasecore.conductor_transport.Transport`, chosen once in
-:func:`~leasecore.conductor_transport.open_transport`; every library error and HTTP status is
-translated into the project's exception tree in one place, :mod:`leasecore.conductor_http`. Does not
+Owns: URLs, headers, per-attempt timeouts and token auth (through :mod:`leasecore.conductor.auth`). The bytes
+go through one :class:`~leasecore.conductor.transport.Transport`, chosen once in
+:func:`~leasecore.conductor.transport.open_transport`; every library error and HTTP status is
+translated into the project's exception tree in one place, :mod:`leasecore.conductor.calls`. Does not
 own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
 """
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from leasecore import __version__
-from leasecore.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
 from leasecore.clock import Clock, SystemClock
-from leasecore.conductor_http import (
+from leasecore.conductor.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
+from leasecore.conductor.calls import (
     JSON,
     TEXT_OR_JSON,
     Reply,
@@ -28,7 +28,7 @@ from leasecore.conductor_http import (
     protocol_error,
     translate_errors,
 )
-from leasecore.conductor_transport import Transport, open_transport
+from leasecore.conductor.transport import Transport, open_transport
 from leasecore.errors import (
     ConductorAuthError,
     ConductorError,

@@ -38,7 +38,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.lease import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.statefile import ProcessState, probe_process, process_start_ticks
+from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
 
 log = logging.getLogger("conductor_run.outbox")
 

@@ -1,6 +1,6 @@
 """The runner: wires pollers, the lease engine, the process supervisor, the log streamer and the reporter.
 
-Threads only produce events (``leasecore.runtypes``) onto one queue; the main thread consumes them
+Threads only produce events (``leasecore.runner.ports``) onto one queue; the main thread consumes them
 and is the only writer of per-task state. Per task the order is fixed:
 
     poll -> engine.track -> spawn -> (heartbeats, fences) -> child exits -> engine.child_exited
@@ -27,19 +27,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.contact import RecordedCalls, ServerContact
 from leasecore.errors import ProcessError
 from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
-from leasecore.heartbeat import FinalUpdates
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, TerminateTree
-from leasecore.logsink import LogStreamer
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.outbox import still_saved
-from leasecore.poller import Poller, WorkBudget
-from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
-from leasecore.runstatus import InFlight, Phase, server_health, task_snapshot, undelivered_snapshot
-from leasecore.runtypes import (
+from leasecore.runner.contact import RecordedCalls, ServerContact
+from leasecore.runner.engine import FinalUpdates
+from leasecore.runner.logsink import LogStreamer
+from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.ports import (
     ChildExited,
     ConductorPort,
     EnginePort,
@@ -56,8 +53,11 @@ from leasecore.runtypes import (
     TaskTypePlan,
     Tick,
 )
-from leasecore.signals import capture_signals
+from leasecore.runner.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runner.signals import capture_signals
+from leasecore.runner.status import InFlight, Phase, server_health, task_snapshot, undelivered_snapshot
 from leasecore.snapshot import MAX_OUTPUT_LINES, TaskSnapshot
+from leasecore.state.outbox import still_saved
 
 log = logging.getLogger("conductor_run.runner")
 
@@ -105,7 +105,7 @@ class Runner:
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
         update), so no caller can forget the guard. ``contact`` records the outcome of every call to
         the server for the status snapshots; pass the one that records the engine's calls too
-        (``leasecore.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
+        (``leasecore.runner.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
         forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
         in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
         (the runner's own, and its pollers' and default reporter's)."""
@@ -191,7 +191,7 @@ class Runner:
         """Serve until stopped; returns how the run ended. A task's failure is never raised.
 
         ``install_signal_handlers=False``: the caller routes signals to ``handle_signal`` itself (it
-        keeps them captured over its own setup and cleanup, see ``leasecore.worker``).
+        keeps them captured over its own setup and cleanup, see ``leasecore.runner.wiring``).
         """
         handlers = capture_signals(self.handle_signal) if install_signal_handlers else None
         with handlers or contextlib.nullcontext():

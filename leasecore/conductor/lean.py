@@ -24,7 +24,7 @@ What it keeps:
   chunk size are refused, never guessed); interim ``1xx`` answers skipped; ``Connection: close`` (and
   HTTP/1.0) honoured; the status line and headers bounded (64 KiB, 100 fields), the body by
   ``max_body_bytes``;
-* the host name resolved within the deadline too (:mod:`leasecore.resolve`; a literal IP skips it);
+* the host name resolved within the deadline too (:mod:`leasecore.conductor.resolve`; a literal IP skips it);
 * errors are raised as ``OSError``, this module's ``HTTPException`` tree (named and shaped as
   ``http.client``'s, which is not imported: it imports ``ssl`` and ``email``, about 5 MB of a runner's
   RSS, #23) or :class:`~leasecore.http_framing.FramingError`: the caller translates them
@@ -44,8 +44,8 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 
+from leasecore.conductor.resolve import BoundedResolver
 from leasecore.http_framing import CHUNKED, BodyTooLarge, FramingError, body_length, read_chunked
-from leasecore.resolve import BoundedResolver
 
 __all__ = [
     "AnswerTooLarge",
@@ -114,7 +114,7 @@ AnswerTooLarge = BodyTooLarge  # the answer's body passed the size limit; the co
 class LeanTransport:
     """Keep-alive HTTP/1.1 to one ``host:port``; thread-safe; ``max_idle`` connections kept warm.
 
-    A :class:`~leasecore.conductor_transport.Transport`; ``max_body_bytes`` bounds every answer's body.
+    A :class:`~leasecore.conductor.transport.Transport`; ``max_body_bytes`` bounds every answer's body.
     """
 
     def __init__(

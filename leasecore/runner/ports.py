@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from leasecore.lease import FenceAction, FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.poller import PollSettings
-from leasecore.reporter import ReportOutcome
+from leasecore.runner.poller import PollSettings
+from leasecore.runner.reporter import ReportOutcome
 from leasecore.snapshot import ServerHealth, TaskSnapshot
 
 # ---------------------------------------------------------------- events (main-thread queue)

@@ -1,16 +1,16 @@
 """The Conductor client's transport seam: one :class:`Transport` protocol, two implementations, and the
 one place that picks between them (:func:`open_transport`).
 
-* :class:`~leasecore.conductor_lean.LeanTransport`: keep-alive HTTP/1.1 on a plain socket, for
+* :class:`~leasecore.conductor.lean.LeanTransport`: keep-alive HTTP/1.1 on a plain socket, for
   ``http://`` without a proxy (the runner's hot path: the fewest system calls and the least CPU);
-* :class:`~leasecore.conductor_requests.RequestsTransport`: ``requests`` (TLS, proxies from the
+* :class:`~leasecore.conductor.session.RequestsTransport`: ``requests`` (TLS, proxies from the
   environment, a caller's own session and adapters), imported only when chosen (#23).
 
 Both frame answers by the rules of :mod:`leasecore.http_framing` (the lean one with its parser, the
 requests one by refusing the same ambiguous header fields before reading a body), bound a whole
 exchange by one deadline, and raise library errors only (``OSError``, ``http.client``/``requests``/
 ``urllib3`` errors, :class:`~leasecore.http_framing.FramingError`): the client translates them once,
-in :func:`leasecore.conductor_http.translate_errors`. Neither retries, except the lean transport's one
+in :func:`leasecore.conductor.calls.translate_errors`. Neither retries, except the lean transport's one
 resend of an idempotent call whose kept-alive connection died under it (requests has no such resend:
 its pool checks a connection before reuse, and a call that dies on one fails).
 
@@ -24,19 +24,19 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from leasecore.conductor_lean import LeanTransport
+from leasecore.conductor.lean import LeanTransport
 
 if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
     import requests
 
-    from leasecore.conductor_requests import RequestsTransport
+    from leasecore.conductor.session import RequestsTransport
 
 __all__ = ["RequestsTransport", "Transport", "open_transport"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "RequestsTransport":  # defined with the rest of the requests side, loaded on first use
-        from leasecore.conductor_requests import RequestsTransport
+        from leasecore.conductor.session import RequestsTransport
 
         return RequestsTransport
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -107,7 +107,7 @@ def open_transport(
             monotonic=monotonic,
             max_body_bytes=max_body_bytes,
         )
-    from leasecore.conductor_requests import RequestsTransport  # https, a proxy, a session: requests
+    from leasecore.conductor.session import RequestsTransport  # https, a proxy, a session: requests
 
     return RequestsTransport(
         f"{parts.scheme}://{parts.netloc}",
@@ -131,6 +131,5 @@ def _environ_proxies(url: str) -> bool:
         for name, value in os.environ.items()
     ):
         return False
-    from leasecore import conductor_requests
-
+    from leasecore.conductor import session as conductor_requests
     return bool(conductor_requests.environ_proxies(url))

@@ -17,30 +17,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leasecore import treegroups
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
-from leasecore.conductor import ConductorClient
-from leasecore.config import ResolvedConfig, TaskSettings
-from leasecore.contact import RecordedLeaseCalls, ServerContact
+from leasecore.conductor.client import ConductorClient
+from leasecore.config.loader import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
-from leasecore.heartbeat import LeaseEngine
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
-from leasecore.orphans import save_orphans, tree_meta
-from leasecore.outbox import Outbox
-from leasecore.poller import PollSettings
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.leftovers import TreeRecord
-from leasecore.reporter import Reporter, ReportOutcome, UpdatePort
 from leasecore.runas import RunAs, resolve_run_as
-from leasecore.runner import Runner
-from leasecore.runstatus import StatusTee
-from leasecore.runtypes import RunOptions, RunOutcome, StatusPort, TaskTypePlan
-from leasecore.signals import SignalRelay, StartupInterrupted, capture_signals
+from leasecore.runner import treegroups
+from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
+from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.poller import PollSettings
+from leasecore.runner.ports import RunOptions, RunOutcome, StatusPort, TaskTypePlan
+from leasecore.runner.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runner.runner import Runner
+from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
+from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
-from leasecore.statefile import (
+from leasecore.state.orphans import save_orphans, tree_meta
+from leasecore.state.outbox import Outbox
+from leasecore.state.statefile import (
     StatePublisher,
     default_state_dir,
     ensure_state_dir,

@@ -1,10 +1,10 @@
 """The requests side of the Conductor client: its transport, the pooled session, requests' errors.
 
 Imported only when a client needs requests: ``https://``, a proxy from the environment, or an
-injected session (:class:`~leasecore.conductor.ConductorClient`). Plain ``http://`` without a proxy
-goes through :mod:`leasecore.conductor_lean`, and a runner on it never loads requests, urllib3,
+injected session (:class:`~leasecore.conductor.client.ConductorClient`). Plain ``http://`` without a proxy
+goes through :mod:`leasecore.conductor.lean`, and a runner on it never loads requests, urllib3,
 charset_normalizer, idna or certifi (about 10 MB of its idle RSS, #23). Once this module is loaded,
-:func:`leasecore.conductor_http.translate_errors` consults :data:`ERRORS` before the standard
+:func:`leasecore.conductor.calls.translate_errors` consults :data:`ERRORS` before the standard
 library's errors.
 """
 

@@ -1,6 +1,6 @@
 """Pure decisions of the poll loop: how long to wait before the next poll, and when to say so.
 
-No I/O, no threads, no clock reads: the poller thread (``leasecore.poller``) feeds outcomes in and
+No I/O, no threads, no clock reads: the poller thread (``leasecore.runner.poller``) feeds outcomes in and
 sleeps for the delays that come out. Randomness (jitter) is injected so tests are deterministic.
 """
 

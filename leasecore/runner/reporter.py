@@ -28,7 +28,7 @@ from leasecore.errors import (
 )
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import TaskResult, TaskStatus
-from leasecore.outbox import Outbox
+from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from leasecore.config_keys import KEYS, KeySpec, Source, check_value, invalid_value, keys_of
-from leasecore.config_toml import FileView, LoadedFile, parse_toml
+from leasecore.config.keys import KEYS, KeySpec, Source, check_value, invalid_value, keys_of
+from leasecore.config.tomlfile import FileView, LoadedFile, parse_toml
 from leasecore.errors import ConfigError
 
 __all__ = [
@@ -227,7 +227,7 @@ def load_config(
 
 def _server_files(server: ServerSettings) -> ServerSettings:
     """The secret read from ``auth_secret_file``, and the CA bundle checked (#24; ConfigError)."""
-    from leasecore import trust  # ssl: only when a file is named
+    from leasecore.config import trust  # ssl: only when a file is named
 
     if server.ca_bundle is not None:
         trust.check_ca_bundle(server.ca_bundle, server.sources["ca_bundle"])
@@ -240,8 +240,7 @@ def _server_files(server: ServerSettings) -> ServerSettings:
 
 def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> ResolvedConfig:
     """A config file holding a credential must be private where children run as another user (#24)."""
-    from leasecore import trust
-
+    from leasecore.config import trust
     server = loaded.data.get("server")
     if not isinstance(server, dict):
         return config

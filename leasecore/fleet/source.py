@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from leasecore.conductor import ConductorClient
-from leasecore.conductor_http import protocol_error
+from leasecore.conductor.calls import protocol_error
+from leasecore.conductor.client import ConductorClient
 
 
 @dataclass(frozen=True)

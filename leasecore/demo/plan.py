@@ -1,6 +1,6 @@
 """The demo's script and its judge, pure: scenes, what each must show, and whether it did.
 
-``conductor-run demo`` plays three scenes against the embedded server (``leasecore.demo`` does the
+``conductor-run demo`` plays three scenes against the embedded server (``leasecore.demo.scenes`` does the
 I/O). Each scene samples the world several times a second into an :class:`Observation` (the server's
 view of the task, the runner's snapshot, which processes of the task's tree still live); a
 :class:`SceneTracker` turns the samples into a timeline of :class:`Event` s, decides when the

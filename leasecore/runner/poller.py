@@ -23,7 +23,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
-from leasecore.polling import BackoffPolicy, FailureKind, PollBackoff, Reachability
+from leasecore.runner.pollpolicy import BackoffPolicy, FailureKind, PollBackoff, Reachability
 
 log = logging.getLogger("conductor_run.poll")
 

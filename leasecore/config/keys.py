@@ -3,7 +3,7 @@
 Pure. Checkers take a value as the file or a flag gives it (already typed) and return the clean value
 or raise ``ValueError`` saying what is allowed; ``from_text`` first turns an environment string into
 a typed value. ``config.resolve`` wraps those ``ValueError`` into ``ConfigError`` with key and source.
-Defaults are not here: they live on the settings dataclasses in ``config.py``.
+Defaults are not here: they live on the settings dataclasses in ``config/loader.py``.
 """
 
 from __future__ import annotations

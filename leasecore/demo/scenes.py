@@ -1,8 +1,8 @@
 """Plays the demo's scenes for real: embedded server, silenceable relay, a real runner process.
 
-For each scene (``leasecore.demoplan``) a fresh :class:`~leasecore.server.EmbeddedServer` gets the
+For each scene (``leasecore.demo.plan``) a fresh :class:`~leasecore.server.EmbeddedServer` gets the
 sample definitions (``sample_tasks/demo_taskdefs.json``, ``demo_workflow.json``) and one workflow; a
-:class:`~leasecore.demo_proxy.SilenceProxy` sits between it and the runner, which is the real
+:class:`~leasecore.demo.proxy.SilenceProxy` sits between it and the runner, which is the real
 ``conductor-run run --once`` in a child process, configured by a generated ``conductor.toml``. The
 scene is sampled every ``sample_interval`` seconds: the server's view of the task (read directly, not
 through the relay), the runner's status snapshot, and which pids of the task's tree still live (the
@@ -31,9 +31,8 @@ from typing import Any
 import tomli_w
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.conductor import ConductorAdmin, ConductorClient
-from leasecore.demo_proxy import SilenceProxy
-from leasecore.demoplan import (
+from leasecore.conductor.client import ConductorAdmin, ConductorClient
+from leasecore.demo.plan import (
     DemoSettings,
     Event,
     Observation,
@@ -43,10 +42,11 @@ from leasecore.demoplan import (
     runner_config,
     task_defs_for,
 )
+from leasecore.demo.proxy import SilenceProxy
 from leasecore.errors import ConductorError, ConfigError
 from leasecore.server import EmbeddedServer
 from leasecore.snapshot import TaskSnapshot
-from leasecore.statefile import ProcessState, probe_process, process_start_ticks, read_snapshots
+from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks, read_snapshots
 
 __all__ = ["DemoFiles", "SceneOutcome", "play_scene", "sample_dirs"]
 
@@ -102,7 +102,7 @@ def sample_dirs() -> list[Path]:
     package = importlib.resources.files("leasecore")
     if isinstance(package, Path):
         dirs.append(package / "sample_tasks")
-    dirs.append(Path(__file__).resolve().parents[1] / "sample_tasks")
+    dirs.append(Path(__file__).resolve().parents[2] / "sample_tasks")
     return dirs
 
 

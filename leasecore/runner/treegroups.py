@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from leasecore.config import ResolvedConfig, TaskSettings
+from leasecore.config.loader import ResolvedConfig, TaskSettings
 from leasecore.errors import ConfigError
 from leasecore.limits import Limits
 from leasecore.process import cgroups

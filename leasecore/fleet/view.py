@@ -1,6 +1,6 @@
 """The fleet view: per task type and domain, the queue depth and the workers polling it (pure).
 
-Built from two answers of the server alone (``leasecore.fleet_source`` fetches them):
+Built from two answers of the server alone (``leasecore.fleet.source`` fetches them):
 
 - ``GET /api/tasks/queue/all``: ``{queueName: size}``, where a queue name is ``taskType`` or
   ``domain:taskType``; names starting with ``_`` are the server's own (``_deciderQueue``);

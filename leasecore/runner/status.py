@@ -15,11 +15,11 @@ from enum import Enum
 from typing import Protocol
 
 from leasecore.clock import Clock
-from leasecore.contact import ServerContact
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskStatus
-from leasecore.poller import Poller
-from leasecore.runtypes import ChildPort, StatusPort, TaskTypePlan
+from leasecore.runner.contact import ServerContact
+from leasecore.runner.poller import Poller
+from leasecore.runner.ports import ChildPort, StatusPort, TaskTypePlan
 from leasecore.snapshot import (
     OutputTail,
     RunnerInfo,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from leasecore.config_keys import Source
+from leasecore.config.keys import Source
 from leasecore.errors import ConfigError
 
 MAX_SECRET_FILE_BYTES = 64 * 1024  # a key secret is a few dozen bytes; a big file is the wrong file

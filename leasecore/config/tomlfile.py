@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from leasecore.config_keys import ALIASES, KEYS, Source, check_value, keys_of
+from leasecore.config.keys import ALIASES, KEYS, Source, check_value, keys_of
 from leasecore.errors import ConfigError
 
 # (section, task index or -1, key) -> 1-based line. Section "" is the top level; key "" is the header.

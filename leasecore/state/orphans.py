@@ -23,8 +23,8 @@ from typing import Any
 
 from leasecore.clock import Clock
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.outbox import Outbox, server_key
 from leasecore.process.leftovers import TreeRecord
+from leasecore.state.outbox import Outbox, server_key
 
 log = logging.getLogger("conductor_run.orphans")
 
