@@ -23,6 +23,8 @@ PURE = frozenset({
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
     "leasecore.config.keys", "leasecore.config.tomlfile", "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy",
+    "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
+    "leasecore.lease.policy",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",
