@@ -33,7 +33,7 @@ from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy, Ter
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.contact import RecordedCalls, ServerContact
-from leasecore.runner.engine import FinalUpdates
+from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import (

@@ -33,7 +33,8 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.engine import FinalUpdates, LeaseEngine
+from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.server import EmbeddedServer
 
