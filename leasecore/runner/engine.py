@@ -1,36 +1,34 @@
-"""The lease engine: carries out every lease of this process, steppable by ``run_due``.
+"""The lease engine: carries out every lease of this process; steppable by ``run_due``.
 
-Owns the ``Lease`` objects (``leasecore.lease``) of the tasks being run, hands their heartbeats and
-ownership checks to its senders (``leasecore.runner.senders``), feeds the answers back, hands the
-fences to the runner through ``on_fence``, and keeps each task's final update apart from its beats
-(``begin_final_update`` / ``final_update_failed`` / ``reported``; ``FinalUpdates`` makes those calls
-around each attempt). Wake-up times wait in a ``TimerHeap`` (``leasecore.runner.timerheap``);
-``run_due()`` runs whatever is due at the clock's now and returns: the timer thread loops on it, a
-test on a ``FakeClock`` calls it with ``InlineSenders`` (no threads at all).
+Owns the policy of carrying leases out. It keeps each polled task's ``Lease`` (``leasecore.lease``;
+which lease a call reaches: ``leasebook``), queues their heartbeats and ownership checks for its
+senders (``senders``: the queue and the executor), feeds each call's answer back (``leasecalls``),
+hands fences to the runner through ``on_fence``, and keeps a task's final update apart from its beats
+(``begin_final_update`` / ``final_update_failed`` / ``reported``, which ``finalupdates.FinalUpdates``
+calls around each attempt). Wake-up times wait in the ``timer``; ``run_due()`` runs what is due at
+the clock's now and returns: the timer thread loops on it, a test on a ``FakeClock`` calls it with
+``InlineSenders`` (no threads at all).
 
 Must not touch: processes (fencing is the runner's, through ``on_fence``), the server except through
-``LeasePort`` (``ConductorClient`` satisfies it), decisions about time (the ``Lease``'s).
+``LeasePort`` (``ConductorClient`` satisfies it), decisions about time (each ``Lease`` makes them).
 
-Threads: ``lease-timer`` (``start``) sleeps on a condition until the earliest wake-up; the senders'
-threads make the calls; the runner's loop calls the events. Every lease is touched only under the one
-engine lock; ``on_fence`` is called outside it and must be quick (putting it on a queue).
+Threads: ``lease-timer`` (``start``), the senders' threads, and the runner's loop calling the events.
+Every lease is touched only under the one engine lock; ``on_fence`` is called outside it, from any of
+those threads, and must be quick (putting it on a queue is the intended use).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.lease import (
     Action,
     CheckOwnership,
@@ -42,9 +40,11 @@ from leasecore.lease import (
     SendHeartbeat,
 )
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import Task, TaskOwnership
+from leasecore.models import Task
+from leasecore.runner.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.leasecalls import Answer, LeasePort, extend_lease, log_outcome, read_ownership
 from leasecore.runner.senders import Job, SenderExecutor, SendQueue, SendSource, ThreadedSenders
-from leasecore.runner.timerheap import TimerHeap
+from leasecore.runner.timer import Timer
 
 __all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
 
@@ -53,18 +53,6 @@ log = logging.getLogger(__name__)
 _LATENESS_SAMPLES = 10_000
 # begin_final_update waits for a beat in flight up to that call's own timeout plus this much.
 _FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
-
-
-class LeasePort(Protocol):
-    """The two server calls the engine makes (raising only ``leasecore.errors`` types)."""
-
-    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
-        """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
-        ...
-
-    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
-        """GET /api/tasks/{id}: the task's status, pollCount and workerId; None for a 404."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -80,17 +68,6 @@ class EngineMetrics:
     heartbeats_sent: int
     heartbeat_lateness_p99_seconds: float  # from due time to the port call, recent beats
     heartbeat_lateness_max_seconds: float
-
-
-@dataclass
-
-
-@dataclass
-class _Entry:
-    task: Task
-    lease: Lease
-    beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
-    since_poll: int = 0  # the pollCount of the delivery that started this lease
 
 
 Fences = list[tuple[str, FenceAction]]
@@ -155,22 +132,15 @@ class LeaseEngine:
         self._port = port
         self._on_fence = on_fence
         self._clock: Clock = clock or SystemClock()
-        self._random = random_source
         self._lock = threading.Lock()
-        self._timer_cv = threading.Condition(self._lock)
         self._beat_done_cv = threading.Condition(self._lock)  # a heartbeat call returned
-        self._entries: dict[str, _Entry] = {}
-        # Leases whose final update (a yield) is still unacknowledged while the task's next delivery
-        # already has its own lease in ``_entries``: inert, kept only for FinalUpdates' calls.
-        self._retired: dict[str, _Entry] = {}
-        self._timers = TimerHeap()  # by task id: each current lease's next_wakeup()
-        self._timer_target = -math.inf  # what the timer sleeps until (-inf: it is awake)
+        self._leases = LeaseBook(random_source)
+        self._timer = Timer(self._lock, self._clock)  # by task id: each current lease's next_wakeup()
         self._senders: SenderExecutor = executor or ThreadedSenders(senders, max_senders)
         self._queue = SendQueue(max(1, self._senders.capacity // 2), check_budget or CheckBudget(0.0))
         self._senders.bind(SendSource(self._lock, self._runnable_locked, self._budget_wait_locked,
                                       self._take_locked))  # fmt: skip
-        self._timer: threading.Thread | None = None
-        self._started = self._stopping = False
+        self._started = False
         self._heartbeats_sent = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
 
@@ -182,17 +152,14 @@ class LeaseEngine:
             if self._started:
                 raise RuntimeError("the lease engine was already started")
             self._started = True
-            self._timer = threading.Thread(target=self._timer_loop, name="lease-timer", daemon=True)
-            self._timer.start()
+            self._timer.start_locked(self.run_due)
             self._senders.start_locked()
 
     def stop(self, timeout_seconds: float | None = None) -> None:
         """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
         with self._lock:
-            self._stopping = True
             self._queue.clear()
-            self._timer_cv.notify_all()
-            threads = ([self._timer] if self._timer is not None else []) + self._senders.stop_locked()
+            threads = self._timer.stop_locked() + self._senders.stop_locked()
         deadline = None if timeout_seconds is None else self._clock.monotonic() + timeout_seconds
         for thread in threads:
             left = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
@@ -203,7 +170,7 @@ class LeaseEngine:
 
     def alive(self) -> bool:
         """The timer thread runs (False before ``start``, after ``stop``, or if it died)."""
-        return self._timer is not None and self._timer.is_alive()
+        return self._timer.alive()
 
     def run_due(self) -> int:
         """Run every timer entry due at the clock's now, hand out the fences, then return their number.
@@ -222,7 +189,7 @@ class LeaseEngine:
         """When ``run_due`` next has something to do (monotonic seconds): the earliest timer entry, or
         when the check budget lets a queued check go. None: nothing scheduled."""
         with self._lock:
-            times = [self._timers.earliest()]
+            times = [self._timer.earliest_locked()]
             budget_wait = self._budget_wait_locked()
             if budget_wait is not None:
                 times.append(self._clock.monotonic() + budget_wait)
@@ -246,18 +213,7 @@ class LeaseEngine:
         with self._lock:
             now = self._clock.monotonic()
             at = now if polled_at is None else min(polled_at, now)
-            entry = self._entries.get(task.task_id)
-            if entry is not None and entry.lease.is_new_delivery(task.poll_count):
-                entry.lease.on_reported(now)  # no action ever again; its update's calls still find it
-                self._retired[task.task_id] = entry
-                entry = None
-            if entry is None:
-                lease = Lease(policy, at, poll_count=task.poll_count, random=self._random)
-                entry = _Entry(task, lease, since_poll=task.poll_count)
-                self._entries[task.task_id] = entry
-                actions = entry.lease.on_tick(now)
-            else:
-                actions = entry.lease.on_redelivered(now, at, task.poll_count)
+            entry, actions = self._leases.admit(task, policy, at, now)
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
 
@@ -284,8 +240,8 @@ class LeaseEngine:
         it with ``reported`` once the update is acknowledged, or ``final_update_failed``.
         """
         with self._lock:
-            entry = self._entries.get(task_id)
-            if entry is None or task_id in self._retired:  # (a retired lease is inert: nothing to stop)
+            entry = self._leases.in_final_update(task_id)
+            if entry is None:  # unknown, or a retired lease (inert: nothing to stop)
                 return True
             now = self._clock.monotonic()
             actions = entry.lease.on_final_update_started(now)
@@ -309,9 +265,8 @@ class LeaseEngine:
         """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now).
 
         A no-op while the task's lease is retired (its next delivery's own lease beats the task)."""
-        if task_id in self._retired:
-            return
-        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now))
+        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now),
+                    self._leases.in_final_update)  # fmt: skip
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
@@ -322,18 +277,8 @@ class LeaseEngine:
         forgets) ends the current lease only if that lease started no later than that delivery.
         """
         with self._lock:
-            entry = self._entries.get(task_id)
-            if poll_count is None:  # the update's acknowledgement: the lease in final update
-                current = task_id not in self._retired
-            else:  # the runner forgets a run: the current lease only if it is that run's
-                current = entry is not None and poll_count >= entry.since_poll
-            if current:
-                self._entries.pop(task_id, None)
-                self._timers.discard(task_id)
-            else:
-                entry = self._retired.pop(task_id, None)  # never the newer delivery's lease
-            if entry is not None:
-                entry.lease.on_reported(self._clock.monotonic())
+            if self._leases.end(task_id, self._clock.monotonic(), poll_count=poll_count):
+                self._timer.discard_locked(task_id)
 
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
@@ -345,7 +290,7 @@ class LeaseEngine:
         fences: Fences = []
         with self._lock:
             now = self._clock.monotonic()
-            entries = list(self._entries.values()) if task_id is None else [self._entries[task_id]]
+            entries = [e for _, e in self._leases.items()] if task_id is None else [self._leases[task_id]]
             for entry in entries:
                 if force:
                     actions = entry.lease.on_force_shutdown(now)
@@ -359,23 +304,23 @@ class LeaseEngine:
     def fence_reason(self, task_id: str) -> FenceReason | None:
         """Why the task's tree was fenced (None: it was not, or the task is not tracked)."""
         with self._lock:
-            entry = self._entries.get(task_id)
+            entry = self._leases.get(task_id)
             return None if entry is None else entry.lease.fence_reason
 
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
         with self._lock:
-            return self._entries[task_id].lease.view()
+            return self._leases[task_id].lease.view()
 
     def views(self) -> dict[str, LeaseView]:
         """Snapshots of every tracked lease."""
         with self._lock:
-            return {task_id: entry.lease.view() for task_id, entry in self._entries.items()}
+            return {task_id: entry.lease.view() for task_id, entry in self._leases.items()}
 
     def retired(self) -> list[str]:
         """Tasks whose old lease still waits for its final update's acknowledgement (see ``track``)."""
         with self._lock:
-            return list(self._retired)
+            return self._leases.retired()
 
 
     def metrics(self) -> EngineMetrics:
@@ -385,7 +330,7 @@ class LeaseEngine:
             lateness = sorted(self._lateness)
             load = self._senders.load_locked()
             return EngineMetrics(
-                tracked=len(self._entries),
+                tracked=len(self._leases),
                 senders=load.senders,
                 busy_senders=load.busy,
                 queued=len(self._queue),
@@ -404,28 +349,31 @@ class LeaseEngine:
     def _budget_wait_locked(self) -> float | None:
         return self._queue.budget_wait_seconds(self._clock.monotonic())
 
-    def _event(self, task_id: str, apply: Callable[[Lease, float], list[Action]]) -> None:
+    def _event(
+        self,
+        task_id: str,
+        apply: Callable[[Lease, float], list[Action]],
+        find: Callable[[str], LeaseEntry | None] | None = None,
+    ) -> None:
         fences: Fences = []
         with self._lock:
-            entry = self._entries.get(task_id)
+            entry = (find or self._leases.get)(task_id)
             if entry is not None:
                 fences = self._apply_locked(entry, apply(entry.lease, self._clock.monotonic()))
         self._deliver(fences)
 
 
-    def _apply_locked(self, entry: _Entry, actions: Iterable[Action]) -> Fences:
+    def _apply_locked(self, entry: LeaseEntry, actions: Iterable[Action]) -> Fences:
         fences: Fences = []
         for action in actions:
             if isinstance(action, SendHeartbeat | CheckOwnership):
                 self._enqueue_locked(entry, action)
             else:
                 fences.append((entry.task.task_id, action))
-        wake = entry.lease.next_wakeup()
-        if self._timers.schedule(entry.task.task_id, wake) and wake is not None and wake < self._timer_target:
-            self._timer_cv.notify()
+        self._timer.schedule_locked(entry.task.task_id, entry.lease.next_wakeup())
         return fences
 
-    def _enqueue_locked(self, entry: _Entry, action: SendHeartbeat | CheckOwnership) -> None:
+    def _enqueue_locked(self, entry: LeaseEntry, action: SendHeartbeat | CheckOwnership) -> None:
         now = self._clock.monotonic()
         job = Job(entry.task.task_id, entry.task.workflow_id, action, entry.lease.policy.min_attempt_seconds,
                   now, task_type=entry.task.task_type)  # fmt: skip
@@ -435,17 +383,17 @@ class LeaseEngine:
     def _fire_due_locked(self) -> Fences:
         now = self._clock.monotonic()
         fences: Fences = []
-        while (task_id := self._timers.pop_due(now)) is not None:
-            entry = self._entries.get(task_id)
+        while (task_id := self._timer.pop_due_locked(now)) is not None:
+            entry = self._leases.get(task_id)
             if entry is not None:
                 fences += self._apply_locked(entry, entry.lease.on_tick(now))
-        self._timers.compact()
+        self._timer.compact_locked()
         return fences
 
     def _take_locked(self) -> Callable[[], None] | None:
         """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""
         job = self._queue.pop()
-        entry = self._entries.get(job.task_id)
+        entry = self._leases.get(job.task_id)
         if entry is None:
             return None  # reported meanwhile: never send it
         now = self._clock.monotonic()
@@ -461,21 +409,7 @@ class LeaseEngine:
 
     # ----- threads -------------------------------------------------------------------------------
 
-    def _timer_loop(self) -> None:
-        while True:
-            if self.run_due():
-                continue  # handing the fences out took time: look again before sleeping
-            with self._lock:
-                if self._stopping:
-                    return
-                wake = self._timers.earliest()
-                self._timer_target = math.inf if wake is None else wake
-                wait = self._timer_target - self._clock.monotonic()
-                if wait > 0:
-                    self._timer_cv.wait(None if wait == math.inf else wait)
-                self._timer_target = -math.inf
-
-    def _run_beat(self, entry: _Entry, job: Job, action: SendHeartbeat) -> None:
+    def _run_beat(self, entry: LeaseEntry, job: Job, action: SendHeartbeat) -> None:
         try:
             fences = self._send_heartbeat(job, action)
         finally:
@@ -496,85 +430,43 @@ class LeaseEngine:
     def _send_heartbeat(self, job: Job, action: SendHeartbeat) -> Fences:
         sent_at = self._clock.monotonic()
         timeout = min(action.timeout_seconds, action.expires_at - sent_at)
-        outcome: Callable[[Lease, float], list[Action]]
-        late: float | None = None  # sent minus due, for the metrics (None: never sent)
-        ok = False
         if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
-            outcome = Lease.on_heartbeat_failed
-        else:
-            late = sent_at - action.due_at
-            with self._lock:
-                self._heartbeats_sent += 1
-                self._lateness.append(late)
-            try:
-                self._port.extend_lease(job.task_id, job.workflow_id, timeout_seconds=timeout)
-                outcome = functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at)
-                ok = True
-            except ConductorNotFound:
-                log.warning("task %s: the server no longer knows it (404 on a heartbeat)", job.task_id)
-                outcome = Lease.on_heartbeat_not_found
-            except ConductorError as exc:
-                self._observer.on_heartbeat(job.task_type, False, late)
-                return self._outcome(job.task_id, Lease.on_heartbeat_failed, beat_error=str(exc))
-            except Exception:  # a bug in the port must not leave the lease waiting forever
-                log.exception("task %s: heartbeat raised unexpectedly", job.task_id)
-                outcome = Lease.on_heartbeat_failed
-        self._observer.on_heartbeat(job.task_type, ok, late)
-        return self._outcome(job.task_id, outcome)
+            self._observer.on_heartbeat(job.task_type, False, None)
+            return self._outcome(job.task_id, Answer(Lease.on_heartbeat_failed))
+        late = sent_at - action.due_at  # for the metrics
+        with self._lock:
+            self._heartbeats_sent += 1
+            self._lateness.append(late)
+        answer = extend_lease(self._port, job.task_id, job.workflow_id, timeout_seconds=timeout,
+                              sent_at=sent_at)  # fmt: skip
+        self._observer.on_heartbeat(job.task_type, answer.ok, late)
+        return self._outcome(job.task_id, answer)
 
     def _check_ownership(self, job: Job, action: CheckOwnership, expires_at: float) -> Fences:
-        started = self._clock.monotonic()
-        timeout = min(action.timeout_seconds, expires_at - started)
-        outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
-        answered = False
+        timeout = min(action.timeout_seconds, expires_at - self._clock.monotonic())
+        answer = Answer(Lease.on_ownership_check_failed)
         if timeout >= job.min_attempt_seconds:
-            try:
-                ownership = self._port.get_task_ownership(job.task_id, timeout_seconds=timeout)
-                outcome = functools.partial(Lease.on_ownership, ownership=ownership)
-                answered = True
-            except ConductorError as exc:
-                log.warning("task %s: ownership check failed: %s", job.task_id, exc)
-            except Exception:
-                log.exception("task %s: ownership check raised unexpectedly", job.task_id)
-        fences = self._outcome(job.task_id, outcome, log_loss=True)
+            answer = read_ownership(self._port, job.task_id, timeout_seconds=timeout)
+        fences = self._outcome(job.task_id, answer)
         if self._observer.enabled:  # "lost": the lease, having weighed the answer, holds the task lost
-            lost = answered and self._lost_reason(job.task_id) is not None
-            result = "lost" if lost else "ok" if answered else "failed"
+            with self._lock:
+                entry = self._leases.get(job.task_id)
+                lost = answer.ok and entry is not None and entry.lease.lost_reason is not None
+            result = "lost" if lost else "ok" if answer.ok else "failed"
             self._observer.on_ownership_check(job.task_type, result)
         return fences
 
-    def _lost_reason(self, task_id: str) -> str | None:
+    def _outcome(self, task_id: str, answer: Answer) -> Fences:
         with self._lock:
-            entry = self._entries.get(task_id)
-            return entry.lease.lost_reason if entry is not None else None
-
-    def _outcome(
-        self,
-        task_id: str,
-        outcome: Callable[[Lease, float], list[Action]],
-        *,
-        log_loss: bool = False,
-        beat_error: str | None = None,
-    ) -> Fences:
-        with self._lock:
-            entry = self._entries.get(task_id)
+            entry = self._leases.get(task_id)
             if entry is None:
                 return []
-            known = entry.lease.lost_reason
-            failed_before = entry.lease.consecutive_failures
-            fences = self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
-            why = entry.lease.lost_reason
-            failed_now = entry.lease.consecutive_failures
-        if beat_error is not None:
-            # Once per task per outage (its retries at debug level): with hundreds of tasks and the
-            # server away, a line per attempt was thousands of lines a minute.
-            level = logging.WARNING if failed_before == 0 else logging.DEBUG
-            log.log(level, "task %s: heartbeat failed: %s (retrying until the lease deadline)", task_id,
-                    beat_error)  # fmt: skip
-        elif failed_before and not failed_now:
-            log.info("task %s: heartbeat acknowledged again after %d failed", task_id, failed_before)
-        if log_loss and why is not None and known is None:
-            log.warning("task %s: no longer ours: %s", task_id, why)
+            lease = entry.lease
+            failed_before, lost_before = lease.consecutive_failures, lease.lost_reason
+            fences = self._apply_locked(entry, answer.event(lease, self._clock.monotonic()))
+            failed_now, lost_now = lease.consecutive_failures, lease.lost_reason
+        log_outcome(task_id, failed_before=failed_before, failed_now=failed_now, beat_error=answer.beat_error,
+                    lost_before=lost_before, lost_now=lost_now)  # fmt: skip
         return fences
 
     def _deliver(self, fences: Fences) -> None:
