@@ -42,6 +42,11 @@ class TimerHeap:
         """Keys with a wake-up time."""
         return len(self._live)
 
+    @property
+    def entries(self) -> int:
+        """Entries held, superseded ones included (what ``compact`` bounds)."""
+        return len(self._heap)
+
     def schedule(self, key: str, when: float | None) -> bool:
         """Set ``key``'s wake-up time (None: none); True when it was not already that time."""
         if self._live.get(key) == when:
