@@ -322,7 +322,6 @@ class LeaseEngine:
         with self._lock:
             return self._leases.retired()
 
-
     def metrics(self) -> EngineMetrics:
         """Pool load and heartbeat lateness."""
         with self._lock:

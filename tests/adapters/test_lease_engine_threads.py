@@ -287,4 +287,3 @@ def test_the_wait_for_a_heartbeat_that_ignores_its_timeout_is_bounded(
     started = time.monotonic()
     assert engine.begin_final_update("t1", timeout_seconds=0.3) is False
     assert 0.3 - 0.01 <= time.monotonic() - started < 0.3 + MARGIN
-
