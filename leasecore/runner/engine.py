@@ -6,8 +6,8 @@ senders (``senders``: the queue and the executor), feeds each call's answer back
 hands fences to the runner through ``on_fence``, and keeps a task's final update apart from its beats
 (``begin_final_update`` / ``final_update_failed`` / ``reported``, which ``finalupdates.FinalUpdates``
 calls around each attempt). Wake-up times wait in the ``timer``; ``run_due()`` runs what is due at
-the clock's now and returns: the timer thread loops on it, a test on a ``FakeClock`` calls it with
-``InlineSenders`` (no threads at all).
+the clock's now and returns: the timer thread does that on each wake-up, a test on a ``FakeClock``
+calls it with ``InlineSenders`` (no threads at all).
 
 Must not touch: processes (fencing is the runner's, through ``on_fence``), the server except through
 ``LeasePort`` (``ConductorClient`` satisfies it), decisions about time (each ``Lease`` makes them).
@@ -151,9 +151,9 @@ class LeaseEngine:
         with self._lock:
             if self._started:
                 raise RuntimeError("the lease engine was already started")
+            self._senders.start_locked()  # (InlineSenders refuse: a stepped engine is never started)
             self._started = True
-            self._timer.start_locked(self.run_due)
-            self._senders.start_locked()
+            self._timer.start_locked(self._fire_for_timer_locked)
 
     def stop(self, timeout_seconds: float | None = None) -> None:
         """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
@@ -175,9 +175,9 @@ class LeaseEngine:
     def run_due(self) -> int:
         """Run every timer entry due at the clock's now, hand out the fences, then return their number.
 
-        The timer thread's step. With an executor that works in its caller's thread (``InlineSenders``)
-        the requests that may go are carried out here too, their answers fed back: a test advances a
-        ``FakeClock`` to ``next_wakeup()`` and calls this, with no thread involved.
+        What the timer thread does on each wake-up. With an executor that works in its caller's thread
+        (``InlineSenders``) the requests that may go are carried out here too, their answers fed back:
+        a test advances a ``FakeClock`` to ``next_wakeup()`` and calls this, with no thread involved.
         """
         with self._lock:
             fences = self._fire_due_locked()
@@ -388,6 +388,11 @@ class LeaseEngine:
                 fences += self._apply_locked(entry, entry.lease.on_tick(now))
         self._timer.compact_locked()
         return fences
+
+    def _fire_for_timer_locked(self) -> Callable[[], None] | None:
+        """The timer thread's wake-up: ``run_due``'s first half under the lock; the hand-out after."""
+        fences = self._fire_due_locked()
+        return functools.partial(self._deliver, fences) if fences else None
 
     def _take_locked(self) -> Callable[[], None] | None:
         """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""

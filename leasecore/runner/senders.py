@@ -284,7 +284,10 @@ class InlineSenders:
         self._source = source
 
     def start_locked(self) -> None:
-        """Nothing to start: requests wait for ``run_due`` / ``run_next``."""
+        """Refused: nothing here runs on its own, so an engine on it is stepped (``run_due``), never
+        started (its timer thread would fire leases whose requests nobody carries out)."""
+        raise RuntimeError("InlineSenders carry requests out only in run_due / run_next: step the "
+                           "engine on them, do not start it")  # fmt: skip
 
     def work_queued_locked(self, runnable: int) -> None:
         """Nothing: the request waits for ``run_due`` / ``run_next``."""

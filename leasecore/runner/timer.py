@@ -4,7 +4,7 @@ Owns ``TimerHeap`` (a heap of ``(when, arrival, key)`` entries with at most one 
 scheduling a key again supersedes its older entry, skipped when it surfaces and dropped by an
 occasional compaction, so the heap stays within a few times the live keys; plain data, no threads)
 and ``Timer``, which keeps the heap under the engine's lock and runs the ``lease-timer`` thread: it
-calls the engine's step (``LeaseEngine.run_due``) and sleeps on a condition until the earliest time;
+runs what is due (``LeaseEngine.run_due``'s work) and sleeps on a condition until the earliest time;
 scheduling an earlier one wakes it. No polling loop.
 
 Must not touch: leases, queues, the port. What a wake-up does is the step's business; ``now`` comes
@@ -119,9 +119,12 @@ class Timer:
         """The earliest wake-up time (None: nothing scheduled)."""
         return self._heap.earliest()
 
-    def start_locked(self, step: Callable[[], int]) -> None:
-        """Start the thread: it calls ``step`` (how many things it handed out; 0: sleep) until stopped."""
-        self._thread = threading.Thread(target=self._loop, args=(step,), name="lease-timer", daemon=True)
+    def start_locked(self, fire_locked: Callable[[], Callable[[], None] | None]) -> None:
+        """Start the thread. Each time it wakes it calls ``fire_locked`` with the lock held (the engine
+        runs what is due), then, without the lock, the hand-out that returns (None: nothing to hand
+        out: it sleeps until the earliest time, in the same locked step, so no wake-up is lost)."""
+        self._thread = threading.Thread(target=self._loop, args=(fire_locked,), name="lease-timer",
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
     def stop_locked(self) -> list[threading.Thread]:
@@ -134,16 +137,17 @@ class Timer:
         """The thread runs (False before ``start_locked``, after it ended, or if it died)."""
         return self._thread is not None and self._thread.is_alive()
 
-    def _loop(self, step: Callable[[], int]) -> None:
+    def _loop(self, fire_locked: Callable[[], Callable[[], None] | None]) -> None:
         while True:
-            if step():
-                continue  # handing things out took time: look again before sleeping
             with self._lock:
-                if self._stopping:
-                    return
-                wake = self._heap.earliest()
-                self._target = math.inf if wake is None else wake
-                wait = self._target - self._clock.monotonic()
-                if wait > 0:
-                    self._cv.wait(None if wait == math.inf else wait)
                 self._target = -math.inf
+                hand_out = fire_locked()
+                if hand_out is None:
+                    if self._stopping:
+                        return
+                    wake = self._heap.earliest()
+                    self._target = math.inf if wake is None else wake
+                    wait = self._target - self._clock.monotonic()
+                    self._cv.wait(None if wait == math.inf else max(0.0, wait))
+                    continue
+            hand_out()  # (it took time: look again before sleeping)

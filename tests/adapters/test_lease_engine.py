@@ -498,3 +498,11 @@ def test_a_check_held_by_the_budget_is_bounded_by_the_lease_as_it_is_when_it_sta
     # Then they went one a second, each a real call (none given up as too late)
     assert [b - a for a, b in itertools.pairwise(checks[:3])] == pytest.approx([1.0, 1.0], abs=EXACT)
     assert fences.calls == []
+
+
+def test_a_stepped_engine_refuses_to_start(engine: LeaseEngine) -> None:
+    # InlineSenders carry requests out only when run_due asks: a timer thread would fire leases
+    # whose heartbeats nobody sends.
+    with pytest.raises(RuntimeError, match="run_due"):
+        engine.start()
+    assert not engine.alive()
