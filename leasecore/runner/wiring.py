@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
-from leasecore.config.loader import ResolvedConfig, TaskSettings
+from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
