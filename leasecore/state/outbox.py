@@ -18,6 +18,11 @@ few seconds): a result is **claimed** before it is sent, by renaming its file to
 or dropped, the claim is deleted; kept (the server unreachable), it is renamed back, unless a newer
 result of the task was saved meanwhile (that one wins). A claim whose runner died (pid and start time)
 is renamed back by the next delivery of any runner of that server.
+
+Must not: decide whether a result is ours beyond the read-back (``lease.ownership_lost_reason``),
+talk to the server itself (``deliver`` is handed ``update`` and ``read_task``).
+Threads: ``save`` on the reporter's threads (and the start-up sweep's), ``deliver`` on the caller's
+(the start, then the wiring's ``outbox-redelivery`` thread); claims by rename keep them apart.
 """
 
 from __future__ import annotations
