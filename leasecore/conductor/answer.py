@@ -3,7 +3,7 @@
 Owns: :class:`AnswerReader` (the status line and header section, bounded to 64 KiB and 100 fields;
 the body framed by Content-Length, chunked or the connection's end under the shared strict rules of
 :mod:`leasecore.http_framing`, bounded by ``max_body_bytes``; every ``recv`` bounded by what is left
-of the attempt's deadline through ``SO_RCVTIMEO``), :func:`time_left` and :func:`arm` (the deadline
+of the attempt's deadline through ``SO_RCVTIMEO``), :func:`seconds_left` and :func:`arm` (the deadline
 as the kernel's per-call timeout), and the ``HTTPException`` tree, named and shaped as
 ``http.client``'s, which is not imported (it loads ``ssl`` and ``email``, #23).
 
@@ -29,7 +29,7 @@ __all__ = [
     "LineTooLong",
     "RemoteDisconnected",
     "arm",
-    "time_left",
+    "seconds_left",
 ]
 
 RECV_BYTES = 64 * 1024  # the most one recv asks for
@@ -140,7 +140,7 @@ class AnswerReader:
         return self._to_end(max_bytes), False
 
     def _recv(self) -> bytes:
-        arm(self._sock, socket.SO_RCVTIMEO, time_left(self._deadline, self._monotonic))
+        arm(self._sock, socket.SO_RCVTIMEO, seconds_left(self._deadline, self._monotonic))
         try:
             return self._sock.recv(RECV_BYTES)
         except BlockingIOError:  # SO_RCVTIMEO ran out
@@ -209,7 +209,7 @@ class AnswerReader:
         return b"".join(parts)
 
 
-def time_left(deadline: float, monotonic: Callable[[], float]) -> float:
+def seconds_left(deadline: float, monotonic: Callable[[], float]) -> float:
     """Seconds left before ``deadline``; TimeoutError once none are."""
     left = deadline - monotonic()
     if left <= 0:

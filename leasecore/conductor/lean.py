@@ -34,7 +34,7 @@ from leasecore.conductor.answer import (
     LineTooLong,
     RemoteDisconnected,
     arm,
-    time_left,
+    seconds_left,
 )
 from leasecore.conductor.resolve import BoundedResolver
 from leasecore.http_framing import FramingError
@@ -223,12 +223,12 @@ class LeanTransport:
     def _open(self, deadline: float) -> socket.socket:
         """A connected socket: the name resolved and each address tried within the deadline (as
         ``socket.create_connection`` does, whose own lookup has no timeout)."""
-        addresses = self._resolver.resolve(self._host, self._port, time_left(deadline, self._monotonic))
+        addresses = self._resolver.resolve(self._host, self._port, seconds_left(deadline, self._monotonic))
         error: OSError | None = None
         for family, kind, proto, _, address in addresses:
             sock = socket.socket(family, kind, proto)
             try:
-                sock.settimeout(time_left(deadline, self._monotonic))
+                sock.settimeout(seconds_left(deadline, self._monotonic))
                 sock.connect(address)
             except BaseException as exc:
                 sock.close()
@@ -275,7 +275,7 @@ class LeanTransport:
         and a slow reader that takes a little at a time would let ``sendall`` run on past it."""
         view = memoryview(data)
         while view:
-            arm(sock, socket.SO_SNDTIMEO, time_left(deadline, self._monotonic))
+            arm(sock, socket.SO_SNDTIMEO, seconds_left(deadline, self._monotonic))
             try:
                 sent = sock.send(view)
             except BlockingIOError:  # SO_SNDTIMEO ran out with nothing sent

@@ -44,8 +44,8 @@ class BoundedResolver:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], _Lookup] = {}
 
-    def resolve(self, host: str, port: int, timeout: float) -> Sequence[AddrInfo]:
-        """Raises :class:`ResolveTimeout` when the lookup takes longer than ``timeout`` seconds, and
+    def resolve(self, host: str, port: int, timeout_seconds: float) -> Sequence[AddrInfo]:
+        """Raises :class:`ResolveTimeout` when the lookup takes longer than ``timeout_seconds``, and
         ``socket.gaierror`` (an ``OSError``) when the name does not resolve."""
         literal = _literal(host)
         if literal is not None:
@@ -59,8 +59,8 @@ class BoundedResolver:
                 threading.Thread(
                     target=self._run, args=(key, lookup), name=f"resolve {host}", daemon=True
                 ).start()
-        if not lookup.done.wait(max(0.0, timeout)):
-            raise ResolveTimeout(f"cannot resolve {host!r} within {timeout:.2f} s")
+        if not lookup.done.wait(max(0.0, timeout_seconds)):
+            raise ResolveTimeout(f"cannot resolve {host!r} within {timeout_seconds:.2f} s")
         if lookup.error is not None:
             raise lookup.error
         return lookup.result

@@ -153,10 +153,11 @@ class StatePublisher:
         shape = (server, tuple(replace(t, recent_output=()) for t in full[1]))
         with self._lock:
             now_mono = self._clock.monotonic()
-            since = None if self._last_write_at is None else now_mono - self._last_write_at
-            if since is not None and shape == self._last_shape:
-                interval = self._output_interval_seconds if full != self._last_full else self._refresh_seconds
-                if since < interval:
+            since_seconds = None if self._last_write_at is None else now_mono - self._last_write_at
+            if since_seconds is not None and shape == self._last_shape:
+                output_only = full != self._last_full
+                interval_seconds = self._output_interval_seconds if output_only else self._refresh_seconds
+                if since_seconds < interval_seconds:
                     return False
             snapshot = RunnerSnapshot(self._runner, server, full[1], updated_at=self._clock.now())
             # A failed write counts as a write for pacing: it is retried on the next change or
