@@ -21,7 +21,8 @@ from rich.console import Console
 from cli import exitcodes
 from cli.runview import ConsoleLogHandler, LiveView, wants_live_view
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.harness import Harness, sleep_past, wait_until
+from tests.conformance.harness import Harness, sleep_past
+from tests.support import wait_until
 
 
 def _start_and_poll(conductor: Harness, wf: str, task_type: str) -> dict[str, Any]:

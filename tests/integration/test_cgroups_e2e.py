@@ -23,7 +23,8 @@ import pytest
 from cli import exitcodes
 from leasecore.limits import memory_reason
 from leasecore.process import cgroups
-from tests.integration.helpers import World, gone, wait_until
+from tests.integration.helpers import World, gone
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

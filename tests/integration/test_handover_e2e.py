@@ -20,8 +20,9 @@ import pytest
 
 from cli import exitcodes
 from leasecore.checkbudget import max_queue_seconds
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
 from tests.integration.rewriting_relay import RewritingRelay, is_lease
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
 from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
 from tests.integration.test_metrics_e2e import metrics_port, scrape, value
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

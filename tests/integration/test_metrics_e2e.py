@@ -22,7 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import exitcodes
-from tests.integration.helpers import ROOT, World, wait_until
+from tests.integration.helpers import ROOT, World
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import pytest
 
 from cli import exitcodes
 from leasecore.process import leftovers
-from tests.integration.helpers import World, gone, wait_until
+from tests.integration.helpers import World, gone
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

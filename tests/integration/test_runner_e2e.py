@@ -19,7 +19,8 @@ from leasecore.models import TaskResult, TaskStatus
 from leasecore.runner.wiring import Redelivery
 from leasecore.state.outbox import Outbox
 from tests.faultproxy import FaultProxy
-from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone, wait_until
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone
+from tests.support import wait_until
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 

@@ -17,7 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 

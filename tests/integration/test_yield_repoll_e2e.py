@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from cli import exitcodes
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
 
