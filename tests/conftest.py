@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from leasecore.server import EmbeddedServer
 from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, World
+from tests.integration.realworld import RealWorld
+
+if TYPE_CHECKING:  # an annotation only: tests.realserver is loaded as a pytest plugin first
+    from tests.realserver import RealConductorServer
 
 pytest_plugins = ["tests.realserver"]  # real Conductor OSS server fixtures (real_server_url)
 
@@ -45,3 +50,13 @@ def auth_world(tmp_path: Path) -> Iterator[World]:
             yield w
         finally:
             w.close()
+
+
+@pytest.fixture
+def real_world(tmp_path: Path, real_server: RealConductorServer) -> Iterator[RealWorld]:
+    """As ``world``, on the session's one real Conductor OSS server; cleans up its workflows and trees."""
+    w = RealWorld(tmp_path, real_server)
+    try:
+        yield w
+    finally:
+        w.close()
