@@ -16,9 +16,20 @@ from tests.integration.realworld import RealWorld
 if TYPE_CHECKING:  # an annotation only: tests.realserver is loaded as a pytest plugin first
     from tests.realserver import RealConductorServer
 
-pytest_plugins = ["tests.realserver"]  # real Conductor OSS server fixtures (real_server_url)
+# tests.realserver: the real Conductor OSS server fixtures (real_server_url); tests.durations: the
+# ``slow`` marks from the measured tests/durations.json.
+pytest_plugins = ["tests.realserver", "tests.durations"]
 
 _PREFIXES = ("CONDUCTOR_", "conductor_", "conductor.")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), every real_server test goes to one worker: one JVM."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("real_server") is not None:
+            item.add_marker(pytest.mark.xdist_group("real_server"))
 
 
 @pytest.fixture(autouse=True)

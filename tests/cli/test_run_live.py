@@ -91,7 +91,6 @@ def test_log_lines_go_through_the_console_as_plain_text() -> None:
     assert out.getvalue() == "INFO task [bold]a[/] started\n"  # never parsed as markup
 
 
-@pytest.mark.slow
 def test_the_real_runner_on_a_terminal_shows_its_task_live(world: World, tmp_path: Path) -> None:
     world.define(response_timeout=30)
     world.start_workflow(seconds=60)

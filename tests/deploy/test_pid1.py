@@ -20,8 +20,6 @@ from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.server import EmbeddedServer
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 UNSHARE = shutil.which("unshare")
 
 

@@ -26,8 +26,6 @@ from leasecore.process import cgroups
 from tests.integration.helpers import World, gone
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 DAEMON_CMDLINE = ["sleep", "3323"]
 COMMAND = ["/bin/sh", "-c", 'if [ -e "$1" ]; then exit 0; fi; setsid env -i sh -c "sleep 3323" & wait',
            "job"]  # fmt: skip

@@ -25,8 +25,6 @@ TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 DAEMONIZER = str(ROOT / "sample_tasks" / "daemonizer.py")
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
-pytestmark = pytest.mark.slow
-
 
 def task_log(world: World, workflow_id: str) -> str:
     return json.dumps(world.admin.get_logs(world.task_of(workflow_id)["taskId"]))

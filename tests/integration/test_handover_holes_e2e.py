@@ -18,9 +18,6 @@ from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
 from tests.integration.test_metrics_e2e import metrics_port, scrape, value
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
-
 # The first delivery's yield, native (in_progress_exit_code) or stdio (a document saying IN_PROGRESS):
 # a TERM-ignoring escapee in its own session (output away from the document's pipe), then the yield.
 _YIELDS = {

@@ -25,8 +25,6 @@ from cli import exitcodes
 from tests.integration.helpers import ROOT, World
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 _LISTENING = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
 
 

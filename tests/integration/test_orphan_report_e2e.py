@@ -17,8 +17,6 @@ from leasecore.process import leftovers
 from tests.integration.helpers import World, gone
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 R = 300
 # Without the gate the task starts an escapee (its own session: only the tree's marker token finds it)
 # and waits; with the gate (created before the restart) the retry completes at once.

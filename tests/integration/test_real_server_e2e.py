@@ -26,7 +26,7 @@ from leasecore.config.loader import TaskSettings
 from tests.integration.realworld import DECIDE_EVERY_SECONDS, RealWorld, all_dead, task_processes
 from tests.support import wait_until
 
-pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+pytestmark = pytest.mark.real_server
 
 OWNERSHIP_CHECK_SECONDS = TaskSettings.ownership_check_interval  # the runner's default (5 s)
 KILL_GRACE_SECONDS = 2.0

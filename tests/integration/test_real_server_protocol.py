@@ -289,7 +289,6 @@ def test_a_never_heartbeated_task_times_out_about_r_after_the_poll(api: Api) -> 
     assert time.monotonic() - polled_at >= 2.0
 
 
-@pytest.mark.slow
 def test_a_task_that_stops_heartbeating_times_out_late_without_decide(api: Api) -> None:
     """SQLite queue: after the first sweep, the next one comes ~60-120 s late (notes §4)."""
     task_type = api.task_type(response_timeout=2)

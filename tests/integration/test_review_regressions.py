@@ -17,8 +17,6 @@ from tests.support import wait_until
 
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 
-pytestmark = pytest.mark.slow
-
 
 def wait_for_sleeping(world: World, workflow_id: str) -> None:
     def logged() -> bool:

@@ -24,8 +24,6 @@ from tests.support import wait_until
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 
-pytestmark = pytest.mark.slow
-
 
 def test_a_long_task_outlives_its_response_timeout_thanks_to_heartbeats(world: World) -> None:
     world.define(response_timeout=2)

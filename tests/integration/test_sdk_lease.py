@@ -32,8 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 RESPONSE_TIMEOUT_SECONDS = 2
 SLEEP_SECONDS = 5
 
-pytestmark = pytest.mark.slow
-
 
 class _RequestLog:
     """Request lines from the embedded server's ``log`` hook (thread-safe)."""

@@ -20,8 +20,6 @@ import pytest
 from tests.integration.helpers import World
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 
 def status(world: World, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}

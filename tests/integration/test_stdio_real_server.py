@@ -14,7 +14,7 @@ from tests.integration.realworld import DECIDE_EVERY_SECONDS, RealWorld, all_dea
 from tests.integration.test_stdio_e2e import WORKER, define, logs_of
 from tests.support import wait_until
 
-pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+pytestmark = pytest.mark.real_server
 
 
 def test_a_conductor_cli_script_completes_with_its_output_and_logs(real_world: RealWorld) -> None:

@@ -18,8 +18,6 @@ from cli import exitcodes
 from tests.integration.helpers import World
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 _YIELDS_IN_A_ROW = 6
 _R_SECONDS = 2
 _LAST_RUN_SECONDS = 5  # > R + its slack: only heartbeats keep the last run's task alive

@@ -13,7 +13,9 @@ tests are about. The walker is also run on planted violations, so a walker that 
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +72,10 @@ def _is_short(arg: ast.expr) -> bool:
 class _Finder(ast.NodeVisitor):
     """One pass in source order: imports bind the names (they come before their use) that calls use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, candidates: list[int]) -> None:
         self.path = path
         self.found: list[Sleep] = []
+        self._candidates = candidates  # sorted numbers of the lines that mention sleep or .wait(
         self._scope: list[str] = []
         self._time_names = {"time"}  # names bound to the time module
         self._sleep_names: set[str] = set()  # names bound to time.sleep
@@ -92,6 +95,19 @@ class _Finder(ast.NodeVisitor):
                 self._sleep_names.add(alias.asname or "sleep")
             if node.module == "threading" and alias.name == "Event":
                 self._event_names.add(alias.asname or "Event")
+
+    def generic_visit(self, node: ast.AST) -> None:
+        """Only into the subtrees that span a candidate line (imports always): the walk stays cheap."""
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom) or self._spans_candidate(child):
+                self.visit(child)
+
+    def _spans_candidate(self, node: ast.AST) -> bool:
+        first, last = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+        if first is None or last is None:
+            return True
+        at = bisect.bisect_left(self._candidates, first)
+        return at < len(self._candidates) and self._candidates[at] <= last
 
     def _visit_scope(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
         self._scope.append(node.name)
@@ -130,9 +146,12 @@ class _Finder(ast.NodeVisitor):
 
 
 def find_sleeps(path: str, source: str) -> list[Sleep]:
-    if "sleep" not in source and ".wait(" not in source:
+    aliases = re.findall(r"\bsleep\s+as\s+(\w+)", source)  # from time import sleep as nap
+    words = ("sleep", ".wait(", *aliases)
+    candidates = [n for n, line in enumerate(source.splitlines(), 1) if any(w in line for w in words)]
+    if not candidates:
         return []  # neither call can be in it: spares the parse
-    finder = _Finder(path)
+    finder = _Finder(path, candidates)
     finder.visit(ast.parse(source))
     return finder.found
 
