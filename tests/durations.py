@@ -96,13 +96,14 @@ class _Durations:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Under pytest-xdist the workers collect and mark; the reports reach the controller here,
         # their keywords (marks included) with them.
-        self.seconds[report.nodeid] += report.duration
+        node = report.nodeid
+        self.seconds[node] += report.duration
         if "slow" in report.keywords:
-            self.marked.add(report.nodeid)
+            self.marked.add(node)
         if report.failed or report.skipped:
-            self.spoiled.add(report.nodeid)
+            self.spoiled.add(node)
         elif report.when == "call":
-            self.passed.add(report.nodeid)
+            self.passed.add(node)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.record and not hasattr(session.config, "workerinput"):  # the controller writes

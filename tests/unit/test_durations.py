@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REAL_SERVER_MODULES, schedule_scope
 from tests.durations import DATA, SLOW_SECONDS, load, merged
 
 pytest_plugins = ["pytester"]
@@ -101,3 +102,8 @@ def test_the_checked_in_file_names_only_tests_that_exist_and_are_slow() -> None:
     })
     assert not missing, f"tests/durations.json names files that do not exist: {missing}"
     assert min(tests.values()) >= SLOW_SECONDS
+
+
+def test_xdist_runs_a_module_at_a_time_and_every_real_server_module_together() -> None:
+    assert schedule_scope("tests/unit/test_x.py::test_y[a]") == "tests/unit/test_x.py"
+    assert {schedule_scope(f"{module}::test_z[real]") for module in REAL_SERVER_MODULES} == {"real_server"}
