@@ -47,6 +47,7 @@ def schedule_scope(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A real_server test in a module REAL_SERVER_MODULES does not name would start a second JVM."""
     unlisted = sorted({
         item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("real_server") is not None
     } - REAL_SERVER_MODULES)
