@@ -309,8 +309,10 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("cgroup") or req.get("rlimits") or req.get("run_as"):  # set up in the child
-                from leasecore.process.forkexec import fork_exec
+            # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
+            inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
+            if (req.get("cgroup") and not inside) or req.get("rlimits") or req.get("run_as"):
+                from leasecore.process.forkexec import fork_exec  # set up in the child
 
                 step = "fork"
                 pid = fork_exec(req, fds, self._sigdef)
@@ -318,11 +320,7 @@ class ForkServer:
                 if req.get("cwd"):
                     os.chdir(req["cwd"])
                 step = "exec"
-                pid = os.posix_spawn(
-                    req["path"], req["argv"], req["env"],
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                    setsid=True, setsigdef=self._sigdef, setsigmask=(),
-                )  # fmt: skip
+                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
@@ -335,6 +333,16 @@ class ForkServer:
         self._trees[tree.key] = tree
         self._watch_exit(tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
+
+    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+        def spawn() -> int:
+            return os.posix_spawn(
+                req["path"], req["argv"], req["env"],
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+                setsid=True, setsigdef=self._sigdef, setsigmask=(),
+            )  # fmt: skip
+
+        return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
 
     def _watch_exit(self, tree: _Tree) -> None:
         """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree (with
