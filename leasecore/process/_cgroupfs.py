@@ -36,11 +36,21 @@ def paths(group: Group) -> list[str]:
 
 
 def _read(path: str) -> str | None:
+    # os.open/os.read rather than open(): a text file object costs ~7 µs more per read, and the fork
+    # server reads a group's files several times per task (members, accounting, OOM kills).
     try:
-        with open(path) as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _write(path: str, text: str) -> bool:
@@ -268,6 +278,21 @@ def resources(group: Group) -> dict[str, float]:
             found["cpu_user_seconds"] = stat["user"] / _CLK_TCK
             found["cpu_system_seconds"] = stat.get("system", 0) / _CLK_TCK
     return found
+
+
+_USAGE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
+
+
+def tree_usage(pid: int, group: Group | None) -> tuple[dict[str, float], int]:
+    """What an exited leader's tree used, and the OOM kills in its group (0 without one): the
+    group's figures where it has them (``resources``), the rest from the leader's zombie
+    (``zombie_rusage``, only when the group does not tell all three)."""
+    if group is None:
+        return zombie_rusage(pid), 0
+    found = resources(group)
+    if any(key not in found for key in _USAGE_KEYS):
+        found = {**zombie_rusage(pid), **found}
+    return found, oom_kills(group)
 
 
 def memory_current(group: Group) -> int | None:

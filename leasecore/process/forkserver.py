@@ -557,11 +557,7 @@ class ForkServer:
         killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         # What the tree used: from its group where it has one, else the leader's own (and its reaped
         # children's) rusage. The OOM kills from the group's events, never guessed from a SIGKILL.
-        usage = _cgroupfs.zombie_rusage(tree.pid)
-        oom = 0
-        if tree.cgroup is not None:
-            usage.update(_cgroupfs.resources(tree.cgroup))
-            oom = _cgroupfs.oom_kills(tree.cgroup)
+        usage, oom = _cgroupfs.tree_usage(tree.pid, tree.cgroup)
         self._reply(
             {
                 "op": "exited",
