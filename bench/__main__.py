@@ -90,6 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--base-checkout", type=Path,
                    help="A/B: run worker kind conductor-run-base from this checkout (e.g. a copy of main)")
+    p.add_argument("--base-cgroup", choices=("auto", "v2", "v1", "off"),
+                   help="A/B: conductor-run-base's --cgroup (e.g. off, with --base-checkout .)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
@@ -169,6 +171,7 @@ def main(argv: list[str]) -> int:
             print(f"--base-checkout {args.base_checkout}: not a conductor-run checkout (no cli/__main__.py)")
             return 2
         harness.BASE_CHECKOUT = args.base_checkout.resolve()
+    harness.BASE_CGROUP = args.base_cgroup
     kinds = [k for k in args.workers.split(",") if k]
     sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
     started = time.monotonic()

@@ -38,6 +38,7 @@ URLLIB3_KIND = "conductor-run-urllib3"
 # run, rounds alternating (--workers conductor-run,conductor-run-base).
 BASE_KIND = "conductor-run-base"
 BASE_CHECKOUT: Path | None = None
+BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgroup (e.g. auto against off)
 THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND)
 
 
@@ -253,6 +254,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         if cfg.kind == METRICS_KIND:
             argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
         cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if cfg.kind == BASE_KIND and BASE_CGROUP is not None:
+            cgroup = BASE_CGROUP
         if cgroup is not None:
             argv += ["--cgroup", cgroup]
         return [*argv, "--", *cfg.command]
