@@ -180,7 +180,8 @@ def main(argv: list[str]) -> int:
         "command_line": shlex.join(["python", "-m", "bench", *argv]),
         "machine": machine(),
         "versions": versions(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep")},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                     if k not in ("out", "keep")},
         "bytecode": compile_bytecode(harness.BASE_CHECKOUT),
         "errors": [],
         "notes": [],

@@ -5,6 +5,7 @@ control socket's fd as argument) and driven over that Unix stream socket. It
 
 - starts each task command in a new session with ``posix_spawn`` (a vfork and exec in the C library:
   no page tables copied, no Python run in the child), stdin/stdout/stderr passed in over SCM_RIGHTS;
+  a request ``inside`` a cgroup without limits from inside that group (``_cgroupfs.spawn_inside``);
 - is a child subreaper (PR_SET_CHILD_SUBREAPER), so every descendant that escapes its group (setsid,
   double fork) is re-parented here instead of to init;
 - detects exits (a pidfd per leader in its selector; else a ``waitid`` of every tree at each SIGCHLD)
