@@ -187,15 +187,17 @@ def kill_all(groups: list[Group], spare: set[int] | None = None) -> int:
     of 200 trees wait for 200 freezes in turn. Without a usable freezer, SIGKILL the members until
     none is left (bounded rounds).
 
-    ``spare`` (and always this process): pids never signalled. A group that holds one of them (the
-    fork server inside for a ``spawn_inside``, or stuck there) is neither frozen nor ``cgroup.kill``ed:
-    its other members are SIGKILLed one by one instead.
+    ``spare`` (and always this process): pids never signalled. With ``spare`` given (the runner,
+    about a start the fork server may be making inside the group right now), no group is frozen or
+    ``cgroup.kill``ed, whoever is in it when the check is made: its members but the spared are
+    SIGKILLed one by one (bounded rounds), as is any group this process is stuck in.
     """
+    explicit = bool(spare)
     spare = {os.getpid(), *(spare or ())}
     v1 = []
-    holding = []  # groups with a spared pid inside
+    holding = []  # groups that may hold a spared pid
     for group in groups:
-        if (len(spare) > 1 or _STUCK) and spare & members(group):
+        if explicit or (_STUCK and spare & members(group)):
             holding.append(group)
         elif group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
             continue
