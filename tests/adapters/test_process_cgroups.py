@@ -220,6 +220,27 @@ def test_a_tree_without_limits_is_spawned_from_inside_its_group(setup: cgroups.C
                 assert handle.read() == home
 
 
+def test_a_new_fork_server_after_one_died_spawns_from_inside_too(setup: cgroups.CgroupSetup) -> None:
+    """The at-home check is per fork server: the one the next spawn starts passes it again, its trees
+    land in their groups, and it is back in its own groups after."""
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        first = supervisor.spawn(make_task(), CommandSpec(argv=("sleep", "30")), worker_id="w")
+        assert wait_until(lambda: first.pid > 0, 10)
+        old = supervisor.forkserver_pid
+        os.kill(old, signal.SIGKILL)
+        assert first.wait(10) is not None and first.wait_gone(10)
+        child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+        group = child.cgroup
+        exit_ = child.wait(20)
+        assert supervisor.forkserver_pid != old
+        assert cgroups.spawns_inside(setup, Limits(), supervisor.forkserver_pid)
+        assert exit_ is not None and exit_.exit_code == 0 and group is not None
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        assert exit_.stdout_tail.count(name) == len(set(group["dirs"].values()))
+        assert child.wait_gone(10)
+        assert cgroups.at_home(setup, supervisor.forkserver_pid)
+
+
 def test_a_fork_server_outside_the_runners_groups_never_spawns_from_inside() -> None:
     setup = _setup("v1")
     group = cgroups.create_group(setup, "elsewhere", Limits())
@@ -233,6 +254,48 @@ def test_a_fork_server_outside_the_runners_groups_never_spawns_from_inside() -> 
         sleeper.kill()
         sleeper.wait()
         assert cgroups.remove_group(group)
+
+
+INSIDE = """
+import json, os, sys
+from leasecore.process import _cgroupfs
+group, gone = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def mine():
+    with open("/proc/self/cgroup") as handle:
+        return handle.read()
+before = mine()
+r, w = os.pipe()
+pid = _cgroupfs.spawn_inside(group, lambda: os.posix_spawn(
+    "/bin/cat", ["cat", "/proc/self/cgroup"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)]))
+os.close(w)
+os.waitpid(pid, 0)
+theirs = os.read(r, 65536).decode()
+after = mine()
+try:
+    _cgroupfs.spawn_inside(gone, lambda: 0 / 0)
+    failed = None
+except _cgroupfs.JoinFailed as exc:
+    failed = exc.step
+print(json.dumps({"same": before == after, "theirs": theirs, "failed": failed, "home": mine() == before,
+                  "can": _cgroupfs.can_spawn_inside()}))
+"""
+
+
+def test_spawn_inside_starts_the_child_in_the_group_and_moves_back(setup: cgroups.CgroupSetup) -> None:
+    group = cgroups.create_group(setup, "inside", Limits())
+    gone = cgroups.create_group(setup, "gone", Limits())
+    assert cgroups.remove_group(gone)  # joining it fails: nothing is spawned, and the caller stays home
+    try:
+        out = subprocess.run([sys.executable, "-c", INSIDE, json.dumps(group), json.dumps(gone)], cwd=REPO,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        assert result["theirs"].count(name) == len(set(group["dirs"].values())), result["theirs"]
+        assert result["same"] and result["home"] and result["can"]
+        assert result["failed"] == "cgroup"
+    finally:
+        assert wait_until(lambda: cgroups.remove_group(group), 5)
 
 
 SPARED = """
