@@ -62,7 +62,7 @@ class ForkServer:
         self._closing_kill_at: float | None = None
         # Processes below us that belong to no live tree (their task is over): pid -> (start, kill_at).
         self._strays: dict[int, tuple[int, float]] = {}
-        self._stray_grace = 10.0  # the grace of the last tree that ended
+        self._stray_grace_seconds = 10.0  # the grace of the last tree that ended
         self._next_scan_at = 0.0  # a /proc walk costs O(processes below us): at most every tick
         # Trees to signal once the requests already waiting are read: one walk of /proc for all of
         # them, in the order asked. A KILL asked after a TERM of the same tree supersedes it.
@@ -100,7 +100,7 @@ class ForkServer:
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
         while not self._done():
             sigchld = False
-            for key, _ in self._selector.select(self._timeout()):
+            for key, _ in self._selector.select(self._timeout_seconds()):
                 if key.fileobj == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -324,7 +324,7 @@ class ForkServer:
             start = procs[pid].start_time
             entry = self._strays.get(pid)
             if entry is None or entry[0] != start:
-                self._strays[pid] = (start, now + self._stray_grace)
+                self._strays[pid] = (start, now + self._stray_grace_seconds)
                 _procfs.signal_verified(pid, start, signal.SIGTERM)
                 _procfs.signal_verified(pid, start, signal.SIGCONT)
             elif now >= entry[1]:
@@ -404,7 +404,7 @@ class ForkServer:
                 del self._trees[tree.key]
                 if tree.cgroup is not None and not _cgroupfs.remove(tree.cgroup):
                     self._empty_groups.append(tree.cgroup)  # tried again at the next ticks
-                self._stray_grace = tree.grace_seconds
+                self._stray_grace_seconds = tree.grace_seconds
                 self._reply({"op": "gone", "key": tree.key})
             elif tree.kill_at is not None and now >= tree.kill_at:
                 self._signal_tree(tree, signal.SIGKILL, procs, members[tree.key])
@@ -445,7 +445,7 @@ class ForkServer:
             self._group_kills.append(tree.cgroup)
         return True
 
-    def _timeout(self) -> float | None:
+    def _timeout_seconds(self) -> float | None:
         if any(t.exited or t.kill_at is not None for t in self._trees.values()):
             return _TICK_SECONDS
         if self._closing_kill_at is not None or self._strays or self._empty_groups:

@@ -1,8 +1,9 @@
 """The runner's link to its fork server: the process, the socket, the boot, and the message protocol.
 
 Owns the fork server's ``Popen`` and the runner's end of the control socket (a Unix stream
-socketpair), the lock that serialises sends, the boot script and the ``ready`` handshake, the
-restart after a death and the stop. Frames are ``frames.py``'s; the messages, both ways:
+socketpair), the lock that serialises sends, the calls waiting for an answer, the boot script and
+the ``ready`` handshake, the restart after a death and the stop. Frames are ``frames.py``'s; the
+messages, both ways:
 
 - requests: ``spawn`` (id, key, path, argv, env, cwd, token, grace, dir, cgroup, rlimits, run_as;
   with 3 fds: stdin, stdout, stderr), ``signal`` (key, sig, grace, since), ``shutdown`` (grace),
@@ -12,8 +13,9 @@ restart after a death and the stop. Frames are ``frames.py``'s; the messages, bo
   pid, code, signal, resources, oom_kills), ``gone`` (key).
 
 Must not touch: the reading of events (the Supervisor's reader thread reads the socket), children,
-the state record. Threads: constructed and restarted on the thread that starts a spawn (restarts are
-serialised by the Supervisor); ``send`` from any thread; ``stop``/``close`` on the closing thread.
+the state record. Threads: constructed with the Supervisor, restarted on the thread that starts a
+spawn (the Supervisor serialises restarts); ``send`` and ``call`` from any thread; ``answered`` and
+``lost`` on the reader thread; ``wait_exit``, ``shutdown`` and ``close`` on the closing thread.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class OutputReader:
         """``housekeeping()``: called on the thread now and then; returns the seconds until the next."""
         self._drain_seconds = drain_seconds
         self._housekeeping = housekeeping
-        self._next_housekeeping = 0.0
+        self._next_housekeeping_at = 0.0
         self._lock = threading.Lock()
         self._pending: list[Callable[[], None]] = []
         self._children: set[Child] = set()  # added and not yet finished
@@ -139,15 +139,15 @@ class OutputReader:
                 except Exception:  # the one reader thread must outlive a bug in any piece of work
                     log.exception("the output reader's work failed; continuing")
             now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
-            if self._housekeeping is not None and now >= self._next_housekeeping:
+            if self._housekeeping is not None and now >= self._next_housekeeping_at:
                 try:
-                    self._next_housekeeping = now + self._housekeeping()
+                    self._next_housekeeping_at = now + self._housekeeping()
                 except Exception:  # as for queued work: the reader must go on
                     log.exception("the output reader's housekeeping failed; continuing")
-                    self._next_housekeeping = now + 1.0
+                    self._next_housekeeping_at = now + 1.0
             deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
             if self._housekeeping is not None:
-                deadlines.append(self._next_housekeeping)
+                deadlines.append(self._next_housekeeping_at)
             for child in [
                 c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
             ]:

@@ -1,6 +1,18 @@
 """What to run and what came of it: ``CommandSpec``, ``ChildExit``, and the child's environment.
 
-Pure: no processes, no files. ``build_child_env`` is the whole of DESIGN.md §3's environment contract.
+Owns the two values the rest of the code passes around (``CommandSpec``: the command for one task
+type, its working directory, extra variables, exit-code mapping, grace, protocol, ``run_as`` and
+limits; ``ChildExit``: exit code or signal, duration, tails, the output file's object or why it
+was unusable, resources, OOM kills, or ``start_error`` for a command that never ran) and the whole
+of DESIGN.md §3's environment contract: ``inherited_env`` (the runner's environment and the spec's,
+minus credentials by ``CREDENTIAL_PATTERNS`` and the spec's secret names, minus what exec cannot
+carry) and ``build_child_env`` (plus the task's ``CONDUCTOR_*`` variables and its input scalars as
+data, within exec's size budgets).
+
+Must not touch: processes, files, the clock. Pure: the Supervisor (``prepare.py``) and the CLI's
+re-exec (``is_secret_name``) call it; a credential must never survive its filters.
+
+Threads: any; the Supervisor calls it on the thread that starts a spawn.
 """
 
 from __future__ import annotations

@@ -163,16 +163,15 @@ class Supervisor:
     ) -> Child:
         """Ask the fork server to start ``spec``'s command for ``task``, and return without waiting
         for the exec: the caller's thread is free for the next task while the fork server starts
-        this one (a spawn takes a few milliseconds, most of them in the exec; waiting for each made
-        the runner's main thread the bottleneck of short tasks).
+        this one (a spawn takes a few milliseconds, most of them in the exec).
 
         SpawnError for what is known before asking (no such command on PATH, a missing working
         directory, no temp space or fds left). ``on_started(child)`` once the command runs, with
         ``child.pid`` set. A command that then cannot be exec'd, a spawn the fork server leaves
-        unanswered for 30 s, or a fork server that dies first: ``on_done`` gets a ``ChildExit`` with
-        ``start_error`` saying why (and ``on_started`` is never called). The child can be signalled
-        at once: the fork server takes requests in order, so a signal sent now reaches the tree it
-        is about to start. Callbacks run on the reader thread, as for ``spawn``.
+        unanswered for ``reply_timeout_seconds``, or a fork server that dies first: ``on_done`` gets
+        a ``ChildExit`` with ``start_error`` saying why (and ``on_started`` is never called). The child
+        can be signalled at once: the fork server takes requests in order, so a signal sent now
+        reaches the tree it is about to start. Callbacks run on the reader thread, as for ``spawn``.
         """
         return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, notify=True)
 

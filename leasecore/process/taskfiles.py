@@ -1,10 +1,18 @@
 """A task's private files: the input file (also the child's stdin) and the output file.
 
-Each task gets its own directory (0700, under the system temp dir) holding ``input.json`` (0600) and
-an empty ``output.json`` (0600) for the child to fill, and under the stdio protocol ``task.json``
-(0600, the whole task: the child's stdin then); the directory is removed once the child is
-done. Reading the output file is bounded and never follows a symlink or blocks on a FIFO the child
-may have put there.
+Owns ``TaskFiles``: each task's own directory (0700, under the system temp dir, named by the tree's
+marker token) holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
+(0600) for the child to fill, and under the stdio protocol ``task.json`` (0600, the whole task: the
+child's stdin then). With ``run_as`` the two files are the user's and the directory stays root's.
+Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT`` and
+``OUTPUT_MAX_DEPTH``, and never follows a symlink or blocks on a FIFO the child may have put there;
+the directory is removed once the child is done (``remove``; a filled one through the chores thread).
+
+Must not touch: anything outside the task's directory (no symlink is followed out of it), or the
+child's processes.
+
+Threads: created on the thread that starts a spawn; read and removed on the Supervisor's reader
+thread (``Child._finish``), a filled directory removed on the chores thread.
 """
 
 from __future__ import annotations
