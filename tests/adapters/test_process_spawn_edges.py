@@ -100,12 +100,13 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
     # A full /tmp (ENOSPC) or no fd left (EMFILE) used to raise a bare OSError out of spawn, which
     # the runner only expects for bugs: it ended the run. Each is a SpawnError for this task now,
     # with nothing left behind, and the next spawn works.
+    tasks_tmp = tmp_path / "not-yet"
     sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
-                     tmp_dir=str(tmp_path / "no-such-dir"))
+                     tmp_dir=str(tasks_tmp))
     try:
         with pytest.raises(SpawnError, match="cannot make the task's files"):
             sup.spawn(make_task({}), spec("true"), worker_id="w")
-        sup._tmp_dir = str(tmp_path)
+        tasks_tmp.mkdir()  # the temp dir is usable again
         real_pipe = os.pipe
         made: list[int] = []
 
@@ -124,7 +125,7 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
             with pytest.raises(OSError):
                 os.fstat(fd)
         assert not sup._children and not sup._starting
-        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("conductor-run-task-")] == []
+        assert list(tasks_tmp.iterdir()) == []
         exit_ = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
         assert exit_ is not None and exit_.exit_code == 0
     finally:
