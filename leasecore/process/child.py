@@ -4,6 +4,7 @@ Owns one child's state: its pid once the fork server answers, its exit (code, si
 its tree's group, the events callers wait on (``wait``, ``wait_gone``) and the fields the output
 reader keeps for it (open pipe ends, captures, drain deadline). It builds the ``ChildExit`` and
 calls ``on_done``; it asks for signals through its Supervisor (``terminate_tree``, ``kill_tree``).
+``PendingStart`` is what a spawn holds until the fork server answers it (pipes, tree record).
 
 Must not touch: the fork server's socket (it sends through ``Supervisor._request``), the selector
 (the reader registers and closes its pipes), other children, or the Supervisor's tables (the
