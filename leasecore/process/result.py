@@ -3,7 +3,7 @@
 Owns ``to_task_result``: the status (the table in its docstring), ``reasonForIncompletion`` and the
 outputData of the update (the output file's object, then ``exitCode``, ``signal``,
 ``durationSeconds``, ``stdoutTail``, ``stderrTail``, ``resources`` and ``outputError``: these keys
-win over the file's). Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT`` (checked when it
+win over the file's). Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT_BYTES`` (checked when it
 is read), each tail by the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation
 threshold. A spec with ``protocol = "stdio"`` is handed to ``stdio_protocol.to_stdio_result``.
 

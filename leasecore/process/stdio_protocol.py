@@ -9,7 +9,7 @@ variables), and prints one JSON document on stdout::
      "callbackAfterSeconds": 30}        # the last one: our extension, for IN_PROGRESS
 
 Owns what the child gets, ``StdoutDocument`` (stdout kept whole instead of streamed, bounded by
-``STDOUT_LIMIT`` + 1 byte; the rest is read and dropped so the child never blocks), the document's
+``STDOUT_LIMIT_BYTES`` + 1 byte; the rest is read and dropped so the child never blocks), the document's
 parsing (``parse_reply``) and the mapping to the update (``to_stdio_result``, whose docstring has the
 table). Must not touch: anything but its arguments; pure, like ``result.py`` (``reasons.py`` words
 what both share). Threads: ``StdoutDocument`` on the Supervisor's reader thread; the rest on any
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, OUTPUT_MAX_DEPTH, deeper_than, dump_json
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
 if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types from there
     from leasecore.process.spec import ChildExit, CommandSpec
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types fro
 NATIVE = "native"
 STDIO = "stdio"
 
-STDOUT_LIMIT = OUTPUT_FILE_LIMIT  # the same bound as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
+STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
 EXCERPT_CHARS = 200  # of stdout, in a reason
 STDOUT_EXCERPT_BYTES = 4096  # of stdout, in outputData.stdoutExcerpt
 MAX_LOG_ENTRIES = 1000  # the document's logs kept (the task log's own buffer holds as many)
@@ -78,7 +78,7 @@ class StdoutDocument:
     ``last_line``, ``total_bytes``); ``document()`` is what was kept: at most ``limit + 1`` bytes.
     """
 
-    def __init__(self, limit: int = STDOUT_LIMIT) -> None:
+    def __init__(self, limit: int = STDOUT_LIMIT_BYTES) -> None:
         self._limit_bytes = limit
         self._chunks: list[bytes] = []
         self._kept = 0
@@ -161,7 +161,7 @@ def excerpt(data: bytes, limit: int = EXCERPT_CHARS) -> str:
     return repr(text[:limit]) + ("..." if cut else "")
 
 
-def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT) -> StdioReply:
+def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT_BYTES) -> StdioReply:
     """The result document in ``data`` (a child's whole stdout); ``InvalidReply`` saying why not.
 
     Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown

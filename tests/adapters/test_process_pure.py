@@ -17,8 +17,8 @@ from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_r
 from leasecore.process.frames import send_frame, take_frames
 from leasecore.process.lookups import ExecutablePaths
 from leasecore.process.output import StreamCapture
-from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT, input_env_name
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, read_output_file
+from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, read_output_file
 
 from .process_support import make_task
 
@@ -106,7 +106,7 @@ def test_child_env_copies_scalars_only_with_normalised_names() -> None:
 
 
 def test_child_env_skips_values_too_big_for_exec() -> None:
-    env = _env({"big": "x" * (INPUT_ENV_VALUE_LIMIT + 1), "small": "y"})
+    env = _env({"big": "x" * (INPUT_ENV_VALUE_LIMIT_BYTES + 1), "small": "y"})
     assert "CONDUCTOR_INPUT_BIG" not in env
     assert env["CONDUCTOR_INPUT_SMALL"] == "y"
 
@@ -259,7 +259,7 @@ def test_output_file_is_checked(
 
 def test_output_file_size_is_bounded(tmp_path: Path) -> None:
     path = tmp_path / "out.json"
-    path.write_text(json.dumps({"blob": "x" * OUTPUT_FILE_LIMIT}))
+    path.write_text(json.dumps({"blob": "x" * OUTPUT_FILE_LIMIT_BYTES}))
     value, error = read_output_file(str(path))
     assert value is None and error is not None and "too large" in error
 
