@@ -6,6 +6,10 @@ keeps the task's heartbeats going meanwhile, so the server keeps waiting for it)
 404 means the task or workflow is gone. A result still undelivered at its deadline is saved to the
 outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the runner enqueues
 it), after which the runner tells the lease engine to stop heartbeating that task.
+
+Must not: decide what a result says (the runner does) or touch the lease engine itself (its port,
+``runner.ports.UpdatePort``, is the runner's guarded update, ``engine.FinalUpdates``).
+Threads: a small ``reporter`` pool delivers; ``submit`` and ``close`` from the main thread.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import (
@@ -28,15 +31,10 @@ from leasecore.errors import (
 )
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import TaskResult, TaskStatus
+from leasecore.runner.ports import UpdatePort
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
-
-
-class UpdatePort(Protocol):
-    """The one call the reporter needs; ``ConductorClient`` satisfies it."""
-
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

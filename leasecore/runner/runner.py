@@ -34,26 +34,29 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.contact import RecordedCalls, ServerContact
 from leasecore.runner.engine import FinalUpdates
-from leasecore.runner.logsink import LogStreamer
-from leasecore.runner.poller import Poller, WorkBudget
-from leasecore.runner.ports import (
+from leasecore.runner.events import (
     ChildExited,
-    ConductorPort,
-    EnginePort,
     Event,
     Fence,
     PollerExited,
     ReportDone,
-    RunOptions,
-    RunOutcome,
     ShutdownRequested,
-    StatusPort,
-    SupervisorPort,
     TaskPolled,
-    TaskTypePlan,
     Tick,
 )
-from leasecore.runner.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runner.logsink import LogStreamer
+from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.ports import (
+    ConductorPort,
+    EnginePort,
+    RunOptions,
+    RunOutcome,
+    StatusPort,
+    SupervisorPort,
+    TaskTypePlan,
+    UpdatePort,
+)
+from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.status import InFlight, Phase, server_health, task_snapshot, undelivered_snapshot
 from leasecore.snapshot import MAX_OUTPUT_LINES, TaskSnapshot
