@@ -3,15 +3,17 @@
 Owns ``fork_exec(req, fds, sigdef)``, used when ``posix_spawn`` cannot do the job: it can neither
 move the child into a cgroup before its exec (a command that joined its group only after its exec
 could fork first, and those children would stay outside), nor set rlimits, nor change the user
-(``run_as``: uid, gid, groups, #24). The child, running nothing but system calls, does in order:
-join its group (0 to ``cgroup.procs`` in each hierarchy), set the rlimits (soft = hard, while it
-still has the privilege), a new session with the request's fds as 0-2 and the ignored signals back
-to default, ``setgroups``/``setgid``/``setuid`` (each later one needs the privilege the earlier
-ones still have), the working directory (as the user), an empty mask, the exec. A failing step is
-written to a close-on-exec pipe (``errno:step``) and the child exits 127 without running the
-command; the parent reads the pipe to EOF, so it answers only after the exec, as with posix_spawn,
-raising :class:`StepFailed` (which names the step). The shutdown signals are blocked across the
-fork: a TERM sent before the child reset them waits instead of being ignored.
+(``run_as``: uid, gid, groups, #24). A group with no limits is joined without a fork (the fork
+server calls posix_spawn from inside it, ``_cgroupfs.spawn_inside``), so this runs for a request
+with a ``cgroup`` that is not ``inside``, ``rlimits`` or ``run_as``. The child, running nothing but
+system calls, does in order: join its group (0 to ``cgroup.procs`` in each hierarchy), set the
+rlimits (soft = hard, while it still has the privilege), a new session with the request's fds as
+0-2 and the ignored signals back to default, ``setgroups``/``setgid``/``setuid`` (each later one
+needs the privilege the earlier ones still have), the working directory (as the user), an empty
+mask, the exec. A failing step is written to a close-on-exec pipe (``errno:step``) and the child
+exits 127 without running the command; the parent reads the pipe to EOF, so it answers only after
+the exec, as with posix_spawn, raising :class:`StepFailed` (which names the step). The shutdown
+signals are blocked across the fork: a TERM sent before the child reset them waits instead.
 
 Must not touch, in the child: anything of the fork server's but those calls; it never returns into
 the fork server's loop (any error ends it with ``os._exit(127)``). Threads: the fork server's one

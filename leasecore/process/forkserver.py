@@ -2,13 +2,14 @@
 
 Owns the task trees (``trees.Tree``, from spawn until every process of one is dead and reaped) and
 every process below it. Driven over the control socket (``frames.py``; the messages: ``link.py``), it
-starts each command in a new session (``posix_spawn``, or ``forkexec.py`` for a cgroup, rlimits or
-``run_as``) with the three fds it was sent as 0-2 and the signals it ignores back at default; is a
-child subreaper, so escapees (setsid, double fork) are re-parented here; reports each exit from
-``waitid(WNOWAIT)`` (a pidfd per leader, else at each SIGCHLD) but keeps the leader a zombie until its
-whole tree is dead, so the group it signals is never a recycled pid's; kills a tree's leftovers when
-its leader exits (TERM, KILL after the grace); batches the signals asked for behind one /proc walk;
-and on EOF (the runner died or closed it) kills every tree and anything still below it, then exits.
+starts each command in a new session (``posix_spawn``, from inside its cgroup when the group has no
+limits, ``_cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits or ``run_as``) with
+the three fds it was sent as 0-2 and the signals it ignores back at default; is a child subreaper,
+so escapees (setsid, double fork) are re-parented here; reports each exit from ``waitid(WNOWAIT)``
+(a pidfd per leader, else at each SIGCHLD) but keeps the leader a zombie until its whole tree is
+dead, so the group it signals is never a recycled pid's; kills a tree's leftovers when its leader
+exits (TERM, KILL after the grace); batches the signals asked for behind one /proc walk; and on EOF
+(the runner died or closed it) kills every tree and anything still below it, then exits.
 It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 
 Must not touch: processes that are not below it, the runner's state record (only the directories of
@@ -176,8 +177,10 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("cgroup") or req.get("rlimits") or req.get("run_as"):  # set up in the child
-                from leasecore.process.forkexec import fork_exec
+            # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
+            inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
+            if (req.get("cgroup") and not inside) or req.get("rlimits") or req.get("run_as"):
+                from leasecore.process.forkexec import fork_exec  # set up in the child
 
                 step = "fork"
                 pid = fork_exec(req, fds, self._sigdef)
@@ -185,11 +188,7 @@ class ForkServer:
                 if req.get("cwd"):
                     os.chdir(req["cwd"])
                 step = "exec"
-                pid = os.posix_spawn(
-                    req["path"], req["argv"], req["env"],
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                    setsid=True, setsigdef=self._sigdef, setsigmask=(),
-                )  # fmt: skip
+                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
@@ -202,6 +201,16 @@ class ForkServer:
         self._trees[tree.key] = tree
         self._watch_exit(tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
+
+    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+        def spawn() -> int:
+            return os.posix_spawn(
+                req["path"], req["argv"], req["env"],
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+                setsid=True, setsigdef=self._sigdef, setsigmask=(),
+            )  # fmt: skip
+
+        return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
 
     def _watch_exit(self, tree: Tree) -> None:
         """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree.
@@ -348,11 +357,7 @@ class ForkServer:
         killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         # What the tree used: from its group where it has one, else the leader's own (and its reaped
         # children's) rusage. The OOM kills from the group's events, never guessed from a SIGKILL.
-        usage = _cgroupfs.zombie_rusage(tree.pid)
-        oom = 0
-        if tree.cgroup is not None:
-            usage.update(_cgroupfs.resources(tree.cgroup))
-            oom = _cgroupfs.oom_kills(tree.cgroup)
+        usage, oom = _cgroupfs.tree_usage(tree.pid, tree.cgroup)
         self._reply(
             {
                 "op": "exited",

@@ -254,6 +254,8 @@ class Supervisor:
             self._children[key] = child
             self._starting[request_id] = pending
         request = ready.message(request_id, key, argv, spec)
+        if group is not None and cgroups.spawns_inside(self._cgroups, spec.limits, self._link.pid):
+            request["inside"] = True  # posix_spawn from inside the group (_cgroupfs.spawn_inside)
         try:
             try:
                 stdin = files.open_stdin()
@@ -307,7 +309,7 @@ class Supervisor:
         pending.child._files.remove(self._chores.rmtree)
         group, pending.child.cgroup = pending.child.cgroup, None
         if group is not None:  # a start given up may still run late: its group dies with it
-            cgroups.remove_group(group)
+            cgroups.remove_group(group, spare=self._link.pid)  # the fork server may be inside
 
     def _give_up_starts(self, which: Callable[[PendingStart], bool]) -> None:
         """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
