@@ -21,8 +21,9 @@ from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.taskfiles import TaskFiles
+from tests.support import wait_until
 
-from .process_support import Lines, make_task, running_supervisor, sample, spec, wait_until
+from .process_support import Lines, make_task, running_supervisor, sample, spec
 
 
 @pytest.fixture

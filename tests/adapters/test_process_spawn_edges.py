@@ -17,8 +17,9 @@ import pytest
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
 from leasecore.process.link import FORKSERVER_BOOT
+from tests.support import wait_until
 
-from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec, wait_until
+from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec
 
 MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
 

@@ -21,8 +21,9 @@ from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
 from leasecore.process.chores import Chores
 from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
 from leasecore.process.supervisor import MAX_STARTING
+from tests.support import wait_until
 
-from .process_support import killing_leftovers, live_with_cmdline, make_task, spec, wait_until
+from .process_support import killing_leftovers, live_with_cmdline, make_task, spec
 
 MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
 

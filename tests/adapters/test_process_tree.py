@@ -16,6 +16,7 @@ import pytest
 
 from leasecore.models import TaskStatus
 from leasecore.process import Child, CommandSpec, Supervisor, to_task_result
+from tests.support import wait_until
 
 from .process_support import (
     Lines,
@@ -24,7 +25,6 @@ from .process_support import (
     processes_with_marker,
     running_supervisor,
     sample,
-    wait_until,
     zombies_of,
 )
 

@@ -22,9 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import exitcodes
-from tests.integration.helpers import ROOT, World, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import ROOT, World
+from tests.support import wait_until
 
 _LISTENING = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
 
