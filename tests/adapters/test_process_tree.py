@@ -348,7 +348,7 @@ def test_a_fork_server_whose_socket_is_above_fd_1023_serves_a_burst_of_requests(
     ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         for supervisor in running_supervisor(tmp_path):
-            assert supervisor._sock.fileno() > 1023  # the socket the fork server was handed
+            assert supervisor._link.sock.fileno() > 1023  # the socket the fork server was handed
             sleeper = CommandSpec(argv=("sleep", "300"))
             children = [supervisor.spawn(make_task(task_id=f"t{i}"), sleeper, worker_id="x") for i in "abc"]
             _term_together(supervisor, children)  # select() raised here: the fork server died
