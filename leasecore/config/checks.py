@@ -17,14 +17,12 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from leasecore.config.settings import Source
 from leasecore.errors import ConfigError
-
-if TYPE_CHECKING:
-    from leasecore.config.keys import KeySpec
 
 TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 FALSE_WORDS = frozenset({"false", "0", "no", "off"})
@@ -240,7 +238,24 @@ def cpu_count(value: Any) -> float:
 
 
 
-# ---- a refused value's message -------------------------------------------------------------------
+# ---- one key, and a refused value's message -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One configuration key: its row in the table (``keys.KEYS``), with how its values are checked."""
+
+    name: str
+    scope: str  # "server" | "runner" | "task"
+    check: Checker
+    help: str
+    from_text: Callable[[str], Any] = as_text
+    env: tuple[str, ...] = ()  # fixed environment variables (server and runner keys)
+    worker_prop: str | None = None  # SDK-style per-task/all variables: conductor_worker_<task>_<prop>
+    flag: str | None = None
+    in_file: bool = True  # False: command-line only
+    in_worker: bool = True  # task keys: may [worker] give a default for every task?
+    sensitive: bool = False  # never echoed in messages or output
 
 
 def check_value(spec: KeySpec, value: Any, source: Source) -> Any:

@@ -1,8 +1,8 @@
 """Every configuration key conductor-run knows, as data: scope, checker, env names, flag, help.
 
 Owns: :data:`KEYS`, the one table of keys (add a key here, and its default on the settings
-dataclass, ``config.settings``), :class:`KeySpec` (one row), the file's other spellings
-(:data:`ALIASES`) and :func:`keys_of`. A row names its checker and text parser
+dataclass, ``config.settings``), a row being a :class:`KeySpec` (defined in ``config.checks``), the
+file's other spellings (:data:`ALIASES`) and :func:`keys_of`. A row names its checker and text parser
 (``config.checks``); the merge (``config.merge``) reads the table, and so do the TOML view
 (``config.tomlfile``), the CLI's options and help (``cli/runoptions.py``, ``cli/fastrun.py``'s flag
 table, kept equal by a drift test) and the docs.
@@ -13,15 +13,13 @@ Threads: none; the table is built once at import and never changed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from leasecore.config.checks import (
     MAX_SECONDS,
     Checker,
+    KeySpec,
     argv,
-    as_text,
     bool_from_text,
     byte_size,
     check_bool,
@@ -46,23 +44,6 @@ from leasecore.config.settings import Source
 
 # Re-exported: the checkers' messages and the provenance type were this module's before the split.
 __all__ = ["ALIASES", "KEYS", "KeySpec", "Source", "check_value", "invalid_value", "keys_of"]
-
-@dataclass(frozen=True)
-class KeySpec:
-    """One configuration key."""
-
-    name: str
-    scope: str  # "server" | "runner" | "task"
-    check: Checker
-    help: str
-    from_text: Callable[[str], Any] = as_text
-    env: tuple[str, ...] = ()  # fixed environment variables (server and runner keys)
-    worker_prop: str | None = None  # SDK-style per-task/all variables: conductor_worker_<task>_<prop>
-    flag: str | None = None
-    in_file: bool = True  # False: command-line only
-    in_worker: bool = True  # task keys: may [worker] give a default for every task?
-    sensitive: bool = False  # never echoed in messages or output
-
 
 def _key(name: str, scope: str, check: Checker, help: str, **extra: Any) -> KeySpec:
     return KeySpec(name=name, scope=scope, check=check, help=help, **extra)

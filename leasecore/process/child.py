@@ -22,7 +22,8 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
@@ -32,15 +33,23 @@ from leasecore.process.spec import ChildExit
 from leasecore.process.stdio_protocol import StdoutDocument
 from leasecore.process.taskfiles import TaskFiles
 
-if TYPE_CHECKING:
-    from leasecore.process.supervisor import Supervisor
-
 log = logging.getLogger("leasecore.process.supervisor")  # one logger for the runner's side of process/
 
 LineSink = Callable[[str, str], None]
 LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
 DoneSink = Callable[[ChildExit], None]
 StartedSink = Callable[["Child"], None]
+
+
+@dataclass(frozen=True)
+class ChildLinks:
+    """What a child needs of its Supervisor, handed in so that this module never imports it: send a
+    request to the fork server, tell the reader thread the child exited, remove a directory off the
+    reader thread."""
+
+    request: Callable[[dict[str, Any]], None]
+    exited: Callable[[Child], None]
+    rmtree: Callable[[str], None]
 
 
 class Child:
@@ -50,7 +59,7 @@ class Child:
 
     def __init__(
         self,
-        supervisor: Supervisor,
+        links: ChildLinks,
         key: str,
         files: TaskFiles,
         on_line: LineSink | None,
@@ -61,7 +70,7 @@ class Child:
         self.key = key
         self.pid = 0
         self.started_at = clock.monotonic()  # monotonic seconds (the Supervisor's clock)
-        self._supervisor = supervisor
+        self._links = links
         self._files = files
         self._on_line = on_line
         self._on_lines = on_lines
@@ -101,13 +110,13 @@ class Child:
         """TERM the whole tree; the fork server KILLs what is left after the grace (default: the spec's),
         counted from ``since`` (a ``time.monotonic()`` value: when the caller decided to stop the
         tree; the same clock in every process on Linux) or else from when it gets the request."""
-        self._supervisor._request(
+        self._links.request(
             {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds, "since": since}
         )
 
     def kill_tree(self) -> None:
         """KILL the whole tree now (the group and every escapee)."""
-        self._supervisor._request({"op": "signal", "key": self.key, "sig": signal.SIGKILL})
+        self._links.request({"op": "signal", "key": self.key, "sig": signal.SIGKILL})
 
     # called on the reader thread, for the fork server's messages -----------------------------------
 
@@ -132,7 +141,7 @@ class Child:
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()
-            self._supervisor._output.exited(self)
+            self._links.exited(self)
 
     def _on_gone(self) -> None:
         self.cgroup = None  # removed by the fork server
@@ -194,7 +203,7 @@ class Child:
             output = None
             output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {type(exc).__name__})"
         finally:  # a directory the child filled is removed off this (the reader) thread
-            self._files.remove(self._supervisor._chores.rmtree)
+            self._files.remove(self._links.rmtree)
         self._result = ChildExit(
             exit_code=code,
             signal=sig,

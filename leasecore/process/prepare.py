@@ -27,8 +27,8 @@ from leasecore.limits import rlimits_for
 from leasecore.models import Task
 from leasecore.process import _cgroupfs, cgroups
 from leasecore.process.lookups import ExecutablePaths
-from leasecore.process.spec import CommandSpec, build_child_env
-from leasecore.process.stdio_protocol import STDIO, task_json
+from leasecore.process.spec import STDIO, CommandSpec, build_child_env
+from leasecore.process.stdio_protocol import task_json
 from leasecore.process.taskfiles import TaskFiles
 
 

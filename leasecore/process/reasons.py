@@ -14,13 +14,11 @@ Threads: any (it holds no state); the runner maps an exit on its main thread.
 from __future__ import annotations
 
 import signal as signal_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasecore.limits import format_size, memory_reason
 from leasecore.models import TaskStatus
-
-if TYPE_CHECKING:  # spec.py imports stdio_protocol, which imports this module: only the types
-    from leasecore.process.spec import ChildExit, CommandSpec
+from leasecore.process.spec import ChildExit, CommandSpec
 
 REASON_LIMIT_CHARS = 500
 RESOURCE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")

@@ -17,8 +17,8 @@ from typing import Any
 
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
-from leasecore.process.spec import ChildExit, CommandSpec
-from leasecore.process.stdio_protocol import STDIO, to_stdio_result
+from leasecore.process.spec import STDIO, ChildExit, CommandSpec
+from leasecore.process.stdio_protocol import to_stdio_result
 
 
 def to_task_result(

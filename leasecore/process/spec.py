@@ -30,7 +30,6 @@ from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.runas import RunAs
-from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -49,6 +48,23 @@ RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 CREDENTIAL_PATTERNS = (
     "CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*", "CONDUCTOR_ACCESS_KEY_*"
 )  # fmt: skip
+
+
+NATIVE = "native"  # the protocol: this project's (task files, exit codes)
+STDIO = "stdio"  # conductor-cli's (the task on stdin, a result document on stdout)
+
+
+def stdio_env(task: Task) -> dict[str, str]:
+    """The variables conductor-cli sets for its child (``POLL_DOMAIN`` only for a task with a domain)."""
+    env = {
+        "TASK_TYPE": task.task_type,
+        "TASK_ID": task.task_id,
+        "WORKFLOW_ID": task.workflow_id,
+        "EXECUTION_ID": task.workflow_id,
+    }
+    if task.domain:
+        env["POLL_DOMAIN"] = task.domain
+    return env
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A script written for ``conductor-cli worker stdio`` runs unchanged: it gets the whole task object as
 JSON on stdin (``task_json``) and ``TASK_TYPE``, ``TASK_ID``, ``WORKFLOW_ID``, ``EXECUTION_ID`` and
-``POLL_DOMAIN`` in its environment (``stdio_env``, beside conductor-run's own ``CONDUCTOR_*``
+``POLL_DOMAIN`` in its environment (``spec.stdio_env``, beside conductor-run's own ``CONDUCTOR_*``
 variables), and prints one JSON document on stdout::
 
     {"status": "COMPLETED", "output": {...}, "logs": ["..."], "reason": "...",
@@ -21,17 +21,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
+from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
-
-if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types from there
-    from leasecore.process.spec import ChildExit, CommandSpec
-
-NATIVE = "native"
-STDIO = "stdio"
 
 STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
 EXCERPT_CHARS = 200  # of stdout, in a reason
@@ -48,19 +43,6 @@ STATUSES = {
 
 
 # --------------------------------------------------------------------------- what the child gets
-
-
-def stdio_env(task: Task) -> dict[str, str]:
-    """The variables conductor-cli sets for its child (``POLL_DOMAIN`` only for a task with a domain)."""
-    env = {
-        "TASK_TYPE": task.task_type,
-        "TASK_ID": task.task_id,
-        "WORKFLOW_ID": task.workflow_id,
-        "EXECUTION_ID": task.workflow_id,
-    }
-    if task.domain:
-        env["POLL_DOMAIN"] = task.domain
-    return env
 
 
 def task_json(task: Task) -> bytes:

@@ -34,15 +34,22 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.models import Task
 from leasecore.process import cgroups, leftovers
-from leasecore.process.child import Child, DoneSink, LineSink, LinesSink, PendingStart, StartedSink
+from leasecore.process.child import (
+    Child,
+    ChildLinks,
+    DoneSink,
+    LineSink,
+    LinesSink,
+    PendingStart,
+    StartedSink,
+)
 from leasecore.process.chores import Chores
 from leasecore.process.hardening import protect_from_children, warn_if_not_linux
 from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS, ForkServerLink, spawn_failure
 from leasecore.process.lookups import PATH_CACHE_SECONDS, ExecutablePaths, InheritedEnvs
 from leasecore.process.prepare import prepare, working_directory
 from leasecore.process.reader import OutputReader
-from leasecore.process.spec import CommandSpec
-from leasecore.process.stdio_protocol import STDIO
+from leasecore.process.spec import STDIO, CommandSpec
 
 __all__ = ["Child", "DoneSink", "LineSink", "LinesSink", "StartedSink", "Supervisor", "TreeMeta"]
 
@@ -113,6 +120,7 @@ class Supervisor:
             protect_from_children()
         self._chores = Chores()
         self._output = OutputReader(output_drain_seconds, housekeeping=self._expire_starts)
+        self._child_links = ChildLinks(self._request, self._output.exited, self._chores.rmtree)
         self._link = ForkServerLink(forkserver_boot, reply_timeout_seconds)
         self._record = leftovers.StateRecord(state_dir, self._link.pid)
         self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
@@ -238,7 +246,7 @@ class Supervisor:
                         executables=self._executables, cgroup_setup=self._cgroups)  # fmt: skip
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
-        child = Child(self, key, files, on_line, self._clock, on_lines, on_done)
+        child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done)
         child._stdout_is_document = spec.protocol == STDIO
         child.cgroup = group
         if spec.limits.memory_max is not None:

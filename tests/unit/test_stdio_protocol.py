@@ -14,14 +14,13 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, to_task_result
-from leasecore.process.spec import ChildExit, build_child_env, is_secret_name
+from leasecore.process.spec import ChildExit, build_child_env, is_secret_name, stdio_env
 from leasecore.process.stdio_protocol import (
     MAX_LOG_ENTRIES,
     STDOUT_LIMIT_BYTES,
     InvalidReply,
     StdoutDocument,
     parse_reply,
-    stdio_env,
     task_json,
     to_stdio_result,
 )
