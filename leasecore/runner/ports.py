@@ -29,6 +29,16 @@ class TaskPolled:
     policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
     surplus: bool = False  # beyond what the poller may run (no slot, no budget): hand it back
     poller: str = ""  # the task type of the poller that claimed it ("": unknown, the first one)
+    # The task whose final update (update-v2) claimed this one: it comes with that task's slot and a
+    # unit of the work budget (leasecore.runner.chain), never counted as a poll's unstarted claim.
+    chained_from: str = ""
+
+
+@dataclass(frozen=True)
+class ChainEnded:
+    """The update-v2 of ``task_id`` claimed nothing (204, refused, failed): free its kept slot."""
+
+    task_id: str
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,8 @@ class Tick:
     pass
 
 
-Event = TaskPolled | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited | Tick
+Event = (TaskPolled | ChainEnded | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited
+         | Tick)
 
 # ---------------------------------------------------------------- ports
 
@@ -80,6 +91,9 @@ class ConductorPort(Protocol):
     ) -> list[Task]: ...
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
+
+    # Optional: ``update_v2(result, *, timeout_seconds) -> Task | None`` (a port without it never
+    # chains; ``leasecore.runner.chain``).
 
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None: ...
 
