@@ -28,16 +28,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         cf, sc = r.get("conductor_run_over_floor"), r.get("sdk_over_conductor_run")
         rows.append(
             (
-                "conductor-run time <= 1.2 x floor",
+                "conductor-run time <= 0.9 x floor",
                 f"{_f(cf, 2)} x",
-                _verdict(None if cf is None else cf <= 1.2),
+                _verdict(None if cf is None else cf <= 0.9),
             )
         )
         rows.append(
             (
-                "conductor-run throughput >= 2 x SDK",
+                "conductor-run throughput >= 1.25 x SDK (both on update-v2)",
                 f"{_f(sc, 2)} x",
-                _verdict(None if sc is None else sc >= 2.0),
+                _verdict(None if sc is None else sc >= 1.25),
             )
         )
     hb = results.get("heartbeat")

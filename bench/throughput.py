@@ -10,9 +10,10 @@ type: it falls back to v1 and polls for each task, as conductor-run and the floo
 on the first 404 it sees, but its other update-v2 calls already in flight then count as failures and
 are retried 10 s later; so an sdk-v1 run first lets it switch on one warm-up task (not measured), then
 queues the measured tasks while the server holds polls for the type, and releases them: to the worker
-the tasks were queued before it polled, as in the other runs. Each run records through which endpoint
-its final updates landed (``updates_via``); an sdk-v1 run with any v2 update, or an sdk run with none,
-fails, since its figure would not be what it is labelled.
+the tasks were queued before it polled, as in the other runs. conductor-run, like the SDK, chains
+through update-v2 (#23: each final update claims the next task into its slot). Each run records
+through which endpoint its final updates landed (``updates_via``); an sdk-v1 run with any v2
+update, or an sdk or conductor-run run with none, fails: its figure would not be what it is labelled.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def one_run(
     via = collections.Counter(v for _, v in finals)
     if kind == "sdk-v1" and via.get("v2"):
         raise RuntimeError(f"sdk-v1 run {round_no}: {via['v2']} final updates still landed through update-v2")
-    if kind == "sdk" and not via.get("v2"):
-        raise RuntimeError(f"sdk run {round_no}: no final update came through update-v2 ({dict(via)})")
+    if kind in ("sdk", "conductor-run", METRICS_KIND) and not via.get("v2"):
+        # Both chain through update-v2 (#23): a run without it is not what the targets compare.
+        raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
         "kind": kind,
         "round": round_no,
