@@ -192,6 +192,12 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
             f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
         ]
+    if r.get("v1_over_v2_conductor_run") is not None:  # #23: only when conductor-run-v1 ran
+        out += [
+            "",
+            "Diagnostic (no target): conductor-run on v1 only (the server refuses update-v2) / "
+            f"conductor-run chaining through update-v2 (time): {_f(r['v1_over_v2_conductor_run'], 2)}.",
+        ]
     if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
         rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
         out += [

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.harness import METRICS_KIND, BenchServer, WorkerConfig, running_worker
+from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
 from bench.measure import cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
@@ -41,6 +41,8 @@ def one_run(
         srv.refuse_update_v2(task_type)
         warmup_ids = srv.task_ids(srv.start(task_type, 1))
     else:
+        if kind == V1_KIND:  # its first final update is refused, retried through v1 at once: no warm-up
+            srv.refuse_update_v2(task_type)
         task_ids = srv.task_ids(srv.start(task_type, tasks))
     cfg = WorkerConfig(
         kind=kind,
@@ -72,8 +74,8 @@ def one_run(
     seconds = last_report - first_claim
     statuses = collections.Counter(str(s) for s in marks["statuses"].values())
     via = collections.Counter(v for _, v in finals)
-    if kind == "sdk-v1" and via.get("v2"):
-        raise RuntimeError(f"sdk-v1 run {round_no}: {via['v2']} final updates still landed through update-v2")
+    if kind in ("sdk-v1", V1_KIND) and via.get("v2"):
+        raise RuntimeError(f"{kind} run {round_no}: {via['v2']} final updates still landed through update-v2")
     if kind in ("sdk", "conductor-run", METRICS_KIND) and not via.get("v2"):
         # Both chain through update-v2 (#23): a run without it is not what the targets compare.
         raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
@@ -133,6 +135,8 @@ def run(
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),
             # Diagnostic: the SDK without update-v2's claim-with-the-report, against conductor-run.
             "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
+            # #23's chaining A/B: conductor-run on v1 only (update-v2 refused) over conductor-run.
+            "v1_over_v2_conductor_run": ratio(medians.get(V1_KIND), medians.get("conductor-run")),
             # #20: the run time with the metrics endpoint on over off (target <= 1.03), and the same
             # ratio within each round (the machine is shared: the spread says how much is noise).
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
