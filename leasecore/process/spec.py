@@ -17,8 +17,8 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
+from leasecore.process.runas import RunAs
 from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
-from leasecore.runas import RunAs
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only

@@ -27,7 +27,7 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.leftovers import TreeRecord
-from leasecore.runas import RunAs, resolve_run_as
+from leasecore.process.runas import RunAs, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine

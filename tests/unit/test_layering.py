@@ -181,6 +181,14 @@ def test_the_pure_core_imports_no_io_threads_or_cli() -> None:
     assert pure_violations(files) == []
 
 
+def test_the_top_of_leasecore_is_the_pure_core_and_small() -> None:
+    """#18: a module directly in leasecore/ is pure (adapters live in the packages), at most 15."""
+    top = {name for name, path in project_files().items()
+           if path.parent == ROOT / "leasecore" and path.name != "__init__.py"}
+    assert 5 < len(top) <= 15, sorted(top)
+    assert top <= PURE, sorted(top - PURE)
+
+
 def test_nothing_below_cli_imports_typer_or_rich() -> None:
     assert cli_library_violations(project_files()) == []
 
