@@ -22,7 +22,7 @@ PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
     "leasecore.config.keys", "leasecore.config.tomlfile", "leasecore.http_framing", "leasecore.checkbudget",
-    "leasecore.runner.pollpolicy",
+    "leasecore.runner.pollpolicy", "leasecore.runner.chain",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",
