@@ -1,8 +1,7 @@
-"""HTTP plumbing of the Conductor client: error translation and replies (requests' session and error
-classes live in :mod:`leasecore.conductor.session`, imported only when requests is used, #23).
+"""The Conductor client's plumbing: error translation, replies, path segments.
 
-Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
-:func:`error_for_status` (HTTP statuses):
+Owns: the one translation of library errors and statuses into the project's tree,
+:func:`translate_errors` (library exceptions) plus :func:`error_for_status` (HTTP statuses):
 
     network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
     5xx whose JSON body says
@@ -10,11 +9,11 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse,
-      an answer whose framing is
-      refused (http_framing)      -> ConductorProtocolError
+    a 2xx we cannot parse, an answer whose framing is refused (http_framing) -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
+Must not: send anything, retry, or import requests (``conductor.session`` holds requests' classes and
+is consulted only once loaded, #23). Threads: any; pure functions and immutable values.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from leasecore.conductor.lean import HTTPException as LeanHTTPException
+from leasecore.conductor.answer import HTTPException as LeanHTTPException
 from leasecore.conductor.resolve import ResolveTimeout
 from leasecore.errors import (
     ConductorAuthError,

@@ -19,9 +19,10 @@ from leasecore.handover import StartGate, YieldHold
 from leasecore.lease import LeasePolicy
 from leasecore.metrics import Observer
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.events import Event
 from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
-from leasecore.runner.ports import EnginePort, Event, RunOptions, SupervisorPort, TaskTypePlan
+from leasecore.runner.ports import EnginePort, RunOptions, SupervisorPort, TaskTypePlan
 from leasecore.runner.reporter import Reporter
 from leasecore.runner.status import InFlight
 from leasecore.snapshot import TaskSnapshot

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from leasecore.clock import SystemClock
 from leasecore.errors import ProcessError
@@ -25,7 +25,7 @@ from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.engine import FinalUpdates
-from leasecore.runner.ports import EnginePort, TaskTypePlan
+from leasecore.runner.ports import ChainPort, EnginePort, TaskTypePlan
 from leasecore.runner.reporter import OnChained, ReportOutcome
 from leasecore.runner.status import InFlight, Phase, undelivered_snapshot
 
@@ -36,16 +36,11 @@ _UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the
 _YIELD_SLACK_SECONDS = 1.0  # a yield's tree is waited for up to its grace + margin + this (YieldHold)
 
 
-class _Updates(Protocol):
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
-    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
-
-
 class ChainUpdates(FinalUpdates):
     """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
     follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
 
-    def __init__(self, port: _Updates, engine: EnginePort) -> None:
+    def __init__(self, port: ChainPort, engine: EnginePort) -> None:
         super().__init__(port, engine)
         self._v2_port = port
         self._guard = engine

@@ -2,7 +2,7 @@
 
 Owns the ``Lease`` objects (``leasecore.lease``), carries out their actions and feeds the outcomes
 back. It must not touch processes: fencing is handed to the runner through ``on_fence``. It talks to
-the server only through ``LeasePort`` (``ConductorClient`` satisfies it).
+the server only through ``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it).
 
 Threads and locking:
 
@@ -62,7 +62,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
@@ -78,7 +78,8 @@ from leasecore.lease import (
     SendHeartbeat,
 )
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import Task, TaskOwnership, TaskResult
+from leasecore.models import Task, TaskResult
+from leasecore.runner.ports import FinalUpdateGuard, LeasePort, UpdatePort
 
 __all__ = ["EngineMetrics", "FinalUpdates", "LeaseEngine", "LeasePort"]
 
@@ -87,18 +88,6 @@ log = logging.getLogger(__name__)
 _LATENESS_SAMPLES = 10_000
 # begin_final_update waits for a beat in flight up to that call's own timeout plus this much.
 _FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
-
-
-class LeasePort(Protocol):
-    """The two server calls the engine makes (raising only ``leasecore.errors`` types)."""
-
-    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
-        """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
-        ...
-
-    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
-        """GET /api/tasks/{id}: the task's status, pollCount and workerId; None for a 404."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -634,18 +623,6 @@ class LeaseEngine:
                 log.exception("task %s: on_fence(%s) failed", task_id, action)
 
 
-class _UpdateCall(Protocol):
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
-
-
-class FinalUpdateGuard(Protocol):
-    """The engine calls ``FinalUpdates`` makes (``LeaseEngine`` and the runner's ``EnginePort``)."""
-
-    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
-    def final_update_failed(self, task_id: str) -> None: ...
-    def reported(self, task_id: str) -> None: ...
-
-
 _Guard = TypeVar("_Guard", bound=FinalUpdateGuard)
 
 
@@ -662,7 +639,7 @@ class FinalUpdates:
         make_reporter = lambda done: Reporter(updates, done)
     """
 
-    def __init__(self, port: _UpdateCall, engine: FinalUpdateGuard | None = None) -> None:
+    def __init__(self, port: UpdatePort, engine: FinalUpdateGuard | None = None) -> None:
         self._port = port
         self._engine = engine
 

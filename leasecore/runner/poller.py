@@ -8,6 +8,10 @@ from the pure ``PollBackoff``; the server's reachability is logged once per chan
 A claimed task is never dropped: the server counts every task of a poll's answer as ours until R,
 even past the count asked. Such extras run too (a slot overshoot of at most the count asked, within
 the work budget); any beyond that go to ``on_surplus``, which hands them back to the server.
+
+Must not: start children, track leases or decide a task's fate (the runner does, on its thread);
+sleep past a stop. Its server call is ``runner.ports.PollPort``.
+Threads: one ``poll-<type>`` thread per task type; ``release`` and ``stop`` from the main thread.
 """
 
 from __future__ import annotations
@@ -17,24 +21,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.pollpolicy import BackoffPolicy, FailureKind, PollBackoff, Reachability
+from leasecore.runner.ports import PollPort
 
 log = logging.getLogger("conductor_run.poll")
-
-
-class PollPort(Protocol):
-    """The one call a poller needs; ``ConductorClient`` satisfies it."""
-
-    def poll(
-        self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
-        domain: str | None = None,
-    ) -> list[Task]: ...
 
 
 class WorkBudget:

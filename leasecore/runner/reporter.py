@@ -12,7 +12,11 @@ update-v2 and ``on_chained(task or None, sent_at)`` is called exactly once, befo
 the task the server claimed (its lease counts from ``sent_at``, the attempt's send time). Every
 retry is v1: update-v2 is never resent (a second one claims again, even for a task already
 terminal). 405, or a 404 that v1 then takes, turns update-v2 off for good (``chaining``).
-Runs on the reporter's sender threads (``senders``); ``submit``, ``chaining`` and ``hurry`` on any.
+
+Must not: decide what a result says (the runner does) or touch the lease engine itself (its port,
+``runner.ports.UpdatePort``, is the runner's guarded update, ``engine.FinalUpdates``).
+Threads: a small ``reporter`` pool delivers; ``submit`` and ``close`` from the main thread;
+``chaining`` and ``hurry`` from any.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast
+from typing import cast
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import (
@@ -36,21 +40,10 @@ from leasecore.errors import (
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import Refusal, refusal
+from leasecore.runner.ports import ChainPort, UpdatePort
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
-
-
-class UpdatePort(Protocol):
-    """The one call the reporter needs; ``ConductorClient`` satisfies it."""
-
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
-
-
-class ChainPort(UpdatePort, Protocol):
-    """A port that can also claim the next task with the update (``ConductorClient.update_v2``)."""
-
-    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
 
 
 OnChained = Callable[[Task | None, float], None]  # (the task update-v2 claimed or None, its send time)

@@ -37,27 +37,30 @@ from leasecore.runner.contact import RecordedCalls, ServerContact
 from leasecore.runner.core import ToResult
 from leasecore.runner.ends import ChainUpdates, _tree_gone
 from leasecore.runner.engine import FinalUpdates
-from leasecore.runner.logsink import LogStreamer
-from leasecore.runner.poller import Poller, WorkBudget
-from leasecore.runner.ports import (
+from leasecore.runner.events import (
     ChainEnded,
     ChildExited,
-    ConductorPort,
-    EnginePort,
     Event,
     Fence,
     PollerExited,
     ReportDone,
-    RunOptions,
-    RunOutcome,
     ShutdownRequested,
-    StatusPort,
-    SupervisorPort,
     TaskPolled,
-    TaskTypePlan,
     Tick,
 )
-from leasecore.runner.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runner.logsink import LogStreamer
+from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.ports import (
+    ConductorPort,
+    EnginePort,
+    RunOptions,
+    RunOutcome,
+    StatusPort,
+    SupervisorPort,
+    TaskTypePlan,
+    UpdatePort,
+)
+from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.starts import TaskStarts
 from leasecore.runner.status import Phase, server_health, task_snapshot

@@ -25,7 +25,8 @@ from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
-from leasecore.runner.ports import ChainEnded, ChildExited, TaskPolled, TaskTypePlan
+from leasecore.runner.events import ChainEnded, ChildExited, TaskPolled
+from leasecore.runner.ports import TaskTypePlan
 from leasecore.runner.status import InFlight, Phase
 from leasecore.snapshot import MAX_OUTPUT_LINES
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from leasecore.config import merge
 from leasecore.config.keys import KEYS
 from leasecore.config.loader import OVERRIDE_KEYS, ResolvedConfig, TaskSettings, parse_toml, resolve
 from leasecore.errors import ConfigError
@@ -84,6 +85,17 @@ def test_each_layer_beats_the_one_below(
     task = _task(text, environ, overrides)
     assert task.kill_grace == value
     assert str(task.sources["kill_grace"]) == source
+
+
+def test_the_merge_follows_the_precedence_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order is data (``merge.PRECEDENCE``), read by the merge, not written into its code: the
+    table reversed, [worker] beats every other layer, and the source says so."""
+    everything = (WORKER + TASK, {**GLOBAL_ENV, **TASK_ENV}, {"kill_grace": 7})
+    assert _task(*everything).kill_grace == 7.0
+    monkeypatch.setitem(merge.PRECEDENCE, "task", tuple(reversed(merge.PRECEDENCE["task"])))
+    task = _task(*everything)
+    assert task.kill_grace == 3.0
+    assert str(task.sources["kill_grace"]) == "conductor.toml:2 [worker]"
 
 
 @pytest.mark.parametrize(

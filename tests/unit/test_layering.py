@@ -17,12 +17,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("leasecore", "cli")
 
-# The pure core: decisions and values, clock injected. config_toml parses text it is handed.
+# The pure core: decisions and values, clock injected. config.tomlfile parses text it is handed; the
+# config's settings, checkers, key table and merge are pure too (only config.loader reads files).
 PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
-    "leasecore.config.keys", "leasecore.config.tomlfile", "leasecore.http_framing", "leasecore.checkbudget",
-    "leasecore.runner.pollpolicy", "leasecore.runner.chain",
+    "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
+    "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
+    "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",

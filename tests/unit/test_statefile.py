@@ -22,6 +22,7 @@ import pytest
 from leasecore.clock import FakeClock
 from leasecore.errors import ConfigError
 from leasecore.snapshot import RunnerInfo, ServerHealth, TaskSnapshot, TaskState
+from leasecore.state.directory import StateDir
 from leasecore.state.statefile import (
     ProcessState,
     StatePublisher,
@@ -89,6 +90,26 @@ def test_ensure_state_dir_creates_a_private_directory(tmp_path: Path) -> None:
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+def test_a_state_dir_is_checked_when_made_and_used_as_it_is_after(tmp_path: Path) -> None:
+    """``StateDir.open`` makes and checks; whoever is handed the result does not check again (the
+    run's one check), while a bare path is still checked by each reader."""
+    state = StateDir.open(tmp_path / "state")
+    assert stat.S_IMODE(state.path.stat().st_mode) == 0o700 and state.outbox == state.path / "outbox"
+    clock = FakeClock(wall=WALL0)
+    StatePublisher(state, this_runner(clock), clock=clock).publish([a_task()], server=SERVER)
+    state.path.chmod(0o770)  # what a check refuses: only a reader of the bare path sees it now
+    try:
+        [record] = read_snapshots(state, WALL0)
+        assert record.snapshot is not None and record.snapshot.tasks[0].task_id == "task-1"
+        with pytest.raises(ConfigError, match="writable by group or others"):
+            read_snapshots(state.path, WALL0)
+    finally:
+        state.path.chmod(0o700)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        tmp_path.chmod(0o777)
+        StateDir.open(tmp_path)
 
 
 def test_a_world_writable_state_dir_is_refused(tmp_path: Path) -> None:
