@@ -119,8 +119,9 @@ class Runner(TaskStarts):
         self._to_result = to_result
         self._status = status
         self._contact = contact or ServerContact(self._clock)
-        # update-v2 chaining needs the call on the port (the client has it; small fakes may not)
-        self._chaining = callable(getattr(conductor, "update_v2", None))
+        # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
+        # small fakes may not)
+        self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates: UpdatePort = (ChainUpdates(conductor, self._engine) if self._chaining

@@ -105,3 +105,11 @@ def test_the_work_budget_bounds_what_final_updates_claim() -> None:
     started = set(conductor.statuses())
     assert len(started) == 3 and not set(conductor.claimed) - started  # nothing claimed that did not run
     assert len(conductor.queued["t"]) == 3  # the rest was never claimed
+
+
+def test_update_v2_off_means_every_final_update_is_v1() -> None:
+    conductor = ChainingConductor()
+    conductor.add(make_task("a"), make_task("b"))
+    outcome = finish(run(conductor, RunOptions(max_tasks=2, update_v2=False)))
+    assert outcome.statuses == (TaskStatus.COMPLETED, TaskStatus.COMPLETED)
+    assert conductor.v2_sent == [] and conductor.claimed == []  # both polled, both reported with v1
