@@ -10,6 +10,7 @@ previous holder may run it (two copies never overlap, from the copies' own recor
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -261,3 +262,39 @@ def test_a_redelivery_claimed_by_update_v2_waits_for_its_previous_holder(
         world.finish(proc)
     assert "its previous holder may still run it" in world.stderr(b)
     assert "no longer ours" in world.stderr(a)
+
+
+def test_a_chained_task_is_fenced_when_its_lease_runs_out(
+    chain_world: tuple[World, ChainStore], tmp_path: Path
+) -> None:
+    """A task claimed through update-v2 holds a lease like a polled one: with the server out of reach
+    its tree is killed before the lease deadline (no heartbeat acknowledged since the last one)."""
+    world, store = chain_world
+    world.define(response_timeout=4)
+    quick = world.start_workflow(seconds=0)
+    slow = world.start_workflow(seconds=60)
+    with world.proxy() as proxy:
+        proc = world.run("--kill-grace", "1", url=proxy.url_for("/api"))
+        wait_until(lambda: world.workflow_status(quick) == "COMPLETED", what="the first task")
+        slow_id = str(world.task_of(slow)["taskId"])
+        wait_until(lambda: (slow_id, "v2", 1) in store.claims, what="the second claimed by update-v2")
+        pids = wait_until(world.child_pids, what="the chained task's child")
+        proxy.set_mode("blackhole")
+        cut = time.monotonic()
+        wait_until(lambda: "terminating the process tree (lease expired)" in world.stderr(proc),
+                   timeout_seconds=15, what="the lease to run out")
+        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout_seconds=5, what="the tree to die")
+        assert time.monotonic() - cut < 4 + 2  # within R of the cut (the lease counts from before it)
+        proxy.set_mode("pass")
+        proc.send_signal(signal.SIGTERM)
+        code, err = world.finish(proc)
+    assert code in (exitcodes.SIGTERM, exitcodes.OK), err
+    assert [c for c in store.claims if c[0] == slow_id] == [(slow_id, "v2", 1)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
