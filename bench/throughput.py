@@ -130,6 +130,10 @@ def run(
         "runs": runs,
         "median_seconds": medians,
         "median_tasks_per_second": {k: (tasks / v if v else None) for k, v in medians.items()},
+        # The worker's CPU per task (runner + fork server for conductor-run), median over the rounds.
+        "median_worker_cpu_ms_per_task": {
+            k: median([r["worker_cpu_ms_per_task"] for r in runs if r["kind"] == k]) for k in kinds
+        },
         "ratios": {
             "conductor_run_over_floor": ratio(medians.get("conductor-run"), medians.get("floor")),
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),

@@ -3,9 +3,10 @@
 ``posix_spawn`` (the fork server's usual way: a vfork and exec in the C library) returns only once
 the command has exec'd, and it can neither move the child into a cgroup, set rlimits, nor change
 the user. A command that joined its group only after its exec could fork before the move, and those
-children would stay outside. So when a spawn request carries a ``cgroup``, ``rlimits`` or ``run_as``
-(uid, gid, groups: #24), the (single-threaded, small) fork server forks, and the child, running
-nothing but system calls, does before its exec:
+children would stay outside. (A group with no limits is joined without a fork: the fork server calls
+posix_spawn from inside it, ``_cgroupfs.spawn_inside``.) So when a spawn request carries a ``cgroup``
+that is not ``inside``, ``rlimits`` or ``run_as`` (uid, gid, groups: #24), the (single-threaded,
+small) fork server forks, and the child, running nothing but system calls, does before its exec:
 
 1. joins its group (writes 0 to ``cgroup.procs`` in each hierarchy): from here on it and all it
    starts are members, whatever they do (setsid, double fork, a wiped environment);

@@ -5,6 +5,7 @@ control socket's fd as argument) and driven over that Unix stream socket. It
 
 - starts each task command in a new session with ``posix_spawn`` (a vfork and exec in the C library:
   no page tables copied, no Python run in the child), stdin/stdout/stderr passed in over SCM_RIGHTS;
+  a request ``inside`` a cgroup without limits from inside that group (``_cgroupfs.spawn_inside``);
 - is a child subreaper (PR_SET_CHILD_SUBREAPER), so every descendant that escapes its group (setsid,
   double fork) is re-parented here instead of to init;
 - detects exits (a pidfd per leader in its selector; else a ``waitid`` of every tree at each SIGCHLD)
@@ -309,8 +310,10 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("cgroup") or req.get("rlimits") or req.get("run_as"):  # set up in the child
-                from leasecore.process.forkexec import fork_exec
+            # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
+            inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
+            if (req.get("cgroup") and not inside) or req.get("rlimits") or req.get("run_as"):
+                from leasecore.process.forkexec import fork_exec  # set up in the child
 
                 step = "fork"
                 pid = fork_exec(req, fds, self._sigdef)
@@ -318,11 +321,7 @@ class ForkServer:
                 if req.get("cwd"):
                     os.chdir(req["cwd"])
                 step = "exec"
-                pid = os.posix_spawn(
-                    req["path"], req["argv"], req["env"],
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                    setsid=True, setsigdef=self._sigdef, setsigmask=(),
-                )  # fmt: skip
+                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
@@ -335,6 +334,16 @@ class ForkServer:
         self._trees[tree.key] = tree
         self._watch_exit(tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
+
+    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+        def spawn() -> int:
+            return os.posix_spawn(
+                req["path"], req["argv"], req["env"],
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+                setsid=True, setsigdef=self._sigdef, setsigmask=(),
+            )  # fmt: skip
+
+        return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
 
     def _watch_exit(self, tree: _Tree) -> None:
         """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree (with
@@ -549,11 +558,7 @@ class ForkServer:
         killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         # What the tree used: from its group where it has one, else the leader's own (and its reaped
         # children's) rusage. The OOM kills from the group's events, never guessed from a SIGKILL.
-        usage = _cgroupfs.zombie_rusage(tree.pid)
-        oom = 0
-        if tree.cgroup is not None:
-            usage.update(_cgroupfs.resources(tree.cgroup))
-            oom = _cgroupfs.oom_kills(tree.cgroup)
+        usage, oom = _cgroupfs.tree_usage(tree.pid, tree.cgroup)
         self._reply(
             {
                 "op": "exited",

@@ -855,6 +855,8 @@ class Supervisor:
         request = {"op": "spawn", "id": request_id, "key": key, "path": path, "argv": argv, "env": env,
                    "cwd": cwd, "token": token, "grace": spec.kill_grace_seconds,
                    "dir": files.directory, "cgroup": group, "rlimits": rlimits}  # fmt: skip
+        if group is not None and cgroups.spawns_inside(self._cgroups, spec.limits, self._process.pid):
+            request["inside"] = True  # posix_spawn from inside the group (_cgroupfs.spawn_inside)
         if spec.run_as is not None:  # the fork server starts it as that user (forkexec.py)
             request["run_as"] = spec.run_as.wire()
         try:
@@ -920,7 +922,7 @@ class Supervisor:
         pending.child._files.remove(self._chores.rmtree)
         group, pending.child.cgroup = pending.child.cgroup, None
         if group is not None:  # a start given up may still run late: its group dies with it
-            cgroups.remove_group(group)
+            cgroups.remove_group(group, spare=self._process.pid)  # the fork server may be inside
 
     def _give_up_starts(self, which: Callable[[_Start], bool]) -> None:
         """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
