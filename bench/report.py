@@ -205,6 +205,26 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             f"Metrics on / off (time; target <= 1.03): {_f(r['metrics_on_over_off'], 3)} "
             f"(per round: {rounds_text}).",
         ]
+    out += _metrics_ab(tp.get("metrics_ab"))
+    return out
+
+
+def _metrics_ab(ab: dict[str, Any] | None) -> list[str]:
+    """#20: metrics on / off, time and the worker's CPU (bench.metrics_ab)."""
+    if not ab:
+        return []
+    out = ["", "Metrics on / off (bench/metrics_ab.py), ratio of the medians and the median of the "
+           "per-round ratios:", "",
+           "| measure | on / off (medians) | median per round | every round |", "|---|---|---|---|"]
+    for name, what in (("time", "time (first claim to last update)"),
+                       ("cpu", "worker CPU per task, start-up included"),
+                       ("run_cpu", "worker CPU per task after \"serving\" (the run alone)")):
+        rounds = ", ".join(_f(x, 3) for x in ab.get(f"{name}_on_over_off_per_round") or [])
+        out.append(f"| {what} | {_f(ab.get(f'{name}_on_over_off'), 3)} | "
+                   f"{_f(ab.get(f'{name}_per_round_median'), 3)} | {rounds} |")
+    starts = ab.get("start_cpu_ms") or {}
+    on, off = starts.get("conductor-run-metrics"), starts.get("conductor-run")
+    out += ["", f"Start-up CPU (until \"serving\"), medians: metrics on {_f(on, 0)} ms, off {_f(off, 0)} ms."]
     return out
 
 

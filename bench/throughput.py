@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench import metrics_ab
 from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
 from bench.measure import cpu_seconds, worker_processes
 from bench.stats import median, ratio
@@ -53,7 +54,10 @@ def one_run(
         state_dir=workdir / "state",
     )
     server_cpu0 = cpu_seconds(worker_processes(srv.pid))
+    start_cpu: float | None = None
     with running_worker(cfg, workdir / f"{task_type}.log") as worker:
+        if kind in (METRICS_KIND, "conductor-run"):  # #20: the start-up's CPU, apart from the run's
+            start_cpu = metrics_ab.cpu_at_serving(worker.pid, worker.log_path)
         if sdk_v1:
             srv.wait_settled(warmup_ids, timeout_seconds=60, worker=worker)
             srv.hold_polls(task_type)
@@ -91,6 +95,9 @@ def one_run(
         # Diagnostics: where the CPU went. The worker's figure includes its start-up.
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
+        # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
+        "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
+        "worker_run_cpu_ms_per_task": None if start_cpu is None else 1000 * (worker_cpu - start_cpu) / tasks,
     }
 
 
@@ -146,6 +153,8 @@ def run(
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
             "metrics_on_over_off_per_round": _per_round(runs, METRICS_KIND, "conductor-run"),
         },
+        # #20: time and worker CPU (with and without the start-up), on / off, per round too
+        "metrics_ab": metrics_ab.ratios(runs) if METRICS_KIND in kinds and "conductor-run" in kinds else None,
     }
 
 

@@ -221,6 +221,17 @@ KEYS: dict[str, KeySpec] = {
             flag="--metrics-host",
         ),
         # ---- end #20 ----
+        # ---- #20 metrics: the task type's label name (promtool's snake_case lint) ----
+        _key(
+            "metrics_task_type_label",
+            "runner",
+            choice("taskType", "task_type"),
+            "the metrics' label name for the task type: taskType (the Conductor SDKs' name, which "
+            "their dashboards query) or task_type (snake_case: promtool check metrics finds nothing)",
+            env=("CONDUCTOR_RUN_METRICS_TASK_TYPE_LABEL",),
+            flag="--metrics-task-type-label",
+        ),
+        # ---- end #20 metrics label ----
         # per task ([[task]], defaults in [worker])
         _key(
             "type",

@@ -70,6 +70,9 @@ class RunnerSettings:
     max_tasks: int | None = None  # None: no limit
     metrics_port: int | None = None  # #20: None = no metrics endpoint; 0 = any free port
     metrics_host: str = "127.0.0.1"  # #20
+    # --- #20: the metrics' task type label: "taskType" (the SDKs') or "task_type" (promtool-clean) ---
+    metrics_task_type_label: str = "taskType"
+    # --- end #20 label ---
     cgroup: str = "auto"  # issue 19: auto | v2 | v1 | off (leasecore.process.cgroups)
     # --- issue #23: ownership checks' budget, shared by every task (leasecore.checkbudget) ---
     ownership_check_rate: float = 20.0  # checks per second per runner at most; 0: no budget

@@ -80,7 +80,7 @@ class MetricsService:
         self._concurrency = {t.type: t.concurrency for t in config.tasks}
         self._paused = all(t.paused for t in config.tasks)
         self._window = poll_window_seconds(config)
-        self.observer = PrometheusObserver(self._types)
+        self.observer = PrometheusObserver(self._types, task_type_label=runner.metrics_task_type_label)
         sources = (str(runner.sources.get("metrics_host", "default")),
                    str(runner.sources.get("metrics_port", "default")))
         self.endpoint = MetricsEndpoint(runner.metrics_host, runner.metrics_port, exposition=self._exposition,

@@ -1,6 +1,14 @@
 """The file operations on a task's cgroup that the fork server and the leftover sweep do. Stdlib only:
 the fork server imports it (see forkserver.py's note on imports).
 
+Owns the reads and writes of a group's files: joining it (``join_self``, in ``forkexec.py``'s child;
+``spawn_inside``, the fork server for one ``posix_spawn``), its members, whether it is populated,
+the kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills and accounting, its
+memory now, its removal, and a zombie's rusage. Must not touch: a group it is not handed (the runner
+makes them, ``cgroups.create_group``, and writes their limits; the sweep hands over only recorded
+groups of ours). Threads: the fork server's one thread; on the runner's side the sweep
+(``leftovers.py``) and ``Child.memory_bytes``.
+
 A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
 ``{"v": 2, "dirs": {"unified": PATH}}`` or ``{"v": 1, "dirs": {"memory": PATH, "pids": PATH,
 "freezer": PATH, "cpu": PATH, "cpuacct": PATH}}`` (a v1 hierarchy that is not usable, or that the

@@ -1,5 +1,12 @@
 """Which cgroup mechanism holds the task trees (detected once at start), and making a task's group.
 
+Owns ``detect`` and ``CgroupSetup``, and on the runner's side a task group's making, limits and
+removal (``create_group``, ``remove_group``, ``spawns_inside``; the fork server's side of a group is
+``_cgroupfs.py``). Threads: ``detect`` once, on the run's start-up thread
+(``runner/treegroups.py``); ``create_group`` and ``spawns_inside`` on the thread that starts a spawn
+(``prepare.py``, ``Supervisor._start``); ``remove_group`` on whichever thread gives up a start. What
+it must not touch is at the end of this docstring.
+
 ``detect(mode)`` looks at the runner's own cgroups (``/proc/self/cgroup``) and the mounts
 (``/proc/self/mountinfo``) and answers a ``CgroupSetup``:
 

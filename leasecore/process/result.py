@@ -1,21 +1,14 @@
-"""From a child's exit to the task result Conductor gets (DESIGN.md §3). Pure.
+"""From a child's exit to the task result Conductor gets, under the native protocol (DESIGN.md §3).
 
-    exit 0                         -> COMPLETED
-    in spec.in_progress_exit_code  -> IN_PROGRESS, callbackAfterSeconds = spec.callback_after_seconds
-    in spec.terminal_exit_codes    -> FAILED_WITH_TERMINAL_ERROR "exit code 2: <last stderr line>"
-    any other exit code            -> FAILED "exit code 3: <last stderr line>"
-    killed by a signal             -> FAILED "killed by SIGKILL"
-    OOM kills in the tree's group  -> FAILED "memory limit 64 MiB exceeded: killed by the kernel's OOM
-                                      killer" (from the group's events, whatever the exit was)
-    timed_out=True                 -> FAILED "exec timeout after 30s"
-    output file unusable           -> FAILED with the reason (when the exit alone meant success)
+Owns ``to_task_result``: the status (the table in its docstring), ``reasonForIncompletion`` and the
+outputData of the update (the output file's object, then ``exitCode``, ``signal``,
+``durationSeconds``, ``stdoutTail``, ``stderrTail``, ``resources`` and ``outputError``: these keys
+win over the file's). Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT_BYTES`` (checked when it
+is read), each tail by the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation
+threshold. A spec with ``protocol = "stdio"`` is handed to ``stdio_protocol.to_stdio_result``.
 
-outputData = the output-file object, then ``exitCode``, ``signal``, ``durationSeconds``,
-``stdoutTail``, ``stderrTail``, ``resources`` (``max_rss_bytes``, ``cpu_user_seconds``,
-``cpu_system_seconds``; None where unknown) (these keys win over the file's), and ``outputError``.
-``protocol = "stdio"`` maps differently: ``stdio_protocol.to_stdio_result``.
-Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT`` (checked when it is read), each tail by
-the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation threshold.
+Must not touch: anything but its arguments. Pure: no I/O, no clock; ``reasons.py`` words what both
+mappings share. Threads: any (it holds no state); the runner maps an exit on its main thread.
 """
 
 from __future__ import annotations
@@ -31,7 +24,18 @@ from leasecore.process.stdio_protocol import STDIO, to_stdio_result
 def to_task_result(
     task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
 ) -> TaskResult:
-    """The update to send for ``task`` now that its child ended as ``exit``."""
+    """The update to send for ``task`` now that its child ended as ``exit``::
+
+    exit 0                         -> COMPLETED
+    in spec.in_progress_exit_code  -> IN_PROGRESS, callbackAfterSeconds = spec.callback_after_seconds
+    in spec.terminal_exit_codes    -> FAILED_WITH_TERMINAL_ERROR "exit code 2: <last stderr line>"
+    any other exit code            -> FAILED "exit code 3: <last stderr line>"
+    killed by a signal             -> FAILED "killed by SIGKILL"
+    OOM kills in the tree's group  -> FAILED "memory limit 64 MiB exceeded: killed by the kernel's OOM
+                                      killer" (from the group's events, whatever the exit was)
+    timed_out=True                 -> FAILED "exec timeout after 30s"
+    output file unusable           -> FAILED with the reason (when the exit alone meant success)
+    """
     if spec.protocol == STDIO:  # conductor-cli's contract: the result is the stdout document
         return to_stdio_result(task, exit, spec, worker_id=worker_id, timed_out=timed_out)
     status, reason = exit_verdict(exit, spec, timed_out) or (TaskStatus.COMPLETED, "")

@@ -23,7 +23,8 @@ from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.poller import Poller, PollSettings, WorkBudget
 from leasecore.runner.reporter import Reporter, ReportOutcome
-from tests.integration.helpers import ROOT, wait_until
+from tests.integration.helpers import ROOT
+from tests.support import wait_until
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -23,8 +23,9 @@ import pytest
 from leasecore.limits import Limits
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, cgroups, leftovers, to_task_result
+from tests.support import wait_until
 
-from .process_support import REPO, alive, make_task, wait_until
+from .process_support import REPO, alive, make_task
 
 MB = 1 << 20
 ALLOCATE_300MB = "import time; a = bytearray(300 * 1024 * 1024); time.sleep(0.1); print(len(a))"

@@ -12,8 +12,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,17 +34,10 @@ from leasecore.state.statefile import (
     runner_info_for_this_process,
     status_document,
 )
+from tests.support import wait_until
 
 WALL0 = datetime(2026, 1, 1, tzinfo=UTC)
 SERVER = ServerHealth(last_ok_at=WALL0)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def a_task(task_id: str = "task-1", output: tuple[str, ...] = ()) -> TaskSnapshot:
