@@ -34,12 +34,16 @@ METRICS_KIND = "conductor-run-metrics"
 # conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
 # issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
 URLLIB3_KIND = "conductor-run-urllib3"
+# conductor-run against a server that refuses update-v2 for its task type (404): its one refused call
+# falls back to v1 for good, so it polls for every task; the A/B of #23's chaining (not by default:
+# --workers conductor-run,conductor-run-v1).
+V1_KIND = "conductor-run-v1"
 # conductor-run from another checkout (python -m bench --base-checkout DIR): old against new in one
 # run, rounds alternating (--workers conductor-run,conductor-run-base).
 BASE_KIND = "conductor-run-base"
 BASE_CHECKOUT: Path | None = None
 BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgroup (e.g. auto against off)
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND)
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
 
 
 def wait_until(
@@ -227,7 +231,7 @@ CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND):
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND):
         argv = [
             *py,
             "-m",

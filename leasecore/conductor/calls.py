@@ -47,6 +47,7 @@ __all__ = [
     "Reply",
     "error_for_status",
     "excerpt_of",
+    "is_token_rejection",
     "path_segment",
     "protocol_error",
     "translate_errors",
@@ -251,3 +252,19 @@ def protocol_error(reply: Reply, what: str) -> NoReturn:
         status_code=reply.status_code,
         body_excerpt=excerpt_of(reply.body),
     )
+
+
+TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
+
+
+def is_token_rejection(reply: Reply) -> bool:
+    """401, or 403 naming an expired/invalid token: worth one refresh-and-retry (§8)."""
+    if reply.status_code == 401:
+        return True
+    if reply.status_code != 403:
+        return False
+    try:
+        data = json.loads(reply.body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("error") in TOKEN_ERRORS

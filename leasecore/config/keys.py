@@ -155,6 +155,15 @@ KEYS: dict[str, KeySpec] = {
             env=("CONDUCTOR_RUN_OWNERSHIP_CHECK_RATE",),
             **_F,
         ),
+        _key(
+            "update_v2",
+            "runner",
+            check_bool,
+            "report final results with update-v2 when the server has it, claiming each next task "
+            "in the same call (false: v1 POST /api/tasks only, a poll per task)",
+            env=("CONDUCTOR_RUN_UPDATE_V2",),
+            **_B,
+        ),
         # --- end #23 ------------------------------------------------------------------------
         _key("once", "runner", check_bool, "run one task, then exit", flag="--once", in_file=False),
         _key(

@@ -76,6 +76,7 @@ class RunnerSettings:
     cgroup: str = "auto"  # issue 19: auto | v2 | v1 | off (leasecore.process.cgroups)
     # --- issue #23: ownership checks' budget, shared by every task (leasecore.checkbudget) ---
     ownership_check_rate: float = 20.0  # checks per second per runner at most; 0: no budget
+    update_v2: bool = True  # final updates may claim the next task (leasecore.runner.chain)
     # --- end #23 ---
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 

@@ -76,6 +76,16 @@ class RecordedCalls:
             raise
         self._contact.answered()
 
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
+        """The inner port's update-v2 (only called when it has one: ``leasecore.runner.chain``)."""
+        try:
+            claimed: Task | None = self._inner.update_v2(result, timeout_seconds=timeout_seconds)  # type: ignore[attr-defined]
+        except ConductorError as exc:
+            _record_failure(self._contact, exc)
+            raise
+        self._contact.answered()
+        return claimed
+
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         try:
             self._inner.append_log(task_id, text, timeout_seconds=timeout_seconds)

@@ -1,9 +1,10 @@
 """The events the runner's main thread consumes: one queue, one reader, one writer of per-task state.
 
-Owns: the frozen event values put on the runner's ``queue.SimpleQueue`` (a polled task, a child's
-exit, a fence from the lease engine, a finished report, a stop request, a poller's end, a tick) and
-their union :data:`Event`. Every input of the runner is one of them, so the main thread is the only
-writer of per-task state (STYLE.md 2.2: a signal handler only puts ``ShutdownRequested``).
+Owns: the frozen event values put on the runner's ``queue.SimpleQueue`` (a polled or chained task,
+an update-v2 that claimed nothing, a child's exit, a fence from the lease engine, a finished report,
+a stop request, a poller's end, a tick) and their union :data:`Event`. Every input of the runner
+is one of them, so the main thread is the only writer of per-task state (STYLE.md 2.2: a signal
+handler only puts ``ShutdownRequested``).
 
 Must not: carry behaviour or I/O; values only. The ports the runner drives are ``runner.ports``.
 Threads: made on any thread (pollers, the engine's timer and senders, the supervisor's reader, the
@@ -20,6 +21,7 @@ from leasecore.models import Task
 from leasecore.runner.reporter import ReportOutcome
 
 __all__ = [
+    "ChainEnded",
     "ChildExited",
     "Event",
     "Fence",
@@ -38,6 +40,16 @@ class TaskPolled:
     policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
     surplus: bool = False  # beyond what the poller may run (no slot, no budget): hand it back
     poller: str = ""  # the task type of the poller that claimed it ("": unknown, the first one)
+    # The task whose final update (update-v2) claimed this one: it comes with that task's slot and a
+    # unit of the work budget (leasecore.runner.chain), never counted as a poll's unstarted claim.
+    chained_from: str = ""
+
+
+@dataclass(frozen=True)
+class ChainEnded:
+    """The update-v2 of ``task_id`` claimed nothing (204, refused, failed): free its kept slot."""
+
+    task_id: str
 
 
 @dataclass(frozen=True)
@@ -75,4 +87,5 @@ class Tick:
     pass
 
 
-Event = TaskPolled | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited | Tick
+Event = (TaskPolled | ChainEnded | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited
+         | Tick)

@@ -168,6 +168,21 @@ class Poller:
             self._reporting += 1
             self._wake_if_free_locked()
 
+    def keep_for_chain(self) -> bool:
+        """A task's child is gone and its final update may claim the next task (update-v2): keep its
+        slot for that task, with one unit of the work budget. False (nothing kept: call ``reporting``)
+        when the budget is spent, the type is paused or polling stopped. The claimed task then takes
+        the slot over (no call); if nothing comes, ``chain_ended``."""
+        if self.settings.paused or self._stop.is_set():
+            return False
+        return self._budget.reserve(1) == 1
+
+    def chain_ended(self) -> None:
+        """The update-v2 of a task kept by ``keep_for_chain`` claimed nothing: its budget unit goes
+        back, and its slot is free while its result is still reported (as ``reporting``)."""
+        self._budget.give_back(1)
+        self.reporting()
+
     def reported(self) -> None:
         """A result counted by ``reporting`` is delivered, saved for later or dropped."""
         with self._cond:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the poller imports this module for PollPort: a value, not a
     from leasecore.runner.poller import PollSettings
 
 __all__ = [
+    "ChainPort",
     "ChildPort",
     "ConductorPort",
     "EnginePort",
@@ -57,6 +58,13 @@ class UpdatePort(Protocol):
     """The one call the reporter needs; ``ConductorClient`` satisfies it."""
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
+
+
+class ChainPort(UpdatePort, Protocol):
+    """An update port that can also claim the next task with the update (``ConductorClient.update_v2``,
+    ``leasecore.runner.chain``); a port without it never chains."""
+
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
 
 
 class LogPort(Protocol):
@@ -173,6 +181,7 @@ class RunOptions:
     shutdown_report_retry_seconds: float = 10.0  # ... but no longer than this once stopping
     status_interval_seconds: float = 1.0
     status_min_interval_seconds: float = 0.2  # status snapshots are built at most this often
+    update_v2: bool = True  # final updates may claim the next task when the port has update_v2 (#23)
 
 
 @dataclass(frozen=True)

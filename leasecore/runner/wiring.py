@@ -174,6 +174,7 @@ def options_for(config: ResolvedConfig) -> RunOptions:
         drain=r.drain,
         drain_timeout_seconds=r.drain_timeout,
         once_wait_seconds=r.once_wait,
+        update_v2=r.update_v2,
     )
 
 

@@ -194,6 +194,17 @@ def test_runner_key_types() -> None:
     assert _resolve(BASE, {}, {}).runner.once_wait == 30.0
 
 
+def test_update_v2_is_on_unless_turned_off_in_the_file_or_the_environment() -> None:
+    # #23: final updates may claim the next task; [worker] update_v2 = false or CONDUCTOR_RUN_UPDATE_V2
+    assert _resolve(BASE).runner.update_v2 is True
+    runner = _resolve("[worker]\nupdate_v2 = false\n" + BASE).runner
+    assert runner.update_v2 is False and runner.sources["update_v2"].layer == "file"
+    runner = _resolve(BASE, {"CONDUCTOR_RUN_UPDATE_V2": "no"}).runner
+    assert runner.update_v2 is False and "CONDUCTOR_RUN_UPDATE_V2" in str(runner.sources["update_v2"])
+    message = _error(BASE, {"CONDUCTOR_RUN_UPDATE_V2": "maybe"})
+    assert "update_v2" in message and "CONDUCTOR_RUN_UPDATE_V2" in message
+
+
 # --- environment spellings ---------------------------------------------------------------------------
 
 TASK_SPELLINGS = [

@@ -24,7 +24,7 @@ PURE = frozenset({
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
-    "leasecore.runner.pollpolicy", "leasecore.runner.ports",
+    "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",
