@@ -88,6 +88,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
     p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
                    help="conductor-run's --cgroup in every section (default: its own, auto)")
+    p.add_argument("--base-checkout", type=Path,
+                   help="A/B: run worker kind conductor-run-base from this checkout (e.g. a copy of main)")
+    p.add_argument("--base-cgroup", choices=("auto", "v2", "v1", "off"),
+                   help="A/B: conductor-run-base's --cgroup (e.g. off, with --base-checkout .)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md / latest.json go")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker and server logs)")
     args = p.parse_args(argv)
@@ -146,21 +150,28 @@ def versions() -> dict[str, str]:
     return out
 
 
-def compile_bytecode() -> str:
+def compile_bytecode(base: Path | None = None) -> str:
     """Write the project's ``.pyc`` files, as ``pip install`` does for an installed package.
 
     An editable checkout has none until an import writes them, and with PYTHONDONTWRITEBYTECODE (set
     on the machine these reports come from) none ever is: every worker start then compiles ~45
     modules from source (~70 ms of CPU), which an installed conductor-run never does, and the SDK,
     installed from a wheel, does not either. Python reads existing ``.pyc`` files under that setting."""
-    root = Path(__file__).resolve().parent.parent
-    ok = all(compileall.compile_dir(str(root / name), quiet=2) for name in ("leasecore", "cli", "bench"))
+    roots = [Path(__file__).resolve().parent.parent, *([base] if base else [])]  # both sides of an A/B
+    ok = all(compileall.compile_dir(str(root / name), quiet=2)
+             for root in roots for name in ("leasecore", "cli", "bench"))  # fmt: skip
     return "compiled (as an installed package)" if ok else "some modules failed to compile"
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     harness.CONDUCTOR_RUN_CGROUP = args.cgroup
+    if args.base_checkout is not None:
+        if not (args.base_checkout / "cli" / "__main__.py").is_file():
+            print(f"--base-checkout {args.base_checkout}: not a conductor-run checkout (no cli/__main__.py)")
+            return 2
+        harness.BASE_CHECKOUT = args.base_checkout.resolve()
+    harness.BASE_CGROUP = args.base_cgroup
     kinds = [k for k in args.workers.split(",") if k]
     sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
     started = time.monotonic()
@@ -169,8 +180,9 @@ def main(argv: list[str]) -> int:
         "command_line": shlex.join(["python", "-m", "bench", *argv]),
         "machine": machine(),
         "versions": versions(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep")},
-        "bytecode": compile_bytecode(),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                     if k not in ("out", "keep")},
+        "bytecode": compile_bytecode(harness.BASE_CHECKOUT),
         "errors": [],
         "notes": [],
     }

@@ -34,7 +34,16 @@ METRICS_KIND = "conductor-run-metrics"
 # conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
 # issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
 URLLIB3_KIND = "conductor-run-urllib3"
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND)
+# conductor-run against a server that refuses update-v2 for its task type (404): its one refused call
+# falls back to v1 for good, so it polls for every task; the A/B of #23's chaining (not by default:
+# --workers conductor-run,conductor-run-v1).
+V1_KIND = "conductor-run-v1"
+# conductor-run from another checkout (python -m bench --base-checkout DIR): old against new in one
+# run, rounds alternating (--workers conductor-run,conductor-run-base).
+BASE_KIND = "conductor-run-base"
+BASE_CHECKOUT: Path | None = None
+BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgroup (e.g. auto against off)
+THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
 
 
 def wait_until(
@@ -222,7 +231,7 @@ CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND):
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND):
         argv = [
             *py,
             "-m",
@@ -249,6 +258,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         if cfg.kind == METRICS_KIND:
             argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
         cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if cfg.kind == BASE_KIND and BASE_CGROUP is not None:
+            cgroup = BASE_CGROUP
         if cgroup is not None:
             argv += ["--cgroup", cgroup]
         return [*argv, "--", *cfg.command]
@@ -284,6 +295,15 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
     raise ValueError(f"unknown worker kind {cfg.kind!r}")
 
 
+def _checkout(kind: str) -> Path:
+    """Where a worker's code comes from: this checkout, or --base-checkout's for BASE_KIND."""
+    if kind != BASE_KIND:
+        return ROOT
+    if BASE_CHECKOUT is None:
+        raise ValueError(f"worker kind {BASE_KIND} needs --base-checkout DIR")
+    return BASE_CHECKOUT
+
+
 class WorkerProcess:
     """One worker process in its own session; ``stop()`` asks it to stop the way its users would."""
 
@@ -298,8 +318,8 @@ class WorkerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=_clean_env(),
+            cwd=_checkout(cfg.kind),
+            env=_clean_env({"PYTHONPATH": str(_checkout(cfg.kind))}),
             start_new_session=True,
         )
 

@@ -28,16 +28,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         cf, sc = r.get("conductor_run_over_floor"), r.get("sdk_over_conductor_run")
         rows.append(
             (
-                "conductor-run time <= 1.2 x floor",
+                "conductor-run time <= 0.9 x floor",
                 f"{_f(cf, 2)} x",
-                _verdict(None if cf is None else cf <= 1.2),
+                _verdict(None if cf is None else cf <= 0.9),
             )
         )
         rows.append(
             (
-                "conductor-run throughput >= 2 x SDK",
+                "conductor-run throughput >= 1.25 x SDK (both on update-v2)",
                 f"{_f(sc, 2)} x",
-                _verdict(None if sc is None else sc >= 2.0),
+                _verdict(None if sc is None else sc >= 1.25),
             )
         )
     hb = results.get("heartbeat")
@@ -192,6 +192,12 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
             f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
         ]
+    if r.get("v1_over_v2_conductor_run") is not None:  # #23: only when conductor-run-v1 ran
+        out += [
+            "",
+            "Diagnostic (no target): conductor-run on v1 only (the server refuses update-v2) / "
+            f"conductor-run chaining through update-v2 (time): {_f(r['v1_over_v2_conductor_run'], 2)}.",
+        ]
     if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
         rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
         out += [
@@ -199,6 +205,26 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             f"Metrics on / off (time; target <= 1.03): {_f(r['metrics_on_over_off'], 3)} "
             f"(per round: {rounds_text}).",
         ]
+    out += _metrics_ab(tp.get("metrics_ab"))
+    return out
+
+
+def _metrics_ab(ab: dict[str, Any] | None) -> list[str]:
+    """#20: metrics on / off, time and the worker's CPU (bench.metrics_ab)."""
+    if not ab:
+        return []
+    out = ["", "Metrics on / off (bench/metrics_ab.py), ratio of the medians and the median of the "
+           "per-round ratios:", "",
+           "| measure | on / off (medians) | median per round | every round |", "|---|---|---|---|"]
+    for name, what in (("time", "time (first claim to last update)"),
+                       ("cpu", "worker CPU per task, start-up included"),
+                       ("run_cpu", "worker CPU per task after \"serving\" (the run alone)")):
+        rounds = ", ".join(_f(x, 3) for x in ab.get(f"{name}_on_over_off_per_round") or [])
+        out.append(f"| {what} | {_f(ab.get(f'{name}_on_over_off'), 3)} | "
+                   f"{_f(ab.get(f'{name}_per_round_median'), 3)} | {rounds} |")
+    starts = ab.get("start_cpu_ms") or {}
+    on, off = starts.get("conductor-run-metrics"), starts.get("conductor-run")
+    out += ["", f"Start-up CPU (until \"serving\"), medians: metrics on {_f(on, 0)} ms, off {_f(off, 0)} ms."]
     return out
 
 

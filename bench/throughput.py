@@ -10,9 +10,10 @@ type: it falls back to v1 and polls for each task, as conductor-run and the floo
 on the first 404 it sees, but its other update-v2 calls already in flight then count as failures and
 are retried 10 s later; so an sdk-v1 run first lets it switch on one warm-up task (not measured), then
 queues the measured tasks while the server holds polls for the type, and releases them: to the worker
-the tasks were queued before it polled, as in the other runs. Each run records through which endpoint
-its final updates landed (``updates_via``); an sdk-v1 run with any v2 update, or an sdk run with none,
-fails, since its figure would not be what it is labelled.
+the tasks were queued before it polled, as in the other runs. conductor-run, like the SDK, chains
+through update-v2 (#23: each final update claims the next task into its slot). Each run records
+through which endpoint its final updates landed (``updates_via``); an sdk-v1 run with any v2
+update, or an sdk or conductor-run run with none, fails: its figure would not be what it is labelled.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.harness import METRICS_KIND, BenchServer, WorkerConfig, running_worker
+from bench import metrics_ab
+from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
 from bench.measure import cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
@@ -40,6 +42,8 @@ def one_run(
         srv.refuse_update_v2(task_type)
         warmup_ids = srv.task_ids(srv.start(task_type, 1))
     else:
+        if kind == V1_KIND:  # its first final update is refused, retried through v1 at once: no warm-up
+            srv.refuse_update_v2(task_type)
         task_ids = srv.task_ids(srv.start(task_type, tasks))
     cfg = WorkerConfig(
         kind=kind,
@@ -50,7 +54,10 @@ def one_run(
         state_dir=workdir / "state",
     )
     server_cpu0 = cpu_seconds(worker_processes(srv.pid))
+    start_cpu: float | None = None
     with running_worker(cfg, workdir / f"{task_type}.log") as worker:
+        if kind in (METRICS_KIND, "conductor-run"):  # #20: the start-up's CPU, apart from the run's
+            start_cpu = metrics_ab.cpu_at_serving(worker.pid, worker.log_path)
         if sdk_v1:
             srv.wait_settled(warmup_ids, timeout_seconds=60, worker=worker)
             srv.hold_polls(task_type)
@@ -71,10 +78,11 @@ def one_run(
     seconds = last_report - first_claim
     statuses = collections.Counter(str(s) for s in marks["statuses"].values())
     via = collections.Counter(v for _, v in finals)
-    if kind == "sdk-v1" and via.get("v2"):
-        raise RuntimeError(f"sdk-v1 run {round_no}: {via['v2']} final updates still landed through update-v2")
-    if kind == "sdk" and not via.get("v2"):
-        raise RuntimeError(f"sdk run {round_no}: no final update came through update-v2 ({dict(via)})")
+    if kind in ("sdk-v1", V1_KIND) and via.get("v2"):
+        raise RuntimeError(f"{kind} run {round_no}: {via['v2']} final updates still landed through update-v2")
+    if kind in ("sdk", "conductor-run", METRICS_KIND) and not via.get("v2"):
+        # Both chain through update-v2 (#23): a run without it is not what the targets compare.
+        raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
         "kind": kind,
         "round": round_no,
@@ -87,6 +95,9 @@ def one_run(
         # Diagnostics: where the CPU went. The worker's figure includes its start-up.
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
+        # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
+        "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
+        "worker_run_cpu_ms_per_task": None if start_cpu is None else 1000 * (worker_cpu - start_cpu) / tasks,
     }
 
 
@@ -126,16 +137,24 @@ def run(
         "runs": runs,
         "median_seconds": medians,
         "median_tasks_per_second": {k: (tasks / v if v else None) for k, v in medians.items()},
+        # The worker's CPU per task (runner + fork server for conductor-run), median over the rounds.
+        "median_worker_cpu_ms_per_task": {
+            k: median([r["worker_cpu_ms_per_task"] for r in runs if r["kind"] == k]) for k in kinds
+        },
         "ratios": {
             "conductor_run_over_floor": ratio(medians.get("conductor-run"), medians.get("floor")),
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),
             # Diagnostic: the SDK without update-v2's claim-with-the-report, against conductor-run.
             "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
+            # #23's chaining A/B: conductor-run on v1 only (update-v2 refused) over conductor-run.
+            "v1_over_v2_conductor_run": ratio(medians.get(V1_KIND), medians.get("conductor-run")),
             # #20: the run time with the metrics endpoint on over off (target <= 1.03), and the same
             # ratio within each round (the machine is shared: the spread says how much is noise).
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
             "metrics_on_over_off_per_round": _per_round(runs, METRICS_KIND, "conductor-run"),
         },
+        # #20: time and worker CPU (with and without the start-up), on / off, per round too
+        "metrics_ab": metrics_ab.ratios(runs) if METRICS_KIND in kinds and "conductor-run" in kinds else None,
     }
 
 

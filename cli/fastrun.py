@@ -47,6 +47,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "log_format": ("--log-format", "str"),
     "metrics_port": ("--metrics-port", "int"),  # #20
     "metrics_host": ("--metrics-host", "str"),
+    "metrics_task_type_label": ("--metrics-task-type-label", "str"),  # #20
     "memory_max": ("--memory-max", "str"),  # #19
     "pids_max": ("--pids-max", "int"),
     "cpu_max": ("--cpu-max", "str"),

@@ -97,6 +97,10 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("metrics_host", str | None, typer.Option(
         None, "--metrics-host", metavar="ADDR", help=key_help("metrics_host")
     )),
+    ("metrics_task_type_label", str | None, typer.Option(
+        None, "--metrics-task-type-label", metavar="taskType|task_type",
+        help=key_help("metrics_task_type_label"),
+    )),
     # issue 19: resource limits per task tree, and the cgroup mechanism
     ("memory_max", str | None, typer.Option(
         None, "--memory-max", metavar="SIZE", help=key_help("memory_max", default="none")

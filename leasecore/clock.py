@@ -1,4 +1,10 @@
-"""Time as a collaborator: decisions read ``monotonic()``, displays and state files read ``now()``."""
+"""Time as a collaborator: decisions read ``monotonic()``, displays and state files read ``now()``.
+
+Owns: the ``Clock`` protocol, ``SystemClock`` (the only code that reads real time; the layering test
+allows ``time`` here alone) and ``FakeClock``, which tests advance by hand so that lease and kill
+decisions are checked without sleeping. Must not: sleep, or hold state beyond the fake's instant.
+Threads: any; ``FakeClock`` is meant for one test thread (or a test that steps the engine itself).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""Frozen values shared by every part of conductor-run: tasks as polled, results as reported."""
+"""Frozen values shared by every part of conductor-run: tasks as polled, results as reported.
+
+Owns: ``Task`` (parsed once from the server's JSON, ``Task.from_json``), ``TaskResult`` and its
+``to_json`` (the body of ``POST /api/tasks``), ``TaskStatus``, ``TaskOwnership`` (what an ownership
+check read) and ``TaskLog``. Must not: do I/O, read a clock, or know about leases, children or
+transports: a value here means the same thing to the client, the runner, the outbox and the tests.
+Threads: any; every value is frozen, so it may be handed between threads without a lock.
+"""
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
 """Orkes-style token auth (CONDUCTOR_PROTOCOL.md §8): one cached token, refreshed once for all threads.
 
-This module owns *when* a token is fetched and which token a request carries. It does no HTTP: the
-Conductor client injects ``fetch_token(timeout_seconds) -> str | None`` (``None``: the server has no
-``/token`` endpoint, i.e. Conductor OSS without auth), so every rule here is testable with a
-``FakeClock`` and a counting fake.
-
-Rules:
+Owns: *when* a token is fetched and which token a request carries:
 * proactive refresh before expiry: from the JWT ``exp`` claim when the token is a JWT, else after a
   fixed TTL (45 min, like the SDKs);
 * reactive refresh when the server rejects a token (the client calls :meth:`refresh_rejected` with the
   token it sent; if another thread already replaced it, the new one is returned without a fetch);
 * one refresh at a time: a thread that finds a refresh in progress waits for its outcome instead of
-  starting another, so a wave of threads holding an expired token causes exactly one ``/token`` call;
-* the token never appears in a message, a log line or a ``repr``.
+  starting another, so a wave of threads holding an expired token causes exactly one ``/token`` call.
+
+Must not: do HTTP (the client injects ``fetch_token(timeout_seconds) -> str | None``; ``None``: the
+server has no ``/token`` endpoint, Conductor OSS without auth), so every rule is testable with a
+``FakeClock`` and a counting fake; let the token reach a message, a log line or a ``repr``.
+Threads: any thread of the client; the one fetching holds the lock, the others queue behind it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""HTTP plumbing of the Conductor client: error translation and replies (requests' session and error
-classes live in :mod:`leasecore.conductor.session`, imported only when requests is used, #23).
+"""The Conductor client's plumbing: error translation, replies, path segments.
 
-Error translation happens here and nowhere else, :func:`translate_errors` (library exceptions) plus
-:func:`error_for_status` (HTTP statuses):
+Owns: the one translation of library errors and statuses into the project's tree,
+:func:`translate_errors` (library exceptions) plus :func:`error_for_status` (HTTP statuses):
 
     network error, timeout, 5xx   -> ConductorUnavailable   (retryable)
     5xx whose JSON body says
@@ -10,11 +9,11 @@ Error translation happens here and nowhere else, :func:`translate_errors` (libra
     404                           -> ConductorNotFound
     401/403 (after one refresh)   -> ConductorAuthError
     other 4xx, 3xx                -> ConductorRejected
-    a 2xx we cannot parse,
-      an answer whose framing is
-      refused (http_framing)      -> ConductorProtocolError
+    a 2xx we cannot parse, an answer whose framing is refused (http_framing) -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
+Must not: send anything, retry, or import requests (``conductor.session`` holds requests' classes and
+is consulted only once loaded, #23). Threads: any; pure functions and immutable values.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from leasecore.conductor.lean import HTTPException as LeanHTTPException
+from leasecore.conductor.answer import HTTPException as LeanHTTPException
 from leasecore.conductor.resolve import ResolveTimeout
 from leasecore.errors import (
     ConductorAuthError,
@@ -48,6 +47,7 @@ __all__ = [
     "Reply",
     "error_for_status",
     "excerpt_of",
+    "is_token_rejection",
     "path_segment",
     "protocol_error",
     "translate_errors",
@@ -252,3 +252,19 @@ def protocol_error(reply: Reply, what: str) -> NoReturn:
         status_code=reply.status_code,
         body_excerpt=excerpt_of(reply.body),
     )
+
+
+TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
+
+
+def is_token_rejection(reply: Reply) -> bool:
+    """401, or 403 naming an expired/invalid token: worth one refresh-and-retry (§8)."""
+    if reply.status_code == 401:
+        return True
+    if reply.status_code != 403:
+        return False
+    try:
+        data = json.loads(reply.body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("error") in TOKEN_ERRORS

@@ -12,18 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 from leasecore import __version__
 from leasecore.clock import Clock, SystemClock
+from leasecore.conductor.admin import ConductorAdmin
 from leasecore.conductor.auth import DEFAULT_TOKEN_TTL_SECONDS, TokenManager
 from leasecore.conductor.calls import (
     JSON,
     TEXT_OR_JSON,
     Reply,
     error_for_status,
+    is_token_rejection,
     path_segment,
     protocol_error,
     translate_errors,
@@ -50,7 +52,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
 POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
 ABORTED_CALL_SECONDS = 1.0  # the bound on a call made after abort() (a forced stop)
-_TOKEN_ERRORS = frozenset({"EXPIRED_TOKEN", "INVALID_TOKEN"})
 
 
 class ConductorClient:
@@ -193,7 +194,7 @@ class ConductorClient:
         return [Task.from_json(item) for item in items]
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
-        """Report a result with v1 ``POST /api/tasks`` (never update-v2: it claims another task)."""
+        """Report a result with v1 ``POST /api/tasks`` (claims nothing; see ``update_v2``)."""
         self.request(
             "POST",
             "/tasks",
@@ -202,6 +203,30 @@ class ConductorClient:
             timeout_seconds=timeout_seconds,
             idempotent=True,  # Conductor ignores a second terminal update of a task
         )
+
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
+        """Report a result with ``POST /api/tasks/update-v2``, which also claims work: for a terminal
+        result the server polls one more task of the same type and domain for ``result.worker_id``
+        and returns it (200 + the task), else 204 (CONDUCTOR_PROTOCOL.md §3; on 3.32.1 a second
+        terminal update of a task claims again). The caller runs the task it gets, or hands it back.
+
+        Never resent by the transport (a lost answer loses the task it claimed, as with a poll). A
+        server without the endpoint answers 404 or 405 (:class:`ConductorRejected`); so does one that
+        no longer knows the task (404): the caller tells them apart (``leasecore.runner.chain``).
+        """
+        reply = self.request(
+            "POST",
+            "/tasks/update-v2",
+            json_body=result.to_json(),
+            timeout_seconds=timeout_seconds,
+            idempotent=False,
+        )
+        if reply.status_code == 204 or not reply.body.strip():
+            return None
+        data = reply.json()
+        if not isinstance(data, dict) or not data.get("taskId"):
+            protocol_error(reply, "expected a JSON task or no content")
+        return Task.from_json(data)
 
     def extend_lease(
         self,
@@ -372,7 +397,7 @@ class ConductorClient:
         reply = self._send(
             *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
         )
-        if token is not None and self._auth is not None and _is_token_rejection(reply):
+        if token is not None and self._auth is not None and is_token_rejection(reply):
             token = self._auth.refresh_rejected(token, self._remaining(deadline, method, path))
             reply = self._send(
                 *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
@@ -460,19 +485,6 @@ def _with_token(headers: Mapping[str, str], token: str | None) -> dict[str, str]
     return {**headers, "X-Authorization": token} if token else dict(headers)
 
 
-def _is_token_rejection(reply: Reply) -> bool:
-    """401, or 403 naming an expired/invalid token: worth one refresh-and-retry (§8)."""
-    if reply.status_code == 401:
-        return True
-    if reply.status_code != 403:
-        return False
-    try:
-        data = json.loads(reply.body)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("error") in _TOKEN_ERRORS
-
-
 def _check_base_url(base_url: str) -> str:
     parts = urlsplit(base_url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -480,73 +492,3 @@ def _check_base_url(base_url: str) -> str:
             f"server URL must look like http://host:8080/api, not {base_url!r}", key="server.url"
         )
     return base_url.strip().rstrip("/")
-
-
-class ConductorAdmin:
-    """Calls a harness or the demo needs beyond the worker protocol (§7)."""
-
-    def __init__(self, client: ConductorClient) -> None:
-        self._client = client
-
-    def register_task_defs(self, task_defs: Sequence[Mapping[str, Any]]) -> None:
-        """Create or update task definitions (``POST /api/metadata/taskdefs``)."""
-        self._client.request("POST", "/metadata/taskdefs", json_body=[dict(d) for d in task_defs])
-
-    def register_workflow(self, workflow_def: Mapping[str, Any], *, overwrite: bool = False) -> None:
-        """Register a workflow definition; with ``overwrite``, replace an existing name+version."""
-        if not overwrite:
-            self._client.request("POST", "/metadata/workflow", json_body=dict(workflow_def))
-            return
-        try:
-            self._client.request(
-                "POST", "/metadata/workflow", params={"overwrite": "true"}, json_body=dict(workflow_def)
-            )
-        except ConductorRejected as exc:
-            if exc.status_code != 409:  # servers before 3.32 ignore ?overwrite=: update with PUT
-                raise
-            self._client.request("PUT", "/metadata/workflow", json_body=[dict(workflow_def)])
-
-    def start_workflow(self, name: str, input_data: Mapping[str, Any], version: int | None = None) -> str:
-        """Start a workflow; returns its id (the server answers ``text/plain``)."""
-        params: dict[str, str | int] = {} if version is None else {"version": version}
-        reply = self._client.request(
-            "POST",
-            f"/workflow/{path_segment(name)}",
-            params=params,
-            json_body=dict(input_data),
-            accept=TEXT_OR_JSON,
-        )
-        workflow_id = reply.text.strip().strip('"')
-        if not workflow_id:
-            protocol_error(reply, "no workflow id in the answer")
-        return workflow_id
-
-    def get_workflow(self, workflow_id: str) -> dict[str, Any]:
-        """The workflow with its tasks."""
-        reply = self._client.request(
-            "GET", f"/workflow/{path_segment(workflow_id)}", params={"includeTasks": "true"}
-        )
-        data = reply.json()
-        if not isinstance(data, dict):
-            protocol_error(reply, "expected a JSON object")
-        return data
-
-    def terminate_workflow(self, workflow_id: str, reason: str) -> None:
-        """Terminate: its non-terminal tasks become CANCELED."""
-        self._client.request(
-            "DELETE", f"/workflow/{path_segment(workflow_id)}", params={"reason": reason}, accept=TEXT_OR_JSON
-        )
-
-    def decide(self, workflow_id: str) -> None:
-        """Force a synchronous evaluation (runs the timeout checks now)."""
-        self._client.request("PUT", f"/workflow/decide/{path_segment(workflow_id)}", accept=TEXT_OR_JSON)
-
-    def get_logs(self, task_id: str) -> list[dict[str, Any]]:
-        """The task's execution logs, oldest first; ``[]`` when there are none (204)."""
-        reply = self._client.request("GET", f"/tasks/{path_segment(task_id)}/log")
-        if reply.status_code == 204 or not reply.body.strip():
-            return []
-        data = reply.json()
-        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-            protocol_error(reply, "expected a JSON list of log entries")
-        return data

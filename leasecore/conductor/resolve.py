@@ -1,13 +1,13 @@
 """Host name resolution bounded by a deadline, for the lean transport's connects.
 
-``getaddrinfo`` blocks in C with no timeout of its own (a dead DNS server holds it for the resolver's
-retries, often 10-30 s), so :func:`socket.create_connection` cannot keep an attempt inside its budget.
-:class:`BoundedResolver` runs the lookup on a helper thread and waits at most what is left of the
-attempt; a literal IP address is never looked up. Lookups are not cached (the system resolver or
-nscd may cache): one connect = one lookup, as before; but a name has at most one lookup in flight,
-which every caller waiting for it shares, so a hung resolver costs one parked thread per name, not
-one per attempt.
+Owns: :class:`BoundedResolver`. ``getaddrinfo`` blocks in C with no timeout of its own (a dead DNS
+server holds it for the resolver's retries, often 10-30 s), so ``socket.create_connection`` cannot
+keep an attempt inside its budget; here the lookup runs on a helper thread and the caller waits at
+most what is left of the attempt (``ResolveTimeout``); a literal IP address is never looked up. A
+name has at most one lookup in flight, which every caller waiting for it shares, so a hung resolver
+costs one parked thread per name, not one per attempt.
 
+Must not: cache answers (the system resolver or nscd may: one connect = one lookup), connect.
 Threads: the callers' (any number) plus one short-lived daemon thread per lookup in flight.
 """
 
@@ -44,8 +44,8 @@ class BoundedResolver:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], _Lookup] = {}
 
-    def resolve(self, host: str, port: int, timeout: float) -> Sequence[AddrInfo]:
-        """Raises :class:`ResolveTimeout` when the lookup takes longer than ``timeout`` seconds, and
+    def resolve(self, host: str, port: int, timeout_seconds: float) -> Sequence[AddrInfo]:
+        """Raises :class:`ResolveTimeout` when the lookup takes longer than ``timeout_seconds``, and
         ``socket.gaierror`` (an ``OSError``) when the name does not resolve."""
         literal = _literal(host)
         if literal is not None:
@@ -59,8 +59,8 @@ class BoundedResolver:
                 threading.Thread(
                     target=self._run, args=(key, lookup), name=f"resolve {host}", daemon=True
                 ).start()
-        if not lookup.done.wait(max(0.0, timeout)):
-            raise ResolveTimeout(f"cannot resolve {host!r} within {timeout:.2f} s")
+        if not lookup.done.wait(max(0.0, timeout_seconds)):
+            raise ResolveTimeout(f"cannot resolve {host!r} within {timeout_seconds:.2f} s")
         if lookup.error is not None:
             raise lookup.error
         return lookup.result

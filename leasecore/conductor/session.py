@@ -1,11 +1,15 @@
 """The requests side of the Conductor client: its transport, the pooled session, requests' errors.
 
-Imported only when a client needs requests: ``https://``, a proxy from the environment, or an
-injected session (:class:`~leasecore.conductor.client.ConductorClient`). Plain ``http://`` without a proxy
-goes through :mod:`leasecore.conductor.lean`, and a runner on it never loads requests, urllib3,
-charset_normalizer, idna or certifi (about 10 MB of its idle RSS, #23). Once this module is loaded,
-:func:`leasecore.conductor.calls.translate_errors` consults :data:`ERRORS` before the standard
-library's errors.
+Owns: :class:`RequestsTransport` (a ``Transport`` on a ``requests`` session: TLS with the configured
+CA bundle, proxies from the environment, an injected session and its adapters), the session it makes
+(pool classes whose connections register in :class:`Connections`, so ``abort`` can cut them), the
+proxy lookup, and :data:`ERRORS`, which ``conductor.calls.translate_errors`` consults before the
+standard library's errors once this module is loaded. The same framing refusals as the lean
+transport (``http_framing.body_length`` on the header fields http.client parsed).
+
+Must not: be imported for plain ``http://`` without a proxy or session (``conductor.transport``
+imports it only then: a runner on the lean path never loads requests, urllib3 or certifi, #23);
+retry or resend. Threads: any; one session shared by every thread of a client.
 """
 
 from __future__ import annotations

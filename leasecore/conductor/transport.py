@@ -1,19 +1,17 @@
 """The Conductor client's transport seam: one :class:`Transport` protocol, two implementations, and the
 one place that picks between them (:func:`open_transport`).
 
-* :class:`~leasecore.conductor.lean.LeanTransport`: keep-alive HTTP/1.1 on a plain socket, for
-  ``http://`` without a proxy (the runner's hot path: the fewest system calls and the least CPU);
-* :class:`~leasecore.conductor.session.RequestsTransport`: ``requests`` (TLS, proxies from the
-  environment, a caller's own session and adapters), imported only when chosen (#23).
+Owns: the protocol (``send(method, target, body, headers, deadline, *, idempotent, generation)``,
+``abort``, ``close``, ``connections_opened``, ``generation``) and the choice:
+:class:`~leasecore.conductor.lean.LeanTransport` for ``http://`` without a proxy for the host (the
+runner's hot path: the fewest system calls and the least CPU);
+:class:`~leasecore.conductor.session.RequestsTransport` for anything else (``https://``, a proxy
+from the environment, a caller's own session), imported only when chosen (#23). Both frame answers
+by the rules of :mod:`leasecore.http_framing`, bound a whole exchange by one deadline, and raise
+library errors only; the client translates them once (``conductor.calls.translate_errors``).
 
-Both frame answers by the rules of :mod:`leasecore.http_framing` (the lean one with its parser, the
-requests one by refusing the same ambiguous header fields before reading a body), bound a whole
-exchange by one deadline, and raise library errors only (``OSError``, ``http.client``/``requests``/
-``urllib3`` errors, :class:`~leasecore.http_framing.FramingError`): the client translates them once,
-in :func:`leasecore.conductor.calls.translate_errors`. Neither retries, except the lean transport's one
-resend of an idempotent call whose kept-alive connection died under it (requests has no such resend:
-its pool checks a connection before reuse, and a call that dies on one fails).
-
+Must not: retry (the lean transport's one resend of an idempotent call on a dead kept-alive
+connection is its own), translate errors, or import requests at module level.
 Threads: any; one transport is shared by every thread of a client.
 """
 

@@ -1,5 +1,6 @@
-"""The configuration: the key table as data (``keys``), the TOML file (``tomlfile``), the files the
-server settings point at (``trust``), and the loader (``loader``) that merges flags, environment,
-file and defaults with a source on every value. Everything here runs before anything is polled; a
-bad value is a ``ConfigError`` (exit 3) naming the key and its source.
+"""The configuration, by step: the settings and their defaults (``settings``), the checkers of values
+(``checks``), the key table as data (``keys``), the TOML file (``tomlfile``), the pure merge with its
+precedence as data and a source on every value (``merge``), the files the server settings point at
+(``trust``), and the one loader that does I/O (``loader``). Everything here runs before anything is
+polled; a bad value is a ``ConfigError`` (exit 3) naming the key and its source.
 """

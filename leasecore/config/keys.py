@@ -1,233 +1,49 @@
-"""Every configuration key conductor-run knows: scope, checker, env names, flag and help, in one table.
+"""Every configuration key conductor-run knows, as data: scope, checker, env names, flag, help.
 
-Pure. Checkers take a value as the file or a flag gives it (already typed) and return the clean value
-or raise ``ValueError`` saying what is allowed; ``from_text`` first turns an environment string into
-a typed value. ``config.resolve`` wraps those ``ValueError`` into ``ConfigError`` with key and source.
-Defaults are not here: they live on the settings dataclasses in ``config/loader.py``.
+Owns: :data:`KEYS`, the one table of keys (add a key here, and its default on the settings
+dataclass, ``config.settings``), a row being a :class:`KeySpec` (defined in ``config.checks``), the
+file's other spellings (:data:`ALIASES`) and :func:`keys_of`. A row names its checker and text parser
+(``config.checks``); the merge (``config.merge``) reads the table, and so do the TOML view
+(``config.tomlfile``), the CLI's options and help (``cli/runoptions.py``, ``cli/fastrun.py``'s flag
+table, kept equal by a drift test) and the docs.
+
+Must not: hold checking code (``config.checks``), defaults (``config.settings``) or I/O. Pure.
+Threads: none; the table is built once at import and never changed.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import math
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from leasecore.errors import ConfigError
+from leasecore.config.checks import (
+    MAX_SECONDS,
+    Checker,
+    KeySpec,
+    argv,
+    bool_from_text,
+    byte_size,
+    check_bool,
+    check_value,
+    choice,
+    cpu_count,
+    env_names,
+    env_table,
+    exit_codes,
+    float_from_text,
+    int_from_text,
+    int_range,
+    invalid_value,
+    ip_literal,
+    nonempty_str,
+    optional_str,
+    rate_per_second,
+    seconds,
+    server_url,
+)
+from leasecore.config.settings import Source
 
-TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-FALSE_WORDS = frozenset({"false", "0", "no", "off"})
-
-Checker = Callable[[Any], Any]
-
-# Durations above this are typos (1e300 overflows the clocks and waits): one year is the ceiling.
-MAX_SECONDS = 365 * 24 * 3600
-
-
-def check_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ValueError("true or false")
-
-
-def bool_from_text(text: str) -> bool:
-    word = text.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    # The Conductor SDKs read any other word as false; a typo silently disabling a lease is worse.
-    raise ValueError("true/1/yes/on or false/0/no/off (unlike the Conductor SDKs, other words are an error)")
-
-
-def int_range(low: int, high: int | None = None, what: str = "an integer") -> Checker:
-    allowed = f"{what} from {low} to {high}" if high is not None else f"{what} >= {low}"
-
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(allowed)
-        if value < low or (high is not None and value > high):
-            raise ValueError(allowed)
-        return value
-
-    return check
-
-
-def int_from_text(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError("an integer") from None
-
-
-def rate_per_second(value: Any) -> float:
-    """A rate: a number >= 0 and <= 100000 per second (#23)."""
-    allowed = "a number of checks per second >= 0 and <= 100000 (0: no limit)"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(allowed)
-    try:
-        number = float(value)
-    except OverflowError:
-        raise ValueError(allowed) from None
-    if not math.isfinite(number) or number < 0 or number > 100000:
-        raise ValueError(allowed)
-    return number
-
-
-def seconds(*, positive: bool = False) -> Checker:
-    low = "> 0" if positive else ">= 0"
-    allowed = f"a number of seconds {low} and <= {MAX_SECONDS} (one year)"
-
-    def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(allowed)
-        try:
-            number = float(value)
-        except OverflowError:  # an int too large for a float
-            raise ValueError(allowed) from None
-        if not math.isfinite(number) or number < 0 or (positive and number == 0) or number > MAX_SECONDS:
-            raise ValueError(allowed)
-        return number
-
-    return check
-
-
-def float_from_text(text: str) -> float:
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise ValueError("a number") from None
-
-
-def nonempty_str(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("a non-empty string")
-    return value
-
-
-def optional_str(value: Any) -> str | None:
-    """An empty string means "not set" (the server treats an empty domain as no domain)."""
-    if not isinstance(value, str):
-        raise ValueError("a string")
-    return value or None
-
-
-def choice(*options: str) -> Checker:
-    def check(value: Any) -> str:
-        if value not in options:
-            raise ValueError(" or ".join(repr(option) for option in options))
-        return str(value)
-
-    return check
-
-
-def server_url(value: Any) -> str:
-    allowed = "an http:// or https:// URL with a host, such as http://localhost:8080/api"
-    if not isinstance(value, str):
-        raise ValueError(allowed)
-    try:
-        parts = urlsplit(value.strip())
-        port = parts.port  # raises ValueError for a port outside 0..65535 or not a number
-    except ValueError:
-        raise ValueError(allowed) from None
-    host = parts.hostname or ""
-    if parts.scheme not in ("http", "https") or not host or parts.query or parts.fragment:
-        raise ValueError(allowed)
-    if any(char.isspace() for char in value.strip()) or port == 0:
-        raise ValueError(allowed)
-    url = value.strip().rstrip("/")
-    # Every Conductor REST path lives under /api; the Java SDK appends it too when it is missing.
-    return url if url.endswith("/api") else url + "/api"
-
-
-def exit_codes(value: Any) -> tuple[int, ...]:
-    allowed = "a list of exit codes from 1 to 255"
-    if not isinstance(value, list | tuple):
-        raise ValueError(allowed)
-    check = int_range(1, 255, "exit codes")
-    try:
-        return tuple(sorted({check(code) for code in value}))
-    except ValueError:
-        raise ValueError(allowed) from None
-
-
-def env_names(value: Any) -> tuple[str, ...]:
-    allowed = "a list of environment variable names"
-    if not isinstance(value, list | tuple) or not all(_is_env_name(name) for name in value):
-        raise ValueError(allowed)
-    return tuple(value)
-
-
-def env_table(value: Any) -> dict[str, str]:
-    allowed = 'a table of NAME = "string value" pairs'
-    if not isinstance(value, Mapping):
-        raise ValueError(allowed)
-    for name, text in value.items():
-        if not _is_env_name(name):
-            raise ValueError(f"{allowed} ({name!r} is not a variable name)")
-        if not isinstance(text, str):
-            # The value itself is not echoed: env values may be credentials.
-            kind = _TOML_KINDS.get(type(text), "not a string")
-            raise ValueError(f'{allowed} ({name} is {kind}: quote it, {name} = "...")')
-    return dict(value)
-
-
-_TOML_KINDS = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "a table"}
-
-
-def argv(value: Any) -> tuple[str, ...]:
-    allowed = 'a non-empty list of strings, e.g. ["./encode.sh", "--fast"] (or use shell = "...")'
-    if not isinstance(value, list | tuple) or not value or not all(isinstance(arg, str) for arg in value):
-        raise ValueError(allowed)
-    if not value[0]:
-        raise ValueError(allowed)
-    return tuple(value)
-
-
-# ---- #20 metrics endpoint: checkers ----------------------------------------------------------------
-
-
-def ip_literal(value: Any) -> str:
-    """An IPv4 or IPv6 address to listen on (no host names: what a name resolves to may change)."""
-    allowed = "an IP address to listen on, such as 127.0.0.1, 0.0.0.0 or ::1"
-    if not isinstance(value, str):
-        raise ValueError(allowed)
-    try:
-        return str(ipaddress.ip_address(value.strip()))
-    except ValueError:
-        raise ValueError(allowed) from None
-
-
-# ---- end #20 ------------------------------------------------------------------------------------------
-
-
-def _is_env_name(name: Any) -> bool:
-    return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
-
-
-def _text(text: str) -> str:
-    return text
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """One configuration key."""
-
-    name: str
-    scope: str  # "server" | "runner" | "task"
-    check: Checker
-    help: str
-    from_text: Callable[[str], Any] = _text
-    env: tuple[str, ...] = ()  # fixed environment variables (server and runner keys)
-    worker_prop: str | None = None  # SDK-style per-task/all variables: conductor_worker_<task>_<prop>
-    flag: str | None = None
-    in_file: bool = True  # False: command-line only
-    in_worker: bool = True  # task keys: may [worker] give a default for every task?
-    sensitive: bool = False  # never echoed in messages or output
-
+# Re-exported: the checkers' messages and the provenance type were this module's before the split.
+__all__ = ["ALIASES", "KEYS", "KeySpec", "Source", "check_value", "invalid_value", "keys_of"]
 
 def _key(name: str, scope: str, check: Checker, help: str, **extra: Any) -> KeySpec:
     return KeySpec(name=name, scope=scope, check=check, help=help, **extra)
@@ -339,6 +155,15 @@ KEYS: dict[str, KeySpec] = {
             env=("CONDUCTOR_RUN_OWNERSHIP_CHECK_RATE",),
             **_F,
         ),
+        _key(
+            "update_v2",
+            "runner",
+            check_bool,
+            "report final results with update-v2 when the server has it, claiming each next task "
+            "in the same call (false: v1 POST /api/tasks only, a poll per task)",
+            env=("CONDUCTOR_RUN_UPDATE_V2",),
+            **_B,
+        ),
         # --- end #23 ------------------------------------------------------------------------
         _key("once", "runner", check_bool, "run one task, then exit", flag="--once", in_file=False),
         _key(
@@ -377,6 +202,17 @@ KEYS: dict[str, KeySpec] = {
             flag="--metrics-host",
         ),
         # ---- end #20 ----
+        # ---- #20 metrics: the task type's label name (promtool's snake_case lint) ----
+        _key(
+            "metrics_task_type_label",
+            "runner",
+            choice("taskType", "task_type"),
+            "the metrics' label name for the task type: taskType (the Conductor SDKs' name, which "
+            "their dashboards query) or task_type (snake_case: promtool check metrics finds nothing)",
+            env=("CONDUCTOR_RUN_METRICS_TASK_TYPE_LABEL",),
+            flag="--metrics-task-type-label",
+        ),
+        # ---- end #20 metrics label ----
         # per task ([[task]], defaults in [worker])
         _key(
             "type",
@@ -554,19 +390,6 @@ KEYS: dict[str, KeySpec] = {
 # --- issue 19: resource limits per task tree, and the cgroup mechanism ------------------------------
 # (limits.py parses the values; cgroups.py enforces them per tree, else rlimits per process.)
 
-
-def _size(value: Any) -> int:
-    from leasecore.limits import parse_size
-
-    return parse_size(value)
-
-
-def _cpus(value: Any) -> float:
-    from leasecore.limits import parse_cpus
-
-    return parse_cpus(value)
-
-
 KEYS.update(
     {
         spec.name: spec
@@ -582,7 +405,7 @@ KEYS.update(
             _key(
                 "memory_max",
                 "task",
-                _size,
+                byte_size,
                 "memory limit of the task's tree (64M, 2G; per process where no cgroup can enforce it)",
                 worker_prop="memory_max",
                 flag="--memory-max",
@@ -599,7 +422,7 @@ KEYS.update(
             _key(
                 "cpu_max",
                 "task",
-                _cpus,
+                cpu_count,
                 "CPU cores the task's tree may use (0.5, 2; needs a cgroup cpu controller)",
                 worker_prop="cpu_max",
                 flag="--cpu-max",
@@ -619,57 +442,11 @@ KEYS.update(
 # --- end of issue 19 ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where one value came from: ``layer`` is default | file | env | flag; ``where`` says exactly."""
-
-    layer: str
-    where: str = ""
-
-    def __str__(self) -> str:
-        return self.where or self.layer
-
-
-def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
-    """Check a typed value; a ValueError becomes a ConfigError naming key, value and source."""
-    try:
-        return spec.check(value)
-    except ValueError as exc:
-        raise invalid_value(spec, value, source, str(exc)) from None
-
-
-def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
-    if spec.name == "url" and isinstance(value, str):
-        value = _mask_invalid_url(value)
-    shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"
-    return ConfigError(
-        f"invalid {spec.name}{shown} (from {source}): expected {allowed}", key=spec.name, source=str(source)
-    )
-
-
-_QUERY = re.compile(r"[?#].*", re.DOTALL)
-
-
-def _mask_invalid_url(url: str) -> str:
-    """A URL that failed validation, fit for a message: everything before its last ``@`` (after the
-    scheme, if any) and its query and fragment become ``***``. Crude on purpose: the URL is malformed,
-    so no parser can be trusted to find its password (one with a ``/`` or an ``@`` in it, or no
-    scheme); it is masked before the value is cut short (a cut could fall between password and ``@``)."""
-    before, at, after = url.rpartition("@")
-    if at:
-        scheme, slashes, _ = before.partition("://")
-        url = (f"{scheme}://" if slashes else "") + "***@" + after
-    return _QUERY.sub("?***", url)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # Other spellings accepted in the file.
 ALIASES = {"thread_count": "concurrency"}
 
 
 def keys_of(scope: str) -> list[KeySpec]:
+    """The keys of ``scope`` (server | runner | task), in the table's order."""
     return [spec for spec in KEYS.values() if spec.scope == scope]
+

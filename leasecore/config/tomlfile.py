@@ -1,10 +1,14 @@
 """The config file: parse TOML text, remember each key's line, validate the file as a whole.
 
-Pure: ``parse_toml(text, path)`` never touches the file system (``config.load_file`` reads the file);
-``FileView`` checks every section, key and value and answers "value and source of key K in [[task]] i".
-``tomllib`` does not report positions, so a small scanner walks the text once more and remembers,
-for every key of ``[server]``, ``[worker]`` and each ``[[task]]``, the line it was first written on.
-The scanner only runs on text ``tomllib`` has already accepted, so it can be lenient.
+Owns: :func:`parse_toml` (a syntax error is a ``ConfigError`` naming file and line), the line map
+(``tomllib`` does not report positions, so a small scanner walks the accepted text once more and
+remembers, for every key of ``[server]``, ``[worker]`` and each ``[[task]]``, the line it was first
+written on; it only runs on text ``tomllib`` accepted, so it can be lenient) and :class:`FileView`,
+which checks every section, key and value (unknown keys with a hint, a key given twice under two
+spellings, a task type declared twice) and answers "value and source of key K in [[task]] i".
+
+Must not: read the file (``config.loader.load_file`` does), merge layers (``config.merge``). Pure.
+Threads: none; the caller's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from leasecore.config.keys import ALIASES, KEYS, Source, check_value, keys_of
+from leasecore.config.checks import check_value
+from leasecore.config.keys import ALIASES, KEYS, keys_of
+from leasecore.config.settings import Source
 from leasecore.errors import ConfigError
 
 # (section, task index or -1, key) -> 1-based line. Section "" is the top level; key "" is the header.

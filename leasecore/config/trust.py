@@ -1,9 +1,14 @@
 """Files the server settings point at (#24): the key secret's file and a private CA bundle; and the
 config file's own mode when it holds a credential itself.
 
-I/O at configuration time (``config.load_config`` calls these), so a bad file is a configuration
-error (exit 3) naming the file, its source and what is allowed, before anything is polled. The
-secret's value never appears in a message.
+Owns: reading the secret file (mode 0600 or stricter, a regular file of bounded size), checking the
+CA bundle (a file holding a PEM block, or a readable directory: looked at, not parsed), and the
+warning for a config file that holds a credential where children run as another user. I/O at
+configuration time (``config.loader`` calls these), so a bad file is a configuration error (exit 3)
+naming the file, its source and what is allowed, before anything is polled.
+
+Must not: let the secret's value reach a message, a log line or a ``repr``; decide precedence.
+Threads: the caller's (the CLI's main thread), once per run.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from leasecore.config.keys import Source
+from leasecore.config.settings import Source
 from leasecore.errors import ConfigError
 
 MAX_SECRET_FILE_BYTES = 64 * 1024  # a key secret is a few dozen bytes; a big file is the wrong file

@@ -5,13 +5,14 @@ there with ``WORKER_CANONICAL_METRICS=true``: ``task_poll_total``, ``task_execut
 label ``taskType``, error counters with ``exception`` = a class name, time histograms with
 ``status`` = ``SUCCESS`` / ``FAILURE``, their buckets), so dashboards made for SDK workers work, plus
 ``conductor_run_*`` for what no SDK exports: lease health (heartbeats, lateness, fences, ownership
-checks, the smallest lease left) and the runner's slots and outbox.
+checks, the smallest lease left) and the runner's slots and outbox. The task type's label name is
+``taskType`` unless ``metrics_task_type_label = "task_type"`` (promtool's snake_case lint).
 
-Events are counted as they happen (counters and histograms, each label set's child looked up once
-and kept: an event costs a dict lookup and prometheus-client's own lock). Gauges are read when
-Prometheus scrapes (``RunnerGauges``), from what the runner, the pollers, the lease engine
-(``views()``) and the outbox already know: nothing is kept up to date on the hot paths for them
-but the count of children running, one integer per task type written by the runner's main thread.
+Events are counted as they happen, exactly, in plain numbers (``leasecore.metrics.tally``: one lock
+and a dict lookup an event; prometheus-client builds the families when Prometheus scrapes). Gauges
+are read at the scrape too (``RunnerGauges``), from what the runner, the lease engine (``views()``)
+and the outbox already know: nothing is kept up to date on the hot paths for them but the count of
+commands running and waiting, one integer per task type written with the event that changes it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -29,6 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from leasecore.lease import FenceReason
 from leasecore.metrics import Observer, error_label, execute_error, final_status
+from leasecore.metrics.tally import Tallies
 from leasecore.models import TaskResult
 
 # The SDKs' canonical buckets (python-sdk canonical_metrics_collector.py).
@@ -40,6 +42,9 @@ EXECUTE_BUCKETS = (*TIME_BUCKETS, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
+# The label that carries the task type: the SDKs' name (their dashboards), or promtool's snake_case.
+TASK_TYPE_LABELS = ("taskType", "task_type")
+_NO_LABELS: tuple[str, ...] = ()
 
 
 class GaugeSource(Protocol):
@@ -52,166 +57,170 @@ class GaugeSource(Protocol):
     def lease_remaining_seconds(self) -> float | None: ...
 
 
-class _Children:
-    """The labelled children of one metric, looked up once per label values (``labels()`` builds
-    a tuple and takes a lock on every call)."""
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._kids: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        kid = self._kids.get(values)
-        if kid is None:
-            kid = self._kids[values] = self._metric.labels(*values)  # a race makes the same child
-        return kid
-
-
 class PrometheusObserver(Observer):
     """Counts the runner's events in its own registry (plus the process, platform and GC metrics)."""
 
     enabled = True
 
-    def __init__(self, task_types: Iterable[str]) -> None:
+    def __init__(self, task_types: Iterable[str], *, task_type_label: str = "taskType") -> None:
+        if task_type_label not in TASK_TYPE_LABELS:
+            raise ValueError(f"task_type_label: {' or '.join(TASK_TYPE_LABELS)}, not {task_type_label!r}")
+        self.task_type_label = tt = task_type_label
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: half the series, none a dashboard uses
         self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
-        reg = self.registry
-
-        def counter(name: str, doc: str, *labels: str) -> _Children:
-            return _Children(Counter(name, doc, labels, registry=reg))
-
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> _Children:
-            return _Children(Histogram(name, doc, labels, registry=reg, buckets=buckets))
-
-        tt = "taskType"
+        t = self._tallies = Tallies()
+        self._lock = t.lock
         # -- the SDKs' canonical names
-        self._poll = counter("task_poll", "Poll requests sent.", tt)
-        self._poll_error = counter("task_poll_error", "Poll requests that failed.", tt, "exception")
-        self._started = counter("task_execution_started",
-                                "Tasks whose command was started (the SDKs: dispatched to the worker).", tt)
-        self._execute_error = counter("task_execute_error",
-                                      "Tasks whose command failed: a non-zero exit, a signal, a fence, "
-                                      "a start that failed.", tt, "exception")
-        self._update_error = counter("task_update_error", "Attempts to send a task's result that failed.",
-                                     tt, "exception")
-        self._poll_time = histogram("task_poll_time_seconds", "Poll request latency.", (tt, "status"),
-                                    TIME_BUCKETS)
-        self._execute_time = histogram("task_execute_time_seconds", "Run time of the task's command.",
-                                       (tt, "status"), EXECUTE_BUCKETS)
-        self._update_time = histogram("task_update_time_seconds", "Latency of one attempt to send a "
-                                      "task's result.", (tt, "status"), TIME_BUCKETS)
-        self._request_time = histogram("http_api_client_request_seconds", "HTTP requests to the Conductor "
-                                       "server.", ("method", "uri", "status"), TIME_BUCKETS)
-        self._result_size = histogram("task_result_size_bytes", "Size of a task result's outputData as "
-                                      "JSON.", (tt,), SIZE_BUCKETS)
+        self._poll = t.counter("task_poll", "Poll requests sent.", tt).values
+        self._poll_error = t.counter("task_poll_error", "Poll requests that failed.", tt, "exception").values
+        self._started = t.counter("task_execution_started", "Tasks whose command was started (the SDKs: "
+                                  "dispatched to the worker).", tt).values
+        self._execute_error = t.counter("task_execute_error",
+                                        "Tasks whose command failed: a non-zero exit, a signal, a fence, "
+                                        "a start that failed.", tt, "exception").values
+        self._update_error = t.counter("task_update_error", "Attempts to send a task's result that failed.",
+                                       tt, "exception").values
+        self._poll_time = t.histogram("task_poll_time_seconds", "Poll request latency.", (tt, "status"),
+                                      TIME_BUCKETS).observe
+        self._execute_time = t.histogram("task_execute_time_seconds", "Run time of the task's command.",
+                                         (tt, "status"), EXECUTE_BUCKETS).observe
+        self._update_time = t.histogram("task_update_time_seconds", "Latency of one attempt to send a "
+                                        "task's result.", (tt, "status"), TIME_BUCKETS).observe
+        self._request_time = t.histogram("http_api_client_request_seconds", "HTTP requests to the Conductor "
+                                         "server.", ("method", "uri", "status"), TIME_BUCKETS).observe
+        self._result_size = t.histogram("task_result_size_bytes", "Size of a task result's outputData as "
+                                        "JSON.", (tt,), SIZE_BUCKETS).observe
         # -- lease health, which no SDK exports
-        self._results = counter("conductor_run_task_results",
-                                "Tasks that left the runner, by the status the server accepted "
-                                "(or UNDELIVERED, OWNERSHIP_LOST).", tt, "status")
-        self._heartbeats = counter("conductor_run_heartbeats", "Heartbeats (extendLease), acknowledged "
-                                   "(ok) or not (failed).", tt, "result")
-        lateness = Histogram("conductor_run_heartbeat_lateness_seconds", "Heartbeat send time minus its "
-                             "due time.", registry=reg, buckets=LATENESS_BUCKETS)
-        self._lateness = lateness.observe
-        self._fences = counter("conductor_run_fences", "Task trees stopped by a fence, by reason.", tt,
-                               "reason")
-        self._checks = counter("conductor_run_ownership_checks", "Ownership checks (GET /tasks/{id}): "
-                               "ok, lost or failed.", tt, "result")
-        self.running_by_type: dict[str, int] = {t: 0 for t in task_types}
-        self.waiting_by_type: dict[str, int] = {t: 0 for t in task_types}  # held before their start
+        self._results = t.counter("conductor_run_task_results",
+                                  "Tasks that left the runner, by the status the server accepted "
+                                  "(or UNDELIVERED, OWNERSHIP_LOST).", tt, "status").values
+        self._heartbeats = t.counter("conductor_run_heartbeats", "Heartbeats (extendLease), acknowledged "
+                                     "(ok) or not (failed).", tt, "result").values
+        self._lateness = t.histogram("conductor_run_heartbeat_lateness_seconds", "Heartbeat send time minus "
+                                     "its due time.", (), LATENESS_BUCKETS).observe
+        self._fences = t.counter("conductor_run_fences", "Task trees stopped by a fence, by reason.", tt,
+                                 "reason").values
+        self._checks = t.counter("conductor_run_ownership_checks", "Ownership checks (GET /tasks/{id}): "
+                                 "ok, lost or failed.", tt, "result").values
+        self.registry.register(t)
+        self.running_by_type: dict[str, int] = {name: 0 for name in task_types}
+        # held before their start
+        self.waiting_by_type: dict[str, int] = dict.fromkeys(self.running_by_type, 0)
         for task_type in self.running_by_type:  # zero, not absent, until the first event
-            self._poll(task_type)
-            self._started(task_type)
+            self._poll[(task_type,)] = 0
+            self._started[(task_type,)] = 0
 
     def watch(self, source: GaugeSource) -> None:
         """Serve the scrape-time gauges from ``source`` (once the runner exists)."""
-        self.registry.register(RunnerGauges(source))
+        self.registry.register(RunnerGauges(source, task_type_label=self.task_type_label))
 
     # ---------------------------------------------------------------- hooks
+    # Each takes the one lock for its few additions: any thread may call any hook (exact counts).
 
     def on_poll(self, task_type: str, seconds: float, error: BaseException | None) -> None:
-        self._poll(task_type).inc()
-        if error is None:
-            self._poll_time(task_type, SUCCESS).observe(seconds)
-        else:
-            self._poll_time(task_type, FAILURE).observe(seconds)
-            self._poll_error(task_type, error_label(error)).inc()
+        key = (task_type,)
+        with self._lock:
+            self._poll[key] = self._poll.get(key, 0) + 1
+            if error is None:
+                self._poll_time((task_type, SUCCESS), seconds)
+            else:
+                self._poll_time((task_type, FAILURE), seconds)
+                _add(self._poll_error, (task_type, error_label(error)))
 
     def on_update(self, task_type: str, seconds: float, error: BaseException | None) -> None:
-        if error is None:
-            self._update_time(task_type, SUCCESS).observe(seconds)
-        else:
-            self._update_time(task_type, FAILURE).observe(seconds)
-            self._update_error(task_type, error_label(error)).inc()
+        with self._lock:
+            if error is None:
+                self._update_time((task_type, SUCCESS), seconds)
+            else:
+                self._update_time((task_type, FAILURE), seconds)
+                _add(self._update_error, (task_type, error_label(error)))
 
     def on_request(self, method: str, uri: str, status: str, seconds: float) -> None:
-        self._request_time(method, uri, status).observe(seconds)
+        with self._lock:
+            self._request_time((method, uri, status), seconds)
 
     def on_heartbeat(self, task_type: str, ok: bool, lateness_seconds: float | None) -> None:
-        self._heartbeats(task_type, "ok" if ok else "failed").inc()
-        if lateness_seconds is not None:
-            self._lateness(lateness_seconds)
+        with self._lock:
+            _add(self._heartbeats, (task_type, "ok" if ok else "failed"))
+            if lateness_seconds is not None:
+                self._lateness(_NO_LABELS, lateness_seconds)
 
     def on_ownership_check(self, task_type: str, result: str) -> None:
-        self._checks(task_type, result).inc()
+        with self._lock:
+            _add(self._checks, (task_type, result))
 
     def on_task_held(self, task_type: str, held: bool, fence: FenceReason | None = None) -> None:
-        waiting = self.waiting_by_type.get(task_type, 0)
-        self.waiting_by_type[task_type] = waiting + 1 if held else max(0, waiting - 1)
-        if fence is not None:
-            self._fences(task_type, fence.value).inc()
+        with self._lock:
+            waiting = self.waiting_by_type.get(task_type, 0)
+            self.waiting_by_type[task_type] = waiting + 1 if held else max(0, waiting - 1)
+            if fence is not None:
+                _add(self._fences, (task_type, fence.value))
 
     def on_task_started(self, task_type: str) -> None:
-        self._started(task_type).inc()
-        self.running_by_type[task_type] = self.running_by_type.get(task_type, 0) + 1
+        key = (task_type,)
+        with self._lock:
+            self._started[key] = self._started.get(key, 0) + 1
+            self.running_by_type[task_type] = self.running_by_type.get(task_type, 0) + 1
 
     def on_task_exited(self, task_type: str, exit_: Any, fence: FenceReason | None,
                        in_progress_exit_code: int | None) -> None:
-        running = self.running_by_type.get(task_type, 0)
-        self.running_by_type[task_type] = max(0, running - 1)
         error = execute_error(exit_, fence, in_progress_exit_code)
         seconds = getattr(exit_, "duration_seconds", None)
-        if isinstance(seconds, int | float) and getattr(exit_, "start_error", None) is None:
-            self._execute_time(task_type, SUCCESS if error is None else FAILURE).observe(seconds)
-        if error is not None:
-            self._execute_error(task_type, error).inc()
-        if fence is not None:
-            self._fences(task_type, fence.value).inc()
+        if not isinstance(seconds, int | float) or getattr(exit_, "start_error", None) is not None:
+            seconds = None  # never ran: no run time
+        with self._lock:
+            running = self.running_by_type.get(task_type, 0)
+            self.running_by_type[task_type] = max(0, running - 1)
+            if seconds is not None:
+                self._execute_time((task_type, SUCCESS if error is None else FAILURE), seconds)
+            if error is not None:
+                _add(self._execute_error, (task_type, error))
+            if fence is not None:
+                _add(self._fences, (task_type, fence.value))
 
     def on_result(self, task_type: str, result: TaskResult) -> None:
         output = result.output_data
-        size = len(json.dumps(output).encode("utf-8")) if output else 2  # "{}"
-        self._result_size(task_type).observe(size)
+        # json.dumps escapes every non-ASCII character (ensure_ascii): its length is the size in bytes.
+        size = len(json.dumps(output)) if output else 2  # "{}"
+        with self._lock:
+            self._result_size((task_type,), size)
 
     def on_task_done(self, task_type: str, status: Any, fence: FenceReason | None) -> None:
-        self._results(task_type, final_status(status, fence)).inc()
+        key = (task_type, final_status(status, fence))
+        with self._lock:
+            self._results[key] = self._results.get(key, 0) + 1
+
+
+def _add(counts: dict[tuple[str, ...], int], key: tuple[str, ...]) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 class RunnerGauges:
     """The gauges, read from ``source`` at each scrape (a prometheus-client custom collector)."""
 
-    def __init__(self, source: GaugeSource) -> None:
+    def __init__(self, source: GaugeSource, *, task_type_label: str = "taskType") -> None:
         self._source = source
+        self._label = task_type_label
 
     def describe(self) -> Iterator[Metric]:
-        return iter(self._families())
+        return iter(self._families(None))
 
     def collect(self) -> Iterator[Metric]:
         return iter(self._families(self._source))
 
-    @staticmethod
-    def _families(source: GaugeSource | None = None) -> list[Metric]:
+    def _families(self, source: GaugeSource | None) -> list[Metric]:
+        tt = [self._label]
         active = GaugeMetricFamily("active_workers", "Tasks whose command is running now (the SDKs' "
-                                   "name).", labels=["taskType"])
+                                   "name).", labels=tt)
         running = GaugeMetricFamily("conductor_run_tasks_running", "Tasks whose command is running now.",
-                                    labels=["taskType"])
+                                    labels=tt)
         waiting = GaugeMetricFamily("conductor_run_tasks_waiting", "Tasks polled and held, lease kept, "
                                     "whose command has not started yet (a previous holder may still run "
-                                    "it, or an earlier attempt's tree is dying here).", labels=["taskType"])
+                                    "it, or an earlier attempt's tree is dying here).", labels=tt)
         free = GaugeMetricFamily("conductor_run_slots_free", "Free slots: concurrency minus the commands "
-                                 "running and the tasks waiting to start.", labels=["taskType"])
+                                 "running and the tasks waiting to start.", labels=tt)
         outbox = GaugeMetricFamily("conductor_run_outbox_results", "Results waiting in the outbox for the "
                                    "server to take them.")
         lease = GaugeMetricFamily("conductor_run_lease_remaining_seconds", "Seconds until the nearest "

@@ -4,6 +4,12 @@
 loads prometheus-client), starts it before anything else of the run (a bad port is exit 3 even with
 the server down), hands ``observer`` to the client, the pollers, the reporter, the lease engine and
 the runner, ``attach``es the live objects once they exist, and ``close``s it last.
+
+Owns: the run's ``PrometheusObserver``, its endpoint, and the probes' facts (``/healthz``,
+``/readyz``) drawn from the attached objects. Must not: change what it reads (the runner, engine,
+supervisor, contact and outbox are only looked at), or be imported on a run without metrics.
+Threads: the observer's hooks run on whichever thread observes (pollers, the engine's, the reporter's,
+the main loop); the endpoint's own thread serves scrapes and reads the gauges then.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any, Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.config.loader import ResolvedConfig
+from leasecore.config.settings import ResolvedConfig
 from leasecore.metrics.endpoint import MetricsEndpoint
 from leasecore.metrics.health import HealthFacts, RunPhase, liveness, readiness
 from leasecore.metrics.prom import PrometheusObserver
@@ -74,7 +80,7 @@ class MetricsService:
         self._concurrency = {t.type: t.concurrency for t in config.tasks}
         self._paused = all(t.paused for t in config.tasks)
         self._window = poll_window_seconds(config)
-        self.observer = PrometheusObserver(self._types)
+        self.observer = PrometheusObserver(self._types, task_type_label=runner.metrics_task_type_label)
         sources = (str(runner.sources.get("metrics_host", "default")),
                    str(runner.sources.get("metrics_port", "default")))
         self.endpoint = MetricsEndpoint(runner.metrics_host, runner.metrics_port, exposition=self._exposition,

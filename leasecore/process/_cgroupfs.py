@@ -1,25 +1,41 @@
 """The file operations on a task's cgroup that the fork server and the leftover sweep do. Stdlib only:
 the fork server imports it (see forkserver.py's note on imports).
 
+Owns the reads and writes of a group's files: joining it (``join_self``, in ``forkexec.py``'s child;
+``spawn_inside``, the fork server for one ``posix_spawn``), its members, whether it is populated,
+the kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills and accounting, its
+memory now, its removal, and a zombie's rusage. Must not touch: a group it is not handed (the runner
+makes them, ``cgroups.create_group``, and writes their limits; the sweep hands over only recorded
+groups of ours). Threads: the fork server's one thread; on the runner's side the sweep
+(``leftovers.py``) and ``Child.memory_bytes``.
+
 A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
 ``{"v": 2, "dirs": {"unified": PATH}}`` or ``{"v": 1, "dirs": {"memory": PATH, "pids": PATH,
-"freezer": PATH, "cpu": PATH, "cpuacct": PATH}}`` (a v1 hierarchy that is not usable is absent; two
-controllers mounted together share one PATH). Every function here is quiet about a group that is
-already gone (ENOENT): removal races nothing but itself.
+"freezer": PATH, "cpu": PATH, "cpuacct": PATH}}`` (a v1 hierarchy that is not usable, or that the
+tree needs no group in, ``cgroups.v1_needed``, is absent; two controllers mounted together share one
+PATH). Every function here is quiet about a group that is already gone (ENOENT): removal races
+nothing but itself. ``spawn_inside`` is the fork server's way to start a tree in a group without a
+fork (it moves itself in for one ``posix_spawn``); every kill here spares the calling process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 Group = dict[str, Any]
 _FREEZE_WAIT_SECONDS = 1.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs, open for writing
+_STUCK: set[str] = set()  # spawn_inside: groups this process could not move out of again
 
 
 def paths(group: Group) -> list[str]:
@@ -28,11 +44,21 @@ def paths(group: Group) -> list[str]:
 
 
 def _read(path: str) -> str | None:
+    # os.open/os.read rather than open(): a text file object costs ~7 µs more per read, and the fork
+    # server reads a group's files several times per task (members, accounting, OOM kills).
     try:
-        with open(path) as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _write(path: str, text: str) -> bool:
@@ -58,6 +84,68 @@ def join_self(group: Group) -> None:
             os.write(fd, b"0")
         finally:
             os.close(fd)
+
+
+class JoinFailed(OSError):
+    """``spawn_inside`` could not move the fork server into the group: the start fails at its
+    ``cgroup`` step, as a child that cannot join does (nothing was started)."""
+
+    step = "cgroup"
+
+
+def spawn_inside(group: Group, spawn: Callable[[], int]) -> int:
+    """Call ``spawn()`` (a ``posix_spawn``) with the calling process moved into every directory of
+    ``group``, and move it back into each directory's parent (where it came from: see
+    ``cgroups.at_home``) right after, whatever happened: the child is born a member, as if it had
+    joined between fork and exec, without a fork of this Python.
+
+    While inside, this process is a member: so this is only for a group with no limit written
+    (``cgroups.spawns_inside``), and every kill here spares it (``kill_all``). A move back that fails
+    (it never should: the same file was written at start) leaves it ``stuck``; it then never freezes
+    nor kills that group as a whole, and ``can_spawn_inside`` says no from then on."""
+    joined: list[str] = []
+    try:
+        for path in paths(group):
+            try:
+                _write_procs(os.path.join(path, "cgroup.procs"))
+            except OSError as exc:
+                raise JoinFailed(exc.errno or errno.EINVAL, exc.strerror or str(exc)) from exc
+            joined.append(path)
+        return spawn()
+    finally:
+        for path in joined:
+            if not _go_home(os.path.dirname(path)):
+                _STUCK.add(path)
+
+
+def can_spawn_inside() -> bool:
+    return not _STUCK
+
+
+def _write_procs(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+
+
+def _go_home(home: str) -> bool:
+    """Move the caller back into ``home`` through an fd kept open for it (one open per hierarchy
+    for the life of the process instead of one per task); a failed write retries once, reopened."""
+    for _ in range(2):
+        fd = _HOME_FDS.get(home)
+        try:
+            if fd is None:
+                fd = _HOME_FDS[home] = os.open(os.path.join(home, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            os.write(fd, b"0")
+            return True
+        except OSError:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                _HOME_FDS.pop(home, None)
+    return False
 
 
 def _keyed(text: str | None) -> dict[str, int]:
@@ -97,7 +185,7 @@ def kill(group: Group) -> int:
     return kill_all([group])
 
 
-def kill_all(groups: list[Group]) -> int:
+def kill_all(groups: list[Group], spare: set[int] | None = None) -> int:
     """SIGKILL every process of every group; how many were signalled (v2 groups count none: the
     kernel does it).
 
@@ -106,21 +194,32 @@ def kill_all(groups: list[Group]) -> int:
     thaw), all the groups at once: freezing is asynchronous, and one group after another made a KILL
     of 200 trees wait for 200 freezes in turn. Without a usable freezer, SIGKILL the members until
     none is left (bounded rounds).
+
+    ``spare`` (and always this process): pids never signalled. With ``spare`` given (the runner,
+    about a start the fork server may be making inside the group right now), no group is frozen or
+    ``cgroup.kill``ed, whoever is in it when the check is made: its members but the spared are
+    SIGKILLed one by one (bounded rounds), as is any group this process is stuck in.
     """
+    explicit = bool(spare)
+    spare = {os.getpid(), *(spare or ())}
     v1 = []
+    holding = []  # groups that may hold a spared pid
     for group in groups:
-        if group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
+        if explicit or (_STUCK and spare & members(group)):
+            holding.append(group)
+        elif group.get("v") == 2 and _write(os.path.join(group["dirs"]["unified"], "cgroup.kill"), "1"):
             continue
-        v1.append(group)
-    if not v1:
+        else:
+            v1.append(group)
+    if not v1 and not holding:
         return 0
     freezers = [f for f in (group.get("dirs", {}).get("freezer") for group in v1) if f]
     frozen = set(_freeze(freezers))
     signalled = 0
-    for group in v1:
+    for group in v1 + holding:
         rounds = 1 if group.get("dirs", {}).get("freezer") in frozen else 5
         for _ in range(rounds):
-            pids = members(group)
+            pids = members(group) - spare
             if not pids:
                 break
             for pid in pids:
@@ -189,6 +288,21 @@ def resources(group: Group) -> dict[str, float]:
             found["cpu_user_seconds"] = stat["user"] / _CLK_TCK
             found["cpu_system_seconds"] = stat.get("system", 0) / _CLK_TCK
     return found
+
+
+_USAGE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
+
+
+def tree_usage(pid: int, group: Group | None) -> tuple[dict[str, float], int]:
+    """What an exited leader's tree used, and the OOM kills in its group (0 without one): the
+    group's figures where it has them (``resources``), the rest from the leader's zombie
+    (``zombie_rusage``, only when the group does not tell all three)."""
+    if group is None:
+        return zombie_rusage(pid), 0
+    found = resources(group)
+    if any(key not in found for key in _USAGE_KEYS):
+        found = {**zombie_rusage(pid), **found}
+    return found, oom_kills(group)
 
 
 def memory_current(group: Group) -> int | None:

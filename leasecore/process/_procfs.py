@@ -1,13 +1,18 @@
 """Linux process facts from /proc, and signals that cannot hit a recycled pid.
 
-Stdlib only, light, and free of the rest of the package: the fork server imports it too (no
-``dataclasses``: it pulls in ``inspect`` and friends, and the fork server's size is per-task fork
-cost). Every function
-tolerates processes that vanish while being read (they are simply left out).
+Owns the reading of ``/proc/<pid>/stat``, ``environ`` (the tree marker), ``children`` and
+``status`` (resident memory), the walks built on them (a subtree, the descendants of a set, the
+live ones), the boot id, and the three ways to signal: ``signal_verified`` (a pidfd opened *before*
+re-checking the start time: once open it names that exact process, so a pid recycled between the
+scan and the signal is never hit), ``signal_all`` over a scan's processes, ``killpg_quietly``.
+Every function tolerates processes that vanish while being read (they are simply left out).
 
-A pid is only ever signalled through a pidfd opened *before* re-checking the process's start time:
-once the pidfd is open it names that exact process, so a pid recycled between the /proc scan and the
-signal can never be hit.
+Must not touch: any state of its own beyond the cached boot id, and the rest of the package:
+it is stdlib only and light, since the fork server imports it (no ``dataclasses``: it pulls in
+``inspect`` and friends, resident in the fork server for as long as the runner lives).
+
+Threads: the fork server's one thread; on the runner's side the sweep (``leftovers.py``, at start
+and when the fork server died: the reader thread) and ``Child.memory_bytes`` (any caller).
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """Which cgroup mechanism holds the task trees (detected once at start), and making a task's group.
 
+Owns ``detect`` and ``CgroupSetup``, and on the runner's side a task group's making, limits and
+removal (``create_group``, ``remove_group``, ``spawns_inside``; the fork server's side of a group is
+``_cgroupfs.py``). Threads: ``detect`` once, on the run's start-up thread
+(``runner/treegroups.py``); ``create_group`` and ``spawns_inside`` on the thread that starts a spawn
+(``prepare.py``, ``Supervisor._start``); ``remove_group`` on whichever thread gives up a start. What
+it must not touch is at the end of this docstring.
+
 ``detect(mode)`` looks at the runner's own cgroups (``/proc/self/cgroup``) and the mounts
 (``/proc/self/mountinfo``) and answers a ``CgroupSetup``:
 
@@ -13,8 +20,12 @@
 
 Every task group is a direct child of the runner's own group in each hierarchy (never beside it:
 the runner's own limits keep applying to its tasks), named ``conductor-run.<runner pid>.<token>``.
-The runner never moves itself or its fork server, and never writes to a group it did not create
-(detection probes by creating and removing a group of its own).
+On v1 a group is made only in the hierarchies its tree needs (``v1_needed``): memory, cpuacct and
+freezer always (OOM reasons, accounting, the kill), pids and cpu only for a ``pids_max`` / ``cpu_max``
+(or pids where there is no freezer). The runner never moves itself, never writes to a group it did
+not create (detection probes by creating and removing a group of its own), and moves its fork server
+only for the length of one ``posix_spawn`` into a task group that has no limit written
+(``spawns_inside``; ``_cgroupfs.spawn_inside``), back into the group it was started in.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 GROUP_PREFIX = "conductor-run."
 _CPU_PERIOD_US = 100_000
+_HAS_KILL: set[str] = set()  # v2 hierarchies whose groups were seen to have cgroup.kill
+_AT_HOME: dict[int, bool] = {}  # fork server pid -> at_home, checked once (see spawns_inside)
 
 
 @dataclass(frozen=True)
@@ -224,15 +237,19 @@ def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
     if setup.mechanism == "v2":
         group: _cgroupfs.Group = {"v": 2, "dirs": {"unified": os.path.join(setup.dirs["unified"], name)}}
     else:
-        group = {"v": 1, "dirs": {c: os.path.join(d, name) for c, d in setup.dirs.items()}}
+        wanted = v1_needed(setup, limits)
+        group = {"v": 1, "dirs": {c: os.path.join(d, name) for c, d in setup.dirs.items() if c in wanted}}
     made = []
     try:
         for path in _cgroupfs.paths(group):
             os.mkdir(path)
             made.append(path)
-        if setup.mechanism == "v2" and not os.path.exists(os.path.join(made[0], "cgroup.kill")):
-            raise SpawnError("this kernel's cgroup v2 has no cgroup.kill (Linux 5.14+)")
-        _write_limits(group, setup, limits)
+        if setup.mechanism == "v2" and setup.dirs["unified"] not in _HAS_KILL:
+            if not os.path.exists(os.path.join(made[0], "cgroup.kill")):
+                raise SpawnError("this kernel's cgroup v2 has no cgroup.kill (Linux 5.14+)")
+            _HAS_KILL.add(setup.dirs["unified"])  # the kernel's: the same for every group after
+        if limits.memory_max is not None or limits.pids_max is not None or limits.cpu_max is not None:
+            _write_limits(group, setup, limits)
     except OSError as exc:
         _remove_made(made)
         raise SpawnError(f"cannot create the task's cgroup: {exc.strerror or exc}") from exc
@@ -240,6 +257,53 @@ def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
         _remove_made(made)
         raise
     return group
+
+
+def v1_needed(setup: CgroupSetup, limits: Limits) -> set[str]:
+    """The v1 hierarchies a tree of ``limits`` gets a group in: memory (peak, OOM kills, memory_max),
+    cpuacct (CPU time) and freezer (the kill) always; pids for a ``pids_max``, or as the member list
+    and kill where no freezer is usable; cpu for a ``cpu_max``. A hierarchy left out keeps the tree in
+    the runner's own group there, which sets no limit of the tree's and is never killed as a whole.
+    (Each hierarchy costs a mkdir, a join and an rmdir per task: on v1 memory, pids, cpu, cpuacct
+    and freezer all five were 40 % of the cgroup work of a ``true``.)"""
+    need = {"memory", "cpuacct", "freezer"}
+    if limits.cpu_max is not None:
+        need.add("cpu")
+    if limits.pids_max is not None or "freezer" not in setup.dirs:
+        need.add("pids")
+    return need
+
+
+def spawns_inside(setup: CgroupSetup, limits: Limits, forkserver_pid: int) -> bool:
+    """Whether a tree of ``limits`` may be started by the fork server's ``posix_spawn`` from inside
+    its new group (``_cgroupfs.spawn_inside``) rather than by a Python fork whose child joins it: only
+    when the group has no limit written, so that the fork server, a member for the length of that
+    one call, can neither be OOM-killed, nor refused its fork by pids.max, nor CPU-throttled there;
+    and only when the fork server is in the runner's own groups (``at_home``, checked once per fork
+    server), where it goes back to. ``nofile`` needs an rlimit, which posix_spawn cannot set: the
+    fork server forks for any request with rlimits."""
+    if not setup.active or limits.memory_max is not None or limits.pids_max is not None:
+        return False
+    if limits.cpu_max is not None:
+        return False
+    home = _AT_HOME.get(forkserver_pid)
+    if home is None:
+        if len(_AT_HOME) >= 16:  # one entry per fork server started: bounded all the same
+            _AT_HOME.clear()
+        home = _AT_HOME[forkserver_pid] = at_home(setup, forkserver_pid)
+    return home
+
+
+def at_home(setup: CgroupSetup, pid: int) -> bool:
+    """Whether process ``pid`` (the fork server) is in the runner's own group in every hierarchy of
+    ``setup``: then the parent directory of a task group is where it goes back to after a
+    ``spawn_inside``. False if it cannot be read (then it never moves)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as theirs:
+            dirs = own_dirs(theirs.read(), _read("/proc/self/mountinfo"))
+    except OSError:
+        return False
+    return bool(setup.dirs) and all(dirs.get(name) == path for name, path in setup.dirs.items())
 
 
 def _remove_made(made: list[str]) -> None:
@@ -280,10 +344,12 @@ def _write_limits(group: _cgroupfs.Group, setup: CgroupSetup, limits: Limits) ->
             handle.write(text)
 
 
-def remove_group(group: _cgroupfs.Group) -> bool:
-    """Kill what is left in a group and remove it; True once it is gone."""
+def remove_group(group: _cgroupfs.Group, spare: int = 0) -> bool:
+    """Kill what is left in a group and remove it; True once it is gone. ``spare``: a pid never to
+    kill or freeze (the fork server, which may be inside the group for a ``spawn_inside`` right now:
+    the runner gives up on a start that it is still making)."""
     if _cgroupfs.populated(group):
-        _cgroupfs.kill(group)
+        _cgroupfs.kill_all([group], spare={spare} if spare else None)
     return _cgroupfs.remove(group)
 
 

@@ -1,29 +1,23 @@
 """The fork server's second way to start a command: fork, set the child up, exec. Stdlib only.
 
-``posix_spawn`` (the fork server's usual way: a vfork and exec in the C library) returns only once
-the command has exec'd, and it can neither move the child into a cgroup, set rlimits, nor change
-the user. A command that joined its group only after its exec could fork before the move, and those
-children would stay outside. So when a spawn request carries a ``cgroup``, ``rlimits`` or ``run_as``
-(uid, gid, groups: #24), the (single-threaded, small) fork server forks, and the child, running
-nothing but system calls, does before its exec:
+Owns ``fork_exec(req, fds, sigdef)``, used when ``posix_spawn`` cannot do the job: it can neither
+move the child into a cgroup before its exec (a command that joined its group only after its exec
+could fork first, and those children would stay outside), nor set rlimits, nor change the user
+(``run_as``: uid, gid, groups, #24). A group with no limits is joined without a fork (the fork
+server calls posix_spawn from inside it, ``_cgroupfs.spawn_inside``), so this runs for a request
+with a ``cgroup`` that is not ``inside``, ``rlimits`` or ``run_as``. The child, running nothing but
+system calls, does in order: join its group (0 to ``cgroup.procs`` in each hierarchy), set the
+rlimits (soft = hard, while it still has the privilege), a new session with the request's fds as
+0-2 and the ignored signals back to default, ``setgroups``/``setgid``/``setuid`` (each later one
+needs the privilege the earlier ones still have), the working directory (as the user), an empty
+mask, the exec. A failing step is written to a close-on-exec pipe (``errno:step``) and the child
+exits 127 without running the command; the parent reads the pipe to EOF, so it answers only after
+the exec, as with posix_spawn, raising :class:`StepFailed` (which names the step). The shutdown
+signals are blocked across the fork: a TERM sent before the child reset them waits instead.
 
-1. joins its group (writes 0 to ``cgroup.procs`` in each hierarchy): from here on it and all it
-   starts are members, whatever they do (setsid, double fork, a wiped environment);
-2. sets the rlimits (soft = hard), while it still has the privilege to;
-3. a new session, stdin/stdout/stderr from the request, the signals the fork server ignores back to
-   default;
-4. with ``run_as``: ``setgroups``, ``setgid``, ``setuid`` (in that order: each later one needs the
-   privilege the earlier ones still have);
-5. the working directory (as the user: a directory it may not enter fails the start), an empty
-   signal mask, then the exec.
-
-A failing step is written to a close-on-exec pipe (``errno:step``) and the child exits 127 without
-running the command; the parent reads the pipe to EOF (the exec closed it) and so answers the spawn
-only after the exec, as with posix_spawn, raising :class:`StepFailed` (which names the step) on a
-failure. The shutdown signals are blocked across the fork: a TERM sent before the child has reset
-them waits instead of being ignored, and ends the child once it unblocks. Cost: the copy-on-write
-faults of a forked Python (~0.4 ms of CPU more per task than posix_spawn). Imported only when a
-request needs it.
+Must not touch, in the child: anything of the fork server's but those calls; it never returns into
+the fork server's loop (any error ends it with ``os._exit(127)``). Threads: the fork server's one
+thread (a single-threaded fork); imported only when a request needs it (its cost: docs/perf-notes.md).
 """
 
 from __future__ import annotations

@@ -1,86 +1,42 @@
-"""The fork server: a small single-threaded process that is the parent of every task tree.
+"""The fork server: a small single-threaded process, started by the Supervisor, parent of every task tree.
 
-Started once by :class:`~leasecore.process.supervisor.Supervisor` (``python -I -S -c ...`` with the
-control socket's fd as argument) and driven over that Unix stream socket. It
+Owns the task trees (``trees.Tree``, from spawn until every process of one is dead and reaped) and
+every process below it. Driven over the control socket (``frames.py``; the messages: ``link.py``), it
+starts each command in a new session (``posix_spawn``, from inside its cgroup when the group has no
+limits, ``_cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits or ``run_as``) with
+the three fds it was sent as 0-2 and the signals it ignores back at default; is a child subreaper,
+so escapees (setsid, double fork) are re-parented here; reports each exit from ``waitid(WNOWAIT)``
+(a pidfd per leader, else at each SIGCHLD) but keeps the leader a zombie until its whole tree is
+dead, so the group it signals is never a recycled pid's; kills a tree's leftovers when its leader
+exits (TERM, KILL after the grace); batches the signals asked for behind one /proc walk; and on EOF
+(the runner died or closed it) kills every tree and anything still below it, then exits.
+It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 
-- starts each task command in a new session with ``posix_spawn`` (a vfork and exec in the C library:
-  no page tables copied, no Python run in the child), stdin/stdout/stderr passed in over SCM_RIGHTS;
-- is a child subreaper (PR_SET_CHILD_SUBREAPER), so every descendant that escapes its group (setsid,
-  double fork) is re-parented here instead of to init;
-- detects exits (a pidfd per leader in its selector; else a ``waitid`` of every tree at each SIGCHLD)
-  with ``waitid(..., WNOWAIT)`` and reports them at once, but keeps the task's direct
-  child as a zombie until its whole tree is dead: the leader's pid (= the group and session id) cannot
-  be recycled while we hold it, so ``killpg`` can never hit a stranger;
-- kills a task's leftovers when its direct child exits ("the task's tree dies with the task"): TERM,
-  then KILL after the task's grace;
-- attributes every process below it to a tree (see ``_attribute``): the tree's session/group, its
-  marker token, the members seen at earlier scans, their descendants, and, for a process that none of
-  these claim (an escapee that left the group *and* wiped its environment), the start times: such a
-  process belongs to a tree whose leader started no later than it did, so when exactly one live tree
-  qualifies it is that tree's, and when none does its tree is over and it is killed as a stray;
-- on EOF of the control socket (the runner died or closed it) kills every tree it holds, plus any
-  process that still descends from it, reaps everything and exits.
-
-It ignores SIGINT/SIGTERM/SIGHUP: a Ctrl-C or a service manager's TERM is for the runner, which decides
-how to stop (drain or kill). Only EOF or a "shutdown" request stops it.
-
-Wire format, both ways: 4-byte big-endian length, then a JSON object. Requests: ``spawn`` (with 3 fds:
-stdin, stdout, stderr), ``signal`` (key, sig, grace), ``shutdown`` (grace), ``stats`` (id). Events:
-``ready``, ``spawned`` (id, key, pid, start: its start time) / ``spawn_failed`` (id; errno and the
-step that failed: chdir, exec),
-``stats`` (id, walks, walked, waitids, trees), ``exited`` (key, code, signal), ``gone`` (key).
-
-Signals asked for are sent once every request already waiting has been read, after one walk of /proc
-for all of them: a runner that stops with hundreds of tasks sends hundreds of ``signal`` requests at
-once, and a walk per request (each O(processes below us)) made the last TERM, and so its KILL, seconds
-late.
-
-A spawn is answered once the child has exec'd: ``posix_spawn`` returns then, with the exec's error if
-it failed (no child is left; the C library reaps it). It used to be a Python ``fork`` and a child that
-set itself up in Python; that cost 2.5 ms of CPU per task against 1.2 ms (the copy-on-write faults of
-a forked Python and its exec), and it was the only way to set PR_SET_PDEATHSIG, which posix_spawn
-cannot. What that parent-death signal did: when this process died, it killed each task's direct child,
-and nothing else of its tree. If the runner lives on, it kills the whole trees anyway (it did before);
-only if both die is a direct child now left, like the rest of its tree, for the next start's sweep.
-This process is in its own process group, so a SIGKILL of the runner's group (``kill -9 -PGID``) no
-longer takes it along: it sees the runner die and kills every tree, grandchildren included.
-
-The child's signal state: dispositions this process ignores (INT/TERM/HUP, and PIPE/XFSZ from
-Python) are reset to default, handlers are reset by the exec, and the mask is emptied, in the child
-before its exec. Every fd of this process is close-on-exec (the fds a spawn request brings too): the
-child gets exactly 0, 1 and 2.
-
-The cost of doing the chdir and the exec here rather than in a forked child: one that hangs (a
-stalled NFS mount as the task's cwd or program) stops this loop, and with it every kill, until it
-returns. The runner's own checks before a spawn (the cwd exists, the PATH search) stat the same
-paths, so it was stuck there already in that case.
-
-Imports are stdlib only and few: this process lives as long as the runner, and its memory counts in
-the runner's footprint. The Supervisor boots it without running the package ``__init__`` files (which
-import the runner's side: models, subprocess, threading, logging...).
+Must not touch: processes that are not below it, the runner's state record (only the directories of
+a dead runner's tasks are removed here). Imports stay stdlib only and few: it lives as long as the
+runner and its memory counts in the runner's footprint (the Supervisor boots it without the package
+``__init__`` files). Threads: one (its own process); signal handlers only wake the selector.
 """
 
 from __future__ import annotations
 
-import array
 import contextlib
 import ctypes
 import errno
-import json
 import os
 import select
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from typing import Any
 
 from leasecore.process import _cgroupfs, _procfs
+from leasecore.process.frames import recv_frame, send_frame
+from leasecore.process.trees import Tree, attribute, scan
 
 _PR_SET_CHILD_SUBREAPER = 36
-_HEADER = struct.Struct(">I")
 _TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members need not be our children)
 _GIVE_UP_SECONDS = 10.0
 _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
@@ -94,93 +50,6 @@ def _prctl() -> Any:
     return libc.prctl
 
 
-class _Tree:
-    """One task's tree, held from spawn until every process of it is dead and reaped.
-
-    A plain class, not a dataclass: ``dataclasses`` imports ``inspect`` and more, all of it resident
-    in this process for as long as the runner lives.
-    """
-
-    __slots__ = ("cgroup", "directory", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known",
-                 "pid", "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
-
-    def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
-        self.directory = ""  # the task's temporary directory (removed here only if the runner died)
-        self.cgroup: dict[str, Any] | None = None  # its cgroup (_cgroupfs): members, kill, accounting
-        self.key = key
-        self.pid = pid
-        self.token = token
-        self.grace_seconds = grace_seconds
-        self.start_time = start_time  # clock ticks since boot, from /proc (0 elsewhere than Linux)
-        self.exited = False
-        self.term_sent = False
-        self.kill_sent = False  # the ticks KILL whatever of it still appears from then on
-        self.termed: set[int] = set()  # pids sent the TERM (a member found later gets its own)
-        self.kill_at: float | None = None
-        self.pidfd = -1  # readable when the leader exits (-1: none, its exit is found at a SIGCHLD)
-        # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its
-        # marker after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
-        self.known: dict[int, int] = {}
-
-
-def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    """Send one framed JSON message (and, with the first bytes, ``fds``)."""
-    body = json.dumps(message).encode()
-    data = _HEADER.pack(len(body)) + body
-    if fds:
-        sent = socket.send_fds(sock, [data], fds)
-        data = data[sent:]
-    if data:
-        sock.sendall(data)
-
-
-def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
-    """Receive one framed message and the fds sent with it; None on EOF."""
-    # Not socket.recv_fds: it drops its flags argument (3.11), and the fds must arrive close-on-exec
-    # (a spawn passes on only the three it dup2s onto 0-2; everything else stays here).
-    cmsg_flag = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-    space = socket.CMSG_LEN(maxfds * 4) if maxfds else 0
-    header, ancdata, _flags, _addr = sock.recvmsg(_HEADER.size, space, cmsg_flag)
-    fds = array.array("i")
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    if not cmsg_flag:
-        for fd in fds:
-            os.set_inheritable(fd, False)
-    if not header:
-        return None
-    header += _recv_exactly(sock, _HEADER.size - len(header))
-    (length,) = _HEADER.unpack(header)
-    return json.loads(_recv_exactly(sock, length)), list(fds)
-
-
-def take_frames(buffer: bytearray) -> list[dict[str, Any]]:
-    """Remove the complete messages at the start of ``buffer`` (bytes received so far from a socket
-    that carries no fds) and return them; an incomplete one stays there for more bytes. ValueError
-    for a message that is not JSON."""
-    messages = []
-    start = 0
-    while len(buffer) - start >= _HEADER.size:
-        (length,) = _HEADER.unpack_from(buffer, start)
-        end = start + _HEADER.size + length
-        if len(buffer) < end:
-            break
-        messages.append(json.loads(bytes(buffer[start + _HEADER.size : end])))
-        start = end
-    del buffer[:start]
-    return messages
-
-
-def _recv_exactly(sock: socket.socket, count: int) -> bytes:
-    chunks = []
-    while count > 0:
-        chunk = sock.recv(min(count, 1 << 20))
-        if not chunk:
-            raise EOFError("control socket closed mid-message")
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
 
 
 class ForkServer:
@@ -190,15 +59,14 @@ class ForkServer:
         self._sock = sock
         self._pid = os.getpid()
         self._prctl = _prctl()
-        self._trees: dict[str, _Tree] = {}
+        self._trees: dict[str, Tree] = {}
         self._closing_kill_at: float | None = None
         # Processes below us that belong to no live tree (their task is over): pid -> (start, kill_at).
         self._strays: dict[int, tuple[int, float]] = {}
-        self._stray_grace = 10.0  # the grace of the last tree that ended
+        self._stray_grace_seconds = 10.0  # the grace of the last tree that ended
         self._next_scan_at = 0.0  # a /proc walk costs O(processes below us): at most every tick
         # Trees to signal once the requests already waiting are read: one walk of /proc for all of
-        # them (a runner stopping with 200 tasks sends 200 TERMs at once; a walk per request took
-        # seconds), in the order asked. A KILL asked after a TERM of the same tree supersedes it.
+        # them, in the order asked. A KILL asked after a TERM of the same tree supersedes it.
         self._pending: dict[str, int] = {}
         self._empty_groups: list[dict[str, Any]] = []  # groups of gone trees not removed yet
         self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
@@ -233,7 +101,7 @@ class ForkServer:
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
         while not self._done():
             sigchld = False
-            for key, _ in self._selector.select(self._timeout()):
+            for key, _ in self._selector.select(self._timeout_seconds()):
                 if key.fileobj == self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -309,8 +177,10 @@ class ForkServer:
             return
         step = "chdir"
         try:
-            if req.get("cgroup") or req.get("rlimits") or req.get("run_as"):  # set up in the child
-                from leasecore.process.forkexec import fork_exec
+            # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
+            inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
+            if (req.get("cgroup") and not inside) or req.get("rlimits") or req.get("run_as"):
+                from leasecore.process.forkexec import fork_exec  # set up in the child
 
                 step = "fork"
                 pid = fork_exec(req, fds, self._sigdef)
@@ -318,28 +188,33 @@ class ForkServer:
                 if req.get("cwd"):
                     os.chdir(req["cwd"])
                 step = "exec"
-                pid = os.posix_spawn(
-                    req["path"], req["argv"], req["env"],
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                    setsid=True, setsigdef=self._sigdef, setsigmask=(),
-                )  # fmt: skip
+                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
             self._reply({"op": "spawn_failed", "id": req["id"], "errno": code, "what": step})
             return
         info = _procfs.read_stat(pid)
-        tree = _Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
+        tree = Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
         self._watch_exit(tree)
         self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
 
-    def _watch_exit(self, tree: _Tree) -> None:
-        """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree (with
-        1000 running, that loop took a quarter of this process's CPU). Without one (a kernel before
-        5.3, or no fd left) the tree's exit is found by that loop, as before."""
+    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+        def spawn() -> int:
+            return os.posix_spawn(
+                req["path"], req["argv"], req["env"],
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+                setsid=True, setsigdef=self._sigdef, setsigmask=(),
+            )  # fmt: skip
+
+        return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
+
+    def _watch_exit(self, tree: Tree) -> None:
+        """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree.
+        Without one (a kernel before 5.3, or no fd left) the tree's exit is found by that loop."""
         if not self._use_pidfds:
             return
         try:
@@ -354,7 +229,7 @@ class ForkServer:
             os.close(tree.pidfd)
             tree.pidfd = -1
 
-    def _unwatch_exit(self, tree: _Tree) -> None:
+    def _unwatch_exit(self, tree: Tree) -> None:
         fd, tree.pidfd = tree.pidfd, -1
         if fd >= 0:
             with contextlib.suppress(KeyError, ValueError):
@@ -418,87 +293,20 @@ class ForkServer:
 
     # killing and reaping ------------------------------------------------------------------------
 
-    def _scan(self, busy: list[_Tree] | None = None) -> dict[int, _procfs.ProcInfo]:
-        """Every process below us; with ``busy``, only those that can belong to a busy tree or to no
-        live tree: everything except the subtrees of the other trees' leaders.
-
-        Sound because we are a subreaper: a process of ours never leaves our subtree, and it moves
-        only when its parent dies, to us. So a member of a busy tree, or a stray, descends from a
-        busy leader or from a process re-parented to us, never from another tree's live leader. The
-        ticks walk this way (cost: the busy trees and the orphans, not the 1000 quiet trees: a
-        full walk every 50 ms while tasks ended took most of this process's CPU with 1000 running).
-        """
+    def _scan(self, busy: list[Tree] | None = None) -> dict[int, _procfs.ProcInfo]:
+        """``trees.scan`` below us (counted for ``stats``)."""
         self._walks += 1
-        if not _procfs.IS_LINUX:
-            return {}
-        if busy is None or not self._has_children_files:
-            procs = _procfs.subtree(self._pid)
-        else:
-            quiet = {tree.pid for tree in self._trees.values()}.difference(tree.pid for tree in busy)
-            procs = _procfs.walk(pid for pid in _procfs.children_of(self._pid) if pid not in quiet)
+        procs = scan(self._pid, self._trees.values(), busy, children_files=self._has_children_files)
         self._walked += len(procs)
         return procs
-
     def _attribute(
         self, procs: dict[int, _procfs.ProcInfo], walked: set[str] | None = None
     ) -> tuple[dict[str, set[int]], set[int]]:
-        """Each tree's live members (leader excluded), and the strays: live processes below us whose
-        tree is over. Also refreshes each tree's ``known`` members. ``walked``: the keys of the trees
-        whose members ``procs`` holds (``_scan(busy)``; None: all); for the others, only what was
-        walked of them (processes re-parented to us) is answered and added to their ``known``.
-
-        Every process below us descends from some tree's leader, which started no later than it did.
-        A process that nothing else claims (it left the group, wiped its marker and was never seen)
-        is attributed by its oldest unclaimed ancestor's start time: to the only live tree whose leader
-        started at or before it, or, when no live tree did, to a tree that is over (a stray). With
-        several candidates it stays unclaimed until the older ones end (never a wrong kill).
-        """
-        trees = list(self._trees.values())
-        leaders = {tree.pid: tree for tree in trees}
-        tokens = {tree.token: tree for tree in trees}
-        roots: dict[str, set[int]] = {tree.key: {tree.pid} for tree in trees}
-        for tree in trees:
-            roots[tree.key].update(
-                pid for pid, start in tree.known.items() if pid in procs and procs[pid].start_time == start
-            )
-        for pid, info in procs.items():
-            if info.is_zombie or pid in leaders:
-                continue
-            owner = leaders.get(info.sid) or leaders.get(info.pgid)
-            if owner is None and tokens:
-                owner = tokens.get(_procfs.read_marker(pid) or "")
-            if owner is not None:
-                roots[owner.key].add(pid)
-        for tree in trees:  # a group holds its members whatever they did (setsid, env -i, double fork)
-            if tree.cgroup is not None and (walked is None or tree.key in walked):
-                roots[tree.key].update(pid for pid in _cgroupfs.members(tree.cgroup) if pid in procs)
-        children = _procfs.children_map(procs)  # once: per tree it made every walk O(trees x procs)
-        members = {key: _procfs.descendants(procs, pids, children) for key, pids in roots.items()}
-        claimed = set(leaders).union(*members.values())
-        unclaimed = set(_procfs.live(procs, procs)) - claimed
-        strays: set[int] = set()
-        for pid in unclaimed:
-            if procs[pid].ppid in unclaimed:
-                continue  # decided with its oldest unclaimed ancestor
-            start = procs[pid].start_time
-            candidates = [tree for tree in trees if tree.start_time <= start]
-            if len(candidates) == 1:
-                members[candidates[0].key] |= _procfs.descendants(procs, [pid], children)
-            elif not candidates:
-                strays |= _procfs.descendants(procs, [pid], children)
-        result: dict[str, set[int]] = {}
-        for tree in trees:
-            live = set(_procfs.live(procs, members[tree.key])) - {tree.pid}
-            seen = {pid: procs[pid].start_time for pid in live}
-            if walked is None or tree.key in walked:
-                tree.known = seen
-            else:  # only what was walked of it (its orphans): add, the rest was not looked at
-                tree.known.update(seen)
-            result[tree.key] = live
-        return result, set(_procfs.live(procs, strays))
+        """``trees.attribute`` of the trees held now (their members, and the strays)."""
+        return attribute(list(self._trees.values()), procs, walked)
 
     def _signal_tree(
-        self, tree: _Tree, sig: int, procs: dict[int, _procfs.ProcInfo], members: set[int]
+        self, tree: Tree, sig: int, procs: dict[int, _procfs.ProcInfo], members: set[int]
     ) -> None:
         # ``members`` from a walk made before any signal: once the leader dies, its children are
         # re-parented to us, and a walk of /proc in that moment can miss them (a setsid'ed one would
@@ -525,7 +333,7 @@ class ForkServer:
             start = procs[pid].start_time
             entry = self._strays.get(pid)
             if entry is None or entry[0] != start:
-                self._strays[pid] = (start, now + self._stray_grace)
+                self._strays[pid] = (start, now + self._stray_grace_seconds)
                 _procfs.signal_verified(pid, start, signal.SIGTERM)
                 _procfs.signal_verified(pid, start, signal.SIGCONT)
             elif now >= entry[1]:
@@ -533,7 +341,7 @@ class ForkServer:
         for pid in set(self._strays) - strays:
             del self._strays[pid]
 
-    def _check_exit(self, tree: _Tree) -> None:
+    def _check_exit(self, tree: Tree) -> None:
         """Report the leader's exit if it happened; it stays our zombie (WNOWAIT) until the tree is gone."""
         if tree.exited:
             return
@@ -549,11 +357,7 @@ class ForkServer:
         killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
         # What the tree used: from its group where it has one, else the leader's own (and its reaped
         # children's) rusage. The OOM kills from the group's events, never guessed from a SIGKILL.
-        usage = _cgroupfs.zombie_rusage(tree.pid)
-        oom = 0
-        if tree.cgroup is not None:
-            usage.update(_cgroupfs.resources(tree.cgroup))
-            oom = _cgroupfs.oom_kills(tree.cgroup)
+        usage, oom = _cgroupfs.tree_usage(tree.pid, tree.cgroup)
         self._reply(
             {
                 "op": "exited",
@@ -583,8 +387,7 @@ class ForkServer:
         busy = [tree for tree in self._trees.values() if tree.exited or tree.kill_at is not None]
         if not busy and self._closing_kill_at is None and not self._strays and not self._empty_groups:
             return
-        # Walk /proc at most once per tick (it costs O(processes below us): with 1000 trees, a walk
-        # per spawn request made spawning quadratic), except when a KILL is due right now.
+        # Walk /proc at most once per tick (it costs O(processes below us)), except when a KILL is due.
         kill_due = any(tree.kill_at is not None and now >= tree.kill_at for tree in busy) or (
             self._closing_kill_at is not None and now >= self._closing_kill_at
         )
@@ -606,7 +409,7 @@ class ForkServer:
                 del self._trees[tree.key]
                 if tree.cgroup is not None and not _cgroupfs.remove(tree.cgroup):
                     self._empty_groups.append(tree.cgroup)  # tried again at the next ticks
-                self._stray_grace = tree.grace_seconds
+                self._stray_grace_seconds = tree.grace_seconds
                 self._reply({"op": "gone", "key": tree.key})
             elif tree.kill_at is not None and now >= tree.kill_at:
                 self._signal_tree(tree, signal.SIGKILL, procs, members[tree.key])
@@ -636,7 +439,7 @@ class ForkServer:
             groups, self._group_kills = self._group_kills, []
             _cgroupfs.kill_all(groups)
 
-    def _group_holds(self, tree: _Tree) -> bool:
+    def _group_holds(self, tree: Tree) -> bool:
         """Whether the tree's group still holds a process: one no walk of /proc showed (in another
         pid namespace, or between a fork and its /proc entry) keeps the tree from being gone."""
         if tree.cgroup is None or not _cgroupfs.populated(tree.cgroup):
@@ -647,7 +450,7 @@ class ForkServer:
             self._group_kills.append(tree.cgroup)
         return True
 
-    def _timeout(self) -> float | None:
+    def _timeout_seconds(self) -> float | None:
         if any(t.exited or t.kill_at is not None for t in self._trees.values()):
             return _TICK_SECONDS
         if self._closing_kill_at is not None or self._strays or self._empty_groups:

@@ -1,26 +1,18 @@
 """The state directory's record of live task trees, and the sweep of trees a dead runner left.
 
-Each Supervisor keeps ``<state_dir>/processes-<runner pid>.json`` (0600, replaced atomically) listing
-the kernel's boot id, the runner and fork server (pid + start time) and every task tree it holds
-(leader pid + start time, the tree's marker token, its temporary directory). A record from an earlier
-boot is dead by definition: nothing is signalled for it (a pid and start time are reused across
-boots), its trees are only handed to ``on_orphans`` and their directories removed. Normally the
-fork server kills every tree when the runner dies; this record covers the case where both died
-(SIGKILL to both, OOM): the next ``Supervisor.sweep_leftovers()`` finds the dead runner's record and
-kills what remains.
+Owns ``<state_dir>/processes-<runner pid>.json`` (0600, replaced atomically, with an append-only
+journal between rewrites): the boot id, the runner and fork server (pid + start time) and every tree
+held (``TreeRecord``: leader pid + start time, marker token, temporary directory, cgroup, ``meta``,
+an opaque object the Supervisor's owner attached). Normally the fork server kills every tree when
+the runner dies; the record covers both dying (SIGKILL to both, OOM): the next ``sweep`` kills what
+remains, hands each dead runner's records to ``on_orphans`` and removes their directories. A record
+from an earlier boot is dead by definition: nothing is signalled for it.
 
-A process is attributed to a recorded tree only on evidence that cannot be a stranger: it carries the
-tree's random marker token in its environment, or its session/group id is the recorded leader's pid
-while the leader itself still runs (same pid *and* start time). A session whose leader is gone is
-not evidence at a later sweep: the pid may have been recycled by a stranger that started a session
-and exited, leaving its children in it. Only right after the fork server died (a leader gone now
-exited a moment ago, and its session still holds its tree) are such sessions trusted
-(``leaders_just_died``). Signals go through
-``_procfs.signal_verified`` (pidfd + start time).
-
-A tree's record may carry ``meta``: an opaque JSON object the Supervisor's owner attached at spawn
-(the runner: which task the tree runs, for which server). The sweep hands a dead runner's records,
-meta included, to ``on_orphans`` once their trees are dead, so the task can be reported.
+Must not touch: a process without evidence that cannot be a stranger (its tree's marker token, or
+the session/group of a recorded leader that still runs with the same start time; a gone leader's
+session only right after the fork server died: ``leaders_just_died``). Signals go through
+``_procfs.signal_verified``. Threads: ``StateRecord`` on the reader thread (add, remove) and the
+Supervisor's constructing and closing threads; ``sweep`` on the runner's start-up thread.
 """
 
 from __future__ import annotations
@@ -110,8 +102,8 @@ class StateRecord:
     The JSON record (runner, fork server, trees) is written first; from then on a change is one
     appended line of ``processes-<pid>.journal`` (``+{tree json}`` / ``-key``), and the record is
     rewritten (and the journal emptied) only once the journal outgrows twice the live trees plus 64
-    lines: one ``write`` per spawn and exit instead of a rewrite (open, dump, rename; O(trees), which
-    made 1000 spawns quadratic, and ~0.1 ms even for 4). An appended line is in the page cache as
+    lines: one ``write`` per spawn and exit instead of a rewrite (open, dump, rename; O(trees): see
+    docs/perf-notes.md). An appended line is in the page cache as
     soon as ``write`` returns, so a SIGKILLed runner's trees are still found. Readers use
     :func:`read_record` (the record with its journal replayed).
     """

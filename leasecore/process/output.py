@@ -1,11 +1,16 @@
 """Bounded capture of one output stream: split into lines, keep a tail, hand lines to a sink.
 
-Pure (bytes in, lines out): the reader thread in ``supervisor.py`` feeds it whatever ``os.read``
-returned, and each chunk is split with one ``bytes.split`` and decoded with one ``decode`` (no Python
-work per line on the common path: a child printing 300 MB of short lines must not cost minutes).
-Memory stays bounded whatever the child writes: a partial line is never longer than
-``max_line_bytes`` (a longer run without a newline is cut into pieces of that size) and the tail
-keeps at most ``tail_lines`` lines and ``tail_bytes`` bytes.
+Owns ``StreamCapture``: bytes in, lines out. The reader thread (``reader.py``) feeds it whatever
+``os.read`` returned; each chunk is split with one ``bytes.split`` and decoded with one ``decode``
+(no Python work per line on the common path), and the lines go to ``emit`` one by one or to
+``emit_lines`` as one list per chunk. Memory stays bounded whatever the child writes: a partial
+line is never longer than ``max_line_bytes`` (a longer run without a newline is cut into pieces of
+that size) and the tail keeps at most ``tail_lines`` lines and ``tail_bytes`` bytes.
+
+Must not touch: file descriptors, threads, the child: it is pure (no I/O of its own); what the sink
+does with a line is the sink's business (the Child wraps it so a failing sink is only logged).
+
+Threads: one capture per stream per child, used only by the Supervisor's reader thread.
 """
 
 from __future__ import annotations

@@ -1,22 +1,26 @@
-"""What both result mappings (``result.py`` native, ``stdio_protocol.py`` stdio) say the same way. Pure.
+"""What both result mappings (``result.py`` native, ``stdio_protocol.py`` stdio) say the same way.
 
-The verdict of the exit alone (``exit_verdict``: timeout, OOM kill, signal, exit code), the last
-stderr line of a reason, a signal's name, the bound on ``reasonForIncompletion`` and the
-``resources`` object of outputData.
+Owns the verdict of the exit alone (``exit_verdict``: exec timeout, OOM kill in the tree's group,
+a signal, a non-zero exit code; None for a clean exit), the last stderr line a reason quotes
+(``last_line``), a signal's name (``signal_name``), the bound on ``reasonForIncompletion``
+(``bounded`` to ``REASON_LIMIT_CHARS``) and the ``resources`` object of outputData.
+
+Must not touch: anything but its arguments. Pure: no I/O, no clock, no processes; the two mappings
+decide what to do with the verdict, this module only words it.
+
+Threads: any (it holds no state); the runner maps an exit on its main thread.
 """
 
 from __future__ import annotations
 
 import signal as signal_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasecore.limits import format_size, memory_reason
 from leasecore.models import TaskStatus
+from leasecore.process.spec import ChildExit, CommandSpec
 
-if TYPE_CHECKING:  # spec.py imports stdio_protocol, which imports this module: only the types
-    from leasecore.process.spec import ChildExit, CommandSpec
-
-REASON_LIMIT = 500
+REASON_LIMIT_CHARS = 500
 RESOURCE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
 
 
@@ -36,8 +40,8 @@ def signal_name(number: int) -> str:
 
 
 def bounded(reason: str) -> str:
-    """``reason`` cut to ``REASON_LIMIT`` characters (with "..." when cut)."""
-    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 3] + "..."
+    """``reason`` cut to ``REASON_LIMIT_CHARS`` characters (with "..." when cut)."""
+    return reason if len(reason) <= REASON_LIMIT_CHARS else reason[: REASON_LIMIT_CHARS - 3] + "..."
 
 
 def resources(exit: ChildExit) -> dict[str, Any]:

@@ -1,4 +1,30 @@
-"""From a child's exit to the task result Conductor gets (DESIGN.md §3). Pure.
+"""From a child's exit to the task result Conductor gets, under the native protocol (DESIGN.md §3).
+
+Owns ``to_task_result``: the status (the table in its docstring), ``reasonForIncompletion`` and the
+outputData of the update (the output file's object, then ``exitCode``, ``signal``,
+``durationSeconds``, ``stdoutTail``, ``stderrTail``, ``resources`` and ``outputError``: these keys
+win over the file's). Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT_BYTES`` (checked when it
+is read), each tail by the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation
+threshold. A spec with ``protocol = "stdio"`` is handed to ``stdio_protocol.to_stdio_result``.
+
+Must not touch: anything but its arguments. Pure: no I/O, no clock; ``reasons.py`` words what both
+mappings share. Threads: any (it holds no state); the runner maps an exit on its main thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
+from leasecore.process.spec import STDIO, ChildExit, CommandSpec
+from leasecore.process.stdio_protocol import to_stdio_result
+
+
+def to_task_result(
+    task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
+) -> TaskResult:
+    """The update to send for ``task`` now that its child ended as ``exit``::
 
     exit 0                         -> COMPLETED
     in spec.in_progress_exit_code  -> IN_PROGRESS, callbackAfterSeconds = spec.callback_after_seconds
@@ -9,29 +35,7 @@
                                       killer" (from the group's events, whatever the exit was)
     timed_out=True                 -> FAILED "exec timeout after 30s"
     output file unusable           -> FAILED with the reason (when the exit alone meant success)
-
-outputData = the output-file object, then ``exitCode``, ``signal``, ``durationSeconds``,
-``stdoutTail``, ``stderrTail``, ``resources`` (``max_rss_bytes``, ``cpu_user_seconds``,
-``cpu_system_seconds``; None where unknown) (these keys win over the file's), and ``outputError``.
-``protocol = "stdio"`` maps differently: ``stdio_protocol.to_stdio_result``.
-Its size is bounded: the file object by ``OUTPUT_FILE_LIMIT`` (checked when it is read), each tail by
-the capture's ``TAIL_BYTES``: well under Conductor's 3 MB externalisation threshold.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
-from leasecore.process.spec import ChildExit, CommandSpec
-from leasecore.process.stdio_protocol import STDIO, to_stdio_result
-
-
-def to_task_result(
-    task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
-) -> TaskResult:
-    """The update to send for ``task`` now that its child ended as ``exit``."""
+    """
     if spec.protocol == STDIO:  # conductor-cli's contract: the result is the stdout document
         return to_stdio_result(task, exit, spec, worker_id=worker_id, timed_out=timed_out)
     status, reason = exit_verdict(exit, spec, timed_out) or (TaskStatus.COMPLETED, "")

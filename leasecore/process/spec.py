@@ -1,6 +1,18 @@
 """What to run and what came of it: ``CommandSpec``, ``ChildExit``, and the child's environment.
 
-Pure: no processes, no files. ``build_child_env`` is the whole of DESIGN.md §3's environment contract.
+Owns the two values the rest of the code passes around (``CommandSpec``: the command for one task
+type, its working directory, extra variables, exit-code mapping, grace, protocol, ``run_as`` and
+limits; ``ChildExit``: exit code or signal, duration, tails, the output file's object or why it
+was unusable, resources, OOM kills, or ``start_error`` for a command that never ran) and the whole
+of DESIGN.md §3's environment contract: ``inherited_env`` (the runner's environment and the spec's,
+minus credentials by ``CREDENTIAL_PATTERNS`` and the spec's secret names, minus what exec cannot
+carry) and ``build_child_env`` (plus the task's ``CONDUCTOR_*`` variables and its input scalars as
+data, within exec's size budgets).
+
+Must not touch: processes, files, the clock. Pure: the Supervisor (``prepare.py``) and the CLI's
+re-exec (``is_secret_name``) call it; a credential must never survive its filters.
+
+Threads: any; the Supervisor calls it on the thread that starts a spawn.
 """
 
 from __future__ import annotations
@@ -17,16 +29,15 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
-from leasecore.process.stdio_protocol import NATIVE, STDIO, stdio_env
-from leasecore.runas import RunAs
+from leasecore.process.runas import RunAs
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
 # the ones that fit these budgets are copied into CONDUCTOR_INPUT_<KEY> as well. The total counts
 # what exec counts: name, value, "=", the NUL and the pointer of every entry (many tiny keys cost
 # as much as a few big values).
-INPUT_ENV_VALUE_LIMIT = 64 * 1024
-INPUT_ENV_TOTAL_LIMIT = 256 * 1024
+INPUT_ENV_VALUE_LIMIT_BYTES = 64 * 1024
+INPUT_ENV_TOTAL_LIMIT_BYTES = 256 * 1024
 _ENV_ENTRY_OVERHEAD = 2 + 8  # "=" + NUL + the envp pointer
 
 # Names the runner sets itself under the CONDUCTOR_INPUT_ prefix: no input key may take them.
@@ -37,6 +48,23 @@ RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 CREDENTIAL_PATTERNS = (
     "CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*", "CONDUCTOR_ACCESS_KEY_*"
 )  # fmt: skip
+
+
+NATIVE = "native"  # the protocol: this project's (task files, exit codes)
+STDIO = "stdio"  # conductor-cli's (the task on stdin, a result document on stdout)
+
+
+def stdio_env(task: Task) -> dict[str, str]:
+    """The variables conductor-cli sets for its child (``POLL_DOMAIN`` only for a task with a domain)."""
+    env = {
+        "TASK_TYPE": task.task_type,
+        "TASK_ID": task.task_id,
+        "WORKFLOW_ID": task.workflow_id,
+        "EXECUTION_ID": task.workflow_id,
+    }
+    if task.domain:
+        env["POLL_DOMAIN"] = task.domain
+    return env
 
 
 @dataclass(frozen=True)
@@ -86,7 +114,7 @@ class ChildExit:
     ``start_error`` then says why (only from ``Supervisor.start``; ``Supervisor.spawn`` raises it as a
     ``SpawnError`` or ``ProcessError``). ``output`` is the JSON object the child wrote to
     CONDUCTOR_OUTPUT_FILE (None when it wrote nothing); ``output_error`` says why that file could not
-    be used. ``stdout_document``: the whole stdout (at most ``stdio_protocol.STDOUT_LIMIT`` + 1 bytes)
+    be used. ``stdout_document``: the whole stdout (at most ``stdio_protocol.STDOUT_LIMIT_BYTES`` + 1 bytes)
     under the stdio protocol, None otherwise (stdout then streams as lines, with a tail).
     """
 
@@ -197,14 +225,14 @@ def build_child_env(
     for key in task.input_data:
         name = input_env_name(str(key))
         claims[name] = claims.get(name, 0) + 1
-    budget = INPUT_ENV_TOTAL_LIMIT
+    budget = INPUT_ENV_TOTAL_LIMIT_BYTES
     for key, value in task.input_data.items():
         name = input_env_name(str(key))
         text = _scalar_text(value)
         if text is None or claims[name] > 1 or name in RESERVED_INPUT_NAMES or not _exec_safe(text):
             continue
         size = len(text.encode())
-        if size > INPUT_ENV_VALUE_LIMIT:
+        if size > INPUT_ENV_VALUE_LIMIT_BYTES:
             continue
         budget -= len(name) + size + _ENV_ENTRY_OVERHEAD
         if budget < 0:

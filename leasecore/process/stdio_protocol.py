@@ -1,43 +1,19 @@
-"""conductor-cli's ``worker stdio`` contract (``protocol = "stdio"``, DESIGN.md §3). Pure.
+"""conductor-cli's ``worker stdio`` contract (``protocol = "stdio"``, DESIGN.md §3).
 
 A script written for ``conductor-cli worker stdio`` runs unchanged: it gets the whole task object as
 JSON on stdin (``task_json``) and ``TASK_TYPE``, ``TASK_ID``, ``WORKFLOW_ID``, ``EXECUTION_ID`` and
-``POLL_DOMAIN`` in its environment (``stdio_env``, beside conductor-run's own ``CONDUCTOR_*``
+``POLL_DOMAIN`` in its environment (``spec.stdio_env``, beside conductor-run's own ``CONDUCTOR_*``
 variables), and prints one JSON document on stdout::
 
     {"status": "COMPLETED", "output": {...}, "logs": ["..."], "reason": "...",
      "callbackAfterSeconds": 30}        # the last one: our extension, for IN_PROGRESS
 
-stdout is not streamed to the task log in this mode: ``StdoutDocument`` keeps it, bounded by
-``STDOUT_LIMIT`` (one byte more is kept, so that "too large" can be told; the rest is read and
-thrown away, so the child never blocks on a full pipe). stderr streams to the log as always.
-
-How the exit maps to the update (``to_stdio_result``), first match wins::
-
-    exec timeout                    -> FAILED "exec timeout after 30s"
-    OOM kills in the tree's group   -> FAILED "worker execution failed: memory limit 64 MiB exceeded: killed
-                                       by the kernel's OOM killer" (whatever the exit, as natively)
-    killed by a signal              -> FAILED "worker execution failed: killed by SIGKILL"
-    exit in in_progress_exit_code   -> IN_PROGRESS (callbackAfterSeconds from the spec)
-    exit in terminal_exit_codes     -> FAILED_WITH_TERMINAL_ERROR "worker execution failed: exit status 2"
-    any other non-zero exit         -> FAILED "worker execution failed: exit status 3: <last stderr line>"
-                                       (the terminal one gets the stderr line too; under a memory
-                                       rlimit, "(under memory limit 64 MiB, a per-process rlimit)")
-    exit 0, stdout over the limit   -> FAILED "worker stdout is too large: ..."
-    exit 0, stdout not the document -> FAILED "invalid worker stdout JSON: <why>; stdout began: '...'"
-    exit 0, an unknown status       -> FAILED "invalid status from worker: 'DONE' (...)"
-    exit 0, the document            -> its status, output -> outputData, reason -> reasonForIncompletion,
-                                       logs -> the task's execution log (``TaskResult.logs``)
-
-``FAILED_WITH_TERMINAL_ERROR`` from the document is honoured (conductor-cli turns it into FAILED, and
-so into a retry the script asked not to have). An IN_PROGRESS document without
-``callbackAfterSeconds`` is re-queued at once, as with conductor-cli. A valid document's ``output``
-is the whole of outputData, as with conductor-cli (no ``resources`` added); the failures above carry
-``exitCode``, ``signal``, ``durationSeconds``, ``stderrTail``, ``resources`` (and ``stdoutExcerpt``
-when stdout was the trouble). ``reasons.py`` holds what this mapping and the native one share.
-Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown
-fields are ignored; the types are as strict as conductor-cli's (``output`` an object, ``logs`` strings,
-``reason`` and ``status`` strings, each may be null).
+Owns what the child gets, ``StdoutDocument`` (stdout kept whole instead of streamed, bounded by
+``STDOUT_LIMIT_BYTES`` + 1 byte; the rest is read and dropped so the child never blocks), the document's
+parsing (``parse_reply``) and the mapping to the update (``to_stdio_result``, whose docstring has the
+table). Must not touch: anything but its arguments; pure, like ``result.py`` (``reasons.py`` words
+what both share). Threads: ``StdoutDocument`` on the Supervisor's reader thread; the rest on any
+(the runner's main thread maps the exit).
 """
 
 from __future__ import annotations
@@ -45,19 +21,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, OUTPUT_MAX_DEPTH, deeper_than, dump_json
+from leasecore.process.spec import ChildExit, CommandSpec
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
-if TYPE_CHECKING:  # spec.py imports this module (stdio_env): only the types from there
-    from leasecore.process.spec import ChildExit, CommandSpec
-
-NATIVE = "native"
-STDIO = "stdio"
-
-STDOUT_LIMIT = OUTPUT_FILE_LIMIT  # the same bound as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
+STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
 EXCERPT_CHARS = 200  # of stdout, in a reason
 STDOUT_EXCERPT_BYTES = 4096  # of stdout, in outputData.stdoutExcerpt
 MAX_LOG_ENTRIES = 1000  # the document's logs kept (the task log's own buffer holds as many)
@@ -72,19 +43,6 @@ STATUSES = {
 
 
 # --------------------------------------------------------------------------- what the child gets
-
-
-def stdio_env(task: Task) -> dict[str, str]:
-    """The variables conductor-cli sets for its child (``POLL_DOMAIN`` only for a task with a domain)."""
-    env = {
-        "TASK_TYPE": task.task_type,
-        "TASK_ID": task.task_id,
-        "WORKFLOW_ID": task.workflow_id,
-        "EXECUTION_ID": task.workflow_id,
-    }
-    if task.domain:
-        env["POLL_DOMAIN"] = task.domain
-    return env
 
 
 def task_json(task: Task) -> bytes:
@@ -102,15 +60,15 @@ class StdoutDocument:
     ``last_line``, ``total_bytes``); ``document()`` is what was kept: at most ``limit + 1`` bytes.
     """
 
-    def __init__(self, limit: int = STDOUT_LIMIT) -> None:
-        self._limit = limit
+    def __init__(self, limit: int = STDOUT_LIMIT_BYTES) -> None:
+        self._limit_bytes = limit
         self._chunks: list[bytes] = []
         self._kept = 0
         self.total_bytes = 0
 
     def feed(self, data: bytes) -> None:
         self.total_bytes += len(data)
-        room = self._limit + 1 - self._kept
+        room = self._limit_bytes + 1 - self._kept
         if room > 0:
             piece = data[:room]
             self._chunks.append(piece)
@@ -185,8 +143,13 @@ def excerpt(data: bytes, limit: int = EXCERPT_CHARS) -> str:
     return repr(text[:limit]) + ("..." if cut else "")
 
 
-def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT) -> StdioReply:
-    """The result document in ``data`` (a child's whole stdout); ``InvalidReply`` saying why not."""
+def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT_BYTES) -> StdioReply:
+    """The result document in ``data`` (a child's whole stdout); ``InvalidReply`` saying why not.
+
+    Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown
+    fields are ignored; the types are as strict as conductor-cli's (``output`` an object, ``logs`` strings,
+    ``reason`` and ``status`` strings, each may be null).
+    """
     if len(data) > limit:
         raise InvalidReply(
             f"worker stdout is too large (over {limit} bytes): print the result document only, "
@@ -279,7 +242,30 @@ def _diagnostics(exit: ChildExit, *, stdout: bytes | None = None) -> dict[str, A
 def to_stdio_result(
     task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
 ) -> TaskResult:
-    """The update for ``task`` under the stdio contract (the module docstring has the mapping)."""
+    """The update for ``task`` under the stdio contract; first match wins::
+
+    exec timeout                    -> FAILED "exec timeout after 30s"
+    OOM kills in the tree's group   -> FAILED "worker execution failed: memory limit 64 MiB exceeded: killed
+                                       by the kernel's OOM killer" (whatever the exit, as natively)
+    killed by a signal              -> FAILED "worker execution failed: killed by SIGKILL"
+    exit in in_progress_exit_code   -> IN_PROGRESS (callbackAfterSeconds from the spec)
+    exit in terminal_exit_codes     -> FAILED_WITH_TERMINAL_ERROR "worker execution failed: exit status 2"
+    any other non-zero exit         -> FAILED "worker execution failed: exit status 3: <last stderr line>"
+                                       (the terminal one gets the stderr line too; under a memory
+                                       rlimit, "(under memory limit 64 MiB, a per-process rlimit)")
+    exit 0, stdout over the limit   -> FAILED "worker stdout is too large: ..."
+    exit 0, stdout not the document -> FAILED "invalid worker stdout JSON: <why>; stdout began: '...'"
+    exit 0, an unknown status       -> FAILED "invalid status from worker: 'DONE' (...)"
+    exit 0, the document            -> its status, output -> outputData, reason -> reasonForIncompletion,
+                                       logs -> the task's execution log (``TaskResult.logs``)
+
+    ``FAILED_WITH_TERMINAL_ERROR`` from the document is honoured (conductor-cli turns it into FAILED, and
+    so into a retry the script asked not to have). An IN_PROGRESS document without
+    ``callbackAfterSeconds`` is re-queued at once, as with conductor-cli. A valid document's ``output``
+    is the whole of outputData, as with conductor-cli (no ``resources`` added); the failures above carry
+    ``exitCode``, ``signal``, ``durationSeconds``, ``stderrTail``, ``resources`` (and ``stdoutExcerpt``
+    when stdout was the trouble). ``reasons.py`` holds what this mapping and the native one share.
+    """
     document = exit.stdout_document or b""
     # The exit alone decides (the document is not read) unless it was 0.
     decided = exit_verdict(exit, spec, timed_out, failed="worker execution failed: ", exited="exit status")

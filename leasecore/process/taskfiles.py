@@ -1,10 +1,18 @@
 """A task's private files: the input file (also the child's stdin) and the output file.
 
-Each task gets its own directory (0700, under the system temp dir) holding ``input.json`` (0600) and
-an empty ``output.json`` (0600) for the child to fill, and under the stdio protocol ``task.json``
-(0600, the whole task: the child's stdin then); the directory is removed once the child is
-done. Reading the output file is bounded and never follows a symlink or blocks on a FIFO the child
-may have put there.
+Owns ``TaskFiles``: each task's own directory (0700, under the system temp dir, named by the tree's
+marker token) holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
+(0600) for the child to fill, and under the stdio protocol ``task.json`` (0600, the whole task: the
+child's stdin then). With ``run_as`` the two files are the user's and the directory stays root's.
+Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT_BYTES`` and
+``OUTPUT_MAX_DEPTH``, and never follows a symlink or blocks on a FIFO the child may have put there;
+the directory is removed once the child is done (``remove``; a filled one through the chores thread).
+
+Must not touch: anything outside the task's directory (no symlink is followed out of it), or the
+child's processes.
+
+Threads: created on the thread that starts a spawn; read and removed on the Supervisor's reader
+thread (``Child._finish``), a filled directory removed on the chores thread.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input fi
 
 # The output object is capped so that outputData stays well under Conductor's 3 MB threshold, measured
 # on the re-serialised JSON (escapes can grow text up to 6x).
-OUTPUT_FILE_LIMIT = 1024 * 1024
+OUTPUT_FILE_LIMIT_BYTES = 1024 * 1024
 OUTPUT_MAX_DEPTH = 256  # Conductor's JSON parser refuses 1000 levels; the report adds some, and frames
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
@@ -165,8 +173,8 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     chunks: list[bytes] = []
     size = 0
     try:  # plain reads up to one byte over the limit (os.fdopen would add three syscalls per task)
-        while size <= OUTPUT_FILE_LIMIT:
-            chunk = os.read(fd, OUTPUT_FILE_LIMIT + 1 - size)
+        while size <= OUTPUT_FILE_LIMIT_BYTES:
+            chunk = os.read(fd, OUTPUT_FILE_LIMIT_BYTES + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -174,8 +182,9 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > OUTPUT_FILE_LIMIT:
-        return None, f"{name} is too large (over {OUTPUT_FILE_LIMIT} bytes); write big results elsewhere"
+    if len(data) > OUTPUT_FILE_LIMIT_BYTES:
+        limit = OUTPUT_FILE_LIMIT_BYTES
+        return None, f"{name} is too large (over {limit} bytes); write big results elsewhere"
     if not data.strip():
         return None, None
     try:
@@ -189,6 +198,6 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{name} must hold a JSON object, not {kind}"
     if deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
         return None, f"{name} is not valid JSON: nested too deeply (over {OUTPUT_MAX_DEPTH} levels)"
-    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT:  # 256 levels serialise without a RecursionError
-        return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT} bytes)"
+    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT_BYTES:  # 256 levels serialise without a RecursionError
+        return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT_BYTES} bytes)"
     return value, None

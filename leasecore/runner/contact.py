@@ -10,16 +10,20 @@ engine's port) wrap the client so that each call records how it went. On success
 A 404 is an answer (the server is there; the task is gone). Every other ``ConductorError`` is a
 failed call, as for polls. The counters are for display: they are written without a lock on the
 success path, so a failure racing a success may be counted or reset a moment early.
+
+Must not: retry, translate or swallow an error (each call raises what the client raised).
+The wrapped ports are ``runner.ports.ConductorPort`` and ``LeasePort``.
+Threads: any: the pollers, the reporter's and log senders, the engine's senders, the main loop.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.models import Task, TaskOwnership, TaskResult
+from leasecore.runner.ports import ConductorPort, LeasePort
 
 
 class ServerContact:
@@ -44,27 +48,10 @@ class ServerContact:
             self.last_error = str(error)
 
 
-class _Calls(Protocol):
-    def poll(
-        self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
-        domain: str | None = None,
-    ) -> list[Task]: ...
-
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
-
-    def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None: ...
-
-
-class _LeaseCalls(Protocol):
-    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None: ...
-
-    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None: ...
-
-
 class RecordedCalls:
     """The runner's calls (poll, update, append_log) on ``inner``, each recorded in ``contact``."""
 
-    def __init__(self, inner: _Calls, contact: ServerContact) -> None:
+    def __init__(self, inner: ConductorPort, contact: ServerContact) -> None:
         self._inner = inner
         self._contact = contact
 
@@ -89,6 +76,16 @@ class RecordedCalls:
             raise
         self._contact.answered()
 
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
+        """The inner port's update-v2 (only called when it has one: ``leasecore.runner.chain``)."""
+        try:
+            claimed: Task | None = self._inner.update_v2(result, timeout_seconds=timeout_seconds)  # type: ignore[attr-defined]
+        except ConductorError as exc:
+            _record_failure(self._contact, exc)
+            raise
+        self._contact.answered()
+        return claimed
+
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None:
         try:
             self._inner.append_log(task_id, text, timeout_seconds=timeout_seconds)
@@ -101,7 +98,7 @@ class RecordedCalls:
 class RecordedLeaseCalls:
     """The lease engine's calls (heartbeats, ownership checks) on ``inner``, recorded in ``contact``."""
 
-    def __init__(self, inner: _LeaseCalls, contact: ServerContact) -> None:
+    def __init__(self, inner: LeasePort, contact: ServerContact) -> None:
         self._inner = inner
         self._contact = contact
 

@@ -10,7 +10,8 @@ the clock's now and returns: the timer thread does that on each wake-up, a test 
 calls it with ``InlineSenders`` (no threads at all).
 
 Must not touch: processes (fencing is the runner's, through ``on_fence``), the server except through
-``LeasePort`` (``ConductorClient`` satisfies it), decisions about time (each ``Lease`` makes them).
+``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it), decisions about time (each
+``Lease`` makes them).
 
 Threads: ``lease-timer`` (``start``), the senders' threads, and the runner's loop calling the events.
 Every lease is touched only under the one engine lock; ``on_fence`` is called outside it, from any of
@@ -42,7 +43,8 @@ from leasecore.lease import (
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.leasebook import LeaseBook, LeaseEntry
-from leasecore.runner.leasecalls import Answer, LeasePort, extend_lease, log_outcome, read_ownership
+from leasecore.runner.leasecalls import Answer, extend_lease, log_outcome, read_ownership
+from leasecore.runner.ports import LeasePort
 from leasecore.runner.senders import Job, SenderExecutor, SendQueue, SendSource, ThreadedSenders
 from leasecore.runner.timer import Timer
 

@@ -4,8 +4,8 @@ Owns ``FinalUpdates``, the reporter's update port: around each attempt of the cl
 calls the lease engine's ``begin_final_update`` (no beat of the task starts; one in flight is waited
 for), then ``reported`` once the server acknowledged it, or ``final_update_failed`` when it raised (the
 task beats again until the reporter's retry, so its lease outlives a slow report). DESIGN.md §4: no
-heartbeat overlaps or follows a task's final update. ``FinalUpdateGuard`` is the engine side it needs
-(``LeaseEngine``, and the runner's ``EnginePort``).
+heartbeat overlaps or follows a task's final update. ``runner.ports.FinalUpdateGuard`` is the engine
+side it needs (``LeaseEngine``, and the runner's ``EnginePort``).
 
 Must not touch: the lease engine's queues or leases (that bookkeeping is ``LeaseEngine``'s own), the
 retry policy (``leasecore.runner.reporter``'s), the result's content.
@@ -16,23 +16,12 @@ its own; the engine's calls are thread-safe.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from leasecore.models import TaskResult
+from leasecore.runner.ports import FinalUpdateGuard, UpdatePort
 
-__all__ = ["FinalUpdateGuard", "FinalUpdates"]
-
-
-class _UpdateCall(Protocol):
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
-
-
-class FinalUpdateGuard(Protocol):
-    """The engine calls ``FinalUpdates`` makes (``LeaseEngine`` and the runner's ``EnginePort``)."""
-
-    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
-    def final_update_failed(self, task_id: str) -> None: ...
-    def reported(self, task_id: str) -> None: ...
+__all__ = ["FinalUpdates"]
 
 
 _Guard = TypeVar("_Guard", bound=FinalUpdateGuard)
@@ -51,7 +40,7 @@ class FinalUpdates:
         make_reporter = lambda done: Reporter(updates, done)
     """
 
-    def __init__(self, port: _UpdateCall, engine: FinalUpdateGuard | None = None) -> None:
+    def __init__(self, port: UpdatePort, engine: FinalUpdateGuard | None = None) -> None:
         self._port = port
         self._engine = engine
 

@@ -1,7 +1,7 @@
 """One lease request against the server, and what its answer means to the lease.
 
-Owns ``LeasePort`` (the two calls the lease engine makes: extendLease and the ownership read), making
-one such call and turning its answer, or its error, into the ``Lease`` event the engine then applies
+Owns making one of the lease engine's two calls (``runner.ports.LeasePort``: extendLease and the
+ownership read) and turning its answer, or its error, into the ``Lease`` event the engine then applies
 (``Answer``), and the log lines an outcome deserves: a failed heartbeat once per task per outage (its
 retries at debug level: with hundreds of tasks and the server away, a line per attempt was thousands a
 minute), its recovery once, a 404 and a loss of ownership when first seen. A port that raises
@@ -21,29 +21,16 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.lease import Action, Lease
-from leasecore.models import TaskOwnership
+from leasecore.runner.ports import LeasePort
 
-__all__ = ["Answer", "LeaseEvent", "LeasePort", "extend_lease", "log_outcome", "read_ownership"]
+__all__ = ["Answer", "LeaseEvent", "extend_lease", "log_outcome", "read_ownership"]
 
 log = logging.getLogger("leasecore.runner.engine")
 
 LeaseEvent = Callable[[Lease, float], list[Action]]  # a Lease.on_* method: (lease, now) -> actions
-
-
-class LeasePort(Protocol):
-    """The two server calls the engine makes (raising only ``leasecore.errors`` types)."""
-
-    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
-        """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
-        ...
-
-    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
-        """GET /api/tasks/{id}: the task's status, pollCount and workerId; None for a 404."""
-        ...
 
 
 @dataclass(frozen=True)

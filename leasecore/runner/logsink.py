@@ -6,6 +6,10 @@ append under a short lock (never blocked by the network); one flusher thread cut
 ``flush_interval_seconds`` (or at once when ``batch_lines`` are waiting) and a small pool sends them,
 at most one request in flight per task so lines stay in order. Logs are best effort: a failed batch
 is dropped and counted, and the next batch says so.
+
+Must not: block a reader thread on the network, or reorder a task's lines. Its server call is
+``runner.ports.LogPort``. Threads: the child's reader threads (``append``), one ``log-flusher``
+thread, a small ``log-sender`` pool; ``close`` from the main thread.
 """
 
 from __future__ import annotations
@@ -15,18 +19,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorError
+from leasecore.runner.ports import LogPort
 
 log = logging.getLogger("conductor_run.logs")
-
-
-class LogPort(Protocol):
-    """The one call the streamer needs; ``ConductorClient`` satisfies it."""
-
-    def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None: ...
 
 
 def _utf8_len(text: str) -> int:

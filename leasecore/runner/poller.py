@@ -8,6 +8,10 @@ from the pure ``PollBackoff``; the server's reachability is logged once per chan
 A claimed task is never dropped: the server counts every task of a poll's answer as ours until R,
 even past the count asked. Such extras run too (a slot overshoot of at most the count asked, within
 the work budget); any beyond that go to ``on_surplus``, which hands them back to the server.
+
+Must not: start children, track leases or decide a task's fate (the runner does, on its thread);
+sleep past a stop. Its server call is ``runner.ports.PollPort``.
+Threads: one ``poll-<type>`` thread per task type; ``release`` and ``stop`` from the main thread.
 """
 
 from __future__ import annotations
@@ -17,24 +21,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.pollpolicy import BackoffPolicy, FailureKind, PollBackoff, Reachability
+from leasecore.runner.ports import PollPort
 
 log = logging.getLogger("conductor_run.poll")
-
-
-class PollPort(Protocol):
-    """The one call a poller needs; ``ConductorClient`` satisfies it."""
-
-    def poll(
-        self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
-        domain: str | None = None,
-    ) -> list[Task]: ...
 
 
 class WorkBudget:
@@ -172,6 +167,21 @@ class Poller:
             self._in_use = max(0, self._in_use - 1)
             self._reporting += 1
             self._wake_if_free_locked()
+
+    def keep_for_chain(self) -> bool:
+        """A task's child is gone and its final update may claim the next task (update-v2): keep its
+        slot for that task, with one unit of the work budget. False (nothing kept: call ``reporting``)
+        when the budget is spent, the type is paused or polling stopped. The claimed task then takes
+        the slot over (no call); if nothing comes, ``chain_ended``."""
+        if self.settings.paused or self._stop.is_set():
+            return False
+        return self._budget.reserve(1) == 1
+
+    def chain_ended(self) -> None:
+        """The update-v2 of a task kept by ``keep_for_chain`` claimed nothing: its budget unit goes
+        back, and its slot is free while its result is still reported (as ``reporting``)."""
+        self._budget.give_back(1)
+        self.reporting()
 
     def reported(self) -> None:
         """A result counted by ``reporting`` is delivered, saved for later or dropped."""

@@ -1,87 +1,103 @@
-"""The runner's vocabulary: the events its main thread consumes, the ports it drives, its outcome.
+"""The ports the runner and its parts depend on, and what the wiring hands the runner and gets back.
 
-Every input of the runner (a polled task, a child's exit, a fence from the lease engine, a finished
-report, a signal) is one of the frozen events below, put on one ``queue.SimpleQueue`` that only the
-main thread reads: the main thread is the only writer of per-task state. The ports are Protocols
-that the real adapters (``ConductorClient``, ``LeaseEngine``, ``Supervisor``, ``StatePublisher``)
-satisfy structurally, so tests can drive the runner with small fakes.
+Owns: every Protocol between the runner's parts and the adapters that satisfy them structurally
+(``ConductorClient``, ``LeaseEngine``, ``Supervisor``, ``StatePublisher``), so that tests drive each
+part with small fakes: the server calls (``ConductorPort`` for the runner, and the one-call views of
+it a part needs: ``PollPort``, ``UpdatePort``, ``LogPort``, ``LeasePort`` for the lease engine), the
+engine (``EnginePort``, and ``FinalUpdateGuard``, the three calls a final update makes), the process
+layer (``SupervisorPort``, ``ChildPort``), the status file (``StatusPort``); and the runner's input
+and output values (``TaskTypePlan``, ``RunOptions``, ``RunOutcome``). The events are ``runner.events``.
+
+Must not: hold behaviour or import an adapter at run time (pure: the layering test lists it).
+Threads: none of its own; a port's threads are its implementation's (each Protocol says who calls).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from leasecore.lease import FenceAction, FenceReason, LeasePolicy, LeaseView
-from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.poller import PollSettings
-from leasecore.runner.reporter import ReportOutcome
+from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot
 
-# ---------------------------------------------------------------- events (main-thread queue)
+if TYPE_CHECKING:  # the poller imports this module for PollPort: a value, not an import at run time
+    from leasecore.runner.poller import PollSettings
+
+__all__ = [
+    "ChainPort",
+    "ChildPort",
+    "ConductorPort",
+    "EnginePort",
+    "FinalUpdateGuard",
+    "LeasePort",
+    "LogPort",
+    "PollPort",
+    "RunOptions",
+    "RunOutcome",
+    "StatusPort",
+    "SupervisorPort",
+    "TaskTypePlan",
+    "UpdatePort",
+]
+
+# ---------------------------------------------------------------- the server's calls
 
 
-@dataclass(frozen=True)
-class TaskPolled:
-    task: Task
-    polled_at: float  # monotonic send time of the poll that delivered it
-    policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
-    surplus: bool = False  # beyond what the poller may run (no slot, no budget): hand it back
-    poller: str = ""  # the task type of the poller that claimed it ("": unknown, the first one)
-
-
-@dataclass(frozen=True)
-class ChildExited:
-    task_id: str
-    exit: Any | None  # ChildExit; None when the runner lost track of the child (wait() failed)
-
-
-@dataclass(frozen=True)
-class Fence:
-    task_id: str
-    action: FenceAction  # from the lease engine's timer thread
-
-
-@dataclass(frozen=True)
-class ReportDone:
-    outcome: ReportOutcome
-
-
-@dataclass(frozen=True)
-class ShutdownRequested:
-    force: bool
-    signum: int | None = None  # None: the runner stops itself (--once found nothing, ...)
-
-
-@dataclass(frozen=True)
-class PollerExited:
-    task_type: str
-    failed: bool = False  # it ended on an unexpected error (a bug), logged with its traceback
-    refused: Exception | None = None  # its first polls were refused (401/403): the run stops, exit 4
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Event = TaskPolled | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited | Tick
-
-# ---------------------------------------------------------------- ports
-
-
-class ConductorPort(Protocol):
-    """What the runner needs from ``ConductorClient``."""
+class PollPort(Protocol):
+    """The one call a poller needs; ``ConductorClient`` satisfies it."""
 
     def poll(
         self, task_type: str, *, count: int, timeout_ms: int, worker_id: str | None = None,
         domain: str | None = None,
     ) -> list[Task]: ...
 
+
+class UpdatePort(Protocol):
+    """The one call the reporter needs; ``ConductorClient`` satisfies it."""
+
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
 
+
+class ChainPort(UpdatePort, Protocol):
+    """An update port that can also claim the next task with the update (``ConductorClient.update_v2``,
+    ``leasecore.runner.chain``); a port without it never chains."""
+
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
+
+
+class LogPort(Protocol):
+    """The one call the log streamer needs; ``ConductorClient`` satisfies it."""
+
     def append_log(self, task_id: str, text: str, *, timeout_seconds: float | None = None) -> None: ...
+
+
+class ConductorPort(PollPort, UpdatePort, LogPort, Protocol):
+    """What the runner needs from ``ConductorClient``: poll, update and append_log."""
+
+
+class LeasePort(Protocol):
+    """The two server calls the lease engine makes (raising only ``leasecore.errors`` types)."""
+
+    def extend_lease(self, task_id: str, workflow_id: str, *, timeout_seconds: float) -> None:
+        """POST /api/tasks with extendLease; ``ConductorNotFound`` when the task is gone."""
+        ...
+
+    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
+        """GET /api/tasks/{id}: the task's status, pollCount and workerId; None for a 404."""
+        ...
+
+
+# ---------------------------------------------------------------- the lease engine
+
+
+class FinalUpdateGuard(Protocol):
+    """The engine calls ``FinalUpdates`` makes (``LeaseEngine`` and the runner's ``EnginePort``)."""
+
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
+    def final_update_failed(self, task_id: str) -> None: ...
+    def reported(self, task_id: str) -> None: ...
 
 
 class EnginePort(Protocol):
@@ -102,6 +118,9 @@ class EnginePort(Protocol):
     ) -> None: ...
     def fence_reason(self, task_id: str) -> FenceReason | None: ...
     def view(self, task_id: str) -> LeaseView: ...
+
+
+# ---------------------------------------------------------------- the process layer and the status file
 
 
 class ChildPort(Protocol):
@@ -162,6 +181,7 @@ class RunOptions:
     shutdown_report_retry_seconds: float = 10.0  # ... but no longer than this once stopping
     status_interval_seconds: float = 1.0
     status_min_interval_seconds: float = 0.2  # status snapshots are built at most this often
+    update_v2: bool = True  # final updates may claim the next task when the port has update_v2 (#23)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Deliver final results (``POST /api/tasks``) with retries while they can still matter.
+"""Deliver final results (``POST /api/tasks``, or update-v2 to claim the next task) with retries.
 
 A result is retried on ``ConductorUnavailable`` (and on ``ConductorAuthError``: refused credentials
 say nothing about the result) with capped backoff until its deadline (the runner
@@ -6,6 +6,17 @@ keeps the task's heartbeats going meanwhile, so the server keeps waiting for it)
 404 means the task or workflow is gone. A result still undelivered at its deadline is saved to the
 outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the runner enqueues
 it), after which the runner tells the lease engine to stop heartbeating that task.
+
+Chaining (``submit(on_chained=...)``, ``leasecore.runner.chain``): the first attempt goes out as
+update-v2 and ``on_chained(task or None, sent_at)`` is called exactly once, before ``on_done``, with
+the task the server claimed (its lease counts from ``sent_at``, the attempt's send time). Every
+retry is v1: update-v2 is never resent (a second one claims again, even for a task already
+terminal). 405, or a 404 that v1 then takes, turns update-v2 off for good (``chaining``).
+
+Must not: decide what a result says (the runner does) or touch the lease engine itself (its port,
+``runner.ports.UpdatePort``, is the runner's guarded update, ``engine.FinalUpdates``).
+Threads: a small ``reporter`` pool delivers; ``submit`` and ``close`` from the main thread;
+``chaining`` and ``hurry`` from any.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import cast
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import (
@@ -27,16 +38,15 @@ from leasecore.errors import (
     ConductorRejected,
 )
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import TaskResult, TaskStatus
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.chain import Refusal, refusal
+from leasecore.runner.ports import ChainPort, UpdatePort
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
 
 
-class UpdatePort(Protocol):
-    """The one call the reporter needs; ``ConductorClient`` satisfies it."""
-
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
+OnChained = Callable[[Task | None, float], None]  # (the task update-v2 claimed or None, its send time)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,21 @@ class ReportOutcome:
     saved_to: Path | None = None  # the outbox file, when kept for the next start
     error: str | None = None
     sent_status: TaskStatus | None = None  # what was delivered instead of the result (see _bare_failure)
+    via: str = ""  # the endpoint that took it: "v1" (POST /api/tasks) or "v2" (update-v2); "": none
+
+
+class _Chain:
+    """One submission's chaining: ``on_chained`` is called exactly once (``end``)."""
+
+    def __init__(self, on_chained: OnChained | None) -> None:
+        self._on_chained = on_chained
+        self.pending = on_chained is not None  # the next attempt goes out as update-v2
+
+    def end(self, task: Task | None, sent_at: float) -> None:
+        self.pending = False
+        callback, self._on_chained = self._on_chained, None
+        if callback is not None:
+            callback(task, sent_at)
 
 
 class Reporter:
@@ -73,17 +98,34 @@ class Reporter:
         self._cap = backoff_cap_seconds
         self._hurry = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
+        self._closed = False
+        # update-v2 is used while the port has it and the server has not refused it (405, or a 404
+        # that v1 took): a plain bool, written by sender threads, read by the runner's main thread.
+        self._v2_port = cast(ChainPort, port) if callable(getattr(port, "update_v2", None)) else None
+        self._v2 = self._v2_port is not None
+
+    @property
+    def chaining(self) -> bool:
+        """Final updates may claim the next task (update-v2): the port has the call, the server did
+        not refuse it."""
+        return self._v2
 
     def submit(self, result: TaskResult, *, retry_seconds: float, poll_count: int = 0,
-               task_type: str = "") -> None:
+               task_type: str = "", on_chained: OnChained | None = None) -> None:
         """Deliver ``result`` in the background, retrying for up to ``retry_seconds``.
 
         ``poll_count`` (the task's newest pollCount delivered to us) is kept with the result if it
         goes to the outbox: the next start delivers it only if nobody polled the task since.
-        ``task_type`` labels the attempts' metrics.
+        ``task_type`` labels the attempts' metrics. ``on_chained``: send the first attempt as
+        update-v2 (if ``chaining``) and call it once with what it claimed (see the module doc).
+        After ``close`` the delivery runs on the calling thread (a late hand-back at exit).
         """
         deadline = self._clock.monotonic() + retry_seconds
-        self._pool.submit(self._deliver_safely, result, deadline, poll_count, task_type)
+        chain = _Chain(on_chained)
+        if self._closed:
+            self._deliver_safely(result, deadline, poll_count, task_type, chain)
+            return
+        self._pool.submit(self._deliver_safely, result, deadline, poll_count, task_type, chain)
 
     def hurry(self) -> None:
         """Stop waiting between retries: one more attempt each, then to the outbox (a forced stop)."""
@@ -92,44 +134,73 @@ class Reporter:
     def close(self) -> None:
         """Wait for the deliveries in progress (each is bounded by its deadline)."""
         self._pool.shutdown(wait=True)
+        self._closed = True
 
     def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0,
-                        task_type: str = "") -> None:
+                        task_type: str = "", chain: _Chain | None = None) -> None:
+        chain = chain or _Chain(None)
         try:
-            outcome = self._deliver(result, deadline, poll_count, task_type)
+            outcome = self._deliver(result, deadline, poll_count, task_type, chain)
         except Exception as exc:  # a thread's top level: never lose the outcome
             log.exception("reporting task %s failed unexpectedly", result.task_id)
             outcome = ReportOutcome(result.task_id, delivered=False, error=repr(exc))
+        finally:
+            chain.end(None, self._clock.monotonic())  # (a no-op once ended)
         self._on_done(outcome)
 
-    def _update(self, result: TaskResult, timeout_seconds: float, task_type: str) -> None:
-        """One attempt, timed for the metrics (``task_update_time_seconds``)."""
-        if not self._observer.enabled:
-            self._port.update(result, timeout_seconds=timeout_seconds)
-            return
+    def _update(self, result: TaskResult, timeout_seconds: float, task_type: str,
+                chain: _Chain | None = None) -> Task | None:
+        """One attempt, timed for the metrics (``task_update_time_seconds``): update-v2 while
+        ``chain.pending`` (ending the chain with what it claimed), else v1."""
+        v2 = chain is not None and chain.pending and self._v2
+        if chain is not None and chain.pending and not v2:
+            chain.end(None, self._clock.monotonic())  # switched off meanwhile
         started = self._clock.monotonic()
         try:
-            self._port.update(result, timeout_seconds=timeout_seconds)
+            if v2:
+                assert chain is not None and self._v2_port is not None
+                claimed = self._v2_port.update_v2(result, timeout_seconds=timeout_seconds)
+                chain.end(claimed if isinstance(claimed, Task) else None, started)
+            else:
+                self._port.update(result, timeout_seconds=timeout_seconds)
+                claimed = None
         except Exception as exc:
-            self._observer.on_update(task_type, self._clock.monotonic() - started, exc)
+            if v2 and chain is not None:
+                chain.end(None, started)
+            if self._observer.enabled:
+                self._observer.on_update(task_type, self._clock.monotonic() - started, exc)
             raise
-        self._observer.on_update(task_type, self._clock.monotonic() - started, None)
+        if self._observer.enabled:
+            self._observer.on_update(task_type, self._clock.monotonic() - started, None)
+        return claimed
 
     def _deliver(
-        self, result: TaskResult, deadline: float, poll_count: int = 0, task_type: str = ""
+        self, result: TaskResult, deadline: float, poll_count: int = 0, task_type: str = "",
+        chain: _Chain | None = None,
     ) -> ReportOutcome:
         delay = 0.5
         attempt = 0
+        unsure_v2 = False  # update-v2 answered 404: if v1 takes the result, the endpoint is missing
         while True:
             attempt += 1
             left = deadline - self._clock.monotonic()
+            v2 = chain is not None and chain.pending and self._v2
             try:
-                self._update(result, max(1.0, min(self._timeout, left)), task_type)
-                return ReportOutcome(result.task_id, delivered=True)
+                self._update(result, max(1.0, min(self._timeout, left)), task_type, chain)
+                if unsure_v2:
+                    self._v2_off("answered 404 to update-v2 but took the same result through v1")
+                return ReportOutcome(result.task_id, delivered=True, via="v2" if v2 else "v1")
             except ConductorProtocolError as exc:  # a 2xx we could not parse: the server took it
                 log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
-                return ReportOutcome(result.task_id, delivered=True)
+                return ReportOutcome(result.task_id, delivered=True, via="v2" if v2 else "v1")
             except ConductorRejected as exc:
+                if v2 and (why := refusal(exc.status_code)) is not None:
+                    # No such endpoint (or no such task): the same result through v1, at once.
+                    if why is Refusal.MISSING:
+                        self._v2_off(f"answered {exc.status_code} to update-v2")
+                    unsure_v2 = why is Refusal.UNSURE
+                    attempt -= 1
+                    continue
                 if not isinstance(exc, ConductorAuthError):
                     log.warning("task %s: the server rejected the result (%s); not retrying",
                                 result.task_id, exc)
@@ -145,6 +216,12 @@ class Reporter:
                                                       poll_count)) is not None:
                     return outcome
                 delay = min(self._cap, delay * 2)
+
+    def _v2_off(self, why: str) -> None:
+        if self._v2:
+            self._v2 = False
+            log.warning("the server %s: final updates use v1 POST /api/tasks from now on (each next "
+                        "task is polled)", why)
 
     def _bare_failure(
         self, result: TaskResult, exc: ConductorRejected, deadline: float, task_type: str = ""
@@ -174,7 +251,7 @@ class Reporter:
             log.warning("task %s: the server refused a bare FAILED too (%s)", result.task_id, again)
             return refused
         log.warning("task %s: reported %s without its output instead", result.task_id, status.value)
-        return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=status)
+        return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=status, via="v1")
 
     def _retry_or_give_up(
         self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float,

@@ -52,6 +52,7 @@ class InFlight:
     phase: Phase = Phase.RUNNING
     slot_held: bool = True  # counts against the task type's concurrency
     report_held: bool = False  # its result is being reported: counts against the reports that may wait
+    chain_slot: bool = False  # its update-v2 is in flight: its slot is kept for the task it claims
     fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)

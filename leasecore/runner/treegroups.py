@@ -6,13 +6,16 @@ turns a forced mode that cannot work into a ``ConfigError`` naming the key and i
 than per tree, or not enforced at all; ``log_setup`` says both once at start. ``conductor-run
 config`` shows the same lines. Detection writes nothing but a probe group of its own, made and
 removed under the runner's own group.
+
+Must not: create or remove a task's group (``process.cgroups`` does, per tree), read the config file.
+Threads: the caller's: the wiring at start, ``plan_for`` while it builds the plans, ``config``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from leasecore.config.loader import ResolvedConfig, TaskSettings
+from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConfigError
 from leasecore.limits import Limits
 from leasecore.process import cgroups

@@ -1,8 +1,16 @@
 """Build the real collaborators from a resolved configuration and run the worker.
 
-The one place that knows every adapter's constructor: ``ConductorClient``, ``Supervisor``,
-``LeaseEngine``, ``StatePublisher``, the outbox. The CLI calls ``run_worker``; errors of the tree
-propagate (a server unreachable at start raises ``ConductorUnavailable`` before anything runs).
+Owns: the one place that knows every adapter's constructor (``ConductorClient``, ``Supervisor``,
+``LeaseEngine``, ``StatePublisher``, the outbox, the metrics service) and the start's order: local
+things first (the state directory, made and checked once as a ``StateDir`` and handed on to the
+outbox, the supervisor's records, the sweep's hand-over and the publisher; the cgroup mechanism; the
+metrics port), then the server check, the sweep of a dead runner's trees, the saved results, and the
+runner. The CLI calls ``run_worker``; errors of the tree propagate (a server unreachable at start
+raises ``ConductorUnavailable`` before anything runs).
+
+Must not: decide anything about a task (the runner and the pure core do), print, or exit.
+Threads: the CLI's main thread (``run_worker`` captures signals for the whole call); ``Redelivery``
+runs one ``outbox-redelivery`` thread while the runner serves.
 """
 
 from __future__ import annotations
@@ -13,41 +21,32 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
-from leasecore.config.loader import ResolvedConfig, TaskSettings
+from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.process.leftovers import TreeRecord
-from leasecore.runas import RunAs, resolve_run_as
+from leasecore.process.runas import RunAs, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.poller import PollSettings
-from leasecore.runner.ports import RunOptions, RunOutcome, StatusPort, TaskTypePlan
-from leasecore.runner.reporter import Reporter, ReportOutcome, UpdatePort
+from leasecore.runner.ports import RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
+from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
-from leasecore.state.orphans import save_orphans, tree_meta
+from leasecore.state.directory import StateDir
+from leasecore.state.orphans import take_over, tree_meta
 from leasecore.state.outbox import Outbox
-from leasecore.state.statefile import (
-    StatePublisher,
-    default_state_dir,
-    ensure_state_dir,
-    prune_stale,
-    read_snapshots,
-    runner_info_for_this_process,
-)
+from leasecore.state.statefile import StatePublisher
 
 if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
     from leasecore.metrics.service import MetricsService
@@ -175,6 +174,7 @@ def options_for(config: ResolvedConfig) -> RunOptions:
         drain=r.drain,
         drain_timeout_seconds=r.drain_timeout,
         once_wait_seconds=r.once_wait,
+        update_v2=r.update_v2,
     )
 
 
@@ -234,7 +234,7 @@ def _serve(
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
-    state_dir = ensure_state_dir(Path(config.runner.state_dir or default_state_dir(environ)))
+    state = StateDir.for_run(config.runner.state_dir, environ)  # made and checked here, once
     setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
@@ -248,30 +248,23 @@ def _serve(
                 check_server(client)
         except StartupInterrupted as stop:
             return RunOutcome(signum=stop.signum)
-        outbox = Outbox(state_dir / "outbox", server=server.url)
+        outbox = Outbox(state.outbox, server=server.url)
         treegroups.log_setup(config, setup)
-        supervisor = Supervisor(state_dir, tree_meta=tree_meta(server.url), cgroup_setup=setup)
+        supervisor = Supervisor(state.path, tree_meta=tree_meta(server.url), cgroup_setup=setup)
         try:
-            # Dead trees first, then their tasks into the outbox, then every saved result out: a
-            # retry of a task must never start while its old tree may still run.
-            swept: list[int] = []  # the dead runners whose trees were taken over
-
-            def on_orphans(runner_pid: int, trees: list[TreeRecord]) -> None:
-                _save_orphans(outbox, runner_pid, trees)
-                swept.append(runner_pid)
-
-            supervisor.sweep_leftovers(on_orphans)
-            _forget_snapshots(state_dir, swept)
+            # Dead trees first, then their tasks into the outbox (and their runner's snapshot out),
+            # then every saved result out: a retry must never start while its old tree may still run.
+            supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            runner = _make_runner(config, client, supervisor, outbox, state_dir, on_snapshot, metrics,
+            runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
                                   cgroup=setup.describe())
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
             warn_if_root(config)
+            redelivery = Redelivery(outbox, client)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
-            redelivery = Redelivery(outbox, client)
             redelivery.start()
             try:
                 return runner.run(install_signal_handlers=False)
@@ -297,29 +290,6 @@ def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
     metrics = MetricsService(config)
     metrics.start()
     return metrics
-
-
-def _save_orphans(outbox: Outbox, runner_pid: int, trees: list[TreeRecord]) -> None:
-    """The start-up sweep's hand-over of a dead runner's trees (already killed): queue FAILED reports.
-    Best effort: nothing here may keep the runner from starting (the server retries the tasks after
-    their response timeout anyway), so an error is logged and the dead runner's record is let go."""
-    try:
-        save_orphans(outbox.directory, runner_pid, trees)
-    except Exception:
-        log.exception("could not queue the FAILED reports of the dead runner pid %d's tasks; the server "
-                      "retries them after their response timeout", runner_pid)
-
-
-def _forget_snapshots(state_dir: Path, runner_pids: list[int]) -> None:
-    """Delete the status snapshots of the dead runners whose trees the sweep just took over: they
-    would go on showing those tasks as running under a dead pid after they are reported FAILED."""
-    if not runner_pids:
-        return
-    try:
-        records = read_snapshots(state_dir, datetime.now(UTC))
-        prune_stale(state_dir, [r for r in records if r.pid in runner_pids])
-    except (ConfigError, OSError) as exc:  # cosmetic: never a reason not to start
-        log.debug("could not remove dead runners' snapshots: %s", exc)
 
 
 def _deliver_saved(
@@ -372,7 +342,7 @@ def _make_runner(
     client: ConductorClient,
     supervisor: Supervisor,
     outbox: Outbox,
-    state_dir: Path,
+    state: StateDir,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
     metrics: MetricsService | None = None,
     *,
@@ -380,18 +350,20 @@ def _make_runner(
 ) -> Runner:
     # The most leases this runner holds at once: every slot, plus the results that may wait to be
     # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
+    options = options_for(config)
     most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
     queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
-    info = runner_info_for_this_process(
+    publisher = StatePublisher.for_this_process(
+        state,
         worker_id=plans[0].worker_id,
         server_url=config.server.url,
         task_types=[p.poll.task_type for p in plans],
         cgroup=cgroup,
     )
-    status: StatusPort = StatePublisher(state_dir, info)
+    status: StatusPort = publisher
     if on_snapshot is not None:
-        status = StatusTee(status, info, on_snapshot, clock=SystemClock())
+        status = StatusTee(publisher, publisher.runner_info, on_snapshot, clock=SystemClock())
 
     # Heartbeats and ownership checks count as server contact for `status`, like the runner's calls.
     contact = ServerContact()
@@ -416,7 +388,7 @@ def _make_runner(
         make_engine=make_engine,
         supervisor=supervisor,
         to_result=_to_result,
-        options=options_for(config),
+        options=options,
         status=status,
         reporter=make_reporter,
         contact=contact,

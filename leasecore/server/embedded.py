@@ -1,19 +1,19 @@
 """``EmbeddedServer``: the in-memory Conductor-compatible server, started in-process on a loopback port.
 
 Not for production: it keeps everything in memory and implements only what a worker and a test harness
-use (CONDUCTOR_PROTOCOL.md §12). Typical use::
+use (CONDUCTOR_PROTOCOL.md §12)::
 
     with EmbeddedServer() as srv:          # port 0: a free port
         client = ConductorClient(srv.url)  # "http://127.0.0.1:PORT/api"
 
-Memory is bounded for a long-running server: at most ``max_finished_workflows`` finished workflows are
-kept (the oldest finished is forgotten first, with its tasks and their logs; a GET of it is then a 404,
-as for an unknown id; running workflows are never forgotten), and each task keeps its last
-``max_logs_per_task`` log entries.
+Owns: the lifecycle (listen, start, stop: the listener closed and every kept-alive connection cut)
+of the parts it joins: the ``Store`` (state and decider; ``store=`` hands in a fresh one, e.g. a
+recording subclass, whose clock, sweep mode and bounds then apply), the ``Api`` (``server.api``) and
+the socket layer (``server.httpd``). Memory is bounded: ``max_finished_workflows`` (the oldest
+finished is forgotten first, with its tasks and logs; running ones never) and ``max_logs_per_task``.
 
-``store=`` hands in a ready-made :class:`Store`, typically a subclass that records what passes through
-its public methods (the benchmark records claims, leases and updates that way); it must be fresh and
-serve only this server. The clock, sweep mode and bounds are then the store's own.
+Must not: route or keep state itself. Threads: the caller's for start/stop; ``serve_forever`` and
+the store's timer loop on two daemon threads of its own, plus the HTTP server's one per connection.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from types import TracebackType
 
 from leasecore.clock import Clock
 from leasecore.errors import ConfigError
-from leasecore.server.httpd import Api, _HTTPServer
+from leasecore.server.api import Api
+from leasecore.server.httpd import ApiHTTPServer
 from leasecore.server.state import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 from leasecore.server.store import Store, SweepMode
 
@@ -64,7 +65,7 @@ class EmbeddedServer:
             self.store, auth_key=auth_key, auth_secret=auth_secret, token_ttl_seconds=token_ttl_seconds
         )
         self._log = log
-        self._httpd: _HTTPServer | None = None
+        self._httpd: ApiHTTPServer | None = None
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -75,7 +76,7 @@ class EmbeddedServer:
             return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            httpd = _HTTPServer((self.host, self._requested_port), self.api, self._log, family)
+            httpd = ApiHTTPServer((self.host, self._requested_port), self.api, self._log, family)
         except OSError as exc:
             raise ConfigError(
                 f"cannot listen on {self.host}:{self._requested_port}: {exc.strerror or exc}", key="port"

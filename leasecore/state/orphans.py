@@ -12,19 +12,29 @@ still ours (not terminal, not re-queued, not polled again since: ``lease.ownersh
 A result of the same task already in the outbox (the real one, kept because the final update could
 not get through) is left as it is. A record without this meta (an older runner) or without a
 pollCount is not reported: without it another worker's run of the task could not be told apart.
+:func:`take_over` is the sweep's callback as the wiring passes it: the FAILED results saved, and the
+dead runner's status snapshot deleted (it would show those tasks running under a dead pid).
+
+Must not: kill anything (the sweep, ``process.leftovers``, has, before the hand-over), or raise out
+of ``take_over``: a start must never fail on a dead runner's leftovers.
+Threads: the runner's main thread, at start, during the sweep.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from leasecore.clock import Clock
+from leasecore.errors import ConfigError
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.leftovers import TreeRecord
+from leasecore.state.directory import StateDir
 from leasecore.state.outbox import Outbox, server_key
+from leasecore.state.statefile import forget_runners
 
 log = logging.getLogger("conductor_run.orphans")
 
@@ -113,3 +123,20 @@ def save_orphans(
                     result.task_id, tree.meta.get("task_type") if tree.meta else "?", result.workflow_id,
                     runner_pid, fate)
     return saved
+
+
+def take_over(state: StateDir, runner_pid: int, trees: list[TreeRecord]) -> None:
+    """The start-up sweep's ``on_orphans`` for a run in ``state``: a dead runner's trees (already
+    killed) handed over. Their tasks' FAILED results go into the outbox (:func:`save_orphans`), and
+    the runner's status snapshot goes: it would go on showing those tasks as running under a dead
+    pid. Best effort, never raises: nothing here may keep the runner from starting (the server retries
+    the tasks after their response timeout anyway), so the dead runner's record is let go."""
+    try:
+        save_orphans(state.outbox, runner_pid, trees)
+    except Exception:
+        log.exception("could not queue the FAILED reports of the dead runner pid %d's tasks; the server "
+                      "retries them after their response timeout", runner_pid)
+    try:
+        forget_runners(state, [runner_pid], datetime.now(UTC))
+    except (ConfigError, OSError) as exc:  # cosmetic: never a reason not to start
+        log.debug("could not remove the dead runner pid %d's snapshot: %s", runner_pid, exc)

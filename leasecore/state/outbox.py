@@ -1,23 +1,18 @@
-"""Results that could not be delivered, kept on disk and delivered on the next start.
+"""Results that could not be delivered, kept on disk and delivered on the next start (or sooner).
 
-One private file per task under ``<state_dir>/outbox/`` (directory 0700, files 0600: outputs are
-the task's data). A file records which server it was meant for (a hash of the URL, so no credential
-in a URL reaches the disk), when it was saved and the task's pollCount we held; it is dropped once
-delivered, when the server answers 4xx (404: the task or workflow is gone; not 401/403, which only
-refuse our credentials), or after ``max_age_seconds`` (24 h by default: by then the server has long
-timed the task out and retried it).
+Owns: ``<state_dir>/outbox/``, one private file per task (directory 0700, files 0600: outputs are the
+task's data) recording the server it was meant for (a hash of the URL: no credential reaches the
+disk), when it was saved and the pollCount we held. A file is dropped once delivered, on a 4xx (404:
+the task or workflow is gone; not 401/403, which only refuse our credentials), after
+``max_age_seconds`` (24 h), or when the task, read back first (``read_task``), is no longer ours:
+terminal, re-queued, gone, or polled again since (``lease.ownership_lost_reason``), since our old
+result would overwrite another worker's run. Runners sharing a directory **claim** a result before
+sending it (a rename to ``.claim-<pid>-<start time>-<name>`` succeeds once); kept, it is renamed
+back unless a newer save took its name; a dead runner's claims are put back by the next delivery.
 
-Before a result is delivered the task is read back (``read_task``): a task that is terminal,
-re-queued (SCHEDULED), gone, or polled again since (a pollCount above ours) is no longer ours, and
-our old result would overwrite another worker's run of it, so it is dropped instead (the same rule
-as a running lease's ownership check, ``lease.ownership_lost_reason``).
-
-Several runners may share a state directory, and each delivers the outbox (at its start, then every
-few seconds): a result is **claimed** before it is sent, by renaming its file to
-``.claim-<pid>-<start time>-<name>``. A rename succeeds once, so only one runner sends it. Delivered
-or dropped, the claim is deleted; kept (the server unreachable), it is renamed back, unless a newer
-result of the task was saved meanwhile (that one wins). A claim whose runner died (pid and start time)
-is renamed back by the next delivery of any runner of that server.
+Must not: talk to the server itself (``deliver`` is handed ``update`` and ``read_task``).
+Threads: ``save`` on the reporter's threads (and the start-up sweep's), ``deliver`` on the caller's
+(the start, then the wiring's ``outbox-redelivery`` thread); claims keep them apart.
 """
 
 from __future__ import annotations

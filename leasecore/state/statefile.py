@@ -1,10 +1,16 @@
-"""Status snapshot files: the state directory, the atomic publisher, the reader and its staleness.
+"""Status snapshot files: the atomic publisher, the reader and its staleness, the ``status`` document.
 
-A runner writes ``<state_dir>/runner-<pid>.json`` through :class:`StatePublisher`; ``conductor-run
-status`` lists them with :func:`read_snapshots`, which marks a snapshot stale when its runner's
-process is gone (or its pid was reused) or it has not been refreshed for
-:data:`STALE_AFTER_SECONDS`. The schema itself (pure values) is ``leasecore.snapshot``; rendering
-is ``cli/render.py``. This module never prints.
+Owns: ``<state_dir>/runner-<pid>.json``. A runner writes its own through :class:`StatePublisher`
+(atomically: a temp file renamed; coalesced and refreshed at least once a second; I/O errors logged
+once, never raised); ``conductor-run status`` lists them with :func:`read_snapshots`, which marks a
+snapshot stale when its runner's process is gone (or its pid was reused: :func:`probe_process`) or it
+has not been refreshed for :data:`STALE_AFTER_SECONDS`; :func:`prune_stale` and
+:func:`forget_runners` delete those of dead runners. Given a :class:`StateDir` (``state.directory``),
+each uses the directory as it is; given a bare path, it checks it first. The schema (pure values) is
+``leasecore.snapshot``; rendering is ``cli/render.py``.
+
+Must not: print, or let a credential in (the server URL is redacted). Threads: the publisher on the
+runner's main thread (a lock guards it); readers on the caller's thread, another process's.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import re
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -40,6 +46,7 @@ from leasecore.snapshot import (
     redact_url,
     wall_time,
 )
+from leasecore.state.directory import StateDir, check_state_dir, default_state_dir, ensure_state_dir
 
 __all__ = [
     "STALE_AFTER_SECONDS",
@@ -50,6 +57,7 @@ __all__ = [
     "RunnerSnapshot",
     "ServerHealth",
     "SnapshotRecord",
+    "StateDir",
     "StatePublisher",
     "TaskSnapshot",
     "TaskState",
@@ -57,6 +65,7 @@ __all__ = [
     "default_state_dir",
     "ensure_state_dir",
     "find_tasks",
+    "forget_runners",
     "probe_process",
     "process_start_ticks",
     "prune_stale",
@@ -83,63 +92,6 @@ class ProcessState(StrEnum):
     REUSED = "reused"  # the pid now belongs to a different process
 
 
-# --- the state directory -------------------------------------------------------------------------
-
-
-def default_state_dir(environ: Mapping[str, str]) -> Path:
-    """``$CONDUCTOR_RUN_STATE_DIR``, else ``$XDG_RUNTIME_DIR/conductor-run``, else ``~/.local/state/...``."""
-    explicit = environ.get("CONDUCTOR_RUN_STATE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "conductor-run"
-    home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".local" / "state" / "conductor-run"
-
-
-def check_state_dir(path: Path) -> None:
-    """Refuse a state directory another user owns or that others may write: snapshots are private."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"cannot use state directory {path}: {exc.strerror}", key="state_dir") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"state directory {path} is not a directory", key="state_dir")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(
-            f"state directory {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
-            "use --state-dir or CONDUCTOR_RUN_STATE_DIR to pick a private directory",
-            key="state_dir",
-        )
-    if st.st_mode & 0o022:
-        mode = stat.S_IMODE(st.st_mode)
-        if st.st_mode & (stat.S_ISVTX | 0o002):
-            # A shared directory (/tmp, /var/tmp, /dev/shm: sticky or world-writable) must keep its mode:
-            # never suggest changing it; a private directory of its own is the fix.
-            fix = ("it is a shared directory: pick a private one with --state-dir or CONDUCTOR_RUN_STATE_DIR "
-                   "(for example ~/.local/state/conductor-run; created 0700 when missing)")
-        else:
-            fix = f"run `chmod 700 {path}` if it is this runner's own, or pick another with --state-dir"
-        raise ConfigError(
-            f"state directory {path} is writable by group or others (mode {mode:04o}); {fix}",
-            key="state_dir",
-        )
-
-
-def ensure_state_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700) when missing, then :func:`check_state_dir` it."""
-    if not path.exists():
-        try:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.chmod(0o700)  # mkdir's mode is filtered by the umask
-        except OSError as exc:
-            msg = f"cannot create state directory {path}: {exc.strerror}"
-            raise ConfigError(msg, key="state_dir") from exc
-    check_state_dir(path)
-    return path
-
-
 # --- publishing ----------------------------------------------------------------------------------
 
 
@@ -152,7 +104,7 @@ class StatePublisher:
     ``refresh_seconds`` (so readers can tell a live runner from a silent one), and never raises for
     I/O errors: the first failure is logged, later ones are not until a write succeeds again.
 
-        publisher = StatePublisher(state_dir, runner_info_for_this_process(...))
+        publisher = StatePublisher.for_this_process(state, worker_id=..., server_url=...)
         publisher.publish(tasks, server=ServerHealth(last_ok_at=...))
         ...
         publisher.remove()   # on a clean exit
@@ -160,14 +112,15 @@ class StatePublisher:
 
     def __init__(
         self,
-        state_dir: Path,
+        state_dir: StateDir | Path,
         runner_info: RunnerInfo,
         *,
         clock: Clock | None = None,
         refresh_seconds: float = 1.0,
         output_interval_seconds: float = 0.25,
     ) -> None:
-        self._dir = ensure_state_dir(state_dir)
+        # A StateDir was made and checked by its owner; a bare path is made and checked here.
+        self._dir = state_dir.path if isinstance(state_dir, StateDir) else ensure_state_dir(state_dir)
         self._runner = replace(runner_info, server_url=redact_url(runner_info.server_url))
         self._clock = clock or SystemClock()
         self._refresh_seconds = refresh_seconds
@@ -179,16 +132,32 @@ class StatePublisher:
         self._failing = False
         self.path = self._dir / f"runner-{runner_info.pid}.json"
 
+    @classmethod
+    def for_this_process(
+        cls, state: StateDir, *, worker_id: str, server_url: str, task_types: Iterable[str] = (),
+        cgroup: str = "", clock: Clock | None = None,
+    ) -> StatePublisher:
+        """The publisher of the calling process (:func:`runner_info_for_this_process`) in ``state``."""
+        info = runner_info_for_this_process(worker_id=worker_id, server_url=server_url,
+                                            task_types=task_types, clock=clock, cgroup=cgroup)
+        return cls(state, info, clock=clock)
+
+    @property
+    def runner_info(self) -> RunnerInfo:
+        """Who publishes (its server URL redacted), as every snapshot says."""
+        return self._runner
+
     def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
         """Publish the current state; returns whether the file was (re)written. Never raises OSError."""
         full = (server, tuple(tasks))
         shape = (server, tuple(replace(t, recent_output=()) for t in full[1]))
         with self._lock:
             now_mono = self._clock.monotonic()
-            since = None if self._last_write_at is None else now_mono - self._last_write_at
-            if since is not None and shape == self._last_shape:
-                interval = self._output_interval_seconds if full != self._last_full else self._refresh_seconds
-                if since < interval:
+            since_seconds = None if self._last_write_at is None else now_mono - self._last_write_at
+            if since_seconds is not None and shape == self._last_shape:
+                output_only = full != self._last_full
+                interval_seconds = self._output_interval_seconds if output_only else self._refresh_seconds
+                if since_seconds < interval_seconds:
                     return False
             snapshot = RunnerSnapshot(self._runner, server, full[1], updated_at=self._clock.now())
             # A failed write counts as a write for pacing: it is retried on the next change or
@@ -370,16 +339,25 @@ def _read_one(
 
 
 def read_snapshots(
-    state_dir: Path,
+    state: StateDir | Path,
     now: datetime,
     *,
     stale_after_seconds: float = STALE_AFTER_SECONDS,
     probe: ProcessProbe = probe_process,
 ) -> list[SnapshotRecord]:
-    """Read every runner snapshot in ``state_dir`` (none when it does not exist), live ones first."""
-    if not state_dir.exists():
+    """Read every runner snapshot in ``state``, live ones first. A ``StateDir`` is read as it is (its
+    owner checked it); a bare path is checked first, and holds none when it does not exist."""
+    if isinstance(state, StateDir):
+        return _read_dir(state.path, now, stale_after_seconds, probe)
+    if not state.exists():
         return []
-    check_state_dir(state_dir)
+    check_state_dir(state)
+    return _read_dir(state, now, stale_after_seconds, probe)
+
+
+def _read_dir(
+    state_dir: Path, now: datetime, stale_after_seconds: float, probe: ProcessProbe
+) -> list[SnapshotRecord]:
     try:
         paths = list(state_dir.iterdir())
     except OSError as exc:
@@ -398,12 +376,13 @@ def read_snapshots(
 
 
 def prune_stale(
-    state_dir: Path, records: Iterable[SnapshotRecord], *, probe: ProcessProbe = probe_process
+    state: StateDir | Path, records: Iterable[SnapshotRecord], *, probe: ProcessProbe = probe_process
 ) -> list[Path]:
     """Delete snapshots (and leftover temp files) of runners whose process is gone.
 
     A runner that is alive but silent is kept: it is exactly what an operator needs to see.
     """
+    state_dir = state.path if isinstance(state, StateDir) else state
     removed = [r.path for r in records if r.process_gone and _unlink_quietly(r.path)]
     if state_dir.exists():
         for path in state_dir.iterdir():
@@ -412,6 +391,18 @@ def prune_stale(
             if 0 < pid <= _MAX_PID and probe(pid, None) is not ProcessState.ALIVE and _unlink_quietly(path):
                 removed.append(path)
     return removed
+
+
+def forget_runners(
+    state: StateDir, runner_pids: Iterable[int], now: datetime, *, probe: ProcessProbe = probe_process
+) -> list[Path]:
+    """Delete the snapshots of the dead runners ``runner_pids`` (those whose trees a start-up sweep
+    took over: they would go on showing their tasks as running under a dead pid)."""
+    pids = set(runner_pids)
+    if not pids:
+        return []
+    records = _read_dir(state.path, now, STALE_AFTER_SECONDS, probe)
+    return prune_stale(state.path, [r for r in records if r.pid in pids], probe=probe)
 
 
 def find_tasks(records: Iterable[SnapshotRecord], task_id: str) -> list[tuple[SnapshotRecord, TaskSnapshot]]:

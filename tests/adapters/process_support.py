@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +32,6 @@ def make_task(input_data: Mapping[str, Any] | None = None, **fields: Any) -> Tas
 
 def spec(*argv: str, **fields: Any) -> CommandSpec:
     return CommandSpec(argv=tuple(argv), **fields)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until it holds or the deadline passes; return its last value."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(interval)
 
 
 def alive(process: psutil.Process) -> bool:

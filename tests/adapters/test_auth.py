@@ -17,6 +17,7 @@ from leasecore.conductor.auth import TokenManager, jwt_expiry_epoch_seconds
 from leasecore.conductor.client import ConductorClient
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorUnavailable
 from tests.adapters.fakehttp import Answer, ScriptedServer, Seen
+from tests.support import wait_until
 
 KEY_ID = "key-id-123"
 KEY_SECRET = "s3cr3t-KEY-value"
@@ -179,9 +180,8 @@ def _race(manager: TokenManager, fetch: FakeFetcher, threads: int) -> list[objec
         futures = [pool.submit(call) for _ in range(threads)]
         assert fetch.entered.wait(10)
         # Open the gate only once every other thread is queued behind the fetch in progress.
-        deadline = time.monotonic() + 10
-        while manager.waiting < threads - 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: manager.waiting >= threads - 1, 10, "every other thread to queue behind the fetch",
+                   interval_seconds=0.005)
         assert manager.waiting == threads - 1
         fetch.gate.set()
         return [f.result(timeout=10) for f in futures]

@@ -33,6 +33,7 @@ from leasecore.server import EmbeddedServer
 from tests.adapters.conftest import Connect
 from tests.adapters.fakehttp import Answer, ScriptedServer, Seen
 from tests.faultproxy import FaultProxy, Mode
+from tests.support import wait_until
 
 # -- error translation ------------------------------------------------------------------------------
 
@@ -252,16 +253,16 @@ def test_poll_rejects_answers_of_the_wrong_shape(scripted: Any, body: bytes) -> 
 
 
 def test_poll_waits_past_the_client_timeout_for_a_long_poll(connect: Connect, scripted: Any) -> None:
-    # The server holds the poll for its timeout (1.5 s) > the client's default timeout (1 s):
+    # The server holds the poll for its timeout (0.45 s) > the client's default timeout (0.25 s):
     # the HTTP read timeout must be the poll timeout plus a margin.
     def slow(req: Seen) -> Answer:
-        threading.Event().wait(1.5)
+        threading.Event().wait(0.45)
         return Answer(200, b"[]")
 
     server = ScriptedServer(slow)
     try:
-        with connect(server.url + "/api", timeout_seconds=1.0) as client:
-            assert client.poll("shell", count=1, timeout_ms=1500) == []
+        with connect(server.url + "/api", timeout_seconds=0.25) as client:
+            assert client.poll("shell", count=1, timeout_ms=450) == []
     finally:
         server.stop()
 
@@ -413,15 +414,6 @@ def test_sixteen_threads_share_the_pool_without_dropping_connections(
 
 
 # -- the embedded server ---------------------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def start_one_task(client: ConductorClient, task_type: str) -> str:

@@ -13,6 +13,7 @@ from leasecore.conductor.client import ConductorClient
 from leasecore.demo.proxy import SilenceProxy
 from leasecore.errors import ConductorUnavailable
 from leasecore.server import EmbeddedServer
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -89,9 +90,7 @@ def test_stop_closes_connections_and_joins_threads(server: EmbeddedServer) -> No
     relay.silence()
     sock = _raw_health(relay.port)
     try:
-        deadline = time.monotonic() + 10
-        while relay.accepted < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)  # condition wait: the accept thread picks the connection up
+        wait_until(lambda: relay.accepted >= 1, 10, "the accept thread to pick the connection up")
         relay.stop()
         assert _closed_without_answer(sock)
     finally:

@@ -6,20 +6,12 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from tests.faultproxy import FaultProxy, Mode
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
+from tests.support import wait_until
 
 
 class EchoServer:

@@ -26,7 +26,8 @@ from leasecore.runner.poller import Poller, PollSettings, WorkBudget
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.senders import InlineSenders
 from tests.adapters.engine_support import step_until
-from tests.integration.helpers import ROOT, wait_until
+from tests.integration.helpers import ROOT
+from tests.support import wait_until
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -22,8 +22,9 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.process import CommandSpec, Supervisor, leftovers
 from leasecore.process.leftovers import sweep
+from tests.support import wait_until
 
-from .process_support import REPO, Lines, alive, make_task, running_supervisor, sample, wait_until
+from .process_support import REPO, Lines, alive, make_task, running_supervisor, sample
 
 SECRET = "s3cret-value-9f2c"
 

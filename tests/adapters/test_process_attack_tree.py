@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from leasecore.process import Child, CommandSpec, Supervisor
+from tests.support import wait_until
 
-from .process_support import Lines, alive, make_task, running_supervisor, wait_until, zombies_of
+from .process_support import Lines, alive, make_task, running_supervisor, zombies_of
 
 SLACK_SECONDS = 2.0  # generous: the machine is shared; the design target is grace + 0.5 s
 

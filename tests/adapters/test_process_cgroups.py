@@ -23,8 +23,9 @@ import pytest
 from leasecore.limits import Limits
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, cgroups, leftovers, to_task_result
+from tests.support import wait_until
 
-from .process_support import REPO, alive, make_task, wait_until
+from .process_support import REPO, alive, make_task
 
 MB = 1 << 20
 ALLOCATE_300MB = "import time; a = bytearray(300 * 1024 * 1024); time.sleep(0.1); print(len(a))"
@@ -122,17 +123,22 @@ def test_each_tree_gets_a_group_nested_under_the_runners_own_and_removed_after(
     with open("/proc/self/cgroup") as handle:
         mine = {line.split(":", 2)[1] or "unified": line.split(":", 2)[2] for line in handle.read().split()}
     theirs = {line.split(":", 2)[1] or "unified": line.split(":", 2)[2] for line in exit_.stdout_tail.split()}
+    # v1: only the hierarchies a tree without limits needs (memory, cpuacct, freezer); pids and cpu
+    # only for a pids_max / cpu_max (test_only_the_hierarchies_a_tree_needs_get_a_group).
+    used = set(setup.dirs)
+    if setup.mechanism == "v1":
+        used &= cgroups.v1_needed(setup, Limits())
     checked = 0
     for controllers, path in theirs.items():
         names = {"unified"} if controllers == "unified" else set(controllers.split(","))
-        if not names & set(setup.dirs):
+        if not names & used:
             assert path == mine[controllers]  # a hierarchy we do not use: left where it was
             continue
         parent, name = path.rsplit("/", 1)
         assert (parent or "/") == mine[controllers], (controllers, path)  # never beside the runner's
         assert name.startswith(f"{cgroups.GROUP_PREFIX}{os.getpid()}.")
         checked += 1
-    assert checked == len({own[n] for n in setup.dirs})
+    assert checked == len({own[n] for n in used})
 
 
 def test_the_runner_and_fork_server_stay_in_their_own_groups(setup: cgroups.CgroupSetup) -> None:
@@ -176,6 +182,163 @@ def test_resources_come_from_the_group(setup: cgroups.CgroupSetup) -> None:
     resources = to_task_result(task, exit_, spec, worker_id="w").output_data["resources"]
     assert resources["max_rss_bytes"] >= 40 * MB  # the group's peak, else the child's own maxrss
     assert resources["cpu_user_seconds"] > 0 and resources["cpu_system_seconds"] is not None
+
+
+def test_only_the_hierarchies_a_tree_needs_get_a_group() -> None:
+    setup = _setup("v1")
+    plain = cgroups.create_group(setup, "plain", Limits())
+    limited = cgroups.create_group(setup, "limited", Limits(pids_max=50, cpu_max=0.5))
+    try:
+        assert set(plain["dirs"]) == {"memory", "cpuacct", "freezer"} & set(setup.dirs)
+        assert {"pids", "cpu"} & set(setup.dirs) <= set(limited["dirs"])
+        assert set(plain["dirs"]) <= set(limited["dirs"])
+        if "pids" in limited["dirs"]:
+            assert Path(limited["dirs"]["pids"], "pids.max").read_text().strip() == "50"
+    finally:
+        assert cgroups.remove_group(plain) and cgroups.remove_group(limited)
+
+
+def test_a_tree_without_limits_is_spawned_from_inside_its_group(setup: cgroups.CgroupSetup) -> None:
+    """posix_spawn with the fork server moved in for the call: the child is a member from its birth,
+    the fork server is back in its own groups right after, and a tree with a limit is not started so."""
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        pid = supervisor.forkserver_pid
+        assert cgroups.spawns_inside(setup, Limits(), pid)
+        assert not cgroups.spawns_inside(setup, Limits(memory_max=64 * MB), pid)
+        assert not cgroups.spawns_inside(setup, Limits(pids_max=10), pid)
+        assert not cgroups.spawns_inside(setup, Limits(cpu_max=1.0), pid)
+        with open(f"/proc/{pid}/cgroup") as handle:
+            home = handle.read()
+        for _ in range(3):
+            child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+            group = child.cgroup
+            exit_ = child.wait(20)
+            assert exit_ is not None and exit_.exit_code == 0 and group is not None
+            name = os.path.basename(next(iter(group["dirs"].values())))
+            assert exit_.stdout_tail.count(name) == len(set(group["dirs"].values())), exit_.stdout_tail
+            assert child.wait_gone(10)
+            with open(f"/proc/{pid}/cgroup") as handle:
+                assert handle.read() == home
+
+
+def test_a_new_fork_server_after_one_died_spawns_from_inside_too(setup: cgroups.CgroupSetup) -> None:
+    """The at-home check is per fork server: the one the next spawn starts passes it again, its trees
+    land in their groups, and it is back in its own groups after."""
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        first = supervisor.spawn(make_task(), CommandSpec(argv=("sleep", "30")), worker_id="w")
+        assert wait_until(lambda: first.pid > 0, 10)
+        old = supervisor.forkserver_pid
+        os.kill(old, signal.SIGKILL)
+        assert first.wait(10) is not None and first.wait_gone(10)
+        child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+        group = child.cgroup
+        exit_ = child.wait(20)
+        assert supervisor.forkserver_pid != old
+        assert cgroups.spawns_inside(setup, Limits(), supervisor.forkserver_pid)
+        assert exit_ is not None and exit_.exit_code == 0 and group is not None
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        assert exit_.stdout_tail.count(name) == len(set(group["dirs"].values()))
+        assert child.wait_gone(10)
+        assert cgroups.at_home(setup, supervisor.forkserver_pid)
+
+
+def test_a_fork_server_outside_the_runners_groups_never_spawns_from_inside() -> None:
+    setup = _setup("v1")
+    group = cgroups.create_group(setup, "elsewhere", Limits())
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert cgroups.at_home(setup, sleeper.pid)
+        Path(group["dirs"]["freezer"], "cgroup.procs").write_text(str(sleeper.pid))
+        assert not cgroups.at_home(setup, sleeper.pid)
+        assert not cgroups.spawns_inside(setup, Limits(), sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        assert cgroups.remove_group(group)
+
+
+INSIDE = """
+import json, os, sys
+from leasecore.process import _cgroupfs
+group, gone = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+def mine():
+    with open("/proc/self/cgroup") as handle:
+        return handle.read()
+before = mine()
+r, w = os.pipe()
+pid = _cgroupfs.spawn_inside(group, lambda: os.posix_spawn(
+    "/bin/cat", ["cat", "/proc/self/cgroup"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)]))
+os.close(w)
+os.waitpid(pid, 0)
+theirs = os.read(r, 65536).decode()
+after = mine()
+try:
+    _cgroupfs.spawn_inside(gone, lambda: 0 / 0)
+    failed = None
+except _cgroupfs.JoinFailed as exc:
+    failed = exc.step
+print(json.dumps({"same": before == after, "theirs": theirs, "failed": failed, "home": mine() == before,
+                  "can": _cgroupfs.can_spawn_inside()}))
+"""
+
+
+def test_spawn_inside_starts_the_child_in_the_group_and_moves_back(setup: cgroups.CgroupSetup) -> None:
+    group = cgroups.create_group(setup, "inside", Limits())
+    gone = cgroups.create_group(setup, "gone", Limits())
+    assert cgroups.remove_group(gone)  # joining it fails: nothing is spawned, and the caller stays home
+    try:
+        out = subprocess.run([sys.executable, "-c", INSIDE, json.dumps(group), json.dumps(gone)], cwd=REPO,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        assert result["theirs"].count(name) == len(set(group["dirs"].values())), result["theirs"]
+        assert result["same"] and result["home"] and result["can"]
+        assert result["failed"] == "cgroup"
+    finally:
+        assert wait_until(lambda: cgroups.remove_group(group), 5)
+
+
+SPARED = """
+import json, os, subprocess, sys, time
+from leasecore.process import _cgroupfs
+group = json.loads(sys.argv[1])
+_cgroupfs.join_self(group)  # as a fork server that could not move out again
+_cgroupfs._STUCK.update(_cgroupfs.paths(group))
+victim = subprocess.Popen(["sleep", "30"])  # a member, born inside
+assert not _cgroupfs.can_spawn_inside()
+signalled = _cgroupfs.kill_all([group])
+victim.wait(5)
+print(json.dumps({"signalled": signalled, "victim": victim.returncode}), flush=True)
+"""
+
+
+def test_a_group_kill_spares_the_process_inside_it(setup: cgroups.CgroupSetup) -> None:
+    """Neither the fork server stuck in a group nor one the runner names as spared is killed or frozen
+    with it: the other members are."""
+    group = cgroups.create_group(setup, "spared", Limits())
+    try:
+        out = subprocess.run([sys.executable, "-c", SPARED, json.dumps(group)], cwd=REPO, capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)  # it is alive to print this: itself was spared
+        assert result["victim"] == -signal.SIGKILL and result["signalled"] >= 1
+        spared = subprocess.Popen(["sleep", "30"])
+        victim = subprocess.Popen(["sleep", "30"])
+        try:
+            for pid in (spared.pid, victim.pid):
+                for path in set(group["dirs"].values()):
+                    Path(path, "cgroup.procs").write_text(str(pid))
+            assert not cgroups.remove_group(group, spare=spared.pid)  # the spared one holds it
+            assert victim.wait(5) == -signal.SIGKILL
+            assert spared.poll() is None
+        finally:
+            spared.kill()
+            spared.wait()
+            victim.kill()
+            victim.wait()
+    finally:
+        assert wait_until(lambda: cgroups.remove_group(group), 5)
 
 
 # --- limits enforced by the group (v1 here: the v2 hierarchy has no controllers) ----------------------

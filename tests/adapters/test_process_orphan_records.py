@@ -17,8 +17,9 @@ import pytest
 
 from leasecore.models import Task
 from leasecore.process import CommandSpec, Supervisor, _procfs, leftovers
+from tests.support import wait_until
 
-from .process_support import REPO, sample, wait_until
+from .process_support import REPO, sample
 
 META = {"server": "0123456789abcdef", "task_id": "task-1", "workflow_id": "wf-1", "task_type": "job",
         "poll_count": 3, "worker_id": "w1"}

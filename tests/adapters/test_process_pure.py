@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import struct
@@ -13,10 +14,11 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
-from leasecore.process.forkserver import send_frame, take_frames
+from leasecore.process.frames import send_frame, take_frames
+from leasecore.process.lookups import ExecutablePaths
 from leasecore.process.output import StreamCapture
-from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT, input_env_name
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT, read_output_file
+from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, read_output_file
 
 from .process_support import make_task
 
@@ -104,7 +106,7 @@ def test_child_env_copies_scalars_only_with_normalised_names() -> None:
 
 
 def test_child_env_skips_values_too_big_for_exec() -> None:
-    env = _env({"big": "x" * (INPUT_ENV_VALUE_LIMIT + 1), "small": "y"})
+    env = _env({"big": "x" * (INPUT_ENV_VALUE_LIMIT_BYTES + 1), "small": "y"})
     assert "CONDUCTOR_INPUT_BIG" not in env
     assert env["CONDUCTOR_INPUT_SMALL"] == "y"
 
@@ -257,7 +259,7 @@ def test_output_file_is_checked(
 
 def test_output_file_size_is_bounded(tmp_path: Path) -> None:
     path = tmp_path / "out.json"
-    path.write_text(json.dumps({"blob": "x" * OUTPUT_FILE_LIMIT}))
+    path.write_text(json.dumps({"blob": "x" * OUTPUT_FILE_LIMIT_BYTES}))
     value, error = read_output_file(str(path))
     assert value is None and error is not None and "too large" in error
 
@@ -291,3 +293,30 @@ def test_take_frames_takes_whole_messages_however_the_bytes_arrive() -> None:
         assert messages == [{"op": "spawned", "argv": ["x" * 200_000]}] and buffer == bytearray()
     with pytest.raises(ValueError):
         take_frames(bytearray(struct.pack(">I", 3) + b"{no"))
+
+
+def test_a_command_found_on_path_is_kept_for_the_cache_time_unless_it_is_gone(tmp_path: Path) -> None:
+    now = [100.0]
+    paths = ExecutablePaths(5.0, monotonic=lambda: now[0])
+    dirs = {name: tmp_path / name for name in ("zeroth", "first", "second")}
+
+    def install(name: str) -> str:
+        dirs[name].mkdir(exist_ok=True)
+        script = dirs[name] / "which-one"
+        script.write_text("#!/bin/sh\n")
+        script.chmod(0o755)
+        return str(script)
+
+    first = install("first")
+    install("second")
+    path_var = os.pathsep.join(str(d) for d in dirs.values())
+    assert paths.find("which-one", path_var, "/") == first
+    zeroth = install("zeroth")  # earlier on PATH, installed after the lookup
+    now[0] += 4.9
+    assert paths.find("which-one", path_var, "/") == first  # kept: no search within the cache time
+    now[0] += 0.2
+    assert paths.find("which-one", path_var, "/") == zeroth  # time over: searched again
+    Path(zeroth).unlink()
+    assert paths.find("which-one", path_var, "/") == first  # gone: searched again at once
+    with pytest.raises(SpawnError, match="command not found: 'nowhere'"):
+        paths.find("nowhere", path_var, "/")

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 
 from leasecore.process import leftovers
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,10 +58,8 @@ def test_journal_keeps_a_killed_runners_trees_findable(tmp_path: Path) -> None:
         runner.wait(30)
         killed = leftovers.sweep(state)
         assert set(live) <= killed
-        deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in live):
-            assert time.monotonic() < deadline, "recorded trees survived the sweep"
-            time.sleep(0.05)
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                   for p in live), 10, "the recorded trees to die in the sweep")
         assert not list(state.glob("processes-*"))
     finally:
         for pid in live:

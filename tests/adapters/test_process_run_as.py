@@ -12,9 +12,10 @@ import pytest
 
 from leasecore.errors import SpawnError
 from leasecore.process import Supervisor
-from leasecore.runas import resolve_run_as
+from leasecore.process.runas import resolve_run_as
+from tests.support import wait_until
 
-from .process_support import Lines, make_task, running_supervisor, spec, wait_until
+from .process_support import Lines, make_task, running_supervisor, spec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root can run children as another user")
 

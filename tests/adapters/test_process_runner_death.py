@@ -14,8 +14,9 @@ import psutil
 import pytest
 
 from leasecore.process import CommandSpec, Supervisor, leftovers
+from tests.support import wait_until
 
-from .process_support import REPO, Lines, alive, make_task, sample, wait_until
+from .process_support import REPO, Lines, alive, make_task, sample
 
 # A runner in its own process: spawns a TERM-ignorer and a daemonizer (whose daemon leaves the group
 # by setsid + double fork), prints every pid of both trees as JSON, then waits to be killed.

@@ -21,8 +21,9 @@ from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.taskfiles import TaskFiles
+from tests.support import wait_until
 
-from .process_support import Lines, make_task, running_supervisor, sample, spec, wait_until
+from .process_support import Lines, make_task, running_supervisor, sample, spec
 
 
 @pytest.fixture
@@ -354,12 +355,10 @@ def test_a_task_directory_the_child_filled_is_removed_whole(supervisor: Supervis
     assert wait_until(lambda: not Path(line.split(" ", 1)[1]).exists(), 10)  # removed off the reader
 
 
-def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(tmp_path: Path) -> None:
     """A PATH search is cached for a few seconds (a stat per directory per task otherwise), but never
     past the command's removal: the next spawn finds the copy further down PATH. With the cache time
-    over, a copy installed in an earlier directory is picked up."""
+    over (``path_cache_seconds``; 0 here), a copy installed in an earlier directory is picked up."""
     dirs = [tmp_path / name for name in ("first", "second", "zeroth")]
     for directory in dirs:
         directory.mkdir()
@@ -369,25 +368,25 @@ def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(
         script.write_text(f"#!/bin/sh\necho {directory.name}\n")
         script.chmod(0o755)
 
+    def run(supervisor: Supervisor) -> str | None:
+        lines = Lines()
+        which = CommandSpec(argv=("which-one",))
+        exit = supervisor.spawn(make_task(), which, worker_id="w", on_line=lines).wait(30)
+        assert exit is not None and exit.exit_code == 0, exit
+        assert wait_until(lambda: lines.items, 10)
+        return lines.items[0][1]
+
     install(dirs[0])
     install(dirs[1])
     path_var = os.pathsep.join(str(d) for d in (dirs[2], dirs[0], dirs[1], "/usr/bin", "/bin"))
     with Supervisor(tmp_path / "state", environ={"PATH": path_var}) as supervisor:
-
-        def run() -> str | None:
-            lines = Lines()
-            which = CommandSpec(argv=("which-one",))
-            exit = supervisor.spawn(make_task(), which, worker_id="w", on_line=lines).wait(30)
-            assert exit is not None and exit.exit_code == 0, exit
-            assert wait_until(lambda: lines.items, 10)
-            return lines.items[0][1]
-
-        assert run() == "first"
+        assert run(supervisor) == "first"
         (dirs[0] / "which-one").unlink()
-        assert run() == "second"
-        monkeypatch.setattr("leasecore.process.supervisor._PATH_CACHE_SECONDS", 0.0)
+        assert run(supervisor) == "second"
+    with Supervisor(tmp_path / "state", environ={"PATH": path_var}, path_cache_seconds=0.0) as supervisor:
+        assert run(supervisor) == "second"  # found, and kept no time
         install(dirs[2])
-        assert run() == "zeroth"
+        assert run(supervisor) == "zeroth"
 
 
 def test_each_command_spec_gets_its_own_environment(supervisor: Supervisor) -> None:

@@ -16,9 +16,10 @@ import pytest
 
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
-from leasecore.process import supervisor as supervisor_module
+from leasecore.process.link import FORKSERVER_BOOT
+from tests.support import wait_until
 
-from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec, wait_until
+from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec
 
 MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
 
@@ -30,38 +31,36 @@ def _ours() -> list[psutil.Process]:
 _no_leftovers = killing_leftovers(["sleep", MARK_SECONDS])
 
 
-def _boot_with(monkeypatch: pytest.MonkeyPatch, patch: str) -> None:
-    """Run ``patch`` in the fork server before it starts (it replaces ``os.posix_spawn`` there)."""
-    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+def _boot_with(patch: str) -> str:
+    """A fork server that runs ``patch`` before it starts (it replaces ``os.posix_spawn`` there)."""
+    return patch + FORKSERVER_BOOT
 
 
-def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(tmp_path: Path) -> None:
     """A spawn the fork server does not answer in time (a hung exec) fails that task; its pipes,
     directory and entry must not be left behind, and when the command does start later (the runner has
     reported the task FAILED by then, and the server will retry it) it is killed, not left running
     unrecorded. The fork server holds that spawn until the test opens a gate (a file)."""
     gate = tmp_path / "gate"
-    _boot_with(monkeypatch, "import os, time\n_spawn = os.posix_spawn\n"
-               "def _held(path, argv, *a, **k):\n"
-               f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
-               "        time.sleep(0.01)\n"
-               "    return _spawn(path, argv, *a, **k)\n"
-               "os.posix_spawn = _held\n")  # fmt: skip
+    boot = _boot_with("import os, time\n_spawn = os.posix_spawn\n"
+                      "def _held(path, argv, *a, **k):\n"
+                      f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
+                      "        time.sleep(0.01)\n"
+                      "    return _spawn(path, argv, *a, **k)\n"
+                      "os.posix_spawn = _held\n")  # fmt: skip
     tasks_tmp = tmp_path / "task-tmp"
     tasks_tmp.mkdir()
-    with Supervisor(tmp_path / "state", tmp_dir=str(tasks_tmp)) as supervisor:
+    # 1 s for an answer: the held spawn is given up after it (the others are answered at once).
+    with Supervisor(tmp_path / "state", tmp_dir=str(tasks_tmp), forkserver_boot=boot,
+                    reply_timeout_seconds=1.0) as supervisor:  # fmt: skip
         child = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w")
         first = child.wait(30)
         assert first is not None and first.exit_code == 0  # the fork server is up
         # Its tree's end, too: that opens the state record's journal (an fd kept from then on).
         assert child.wait_gone(30)
         fds_before = len(os.listdir("/proc/self/fd"))
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 0.3)
         with pytest.raises(ProcessError, match="did not answer"):
             supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
-        monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 30.0)
         gate.touch()  # the held spawn goes ahead now, after its task was given up
         assert list(tasks_tmp.iterdir()) == []
         assert len(os.listdir("/proc/self/fd")) <= fds_before
@@ -69,16 +68,14 @@ def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(
         assert not _ours()
 
 
-def test_a_command_started_just_before_its_fork_server_died_is_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_command_started_just_before_its_fork_server_died_is_killed(tmp_path: Path) -> None:
     """The fork server dies right after posix_spawn, before it could answer: the runner has no record
     of the tree yet, and no parent-death signal takes the command along. It is found by its marker
     token and killed."""
-    _boot_with(monkeypatch, "import os\n_spawn = os.posix_spawn\n"
-               "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
-               "os.posix_spawn = _then_die\n")  # fmt: skip
-    with Supervisor(tmp_path / "state") as supervisor:
+    boot = _boot_with("import os\n_spawn = os.posix_spawn\n"
+                      "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
+                      "os.posix_spawn = _then_die\n")  # fmt: skip
+    with Supervisor(tmp_path / "state", forkserver_boot=boot) as supervisor:
         with pytest.raises(SpawnError, match="fork server lost"):
             supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")
         assert wait_until(lambda: not _ours(), 10)
@@ -104,12 +101,13 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
     # A full /tmp (ENOSPC) or no fd left (EMFILE) used to raise a bare OSError out of spawn, which
     # the runner only expects for bugs: it ended the run. Each is a SpawnError for this task now,
     # with nothing left behind, and the next spawn works.
+    tasks_tmp = tmp_path / "not-yet"
     sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
-                     tmp_dir=str(tmp_path / "no-such-dir"))
+                     tmp_dir=str(tasks_tmp))
     try:
         with pytest.raises(SpawnError, match="cannot make the task's files"):
             sup.spawn(make_task({}), spec("true"), worker_id="w")
-        sup._tmp_dir = str(tmp_path)
+        tasks_tmp.mkdir()  # the temp dir is usable again
         real_pipe = os.pipe
         made: list[int] = []
 
@@ -128,7 +126,7 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
             with pytest.raises(OSError):
                 os.fstat(fd)
         assert not sup._children and not sup._starting
-        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("conductor-run-task-")] == []
+        assert list(tasks_tmp.iterdir()) == []
         exit_ = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
         assert exit_ is not None and exit_.exit_code == 0
     finally:

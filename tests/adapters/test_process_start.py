@@ -18,9 +18,12 @@ import pytest
 
 from leasecore.errors import ProcessError
 from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
-from leasecore.process import supervisor as supervisor_module
+from leasecore.process.chores import Chores
+from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
+from leasecore.process.supervisor import MAX_STARTING
+from tests.support import wait_until
 
-from .process_support import killing_leftovers, live_with_cmdline, make_task, spec, wait_until
+from .process_support import killing_leftovers, live_with_cmdline, make_task, spec
 
 MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
 
@@ -63,28 +66,33 @@ class Seen:
         return exit_
 
 
-def _held_boot(monkeypatch: pytest.MonkeyPatch, gate: Path) -> None:
-    """The fork server holds the spawn of ``sleep MARK_SECONDS`` (only) until ``gate`` exists."""
+def _held_boot(gate: Path) -> str:
+    """A fork server that holds the spawn of ``sleep MARK_SECONDS`` (only) until ``gate`` exists."""
     patch = ("import os, time\n_spawn = os.posix_spawn\n"
              "def _held(path, argv, *a, **k):\n"
              f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
              "        time.sleep(0.01)\n"
              "    return _spawn(path, argv, *a, **k)\n"
              "os.posix_spawn = _held\n")  # fmt: skip
-    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
+    return patch + FORKSERVER_BOOT
 
 
-def _short_reply_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1 s for a spawn's answer. Set before the Supervisor starts: its reader checks the unanswered
-    ones a third of that apart (10 s when idle, as first scheduled with the default)."""
-    monkeypatch.setattr(supervisor_module, "_REPLY_TIMEOUT_SECONDS", 1.0)
+# 1 s for a spawn's answer (its reader checks the unanswered ones a third of that apart).
+SHORT_REPLY_TIMEOUT_SECONDS = 1.0
 
 
-def _supervisor(tmp_path: Path) -> Supervisor:
+def _supervisor(
+    tmp_path: Path,
+    *,
+    boot: str = FORKSERVER_BOOT,
+    reply_timeout_seconds: float = REPLY_TIMEOUT_SECONDS,
+    max_starting: int = MAX_STARTING,
+) -> Supervisor:
     tasks_tmp = tmp_path / "task-tmp"
     tasks_tmp.mkdir(exist_ok=True)
     return Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
-                      tmp_dir=str(tasks_tmp))  # fmt: skip
+                      tmp_dir=str(tasks_tmp), forkserver_boot=boot,
+                      reply_timeout_seconds=reply_timeout_seconds, max_starting=max_starting)  # fmt: skip
 
 
 def _fd_count() -> int:
@@ -97,13 +105,10 @@ def _warm(supervisor: Supervisor) -> None:
     assert child.wait(30) is not None and child.wait_gone(30)
 
 
-def test_start_returns_before_the_exec_and_on_started_brings_the_pid(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_start_returns_before_the_exec_and_on_started_brings_the_pid(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    _held_boot(monkeypatch, gate)
     seen = Seen()
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate)) as supervisor:
         child = seen.start(supervisor, spec("sleep", MARK_SECONDS))
         # The fork server has not even started it: start() did not wait for that.
         assert child.pid == 0 and not seen.started.is_set() and not _ours()
@@ -139,15 +144,12 @@ def test_a_start_whose_exec_fails_ends_in_on_done_with_why_and_leaves_nothing(tm
     assert list((tmp_path / "task-tmp").iterdir()) == []
 
 
-def test_a_tree_signalled_before_its_start_is_answered_is_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_tree_signalled_before_its_start_is_answered_is_killed(tmp_path: Path) -> None:
     # The runner may fence a task whose start is still under way (shutdown, a lease lost): the fork
     # server takes requests in order, so the signal reaches the tree it starts just before.
     gate = tmp_path / "gate"
-    _held_boot(monkeypatch, gate)
     seen = Seen()
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate)) as supervisor:
         child = seen.start(supervisor, spec("sleep", MARK_SECONDS))
         child.kill_tree()
         gate.touch()
@@ -158,13 +160,12 @@ def test_a_tree_signalled_before_its_start_is_answered_is_killed(
 
 
 def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_command_is_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     gate = tmp_path / "gate"
-    _held_boot(monkeypatch, gate)
     seen = Seen()
-    _short_reply_timeout(monkeypatch)
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate),
+                     reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         _warm(supervisor)
         fds = _fd_count()
         seen.start(supervisor, spec("sleep", MARK_SECONDS))
@@ -178,15 +179,12 @@ def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_comm
     assert [name for name, _ in seen.events] == ["done"]
 
 
-def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_killed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_killed(tmp_path: Path) -> None:
     patch = ("import os\n_spawn = os.posix_spawn\n"
              "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
              "os.posix_spawn = _then_die\n")  # fmt: skip
-    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
     seen = Seen()
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=patch + FORKSERVER_BOOT) as supervisor:
         seen.start(supervisor, spec("sleep", MARK_SECONDS))
         exit_ = seen.exit()
         assert exit_.start_error is not None and "fork server lost" in exit_.start_error
@@ -218,16 +216,12 @@ def test_many_starts_in_flight_at_once_each_run_once_and_end(tmp_path: Path) -> 
     assert list((tmp_path / "task-tmp").iterdir()) == []
 
 
-def test_start_waits_while_the_fork_server_is_a_full_queue_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Spawns queued at the fork server are bounded: beyond _MAX_STARTING unanswered ones, start()
+def test_start_waits_while_the_fork_server_is_a_full_queue_behind(tmp_path: Path) -> None:
+    # Spawns queued at the fork server are bounded: beyond max_starting unanswered ones, start()
     # waits for an answer, so a runner's claims follow what actually starts.
     gate = tmp_path / "gate"
-    _held_boot(monkeypatch, gate)
-    monkeypatch.setattr(supervisor_module, "_MAX_STARTING", 3)
     seen = [Seen() for _ in range(4)]
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate), max_starting=3) as supervisor:
 
         def start(i: int) -> Child:
             return seen[i].start(supervisor, spec("sleep", MARK_SECONDS), task_id=f"t{i}")
@@ -252,12 +246,10 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
     # A start given up is still queued at the (stalled) fork server: feeding it more would fail every
     # task polled meanwhile and start each one late. So they count until their late answer comes.
     gate = tmp_path / "gate"
-    _held_boot(monkeypatch, gate)
-    monkeypatch.setattr(supervisor_module, "_MAX_STARTING", 2)
     seen = [Seen() for _ in range(2)]
     sent_from: list[str] = []
-    _short_reply_timeout(monkeypatch)
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate), max_starting=2,
+                     reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         real_request = supervisor._request
 
         def request(message: dict[str, object], fds: list[int] | None = None) -> None:
@@ -283,9 +275,7 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
     assert sent_from == ["supervisor-chores", "supervisor-chores"]
 
 
-def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(tmp_path: Path) -> None:
     # The fork server starts a command whose start was given up, then dies before its answer: the
     # tree was in no record; it is known by its marker token and killed with the fork server's trees.
     gate = tmp_path / "gate"
@@ -298,10 +288,9 @@ def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(
              "    _spawn(path, argv, *a, **k)\n"
              "    os._exit(1)\n"
              "os.posix_spawn = _held_then_die\n")  # fmt: skip
-    monkeypatch.setattr(supervisor_module, "_BOOT", patch + supervisor_module._BOOT)
     seen = Seen()
-    _short_reply_timeout(monkeypatch)
-    with _supervisor(tmp_path) as supervisor:
+    with _supervisor(tmp_path, boot=patch + FORKSERVER_BOOT,
+                     reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         _warm(supervisor)
         seen.start(supervisor, spec("sleep", MARK_SECONDS))
         assert seen.exit().start_error == "the fork server did not answer a spawn request"
@@ -354,7 +343,7 @@ def test_a_start_that_fails_on_a_bug_leaves_nothing_registered(
 
 
 def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    chores = supervisor_module._Chores()
+    chores = Chores()
     ran_on: list[str] = []
     done = threading.Event()
     chores.submit(lambda: (ran_on.append(threading.current_thread().name), done.set()))
@@ -364,7 +353,7 @@ def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.
     chores.close(10)
     chores.submit(lambda: ran_on.append(threading.current_thread().name))
     assert ran_on == ["supervisor-chores", "supervisor-chores", threading.current_thread().name]
-    unstartable = supervisor_module._Chores()
+    unstartable = Chores()
 
     def no_thread(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
@@ -377,7 +366,7 @@ def test_chores_run_on_their_thread_then_inline_once_closed(monkeypatch: pytest.
 
 def test_an_urgent_chore_goes_before_the_rmtrees_waiting() -> None:
     # A late-started command's kill must not wait behind the removal of directories children filled.
-    chores = supervisor_module._Chores()
+    chores = Chores()
     order: list[str] = []
     release = threading.Event()
     busy = threading.Event()

@@ -11,7 +11,7 @@ from typing import Any
 
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.process.stdio_protocol import STDOUT_LIMIT
+from leasecore.process.stdio_protocol import STDOUT_LIMIT_BYTES
 
 from .process_support import Lines, sample
 
@@ -71,7 +71,7 @@ def test_stdout_past_the_bound_is_read_to_its_end_but_not_kept(tmp_path: Path) -
     raw = RAW | {"inputData": {"mode": "flood"}}
     exit_, _ = run(tmp_path, raw)
     assert exit_.exit_code == 0  # never blocked on a full pipe: it ran to its end
-    assert exit_.stdout_document is not None and len(exit_.stdout_document) == STDOUT_LIMIT + 1
+    assert exit_.stdout_document is not None and len(exit_.stdout_document) == STDOUT_LIMIT_BYTES + 1
     result = to_task_result(Task.from_json(raw), exit_, stdio_spec(), worker_id="w1")
     assert result.status is TaskStatus.FAILED
     assert "worker stdout is too large (over 1048576 bytes)" in str(result.reason_for_incompletion)

@@ -16,6 +16,7 @@ import pytest
 
 from leasecore.models import TaskStatus
 from leasecore.process import Child, CommandSpec, Supervisor, to_task_result
+from tests.support import wait_until
 
 from .process_support import (
     Lines,
@@ -24,7 +25,6 @@ from .process_support import (
     processes_with_marker,
     running_supervisor,
     sample,
-    wait_until,
     zombies_of,
 )
 
@@ -348,7 +348,7 @@ def test_a_fork_server_whose_socket_is_above_fd_1023_serves_a_burst_of_requests(
     ballast = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         for supervisor in running_supervisor(tmp_path):
-            assert supervisor._sock.fileno() > 1023  # the socket the fork server was handed
+            assert supervisor._link.sock.fileno() > 1023  # the socket the fork server was handed
             sleeper = CommandSpec(argv=("sleep", "300"))
             children = [supervisor.spawn(make_task(task_id=f"t{i}"), sleeper, worker_id="x") for i in "abc"]
             _term_together(supervisor, children)  # select() raised here: the fork server died

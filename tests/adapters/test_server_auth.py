@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from leasecore.server import EmbeddedServer
-from tests.conformance.harness import wait_until
+from tests.support import wait_until
 
 KEY, SECRET = "key-id", "key-secret"
 

@@ -13,7 +13,7 @@ import requests
 from leasecore.server import EmbeddedServer
 from leasecore.server.store import JSON, Store
 from tests.conformance.harness import Harness
-from tests.integration.helpers import wait_until
+from tests.support import wait_until
 
 
 def test_an_evicted_workflow_and_its_task_are_404_over_http() -> None:

@@ -16,7 +16,8 @@ import requests
 
 from leasecore.errors import ConfigError
 from leasecore.server import EmbeddedServer
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 
 def test_url_and_binding(server: EmbeddedServer) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import psutil
 
 from leasecore.server import EmbeddedServer
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 
 def test_response_timeout_fires_promptly_without_any_decide(api: Harness) -> None:

@@ -40,7 +40,6 @@ def _processes_using(directory: Path) -> list[str]:
     return found
 
 
-@pytest.mark.slow
 def test_demo_without_a_tty_passes_every_scene_and_leaves_no_process(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
     env["TMPDIR"] = str(tmp_path)  # every scene file, runner cwd and task cwd lives under tmp_path

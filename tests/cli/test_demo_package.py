@@ -126,7 +126,6 @@ def _install_into_fresh_venv(wheel: Path, venv: Path) -> Path:
     return python
 
 
-@pytest.mark.slow
 def test_the_demo_runs_from_the_built_wheel_outside_the_checkout(tmp_path: Path) -> None:
     src = _copy_for_build(tmp_path / "src")
     out = tmp_path / "wheelhouse"

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
@@ -23,6 +22,7 @@ from leasecore.config.loader import load_config
 from leasecore.errors import ConductorUnavailable
 from leasecore.fleet.view import FleetRow, WorkerPoll, fleet_rows
 from leasecore.server import EmbeddedServer
+from tests.support import wait_until
 from tests.tlsrelay import TlsRelay, make_private_ca
 
 AT = datetime(2026, 12, 1, 22, 0, 0, tzinfo=UTC)
@@ -90,10 +90,7 @@ def test_watch_on_a_terminal_stays_live_until_ctrl_c_then_exits_0(tmp_path: Path
                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                                 stdin=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 30
-            while "fleet at" not in out_path.read_text() and time.monotonic() < deadline:
-                time.sleep(0.05)  # polling interval of a condition wait
-            assert "fleet at" in out_path.read_text(), out_path.read_text()
+            wait_until(lambda: "fleet at" in out_path.read_text(), 30, "the first frame of fleet --watch")
             assert proc.poll() is None  # still watching
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=30) == exitcodes.OK

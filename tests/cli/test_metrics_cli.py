@@ -93,3 +93,22 @@ def test_help_names_the_metrics_flags_their_default_and_other_sources() -> None:
                  "--metrics-host ADDR The address the metrics endpoint listens on. Default: 127.0.0.1; "
                  "env CONDUCTOR_RUN_METRICS_HOST; file [worker] metrics_host."):
         assert "".join(part.split()) in flat, part
+
+
+def test_help_names_the_label_flag_its_choices_default_and_other_sources() -> None:
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    flat = "".join(result.output.split())
+    part = ("--metrics-task-type-label taskType|task_type The metrics' label name for the task type: "
+            "taskType (the Conductor SDKs' name, which their dashboards query) or task_type (snake_case: "
+            "promtool check metrics finds nothing). Default: taskType; env "
+            "CONDUCTOR_RUN_METRICS_TASK_TYPE_LABEL; file [worker] metrics_task_type_label.")
+    assert "".join(part.split()) in flat, result.output
+
+
+def test_a_bad_label_name_is_exit_3_with_one_line() -> None:
+    result = CliRunner().invoke(app, ["run", "--task-type", "t", "--metrics-task-type-label", "task-type",
+                                      "--", "true"], env={"COLUMNS": "200"})
+    assert result.exit_code == exitcodes.CONFIG, result.output
+    assert result.stderr == ("conductor-run: configuration error: invalid metrics_task_type_label = "
+                             "'task-type' (from flag --metrics-task-type-label): expected 'taskType' or "
+                             "'task_type'\n")

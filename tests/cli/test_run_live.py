@@ -21,7 +21,8 @@ from rich.console import Console
 from cli import exitcodes
 from cli.runview import ConsoleLogHandler, LiveView, wants_live_view
 from leasecore.snapshot import RunnerInfo, RunnerSnapshot, ServerHealth, TaskSnapshot, TaskState
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -90,7 +91,6 @@ def test_log_lines_go_through_the_console_as_plain_text() -> None:
     assert out.getvalue() == "INFO task [bold]a[/] started\n"  # never parsed as markup
 
 
-@pytest.mark.slow
 def test_the_real_runner_on_a_terminal_shows_its_task_live(world: World, tmp_path: Path) -> None:
     world.define(response_timeout=30)
     world.start_workflow(seconds=60)

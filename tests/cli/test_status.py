@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -35,6 +34,7 @@ from leasecore.state.statefile import (
     probe_process,
     runner_info_for_this_process,
 )
+from tests.support import wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 TASK_ID = "7f3c1a2e-1111-4222-8333-444455556666"
@@ -483,14 +483,6 @@ def run_status(
         timeout=120,
         check=False,
     )
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 @pytest.fixture

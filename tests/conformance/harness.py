@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import requests
+
+from tests.support import wait_until
 
 T = TypeVar("T")
 
@@ -171,18 +172,6 @@ class Harness:
             if left <= 0:
                 return
             time.sleep(min(every, left))
-
-
-def wait_until(probe: Callable[[], T | None], timeout_s: float, what: str, interval: float = 0.05) -> T:
-    """Call ``probe`` until it returns something truthy; fail after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval)
 
 
 def sleep_past(seconds: float) -> None:

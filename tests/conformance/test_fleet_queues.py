@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Any
 
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 
 def poll_records(conductor: Harness, task_type: str) -> list[dict[str, Any]]:

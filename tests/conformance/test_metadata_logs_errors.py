@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 
 def test_task_def_defaults(conductor: Harness) -> None:

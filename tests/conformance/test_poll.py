@@ -6,7 +6,8 @@ import threading
 import time
 from typing import Any
 
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 
 def test_single_poll_on_an_empty_queue_is_204_with_no_body(conductor: Harness) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.harness import Harness, sleep_past, wait_until
+from tests.conformance.harness import Harness, sleep_past
+from tests.support import wait_until
 
 
 def _start_and_poll(conductor: Harness, wf: str, task_type: str) -> dict[str, Any]:
@@ -20,7 +21,6 @@ def _start_and_poll(conductor: Harness, wf: str, task_type: str) -> dict[str, An
     return task
 
 
-@pytest.mark.slow
 def test_heartbeats_keep_a_task_alive_past_r_while_a_silent_task_times_out(conductor: Harness) -> None:
     task_type, wf = conductor.one_task_workflow(responseTimeoutSeconds=2, retryCount=0)
     beating = _start_and_poll(conductor, wf, task_type)
@@ -48,7 +48,6 @@ def test_heartbeats_keep_a_task_alive_past_r_while_a_silent_task_times_out(condu
     assert conductor.workflow(beating["workflowInstanceId"])["status"] == "COMPLETED"
 
 
-@pytest.mark.slow
 def test_response_timeout_retries_under_a_new_task_id_then_times_the_workflow_out(conductor: Harness) -> None:
     task_type, wf = conductor.one_task_workflow(responseTimeoutSeconds=1, retryCount=1, retryDelaySeconds=0)
     first = _start_and_poll(conductor, wf, task_type)
@@ -117,7 +116,6 @@ def test_retry_waits_for_retry_delay_seconds(conductor: Harness) -> None:
     assert retry["retriedTaskId"] == task["taskId"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["RETRY", "TIME_OUT_WF", "ALERT_ONLY"])
 def test_timeout_seconds_applies_the_timeout_policy_even_while_heartbeating(
     conductor: Harness, policy: str

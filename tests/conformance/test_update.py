@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.conformance.harness import Harness, sleep_past, wait_until
+from tests.conformance.harness import Harness, sleep_past
+from tests.support import wait_until
 
 
 def _polled(conductor: Harness, **task_fields: Any) -> tuple[dict[str, Any], str]:

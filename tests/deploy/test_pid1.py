@@ -18,9 +18,7 @@ import pytest
 from cli import exitcodes
 from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.server import EmbeddedServer
-from tests.integration.helpers import wait_until
-
-pytestmark = pytest.mark.slow
+from tests.support import wait_until
 
 UNSHARE = shutil.which("unshare")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from leasecore.fleet.view import ACTIVE_POLL_SECONDS
-from tests.integration.helpers import HasUrl, World, wait_until
+from tests.integration.helpers import HasUrl, World
+from tests.support import wait_until
 
 
 def fleet(

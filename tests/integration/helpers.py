@@ -12,9 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +20,7 @@ import psutil
 
 from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from tests.faultproxy import FaultProxy
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = str(ROOT / "sample_tasks" / "sleeper.sh")
@@ -37,28 +36,6 @@ class HasUrl(Protocol):
 
     @property
     def url(self) -> str: ...
-
-
-def wait_until(
-    predicate: Callable[[], Any],
-    timeout_seconds: float = 30.0,
-    what: str = "condition",
-    *,
-    interval_seconds: float = 0.05,
-) -> Any:
-    """Return the predicate's first truthy value; fail after ``timeout_seconds``.
-
-    ``interval_seconds`` paces predicates that cost something (e.g. one that asks the real server to
-    decide the workflow each time).
-    """
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        time.sleep(interval_seconds)  # polling interval of a condition wait, not a wait for something
 
 
 class World:

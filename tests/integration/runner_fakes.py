@@ -27,14 +27,6 @@ from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot, TaskState
 
 
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        threading.Event().wait(0.01)
-
-
 def make_task(task_id: str, task_type: str = "t", **kw: Any) -> Task:
     return Task(
         task_id=task_id,

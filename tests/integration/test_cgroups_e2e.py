@@ -23,9 +23,8 @@ import pytest
 from cli import exitcodes
 from leasecore.limits import memory_reason
 from leasecore.process import cgroups
-from tests.integration.helpers import World, gone, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import World, gone
+from tests.support import wait_until
 
 DAEMON_CMDLINE = ["sleep", "3323"]
 COMMAND = ["/bin/sh", "-c", 'if [ -e "$1" ]; then exit 0; fi; setsid env -i sh -c "sleep 3323" & wait',

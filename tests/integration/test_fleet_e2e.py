@@ -9,13 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from cli import exitcodes
 from leasecore.server import EmbeddedServer
 from tests.integration.fleet_scenario import check_the_scenario, fleet, two_runners_and_a_stalled_type
-
-pytestmark = pytest.mark.slow
 
 
 def test_fleet_shows_two_runners_polling_and_the_type_nobody_polls_first(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import time
 
 from cli import exitcodes
 from leasecore.state.outbox import Outbox
+from tests.support import wait_until
 
-from .helpers import World, wait_until
+from .helpers import World
 
 
 def test_a_second_sigterm_cuts_the_update_in_flight(world: World) -> None:

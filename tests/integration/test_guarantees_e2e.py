@@ -17,14 +17,13 @@ import time
 import pytest
 
 from cli import exitcodes
-from tests.integration.helpers import ROOT, World, all_gone, gone, tree_of, wait_until
+from tests.integration.helpers import ROOT, World, all_gone, gone, tree_of
 from tests.integration.rewriting_relay import RewritingRelay, is_lease
+from tests.support import wait_until
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
 DAEMONIZER = str(ROOT / "sample_tasks" / "daemonizer.py")
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
-
-pytestmark = pytest.mark.slow
 
 
 def task_log(world: World, workflow_id: str) -> str:

@@ -16,14 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from cli import exitcodes
 from leasecore.checkbudget import max_queue_seconds
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
 from tests.integration.rewriting_relay import RewritingRelay, is_lease
-
-pytestmark = pytest.mark.slow
+from tests.support import wait_until
 
 # A copy of the task: ignores SIGTERM (so does every process it starts), records its life.
 COPY = r"""

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import World, wait_until
+from tests.integration.helpers import World
 from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
 from tests.integration.test_metrics_e2e import metrics_port, scrape, value
-
-pytestmark = pytest.mark.slow
-
+from tests.support import wait_until
 
 # The first delivery's yield, native (in_progress_exit_code) or stdio (a document saying IN_PROGRESS):
 # a TERM-ignoring escapee in its own session (output away from the document's pipe), then the yield.

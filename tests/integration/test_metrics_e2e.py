@@ -22,9 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import exitcodes
-from tests.integration.helpers import ROOT, World, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import ROOT, World
+from tests.support import wait_until
 
 _LISTENING = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
 
@@ -99,12 +98,15 @@ def test_metrics_count_known_work_exactly(world: World) -> None:
                      uri="/tasks/poll/batch/{taskType}")
     assert 0 <= requests - polls <= 1
     # Heartbeats: each task at least one, all acknowledged; one lateness sample per beat sent; every
-    # POST /tasks is a beat or one of the three results.
+    # POST /tasks is a beat, and the three results went out as update-v2 (#23: each may claim the next
+    # task; the exec timeout's FAILED too, its lease being sound).
     beats = value(samples, "conductor_run_heartbeats_total", taskType=tt, result="ok")
     assert beats >= 3
     assert value(samples, "conductor_run_heartbeats_total", taskType=tt, result="failed") == 0
     assert value(samples, "conductor_run_heartbeat_lateness_seconds_count") == beats
-    assert value(samples, "http_api_client_request_seconds_count", method="POST", uri="/tasks") == beats + 3
+    assert value(samples, "http_api_client_request_seconds_count", method="POST", uri="/tasks") == beats
+    assert value(samples, "http_api_client_request_seconds_count", method="POST",
+                 uri="/tasks/update-v2") == 3
     checks = value(samples, "conductor_run_ownership_checks_total", taskType=tt)
     assert checks == value(samples, "conductor_run_ownership_checks_total", taskType=tt, result="ok")
     assert checks == value(samples, "http_api_client_request_seconds_count", method="GET",
@@ -273,19 +275,48 @@ def test_a_real_prometheus_scrapes_the_runner_and_promtool_accepts_the_output(
 
     status, text = get(port, "/metrics")
     assert status == 200
-    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
-                          timeout=60)
-    # promtool's one complaint is the SDKs' camelCase label name, kept on purpose (README "Metrics"):
-    # every line it prints is that lint, for a metric that has the taskType label; nothing else.
+    code, lines = _promtool_check(promtool, text)
+    # With the default label name (the SDKs' taskType, for their dashboards: README "Metrics"),
+    # promtool's one complaint is its camelCase: every line it prints is that lint, for a metric that
+    # has the taskType label; nothing else. (metrics_task_type_label = "task_type": none, below.)
     camel = re.compile(r"^(\S+) label names should be written in 'snake_case' not 'camelCase'$")
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     with_task_type = {family.name for family in text_string_to_metric_families(text)
                       if any("taskType" in s.labels for s in family.samples)}
-    assert done.returncode in (0, 3), done  # 3: lint findings only (1 would be a parse error)
+    assert code == 3 and lines, (code, lines)  # 3: lint findings only (1 would be a parse error)
     for line in lines:
         found = camel.match(line)
         assert found is not None, f"promtool: {line}"
         assert found.group(1).removesuffix("_total") in with_task_type, line
+    proc.send_signal(signal.SIGTERM)
+    code, err = world.finish(proc)
+    assert code == exitcodes.SIGTERM, err
+
+
+def _promtool_check(promtool: str, text: str) -> tuple[int, list[str]]:
+    """``promtool check metrics`` on ``text``: its exit code and every non-empty line it printed."""
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode, [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+
+
+def test_with_the_snake_case_label_promtool_finds_nothing_at_all(world: World) -> None:
+    """``metrics_task_type_label = "task_type"`` (here from its env variable): every family that
+    carries the task type has ``task_type``, none ``taskType``, and promtool exits 0 silent."""
+    _, promtool = _prometheus()
+    world.define(response_timeout=10)
+    world.start_workflow(seconds=0)
+    proc = world.run("--metrics-port", "0", env={"CONDUCTOR_RUN_METRICS_TASK_TYPE_LABEL": "task_type"})
+    port = metrics_port(world, proc)
+    tt = world.task_type
+    samples = wait_until(lambda: (s := scrape(port)) and value(
+        s, "conductor_run_task_results_total", task_type=tt, status="COMPLETED") == 1 and s,
+        what="the task counted")
+    assert value(samples, "task_execution_started_total", task_type=tt) == 1
+    assert value(samples, "conductor_run_slots_free", task_type=tt) == 1
+    assert not any("taskType" in dict(labels) for _, labels in samples)
+    status, text = get(port, "/metrics")
+    assert status == 200
+    assert _promtool_check(promtool, text) == (0, [])
     proc.send_signal(signal.SIGTERM)
     code, err = world.finish(proc)
     assert code == exitcodes.SIGTERM, err

@@ -14,9 +14,8 @@ import pytest
 
 from cli import exitcodes
 from leasecore.process import leftovers
-from tests.integration.helpers import World, gone, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import World, gone
+from tests.support import wait_until
 
 R = 300
 # Without the gate the task starts an escapee (its own session: only the tree's marker token finds it)

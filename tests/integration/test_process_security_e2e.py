@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from cli import exitcodes
+from tests.support import wait_until
 
-from .helpers import AUTH_KEY, AUTH_SECRET, World, wait_until
+from .helpers import AUTH_KEY, AUTH_SECRET, World
 
 KEY, SECRET, TOKEN = AUTH_KEY, AUTH_SECRET, "my-token-5b2a"
 

@@ -8,129 +8,42 @@ the task still IN_PROGRESS long after R is what proves the heartbeats work; a de
 unextended task is what gives the runner something to notice.
 
 Every process of a task's tree carries ``CONDUCTOR_TASK_ID`` in its environment (escapees that left the
-process group too), which is how these tests find the whole tree and check that none of it survives.
+process group too), which is how these tests find the whole tree and check that none of it survives
+(``tests/integration/realworld.py``; the ``real_world`` fixture is in ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from cli import exitcodes
 from leasecore.config.loader import TaskSettings
-from leasecore.errors import ConductorError
-from tests.integration.helpers import World, wait_until
-from tests.realserver import RealConductorServer
+from tests.integration.realworld import DECIDE_EVERY_SECONDS, RealWorld, all_dead, task_processes
+from tests.support import wait_until
 
-pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+pytestmark = pytest.mark.real_server
 
 OWNERSHIP_CHECK_SECONDS = TaskSettings.ownership_check_interval  # the runner's default (5 s)
 KILL_GRACE_SECONDS = 2.0
 # Room for a loaded 2-core machine shared with a JVM: process start, HTTP round trips, scheduling.
 SLACK_SECONDS = 8.0
-DECIDE_EVERY_SECONDS = 0.5  # pace of the decide calls: each one is real work for the server
 
 
-def task_processes(task_id: str) -> list[psutil.Process]:
-    """Every live (non-zombie) process of this user whose environment says it belongs to ``task_id``."""
-    uid = os.getuid()
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.uids().real != uid:
-                continue
-            if proc.environ().get("CONDUCTOR_TASK_ID") != task_id:
-                continue
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-class RealWorld(World):
-    """``World`` on the shared real server, tracking workflows and task processes for cleanup."""
-
-    def __init__(self, tmp_path: Path, server: RealConductorServer) -> None:
-        super().__init__(tmp_path, server)
-        self.workflows: list[str] = []
-        self.seen: list[psutil.Process] = []
-
-    def start_workflow(self, **input_data: Any) -> str:
-        workflow_id = super().start_workflow(**input_data)
-        self.workflows.append(workflow_id)
-        return workflow_id
-
-    def task_id_of_running(self, workflow_id: str) -> str:
-        """The task id once the runner has polled it and started its child."""
-        wait_until(self.child_pids, what="the child to start")
-        return str(self.task_of(workflow_id)["taskId"])
-
-    def tree(self, task_id: str, *, at_least: int) -> list[psutil.Process]:
-        """Wait for ``at_least`` live processes in the task's tree; remember them for cleanup."""
-        procs: list[psutil.Process] = wait_until(
-            lambda: (found if len(found := task_processes(task_id)) >= at_least else None),
-            what=f"{at_least} processes in the tree of task {task_id}",
-        )
-        self.seen.extend(procs)
-        return procs
-
-    def decide_and_get_task(self, workflow_id: str) -> dict[str, Any]:
-        """Force the server's timeout checks now, then read the task back."""
-        self.admin.decide(workflow_id)
-        return self.task_of(workflow_id)
-
-    def close(self) -> None:
-        try:
-            super().close()  # SIGKILLs any runner still alive: its fork server then kills the trees
-        finally:
-            for proc in self.seen:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.kill()  # psutil checks the create time: never a recycled pid
-            for workflow_id in self.workflows:  # keep the shared server's sweeper free of our leftovers
-                with contextlib.suppress(ConductorError):
-                    if self.workflow_status(workflow_id) == "RUNNING":
-                        self.admin.terminate_workflow(workflow_id, "test cleanup")
-            self.client.close()
-
-
-def all_dead(procs: list[psutil.Process]) -> bool:
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
-
-
-@pytest.fixture
-def world(tmp_path: Path, real_server: RealConductorServer) -> Iterator[RealWorld]:
-    w = RealWorld(tmp_path, real_server)
-    try:
-        yield w
-    finally:
-        w.close()
-
-
-def test_heartbeats_keep_a_task_alive_for_several_response_timeouts(world: RealWorld) -> None:
+def test_heartbeats_keep_a_task_alive_for_several_response_timeouts(real_world: RealWorld) -> None:
     r_seconds, task_seconds = 3, 10  # more than 3 x R; heartbeats every 0.8 x R = 2.4 s
-    world.define(response_timeout=r_seconds)
-    wf = world.start_workflow(seconds=task_seconds)
-    proc = world.run("--once")
+    real_world.define(response_timeout=r_seconds)
+    wf = real_world.start_workflow(seconds=task_seconds)
+    proc = real_world.run("--once")
     decided_past_r = 0
 
     def runner_done() -> bool:
         nonlocal decided_past_r
-        task = world.decide_and_get_task(wf)
+        task = real_world.decide_and_get_task(wf)
         assert task.get("status") != "TIMED_OUT", f"the server timed the task out: {task}"
         started_ms = task.get("startTime") or 0
         if task.get("status") == "IN_PROGRESS" and started_ms and time.time() * 1000 > started_ms + (
@@ -141,10 +54,10 @@ def test_heartbeats_keep_a_task_alive_for_several_response_timeouts(world: RealW
 
     wait_until(runner_done, task_seconds + 60, "the runner to finish the task",
                interval_seconds=DECIDE_EVERY_SECONDS)
-    code, err = world.finish(proc)
+    code, err = real_world.finish(proc)
     assert code == exitcodes.OK, err
     assert decided_past_r >= 3, f"only {decided_past_r} decide(s) ran while the task outlived R"
-    workflow = world.admin.get_workflow(wf)
+    workflow = real_world.admin.get_workflow(wf)
     assert workflow["status"] == "COMPLETED"
     [task] = workflow["tasks"]  # one attempt: never timed out, never retried
     assert task["status"] == "COMPLETED" and task["pollCount"] == 1
@@ -152,31 +65,33 @@ def test_heartbeats_keep_a_task_alive_for_several_response_timeouts(world: RealW
     assert task["endTime"] - task["startTime"] >= task_seconds * 1000 > 3 * r_seconds * 1000
     # The child's output was streamed to the task's execution log (POST /api/tasks/{id}/log).
     wait_until(
-        lambda: any(f"sleeping {task_seconds}s" in e["log"] for e in world.admin.get_logs(task["taskId"])),
+        lambda: any(f"sleeping {task_seconds}s" in e["log"]
+                    for e in real_world.admin.get_logs(task["taskId"])),
         what="the child's output in the task log",
         interval_seconds=DECIDE_EVERY_SECONDS,
     )
 
 
-def test_without_lease_extension_the_lease_ends_at_r_and_the_tree_dies_with_it(world: RealWorld) -> None:
+def test_without_lease_extension_the_lease_ends_at_r_and_the_tree_dies_with_it(real_world: RealWorld) -> None:
     r_seconds = 3  # time enough to list the tree (sh and its sleep) before the lease ends
-    world.define(response_timeout=r_seconds)
-    wf = world.start_workflow(seconds=120)
+    real_world.define(response_timeout=r_seconds)
+    wf = real_world.start_workflow(seconds=120)
     # A heartbeat timeout past R is capped at R: past R the server may hand the task to another worker,
     # so without heartbeats the lease ends at poll + R, whatever the flag asks for.
-    proc = world.run(
+    proc = real_world.run(
         "--no-lease-extend", "--heartbeat-timeout", "120", "--kill-grace", str(KILL_GRACE_SECONDS)
     )
-    task_id = world.task_id_of_running(wf)
+    task_id = real_world.task_id_of_running(wf)
     seen_running_at = time.monotonic()  # after the poll: an elapsed time from here is never too long
-    tree = world.tree(task_id, at_least=2)
+    tree = real_world.tree(task_id, at_least=2)
 
     limit = r_seconds + KILL_GRACE_SECONDS + SLACK_SECONDS
     wait_until(lambda: all_dead(tree) and not task_processes(task_id), limit, "the tree to be fenced at R")
     assert time.monotonic() - seen_running_at < limit
     # Then the server records its TIMED_OUT or the runner's FAILED (lease expired), whichever came first.
     ended = wait_until(
-        lambda: (t if (t := world.decide_and_get_task(wf))["status"] in ("TIMED_OUT", "FAILED") else None),
+        lambda: (t if (t := real_world.decide_and_get_task(wf))["status"] in ("TIMED_OUT", "FAILED")
+                 else None),
         30,
         "the task to end on the server",
         interval_seconds=DECIDE_EVERY_SECONDS,
@@ -184,49 +99,51 @@ def test_without_lease_extension_the_lease_ends_at_r_and_the_tree_dies_with_it(w
     reason = ended["reasonForIncompletion"]
     assert reason.startswith("lease expired") if ended["status"] == "FAILED" else "responseTimeout" in reason
     assert ended["pollCount"] == 1
-    assert world.workflow_status(wf) == ended["status"]  # retryCount 0: the workflow ends with it
-    err = world.stderr(proc)
+    assert real_world.workflow_status(wf) == ended["status"]  # retryCount 0: the workflow ends with it
+    err = real_world.stderr(proc)
     assert f"heartbeat_timeout 120s is capped at the task's responseTimeoutSeconds {r_seconds}s" in err
     assert f"task {task_id}: terminating the process tree (lease expired)" in err
     assert proc.poll() is None  # the runner keeps serving
     proc.send_signal(signal.SIGTERM)
-    code, err = world.finish(proc)
+    code, err = real_world.finish(proc)
     assert code == exitcodes.SIGTERM, err
 
 
-def test_terminating_the_workflow_kills_the_whole_tree_and_the_task_stays_canceled(world: RealWorld) -> None:
-    world.define(response_timeout=30)
-    wf = world.start_workflow()
+def test_terminating_the_workflow_kills_the_whole_tree_and_the_task_stays_canceled(
+    real_world: RealWorld,
+) -> None:
+    real_world.define(response_timeout=30)
+    wf = real_world.start_workflow()
     # A grandchild in the child's process group, and one that left it (setsid): both must die.
     command = ["/bin/sh", "-c", "sleep 300 & setsid sleep 300 & wait"]
-    proc = world.run("--kill-grace", str(KILL_GRACE_SECONDS), command=command)
-    task_id = world.task_id_of_running(wf)
-    tree = world.tree(task_id, at_least=3)
+    proc = real_world.run("--kill-grace", str(KILL_GRACE_SECONDS), command=command)
+    task_id = real_world.task_id_of_running(wf)
+    tree = real_world.tree(task_id, at_least=3)
     assert len({os.getsid(p.pid) for p in tree}) == 2, "expected a grandchild outside the child's session"
 
-    world.admin.terminate_workflow(wf, "changed my mind")
+    real_world.admin.terminate_workflow(wf, "changed my mind")
     terminated_at = time.monotonic()
     limit = OWNERSHIP_CHECK_SECONDS + KILL_GRACE_SECONDS + SLACK_SECONDS
     wait_until(lambda: all_dead(tree) and not task_processes(task_id), limit, "the tree to be killed")
     assert time.monotonic() - terminated_at < limit
-    wait_until(lambda: "no longer ours" in world.stderr(proc), what="the runner to log the lost task")
+    wait_until(lambda: "no longer ours" in real_world.stderr(proc), what="the runner to log the lost task")
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
-    code, err = world.finish(proc)
+    code, err = real_world.finish(proc)
     assert code == exitcodes.SIGTERM, err
-    task = world.decide_and_get_task(wf)
+    task = real_world.decide_and_get_task(wf)
     assert task["status"] == "CANCELED", task
-    assert world.workflow_status(wf) == "TERMINATED"
+    assert real_world.workflow_status(wf) == "TERMINATED"
 
 
-def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: RealWorld) -> None:
+def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(real_world: RealWorld) -> None:
     r_seconds = 3
-    world.define(response_timeout=r_seconds)
-    wf = world.start_workflow(seconds=120)
-    with world.proxy() as proxy:
-        proc = world.run("--kill-grace", str(KILL_GRACE_SECONDS), url=proxy.url_for("/api"))
-        task_id = world.task_id_of_running(wf)
-        tree = world.tree(task_id, at_least=2)
+    real_world.define(response_timeout=r_seconds)
+    wf = real_world.start_workflow(seconds=120)
+    with real_world.proxy() as proxy:
+        proc = real_world.run("--kill-grace", str(KILL_GRACE_SECONDS), url=proxy.url_for("/api"))
+        task_id = real_world.task_id_of_running(wf)
+        tree = real_world.tree(task_id, at_least=2)
         silenced_at = time.monotonic()
         proxy.set_mode("blackhole")
         # The lease deadline is at most R after the last acknowledged heartbeat, i.e. before
@@ -236,7 +153,7 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
         assert time.monotonic() - silenced_at < limit
         proxy.set_mode("pass")
         proc.send_signal(signal.SIGTERM)
-        code, err = world.finish(proc)
+        code, err = real_world.finish(proc)
     assert code == exitcodes.SIGTERM, err
     assert "lease expired" in err
     # Whatever the runner's best-effort FAILED achieved, the task is over on the server: never COMPLETED.
@@ -245,7 +162,7 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     seen: list[dict[str, Any]] = []
 
     def ended() -> bool:
-        seen.append(world.decide_and_get_task(wf))
+        seen.append(real_world.decide_and_get_task(wf))
         return seen[-1]["status"] in {"TIMED_OUT", "FAILED", "CANCELED"}
 
     try:
@@ -256,4 +173,4 @@ def test_a_silenced_server_means_the_tree_is_dead_by_the_lease_deadline(world: R
     # Not necessarily the same word as the task's: the server's sweep (TIMED_OUT) and the runner's FAILED
     # reach the server in the same instant, and it can keep one in the task row and act on the other for
     # the workflow (seen once: task FAILED, workflow TIMED_OUT). Over, either way: not running, not done.
-    assert world.workflow_status(wf) in {"TIMED_OUT", "FAILED", "TERMINATED"}
+    assert real_world.workflow_status(wf) in {"TIMED_OUT", "FAILED", "TERMINATED"}

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import requests
+
+from tests.support import wait_until
 
 pytestmark = pytest.mark.real_server
 
@@ -75,16 +77,6 @@ class Api:
 def api(real_server_url: str) -> Iterator[Api]:
     with requests.Session() as http:
         yield Api(real_server_url, http)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``predicate`` until true; returns the seconds it took."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def test_taskdef_validation_errors(api: Api) -> None:
@@ -279,7 +271,7 @@ def test_response_timeout_is_decided_by_an_explicit_decide(api: Api) -> None:
     assert api.call("PUT", f"/workflow/decide/{workflow_id}").status_code == 200
     if time.monotonic() - beat_at < 2.0:  # well inside R on any sane machine
         assert api.task(task_id)["status"] == "IN_PROGRESS"
-    wait_for(lambda: time.monotonic() - beat_at > 3.3, 10, "R to pass")
+    wait_until(lambda: time.monotonic() - beat_at > 3.3, 10, "R to pass")
     assert api.call("PUT", f"/workflow/decide/{workflow_id}").status_code == 200
     task = api.task(task_id)
     assert task["status"] == "TIMED_OUT"
@@ -292,19 +284,22 @@ def test_a_never_heartbeated_task_times_out_about_r_after_the_poll(api: Api) -> 
     api.start(task_type)
     polled_at = time.monotonic()
     task_id = api.poll(task_type)["taskId"]
-    wait_for(lambda: api.task(task_id)["status"] == "TIMED_OUT", 60, "the sweeper to time the task out")
+    wait_until(lambda: api.task(task_id)["status"] == "TIMED_OUT", 60, "the sweeper to time the task out",
+               interval_seconds=0.1)
     assert time.monotonic() - polled_at >= 2.0
 
 
-@pytest.mark.slow
 def test_a_task_that_stops_heartbeating_times_out_late_without_decide(api: Api) -> None:
     """SQLite queue: after the first sweep, the next one comes ~60-120 s late (notes §4)."""
     task_type = api.task_type(response_timeout=2)
     workflow_id, task_id = api.started_task(task_type)
     start = time.monotonic()
     for beat in range(1, 6):  # heartbeat every second for 5 s, across the first sweep at ~R
-        wait_for(lambda b=beat: time.monotonic() - start >= b, 5, "the next heartbeat time")
+        wait_until(lambda b=beat: time.monotonic() - start >= b, 5, "the next heartbeat time")
         assert api.lease(workflow_id, task_id).status_code == 200
         assert api.task(task_id)["status"] == "IN_PROGRESS"
-    took = wait_for(lambda: api.task(task_id)["status"] == "TIMED_OUT", 240, "the late sweep")
+    waited_from = time.monotonic()
+    wait_until(lambda: api.task(task_id)["status"] == "TIMED_OUT", 240, "the late sweep",
+               interval_seconds=0.1)
+    took = time.monotonic() - waited_from
     assert took > 2.0  # never before R; typically 60-130 s

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +20,11 @@ from tests.realserver import (
     find_java,
     process_group_alive,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.real_server
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_fixture_serves_a_healthy_loopback_server(
@@ -125,11 +118,11 @@ def test_jvm_dies_with_a_sigkilled_test_process(tmp_path: Path) -> None:
     jvm_pid = int(pid_text)
     try:
         # The launcher has exec'd java (same pid) once its command line names the jar.
-        wait_for(lambda: str(jar).encode() in Path(f"/proc/{jvm_pid}/cmdline").read_bytes(), 30,
+        wait_until(lambda: str(jar).encode() in Path(f"/proc/{jvm_pid}/cmdline").read_bytes(), 30,
                  "the launcher to exec java")
         helper.kill()
         helper.wait(timeout=10)
-        wait_for(lambda: not process_group_alive(jvm_pid), 30, "the orphaned JVM to die")
+        wait_until(lambda: not process_group_alive(jvm_pid), 30, "the orphaned JVM to die")
     finally:
         if helper.poll() is None:
             helper.kill()
@@ -143,7 +136,7 @@ def test_stop_leaves_no_process_behind() -> None:
     server.launch()
     pid = server.pid
     assert pid is not None
-    wait_for(lambda: process_group_alive(pid), 10, "the server to run")
+    wait_until(lambda: process_group_alive(pid), 10, "the server to run")
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 60

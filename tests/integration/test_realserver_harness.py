@@ -24,6 +24,7 @@ from tests.realserver import (
     java_major_version,
     process_group_alive,
 )
+from tests.support import wait_until
 
 VERSION = "9.9.9"
 
@@ -209,10 +210,8 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     server.launch()
     pid = server.pid
     assert pid is not None
-    deadline = time.monotonic() + 30
-    while "fake server starting" not in server.log_tail():  # TERM is ignored from here on
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.05)
+    # TERM is ignored from here on
+    wait_until(lambda: "fake server starting" in server.log_tail(), 30, "the fake server to start")
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 15
@@ -252,10 +251,7 @@ def test_server_environment_carries_no_conductor_settings(
     java = fake_server(tmp_path, f"import os\nPath({str(dump)!r}).write_text(repr(sorted(os.environ)))\n")
     server = RealConductorServer(tmp_path / "x.jar", java)
     server.launch()
-    deadline = time.monotonic() + 30
-    while not dump.exists() or not dump.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: dump.exists() and dump.read_text(), 30, "the fake server to dump its environment")
     server.stop()
     names = dump.read_text()
     assert "CONDUCTOR_AUTH_SECRET" not in names

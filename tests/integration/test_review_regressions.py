@@ -12,11 +12,10 @@ import time
 import pytest
 
 from cli import exitcodes
-from tests.integration.helpers import World, all_gone, gone, tree_of, wait_until
+from tests.integration.helpers import World, all_gone, gone, tree_of
+from tests.support import wait_until
 
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
-
-pytestmark = pytest.mark.slow
 
 
 def wait_for_sleeping(world: World, workflow_id: str) -> None:

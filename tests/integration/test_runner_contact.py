@@ -24,8 +24,8 @@ from tests.integration.runner_fakes import (
     Published,
     make_task,
     to_result,
-    wait_until,
 )
+from tests.support import wait_until
 
 
 def plan(spec: str, response_timeout: float = 30) -> TaskTypePlan:

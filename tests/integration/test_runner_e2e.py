@@ -19,11 +19,10 @@ from leasecore.models import TaskResult, TaskStatus
 from leasecore.runner.wiring import Redelivery
 from leasecore.state.outbox import Outbox
 from tests.faultproxy import FaultProxy
-from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone, wait_until
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, FAILER, ROOT, World, gone
+from tests.support import wait_until
 
 TERM_IGNORER = str(ROOT / "sample_tasks" / "term_ignorer.sh")
-
-pytestmark = pytest.mark.slow
 
 
 def test_a_long_task_outlives_its_response_timeout_thanks_to_heartbeats(world: World) -> None:

@@ -24,8 +24,8 @@ from tests.integration.runner_fakes import (
     Published,
     make_task,
     to_result,
-    wait_until,
 )
+from tests.support import wait_until
 
 QUICK = "print('hello'); print('world')"
 SLEEP = "import time; print('started', flush=True); time.sleep({})"

@@ -25,13 +25,12 @@ import psutil
 import pytest
 
 from leasecore.server import EmbeddedServer
-from tests.conformance.harness import Harness, wait_until
+from tests.conformance.harness import Harness
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 RESPONSE_TIMEOUT_SECONDS = 2
 SLEEP_SECONDS = 5
-
-pytestmark = pytest.mark.slow
 
 
 class _RequestLog:

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from cli import exitcodes
+from tests.support import wait_until
 
-from .helpers import AUTH_KEY, AUTH_SECRET, World, wait_until
+from .helpers import AUTH_KEY, AUTH_SECRET, World
 
 KEY, SECRET = AUTH_KEY, AUTH_SECRET  # the secret is unique: no other process on the machine holds it
 

@@ -17,9 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.integration.helpers import World, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 
 def status(world: World, *args: str) -> subprocess.CompletedProcess[str]:

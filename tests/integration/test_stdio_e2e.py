@@ -13,17 +13,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-
 from cli import exitcodes
-from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, ROOT, World, all_gone, tree_of, wait_until
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, ROOT, World, all_gone, tree_of
+from tests.support import wait_until
 
 WORKER = [sys.executable, str(ROOT / "sample_tasks" / "cli_stdio_worker.py")]
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
 KEY, SECRET = AUTH_KEY, AUTH_SECRET
 INPUTS = ("mode", "name", "seconds", "lookFor")
-
-pytestmark = pytest.mark.slow
 
 
 def define(world: World, *, response_timeout: int = 30, retry_count: int = 0) -> None:

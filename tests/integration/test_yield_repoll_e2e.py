@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from cli import exitcodes
-from tests.integration.helpers import World, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.integration.helpers import World
+from tests.support import wait_until
 
 _YIELDS_IN_A_ROW = 6
 _R_SECONDS = 2

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from leasecore.config import merge
 from leasecore.config.keys import KEYS
 from leasecore.config.loader import OVERRIDE_KEYS, ResolvedConfig, TaskSettings, parse_toml, resolve
 from leasecore.errors import ConfigError
@@ -84,6 +85,17 @@ def test_each_layer_beats_the_one_below(
     task = _task(text, environ, overrides)
     assert task.kill_grace == value
     assert str(task.sources["kill_grace"]) == source
+
+
+def test_the_merge_follows_the_precedence_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order is data (``merge.PRECEDENCE``), read by the merge, not written into its code: the
+    table reversed, [worker] beats every other layer, and the source says so."""
+    everything = (WORKER + TASK, {**GLOBAL_ENV, **TASK_ENV}, {"kill_grace": 7})
+    assert _task(*everything).kill_grace == 7.0
+    monkeypatch.setitem(merge.PRECEDENCE, "task", tuple(reversed(merge.PRECEDENCE["task"])))
+    task = _task(*everything)
+    assert task.kill_grace == 3.0
+    assert str(task.sources["kill_grace"]) == "conductor.toml:2 [worker]"
 
 
 @pytest.mark.parametrize(
@@ -180,6 +192,17 @@ def test_runner_key_types() -> None:
     assert (runner.drain, runner.drain_timeout, runner.log_format) == (True, 30.0, "json")
     assert (runner.once, runner.max_tasks, runner.once_wait) == (True, 3, 2.0)
     assert _resolve(BASE, {}, {}).runner.once_wait == 30.0
+
+
+def test_update_v2_is_on_unless_turned_off_in_the_file_or_the_environment() -> None:
+    # #23: final updates may claim the next task; [worker] update_v2 = false or CONDUCTOR_RUN_UPDATE_V2
+    assert _resolve(BASE).runner.update_v2 is True
+    runner = _resolve("[worker]\nupdate_v2 = false\n" + BASE).runner
+    assert runner.update_v2 is False and runner.sources["update_v2"].layer == "file"
+    runner = _resolve(BASE, {"CONDUCTOR_RUN_UPDATE_V2": "no"}).runner
+    assert runner.update_v2 is False and "CONDUCTOR_RUN_UPDATE_V2" in str(runner.sources["update_v2"])
+    message = _error(BASE, {"CONDUCTOR_RUN_UPDATE_V2": "maybe"})
+    assert "update_v2" in message and "CONDUCTOR_RUN_UPDATE_V2" in message
 
 
 # --- environment spellings ---------------------------------------------------------------------------

@@ -17,12 +17,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("leasecore", "cli")
 
-# The pure core: decisions and values, clock injected. config_toml parses text it is handed.
+# The pure core: decisions and values, clock injected. config.tomlfile parses text it is handed; the
+# config's settings, checkers, key table and merge are pure too (only config.loader reads files).
 PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
-    "leasecore.config.keys", "leasecore.config.tomlfile", "leasecore.http_framing", "leasecore.checkbudget",
-    "leasecore.runner.pollpolicy", "leasecore.runner.leasebook",
+    "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
+    "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
+    "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
+    "leasecore.runner.leasebook",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
     "leasecore.lease.policy",
     # the packages' own __init__ modules are docstrings only
@@ -181,6 +184,14 @@ def test_the_pure_core_imports_no_io_threads_or_cli() -> None:
     files = project_files()
     assert set(files) >= PURE, sorted(PURE - set(files))
     assert pure_violations(files) == []
+
+
+def test_the_top_of_leasecore_is_the_pure_core_and_small() -> None:
+    """#18: a module directly in leasecore/ is pure (adapters live in the packages), at most 15."""
+    top = {name for name, path in project_files().items()
+           if path.parent == ROOT / "leasecore" and path.name != "__init__.py"}
+    assert 5 < len(top) <= 15, sorted(top)
+    assert top <= PURE, sorted(top - PURE)
 
 
 def test_nothing_below_cli_imports_typer_or_rich() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.config.loader import TaskSettings, run_as_problems
-from leasecore.runas import RunAs, resolve_run_as, switch_problem
+from leasecore.process.runas import RunAs, resolve_run_as, switch_problem
 
 NOBODY = pwd.getpwnam("nobody")
 
@@ -77,7 +77,7 @@ def test_a_cwd_or_program_the_user_cannot_reach_is_warned() -> None:
 
 def _check_access_warnings(tmp_path: Path) -> None:
     from leasecore.config.loader import load_config
-    from leasecore.runas import access_problem
+    from leasecore.process.runas import access_problem
 
     nobody = resolve_run_as("nobody")
     private = tmp_path / "private"

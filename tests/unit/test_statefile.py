@@ -12,8 +12,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from leasecore.clock import FakeClock
 from leasecore.errors import ConfigError
 from leasecore.snapshot import RunnerInfo, ServerHealth, TaskSnapshot, TaskState
+from leasecore.state.directory import StateDir
 from leasecore.state.statefile import (
     ProcessState,
     StatePublisher,
@@ -35,17 +34,10 @@ from leasecore.state.statefile import (
     runner_info_for_this_process,
     status_document,
 )
+from tests.support import wait_until
 
 WALL0 = datetime(2026, 1, 1, tzinfo=UTC)
 SERVER = ServerHealth(last_ok_at=WALL0)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def a_task(task_id: str = "task-1", output: tuple[str, ...] = ()) -> TaskSnapshot:
@@ -89,6 +81,26 @@ def test_ensure_state_dir_creates_a_private_directory(tmp_path: Path) -> None:
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+def test_a_state_dir_is_checked_when_made_and_used_as_it_is_after(tmp_path: Path) -> None:
+    """``StateDir.open`` makes and checks; whoever is handed the result does not check again (the
+    run's one check), while a bare path is still checked by each reader."""
+    state = StateDir.open(tmp_path / "state")
+    assert stat.S_IMODE(state.path.stat().st_mode) == 0o700 and state.outbox == state.path / "outbox"
+    clock = FakeClock(wall=WALL0)
+    StatePublisher(state, this_runner(clock), clock=clock).publish([a_task()], server=SERVER)
+    state.path.chmod(0o770)  # what a check refuses: only a reader of the bare path sees it now
+    try:
+        [record] = read_snapshots(state, WALL0)
+        assert record.snapshot is not None and record.snapshot.tasks[0].task_id == "task-1"
+        with pytest.raises(ConfigError, match="writable by group or others"):
+            read_snapshots(state.path, WALL0)
+    finally:
+        state.path.chmod(0o700)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        tmp_path.chmod(0o777)
+        StateDir.open(tmp_path)
 
 
 def test_a_world_writable_state_dir_is_refused(tmp_path: Path) -> None:

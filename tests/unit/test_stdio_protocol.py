@@ -14,14 +14,13 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, to_task_result
-from leasecore.process.spec import ChildExit, build_child_env, is_secret_name
+from leasecore.process.spec import ChildExit, build_child_env, is_secret_name, stdio_env
 from leasecore.process.stdio_protocol import (
     MAX_LOG_ENTRIES,
-    STDOUT_LIMIT,
+    STDOUT_LIMIT_BYTES,
     InvalidReply,
     StdoutDocument,
     parse_reply,
-    stdio_env,
     task_json,
     to_stdio_result,
 )
@@ -191,10 +190,10 @@ def test_deep_nesting_is_refused_not_a_crash() -> None:
 
 
 def test_stdout_over_the_limit_is_refused_before_parsing() -> None:
-    huge = b'{"status": "COMPLETED", "output": {"a": "' + b"x" * STDOUT_LIMIT + b'"}}'
+    huge = b'{"status": "COMPLETED", "output": {"a": "' + b"x" * STDOUT_LIMIT_BYTES + b'"}}'
     assert "worker stdout is too large (over 1048576 bytes)" in reason_of(huge)
-    fits = json.dumps({"status": "COMPLETED", "output": {"a": "x" * (STDOUT_LIMIT - 100)}}).encode()
-    assert len(fits) <= STDOUT_LIMIT and parse_reply(fits).status is TaskStatus.COMPLETED
+    fits = json.dumps({"status": "COMPLETED", "output": {"a": "x" * (STDOUT_LIMIT_BYTES - 100)}}).encode()
+    assert len(fits) <= STDOUT_LIMIT_BYTES and parse_reply(fits).status is TaskStatus.COMPLETED
 
 
 def test_invalid_stdout_is_failed_with_a_bounded_excerpt_and_diagnostics() -> None:

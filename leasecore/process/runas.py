@@ -1,9 +1,16 @@
 """Who a task's child runs as (#24): ``RunAs``, resolved from ``user`` / ``group`` names or ids.
 
-The runner, started as root, runs each child as ``RunAs.uid`` / ``gid`` with the user's
-supplementary groups (``os.getgrouplist``), HOME and USER/LOGNAME set from the password database.
-The fork server does the switch (``process/forkexec.py``). A runner that is not root cannot switch users: a
-``user`` other than its own is a configuration error there.
+Owns the lookup in the password and group databases (``resolve_run_as``: uid, gid, the user's
+supplementary groups from ``os.getgrouplist``, HOME; ``RunAs.env`` gives HOME and USER/LOGNAME,
+``RunAs.wire`` what a spawn request carries) and two checks made once, at configuration time:
+``switch_problem`` (a runner that is not root cannot switch users: a ``user`` other than its own is
+a configuration error there) and ``access_problem`` (the permission bits that would surely keep the
+user out of its working directory or program; ACLs are not read, so it only warns).
+
+Must not touch: the switch itself, which the fork server does (``forkexec.py``: setgroups, setgid,
+setuid in the child), and any process or file: it only reads the databases and stats paths.
+
+Threads: the configuration loader's (``config/loader.py``) and the run's wiring, at start.
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""The frame codec of the control socket between the Supervisor and its fork server (both sides).
+
+Owns the wire format, and nothing else: a 4-byte big-endian length, then that many bytes of one
+JSON object; file descriptors travel as SCM_RIGHTS with a frame's first bytes and always arrive
+close-on-exec. Which messages exist and what they carry is ``link.py``'s (the runner's side) and
+``forkserver.py``'s (the other side); this module never looks inside a message.
+
+Must not touch: anything but the socket or buffer it is handed. Stdlib only and few imports: the
+fork server imports it (its memory counts in the runner's footprint, see ``forkserver.py``).
+
+Threads: ``send_frame`` runs on whichever runner thread sends (callers serialise sends with the
+link's lock) and on the fork server's one thread; ``recv_frame`` on the fork server's thread and
+at the handshake; ``take_frames`` on the Supervisor's reader thread, which never blocks on the
+socket: it keeps what came of a frame until the rest arrives.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+HEADER = struct.Struct(">I")
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send one framed JSON message (and, with the first bytes, ``fds``)."""
+    body = json.dumps(message).encode()
+    data = HEADER.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
+    """Receive one framed message and the fds sent with it; None on EOF."""
+    # Not socket.recv_fds: it drops its flags argument (3.11), and the fds must arrive close-on-exec
+    # (a spawn passes on only the three it dup2s onto 0-2; everything else stays in the fork server).
+    cmsg_flag = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    space = socket.CMSG_LEN(maxfds * 4) if maxfds else 0
+    header, ancdata, _flags, _addr = sock.recvmsg(HEADER.size, space, cmsg_flag)
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    if not cmsg_flag:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+    if not header:
+        return None
+    header += _recv_exactly(sock, HEADER.size - len(header))
+    (length,) = HEADER.unpack(header)
+    return json.loads(_recv_exactly(sock, length)), list(fds)
+
+
+def take_frames(buffer: bytearray) -> list[dict[str, Any]]:
+    """Remove the complete messages at the start of ``buffer`` (bytes received so far from a socket
+    that carries no fds) and return them; an incomplete one stays there for more bytes. ValueError
+    for a message that is not JSON."""
+    messages = []
+    start = 0
+    while len(buffer) - start >= HEADER.size:
+        (length,) = HEADER.unpack_from(buffer, start)
+        end = start + HEADER.size + length
+        if len(buffer) < end:
+            break
+        messages.append(json.loads(bytes(buffer[start + HEADER.size : end])))
+        start = end
+    del buffer[:start]
+    return messages
+
+
+def _recv_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks = []
+    while count > 0:
+        chunk = sock.recv(min(count, 1 << 20))
+        if not chunk:
+            raise EOFError("control socket closed mid-message")
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
