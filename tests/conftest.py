@@ -33,6 +33,7 @@ REAL_SERVER_MODULES = frozenset({
     "tests/conformance/test_timeouts_and_retries.py",
     "tests/conformance/test_update.py",
     "tests/integration/test_real_server_e2e.py",
+    "tests/integration/test_real_server_chain.py",
     "tests/integration/test_real_server_fleet.py",
     "tests/integration/test_real_server_protocol.py",
     "tests/integration/test_real_server_smoke.py",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 
 from leasecore.clock import Clock, SystemClock
@@ -27,7 +26,7 @@ from leasecore.errors import ConductorAuthError, ConductorError, ConductorReject
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.pollpolicy import BackoffPolicy, FailureKind, PollBackoff, Reachability
-from leasecore.runner.ports import PollPort
+from leasecore.runner.ports import PollPort, PollSettings
 
 log = logging.getLogger("conductor_run.poll")
 
@@ -57,21 +56,6 @@ class WorkBudget:
     def exhausted(self) -> bool:
         with self._lock:
             return self._left == 0
-
-
-@dataclass(frozen=True)
-class PollSettings:
-    task_type: str
-    concurrency: int = 1
-    timeout_ms: int = 1000
-    worker_id: str | None = None
-    domain: str | None = None
-    paused: bool = False
-    interval_seconds: float = 0.1  # pause after an empty poll (doubling while polls stay empty)
-    # Tasks claimed but not yet taken up by the runner (spawned, handed back...): a poll never claims
-    # beyond this, so with a large concurrency the claims follow the spawns instead of running ahead
-    # of them (1000 claimed at once took seconds to start, all under lease, starving the heartbeats).
-    max_unstarted: int = 32
 
 
 _REPORTS_WAITING_MIN = 8  # see Poller._reporting

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot
-
-if TYPE_CHECKING:  # the poller imports this module for PollPort: a value, not an import at run time
-    from leasecore.runner.poller import PollSettings
 
 __all__ = [
     "ChainPort",
@@ -34,6 +31,7 @@ __all__ = [
     "LeasePort",
     "LogPort",
     "PollPort",
+    "PollSettings",
     "RunOptions",
     "RunOutcome",
     "StatusPort",
@@ -157,6 +155,23 @@ class StatusPort(Protocol):
 
 
 # ---------------------------------------------------------------- plan and outcome
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    """What one task type's poller asks for: the type, slots, long-poll time, identity, pacing."""
+
+    task_type: str
+    concurrency: int = 1
+    timeout_ms: int = 1000
+    worker_id: str | None = None
+    domain: str | None = None
+    paused: bool = False
+    interval_seconds: float = 0.1  # pause after an empty poll (doubling while polls stay empty)
+    # Tasks claimed but not yet taken up by the runner (spawned, handed back...): a poll never claims
+    # beyond this, so with a large concurrency the claims follow the spawns instead of running ahead
+    # of them (1000 claimed at once took seconds to start, all under lease, starving the heartbeats).
+    max_unstarted: int = 32
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,7 @@ from leasecore.process.runas import RunAs, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.poller import PollSettings
-from leasecore.runner.ports import RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
+from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals

@@ -22,7 +22,8 @@ from leasecore.metrics.endpoint import MetricsEndpoint
 from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.poller import Poller, PollSettings, WorkBudget
+from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.ports import PollSettings
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.senders import InlineSenders
 from tests.adapters.engine_support import step_until

@@ -10,8 +10,7 @@ from typing import Any
 
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.poller import PollSettings
-from leasecore.runner.ports import RunOptions, TaskTypePlan
+from leasecore.runner.ports import PollSettings, RunOptions, TaskTypePlan
 from leasecore.runner.reporter import Reporter
 from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result

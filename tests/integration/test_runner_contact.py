@@ -14,8 +14,7 @@ from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.poller import PollSettings
-from leasecore.runner.ports import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
 from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import (
     FakeConductor,

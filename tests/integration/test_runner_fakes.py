@@ -11,8 +11,7 @@ import pytest
 
 from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.poller import PollSettings
-from leasecore.runner.ports import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
 from leasecore.snapshot import TaskState

@@ -13,8 +13,8 @@ import pytest
 from leasecore.handover import YIELD_MARKER
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.poller import Poller, PollSettings, WorkBudget
-from leasecore.runner.ports import RunOptions, RunOutcome, TaskTypePlan
+from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
 from leasecore.runner.reporter import Reporter
 from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result

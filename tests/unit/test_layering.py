@@ -75,12 +75,15 @@ def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
         yield from _walk_runtime(child)
 
 
-def imports_of(source: str, module: str, *, is_package: bool = False) -> set[str]:
-    """Absolute names of every module imported at run time (anywhere in the file, lazily too)."""
+def imports_of(
+    source: str, module: str, *, is_package: bool = False, type_only_too: bool = False
+) -> set[str]:
+    """Absolute names of every module imported at run time (anywhere in the file, lazily too); with
+    ``type_only_too``, those under ``if TYPE_CHECKING:`` as well."""
     tree = ast.parse(source)
     package = module if is_package or "." not in module else module.rsplit(".", 1)[0]
     names: set[str] = set()
-    for node in _walk_runtime(tree):
+    for node in (ast.walk(tree) if type_only_too else _walk_runtime(tree)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -96,12 +99,12 @@ def imports_of(source: str, module: str, *, is_package: bool = False) -> set[str
     return names
 
 
-def graph(files: Mapping[str, Path]) -> dict[str, set[str]]:
+def graph(files: Mapping[str, Path], *, type_only_too: bool = False) -> dict[str, set[str]]:
     own = set(files)
     edges: dict[str, set[str]] = {}
     for name, path in files.items():
         text = path.read_text(encoding="utf-8")
-        imported = imports_of(text, name, is_package=path.name == "__init__.py")
+        imported = imports_of(text, name, is_package=path.name == "__init__.py", type_only_too=type_only_too)
         edges[name] = {i for i in imported if i in own} - {name}
     return edges
 
@@ -204,6 +207,13 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
     assert find_cycle(edges) is None
 
 
+def test_no_cycle_even_through_type_only_imports() -> None:
+    """#18: a loop that only annotations close still ties two rooms together (a child reaching back
+    into its supervisor, a codec and the spec that names it): none is left, keep it so."""
+    edges = _package_edges(graph(project_files(), type_only_too=True))
+    assert find_cycle(edges) is None
+
+
 # -- the checks themselves find a planted violation -------------------------------------------------
 
 
@@ -248,3 +258,13 @@ def test_a_cycle_is_caught(tmp_path: Path) -> None:
     })
     cycle = find_cycle(_package_edges(graph(files)))
     assert cycle == ["leasecore.a", "leasecore.b", "leasecore.c", "leasecore.a"]
+
+
+def test_a_cycle_closed_by_a_type_only_import_is_caught(tmp_path: Path) -> None:
+    files = _planted(tmp_path, {
+        "leasecore.a": "from leasecore import b\n",
+        "leasecore.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from leasecore import a\n",
+    })
+    assert find_cycle(_package_edges(graph(files))) is None  # at run time there is none
+    cycle = find_cycle(_package_edges(graph(files, type_only_too=True)))
+    assert cycle == ["leasecore.a", "leasecore.b", "leasecore.a"]
