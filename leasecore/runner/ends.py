@@ -24,7 +24,7 @@ from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
-from leasecore.runner.engine import FinalUpdates
+from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.ports import ChainPort, EnginePort, TaskTypePlan
 from leasecore.runner.reporter import OnChained, ReportOutcome
 from leasecore.runner.status import InFlight, Phase, undelivered_snapshot

@@ -1,72 +1,35 @@
-"""The lease engine: every lease of this process on one timer thread plus a bounded pool of senders.
+"""The lease engine: carries out every lease of this process; steppable by ``run_due``.
 
-Owns the ``Lease`` objects (``leasecore.lease``), carries out their actions and feeds the outcomes
-back. It must not touch processes: fencing is handed to the runner through ``on_fence``. It talks to
-the server only through ``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it).
+Owns the policy of carrying leases out. It keeps each polled task's ``Lease`` (``leasecore.lease``;
+which lease a call reaches: ``leasebook``), queues their heartbeats and ownership checks for its
+senders (``senders``: the queue and the executor), feeds each call's answer back (``leasecalls``),
+hands fences to the runner through ``on_fence``, and keeps a task's final update apart from its beats
+(``begin_final_update`` / ``final_update_failed`` / ``reported``, which ``finalupdates.FinalUpdates``
+calls around each attempt). Wake-up times wait in the ``timer``; ``run_due()`` runs what is due at
+the clock's now and returns: the timer thread does that on each wake-up, a test on a ``FakeClock``
+calls it with ``InlineSenders`` (no threads at all).
 
-Threads and locking:
+Must not touch: processes (fencing is the runner's, through ``on_fence``), the server except through
+``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it), decisions about time (each
+``Lease`` makes them).
 
-* one timer thread sleeps on a ``Condition`` until the earliest wake-up in a heap of
-  ``(when, task)`` entries; whoever makes a wake-up earlier notifies it. No polling loop.
-* a pool of sender threads (``senders`` at start, growing up to ``max_senders`` while every sender is
-  busy) runs ``SendHeartbeat`` / ``CheckOwnership`` so that one hanging request never delays the other
-  leases. A lease never has two of its own heartbeats in flight (the state machine forbids it).
-  Heartbeats (deadline-critical) go first: they wait in their own queue, ordered by due time, and a
-  free sender always takes a heartbeat before an ownership check. Checks in flight are capped at half
-  the pool (``max_senders // 2``, at least 1), so a burst of checks, or checks hanging on a slow
-  server, never occupies the senders a heartbeat needs (with ``max_senders`` >= 2). Checks also
-  start no faster than the runner's budget allows (``leasecore.checkbudget``, #23: at most
-  ``ownership_check_rate`` per second, shared by every task, first come first served); one idle
-  sender at a time waits for the budget's next token.
-  Requests waiting for a sender show up in ``metrics()`` (``queued``, ``oldest_queued_seconds``).
-* every ``Lease`` is touched only under the one engine lock; ``on_fence`` is called outside it, from
-  the timer thread, a sender thread or the caller of ``shutdown``. It must be quick and must not call
-  back into the engine synchronously (putting the fence on the runner's queue is the intended use).
-* a task's final update excludes its heartbeats (DESIGN.md §4: none after the final update): a sender
-  marks the beat it takes off the queue as calling in the same locked step, ``begin_final_update``
-  withdraws queued beats and waits (bounded) for a calling one to return, and the lease starts no beat
-  until ``final_update_failed`` or ``reported``.
-
-Usage, as the runner drives it::
-
-    engine = LeaseEngine(client, on_fence=lambda task_id, action: events.put((task_id, action)))
-    engine.start()
-    engine.track(task, LeasePolicy.from_task(task), polled_at=poll_sent_at)  # per polled task
-    child = supervisor.spawn(task, spec, worker_id=worker_id)
-    engine.child_started(task.task_id)            # the exec timeout counts from here
-    ...                                           # TerminateTree/KillTree arrive through on_fence
-    engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
-    if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
-        engine.begin_final_update(task.task_id)   # no heartbeat of this task overlaps the update
-        try:
-            client.update(result)                 # (the reporter retries: ``FinalUpdates`` does this)
-        except ConductorError:
-            engine.final_update_failed(task.task_id)  # beat again until the next attempt
-            raise
-    engine.reported(task.task_id)                 # heartbeats stop; the engine forgets the task
-    ...
-    engine.shutdown(None, drain_deadline=None)    # first signal (or drain_deadline=monotonic time)
-    engine.shutdown(None, force=True)             # second signal: KillTree now
-    engine.stop()                                 # last, after every report
+Threads: ``lease-timer`` (``start``), the senders' threads, and the runner's loop calling the events.
+Every lease is touched only under the one engine lock; ``on_fence`` is called outside it, from any of
+those threads, and must be quick (putting it on a queue is the intended use).
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
 import logging
-import math
 import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.lease import (
     Action,
     CheckOwnership,
@@ -78,10 +41,14 @@ from leasecore.lease import (
     SendHeartbeat,
 )
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import Task, TaskResult
-from leasecore.runner.ports import FinalUpdateGuard, LeasePort, UpdatePort
+from leasecore.models import Task
+from leasecore.runner.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.leasecalls import Answer, extend_lease, log_outcome, read_ownership
+from leasecore.runner.ports import LeasePort
+from leasecore.runner.senders import Job, SenderExecutor, SendQueue, SendSource, ThreadedSenders
+from leasecore.runner.timer import Timer
 
-__all__ = ["EngineMetrics", "FinalUpdates", "LeaseEngine", "LeasePort"]
+__all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
 
 log = logging.getLogger(__name__)
 
@@ -105,30 +72,45 @@ class EngineMetrics:
     heartbeat_lateness_max_seconds: float
 
 
-@dataclass
-class _Entry:
-    task: Task
-    lease: Lease
-    wake_at: float | None = None
-    beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
-    since_poll: int = 0  # the pollCount of the delivery that started this lease
-
-
-@dataclass(frozen=True)
-class _Job:
-    task_id: str
-    workflow_id: str
-    action: SendHeartbeat | CheckOwnership
-    min_attempt_seconds: float
-    queued_at: float
-    task_type: str = ""  # the metrics' label
-
-
 Fences = list[tuple[str, FenceAction]]
 
 
 class LeaseEngine:
-    """Runs every task's lease: heartbeats, ownership checks and fence timing."""
+    """Runs every task's lease: heartbeats, ownership checks and fence timing.
+
+    Heartbeats (deadline-critical) go before ownership checks; checks in flight are capped at half the
+    executor's capacity and start no faster than ``check_budget`` allows (#23), so checks hanging on a
+    slow server never hold the senders a heartbeat needs. A lease never has two of its own heartbeats
+    in flight. Requests waiting for a sender show in ``metrics()``. A task's final update excludes its
+    heartbeats (DESIGN.md §4): a sender marks the beat it takes as calling in the same locked step,
+    ``begin_final_update`` withdraws queued beats and waits (bounded) for a calling one, and the lease
+    starts no beat until ``final_update_failed`` or ``reported``.
+
+    Usage, as the runner drives it::
+
+        engine = LeaseEngine(client, on_fence=lambda task_id, action: events.put((task_id, action)))
+        engine.start()
+        engine.track(task, LeasePolicy.from_task(task), polled_at=poll_sent_at)  # per polled task
+        child = supervisor.spawn(task, spec, worker_id=worker_id)
+        engine.child_started(task.task_id)            # the exec timeout counts from here
+        ...                                           # TerminateTree/KillTree arrive through on_fence
+        engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
+        if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
+            FinalUpdates(client, engine).update(result)  # begin_final_update, update, reported
+        engine.reported(task.task_id, poll_count=task.poll_count)  # the runner forgets the run
+        ...
+        engine.shutdown(None, drain_deadline=None)    # first signal (or drain_deadline=monotonic time)
+        engine.shutdown(None, force=True)             # second signal: KillTree now
+        engine.stop()                                 # last, after every report
+
+    Stepped instead (no threads)::
+
+        clock, senders = FakeClock(), InlineSenders()
+        engine = LeaseEngine(port, on_fence, clock=clock, executor=senders)
+        engine.track(task, policy)
+        clock.advance(engine.next_wakeup() - clock.monotonic())
+        engine.run_due()                              # the due beat is sent, its answer fed back
+    """
 
     def __init__(
         self,
@@ -138,65 +120,48 @@ class LeaseEngine:
         clock: Clock | None = None,
         senders: int = 8,
         max_senders: int = 64,
+        executor: SenderExecutor | None = None,
         random_source: Callable[[], float] = random.random,
         observer: Observer = NO_METRICS,
         check_budget: CheckBudget | None = None,
     ) -> None:
-        """``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
+        """``senders`` / ``max_senders``: the default executor's pool (``ThreadedSenders``); ``executor``
+        replaces it (``InlineSenders``: requests carried out by ``run_due``'s caller).
+        ``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
         ``check_budget``: how fast ownership checks may start, for every task together (None: no
         limit, each goes when due)."""
         self._observer = observer
-        if not 1 <= senders <= max_senders:
-            raise ValueError(f"need 1 <= senders ({senders}) <= max_senders ({max_senders})")
         self._port = port
         self._on_fence = on_fence
         self._clock: Clock = clock or SystemClock()
-        self._senders, self._max_senders = senders, max_senders
-        self._random = random_source
         self._lock = threading.Lock()
-        self._timer_cv = threading.Condition(self._lock)
-        self._work_cv = threading.Condition(self._lock)
         self._beat_done_cv = threading.Condition(self._lock)  # a heartbeat call returned
-        self._entries: dict[str, _Entry] = {}
-        # Leases whose final update (a yield) is still unacknowledged while the task's next delivery
-        # already has its own lease in ``_entries``: inert, kept only for FinalUpdates' calls.
-        self._retired: dict[str, _Entry] = {}
-        self._heap: list[tuple[float, int, str]] = []
-        self._seq = itertools.count()
-        self._timer_target = -math.inf  # what the timer sleeps until (-inf: it is awake)
-        self._beats: list[tuple[float, int, _Job]] = []  # heap by (due time, arrival)
-        self._checks: deque[_Job] = deque()
-        self._checks_calling = 0
-        self._max_checks_calling = max(1, max_senders // 2)
-        self._check_budget = check_budget or CheckBudget(0.0)
-        self._budget_waiter = False  # an idle sender sleeps until the budget's next token
-        self._idle = 0
-        self._threads: list[threading.Thread] = []
-        self._started = self._stopping = False
-        self._saturated_waits = self._heartbeats_sent = 0
+        self._leases = LeaseBook(random_source)
+        self._timer = Timer(self._lock, self._clock)  # by task id: each current lease's next_wakeup()
+        self._senders: SenderExecutor = executor or ThreadedSenders(senders, max_senders)
+        self._queue = SendQueue(max(1, self._senders.capacity // 2), check_budget or CheckBudget(0.0))
+        self._senders.bind(SendSource(self._lock, self._runnable_locked, self._budget_wait_locked,
+                                      self._take_locked))  # fmt: skip
+        self._started = False
+        self._heartbeats_sent = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the timer thread and the first ``senders`` sender threads."""
+        """Start the timer thread and the executor (the first ``senders`` sender threads)."""
         with self._lock:
             if self._started:
                 raise RuntimeError("the lease engine was already started")
+            self._senders.start_locked()  # (InlineSenders refuse: a stepped engine is never started)
             self._started = True
-            self._spawn_locked(self._timer_loop, "lease-timer")
-            for _ in range(self._senders):
-                self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
+            self._timer.start_locked(self._fire_for_timer_locked)
 
     def stop(self, timeout_seconds: float | None = None) -> None:
         """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
         with self._lock:
-            self._stopping = True
-            self._beats.clear()
-            self._checks.clear()
-            self._timer_cv.notify_all()
-            self._work_cv.notify_all()
-            threads = list(self._threads)
+            self._queue.clear()
+            threads = self._timer.stop_locked() + self._senders.stop_locked()
         deadline = None if timeout_seconds is None else self._clock.monotonic() + timeout_seconds
         for thread in threads:
             left = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
@@ -207,7 +172,30 @@ class LeaseEngine:
 
     def alive(self) -> bool:
         """The timer thread runs (False before ``start``, after ``stop``, or if it died)."""
-        return bool(self._threads) and self._threads[0].is_alive()
+        return self._timer.alive()
+
+    def run_due(self) -> int:
+        """Run every timer entry due at the clock's now, hand out the fences, then return their number.
+
+        What the timer thread does on each wake-up. With an executor that works in its caller's thread
+        (``InlineSenders``) the requests that may go are carried out here too, their answers fed back:
+        a test advances a ``FakeClock`` to ``next_wakeup()`` and calls this, with no thread involved.
+        """
+        with self._lock:
+            fences = self._fire_due_locked()
+        self._deliver(fences)
+        self._senders.run_ready()
+        return len(fences)
+
+    def next_wakeup(self) -> float | None:
+        """When ``run_due`` next has something to do (monotonic seconds): the earliest timer entry, or
+        when the check budget lets a queued check go. None: nothing scheduled."""
+        with self._lock:
+            times = [self._timer.earliest_locked()]
+            budget_wait = self._budget_wait_locked()
+            if budget_wait is not None:
+                times.append(self._clock.monotonic() + budget_wait)
+            return min((t for t in times if t is not None), default=None)
 
     # ----- events from the runner ----------------------------------------------------------------
 
@@ -227,18 +215,7 @@ class LeaseEngine:
         with self._lock:
             now = self._clock.monotonic()
             at = now if polled_at is None else min(polled_at, now)
-            entry = self._entries.get(task.task_id)
-            if entry is not None and entry.lease.is_new_delivery(task.poll_count):
-                entry.lease.on_reported(now)  # no action ever again; its update's calls still find it
-                self._retired[task.task_id] = entry
-                entry = None
-            if entry is None:
-                lease = Lease(policy, at, poll_count=task.poll_count, random=self._random)
-                entry = _Entry(task, lease, since_poll=task.poll_count)
-                self._entries[task.task_id] = entry
-                actions = entry.lease.on_tick(now)
-            else:
-                actions = entry.lease.on_redelivered(now, at, task.poll_count)
+            entry, actions = self._leases.admit(task, policy, at, now)
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
 
@@ -265,15 +242,12 @@ class LeaseEngine:
         it with ``reported`` once the update is acknowledged, or ``final_update_failed``.
         """
         with self._lock:
-            entry = self._entries.get(task_id)
-            if entry is None or task_id in self._retired:  # (a retired lease is inert: nothing to stop)
+            entry = self._leases.in_final_update(task_id)
+            if entry is None:  # unknown, or a retired lease (inert: nothing to stop)
                 return True
             now = self._clock.monotonic()
             actions = entry.lease.on_final_update_started(now)
-            queued = len(self._beats)
-            self._beats = [b for b in self._beats if b[2].task_id != task_id]
-            if len(self._beats) != queued:
-                heapq.heapify(self._beats)
+            if self._queue.withdraw_beats(task_id):
                 actions += entry.lease.on_heartbeat_withdrawn(now)
             fences = self._apply_locked(entry, actions)
         self._deliver(fences)
@@ -293,9 +267,8 @@ class LeaseEngine:
         """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now).
 
         A no-op while the task's lease is retired (its next delivery's own lease beats the task)."""
-        if task_id in self._retired:
-            return
-        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now))
+        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now),
+                    self._leases.in_final_update)  # fmt: skip
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
@@ -306,17 +279,8 @@ class LeaseEngine:
         forgets) ends the current lease only if that lease started no later than that delivery.
         """
         with self._lock:
-            entry = self._entries.get(task_id)
-            if poll_count is None:  # the update's acknowledgement: the lease in final update
-                current = task_id not in self._retired
-            else:  # the runner forgets a run: the current lease only if it is that run's
-                current = entry is not None and poll_count >= entry.since_poll
-            if current:
-                self._entries.pop(task_id, None)
-            else:
-                entry = self._retired.pop(task_id, None)  # never the newer delivery's lease
-            if entry is not None:
-                entry.lease.on_reported(self._clock.monotonic())
+            if self._leases.end(task_id, self._clock.monotonic(), poll_count=poll_count):
+                self._timer.discard_locked(task_id)
 
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
@@ -328,7 +292,7 @@ class LeaseEngine:
         fences: Fences = []
         with self._lock:
             now = self._clock.monotonic()
-            entries = list(self._entries.values()) if task_id is None else [self._entries[task_id]]
+            entries = [e for _, e in self._leases.items()] if task_id is None else [self._leases[task_id]]
             for entry in entries:
                 if force:
                     actions = entry.lease.on_force_shutdown(now)
@@ -342,36 +306,37 @@ class LeaseEngine:
     def fence_reason(self, task_id: str) -> FenceReason | None:
         """Why the task's tree was fenced (None: it was not, or the task is not tracked)."""
         with self._lock:
-            entry = self._entries.get(task_id)
+            entry = self._leases.get(task_id)
             return None if entry is None else entry.lease.fence_reason
 
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
         with self._lock:
-            return self._entries[task_id].lease.view()
+            return self._leases[task_id].lease.view()
 
     def views(self) -> dict[str, LeaseView]:
         """Snapshots of every tracked lease."""
         with self._lock:
-            return {task_id: entry.lease.view() for task_id, entry in self._entries.items()}
+            return {task_id: entry.lease.view() for task_id, entry in self._leases.items()}
 
     def retired(self) -> list[str]:
         """Tasks whose old lease still waits for its final update's acknowledgement (see ``track``)."""
         with self._lock:
-            return list(self._retired)
+            return self._leases.retired()
 
     def metrics(self) -> EngineMetrics:
         """Pool load and heartbeat lateness."""
         with self._lock:
             now = self._clock.monotonic()
             lateness = sorted(self._lateness)
+            load = self._senders.load_locked()
             return EngineMetrics(
-                tracked=len(self._entries),
-                senders=len(self._threads) - (1 if self._started else 0),
-                busy_senders=len(self._threads) - (1 if self._started else 0) - self._idle,
-                queued=len(self._beats) + len(self._checks),
-                oldest_queued_seconds=now - min(self._queued_times(), default=now),
-                saturated_waits=self._saturated_waits,
+                tracked=len(self._leases),
+                senders=load.senders,
+                busy_senders=load.busy,
+                queued=len(self._queue),
+                oldest_queued_seconds=now - min(self._queue.queued_times(), default=now),
+                saturated_waits=load.saturated_waits,
                 heartbeats_sent=self._heartbeats_sent,
                 heartbeat_lateness_p99_seconds=lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
                 heartbeat_lateness_max_seconds=lateness[-1] if lateness else 0.0,
@@ -379,240 +344,135 @@ class LeaseEngine:
 
     # ----- internals: under the lock -------------------------------------------------------------
 
-    def _queued_times(self) -> Iterable[float]:
-        yield from (job.queued_at for _, _, job in self._beats)
-        if self._checks:
-            yield self._checks[0].queued_at
-
     def _runnable_locked(self) -> int:
-        """How many queued requests a free sender may take now (checks beyond the cap or the budget
-        wait)."""
-        free_check_slots = max(0, self._max_checks_calling - self._checks_calling)
-        if self._checks and free_check_slots:
-            free_check_slots = min(free_check_slots, self._check_budget.available(self._clock.monotonic()))
-        return len(self._beats) + min(len(self._checks), free_check_slots)
+        return self._queue.runnable(self._clock.monotonic())
 
     def _budget_wait_locked(self) -> float | None:
-        """How long an idle sender sleeps: until the budget lets the first queued check go, when
-        only the budget holds it back and no other sender waits for that already; else untimed."""
-        if self._budget_waiter or not self._checks or self._checks_calling >= self._max_checks_calling:
-            return None
-        wait = self._check_budget.wait_seconds(self._clock.monotonic())
-        return wait if wait > 0 else None
+        return self._queue.budget_wait_seconds(self._clock.monotonic())
 
-    def _event(self, task_id: str, apply: Callable[[Lease, float], list[Action]]) -> None:
+    def _event(
+        self,
+        task_id: str,
+        apply: Callable[[Lease, float], list[Action]],
+        find: Callable[[str], LeaseEntry | None] | None = None,
+    ) -> None:
         fences: Fences = []
         with self._lock:
-            entry = self._entries.get(task_id)
+            entry = (find or self._leases.get)(task_id)
             if entry is not None:
                 fences = self._apply_locked(entry, apply(entry.lease, self._clock.monotonic()))
         self._deliver(fences)
 
-    def _apply_locked(self, entry: _Entry, actions: Iterable[Action]) -> Fences:
+
+    def _apply_locked(self, entry: LeaseEntry, actions: Iterable[Action]) -> Fences:
         fences: Fences = []
         for action in actions:
             if isinstance(action, SendHeartbeat | CheckOwnership):
                 self._enqueue_locked(entry, action)
             else:
                 fences.append((entry.task.task_id, action))
-        wake = entry.lease.next_wakeup()
-        if wake != entry.wake_at:
-            entry.wake_at = wake
-            if wake is not None:
-                heapq.heappush(self._heap, (wake, next(self._seq), entry.task.task_id))
-                if wake < self._timer_target:
-                    self._timer_cv.notify()
+        self._timer.schedule_locked(entry.task.task_id, entry.lease.next_wakeup())
         return fences
 
-    def _enqueue_locked(self, entry: _Entry, action: SendHeartbeat | CheckOwnership) -> None:
-        job = _Job(
-            entry.task.task_id,
-            entry.task.workflow_id,
-            action,
-            entry.lease.policy.min_attempt_seconds,
-            self._clock.monotonic(),
-            task_type=entry.task.task_type,
-        )
-        if isinstance(action, SendHeartbeat):
-            heapq.heappush(self._beats, (action.due_at, next(self._seq), job))
-        else:
-            self._checks.append(job)
-            if len(self._checks) > self._max_checks_calling - self._checks_calling:
-                return  # over the cap: it waits for a check in flight to end (no sender to add)
-        if self._runnable_locked() <= self._idle:
-            self._work_cv.notify()
-        elif self._started and not self._stopping and len(self._threads) - 1 < self._max_senders:
-            self._spawn_locked(self._sender_loop, f"lease-sender-{len(self._threads)}")
-        elif self._started:
-            self._saturated_waits += 1
-
-    def _spawn_locked(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    def _enqueue_locked(self, entry: LeaseEntry, action: SendHeartbeat | CheckOwnership) -> None:
+        now = self._clock.monotonic()
+        job = Job(entry.task.task_id, entry.task.workflow_id, action, entry.lease.policy.min_attempt_seconds,
+                  now, task_type=entry.task.task_type)  # fmt: skip
+        if self._queue.push(job):
+            self._senders.work_queued_locked(self._queue.runnable(now))
 
     def _fire_due_locked(self) -> Fences:
         now = self._clock.monotonic()
         fences: Fences = []
-        while self._heap and self._heap[0][0] <= now:
-            when, _, task_id = heapq.heappop(self._heap)
-            entry = self._entries.get(task_id)
-            if entry is None or entry.wake_at != when:
-                continue  # superseded by a later reschedule, or forgotten
-            entry.wake_at = None
-            fences += self._apply_locked(entry, entry.lease.on_tick(now))
-        if len(self._heap) > 4 * len(self._entries) + 64:  # drop superseded entries now and then
-            live = [(e.wake_at, k) for k, e in self._entries.items() if e.wake_at is not None]
-            self._heap = [(when, next(self._seq), k) for when, k in live]
-            heapq.heapify(self._heap)
+        while (task_id := self._timer.pop_due_locked(now)) is not None:
+            entry = self._leases.get(task_id)
+            if entry is not None:
+                fences += self._apply_locked(entry, entry.lease.on_tick(now))
+        self._timer.compact_locked()
         return fences
+
+    def _fire_for_timer_locked(self) -> Callable[[], None] | None:
+        """The timer thread's wake-up: ``run_due``'s first half under the lock; the hand-out after."""
+        fences = self._fire_due_locked()
+        return functools.partial(self._deliver, fences) if fences else None
+
+    def _take_locked(self) -> Callable[[], None] | None:
+        """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""
+        job = self._queue.pop()
+        entry = self._leases.get(job.task_id)
+        if entry is None:
+            return None  # reported meanwhile: never send it
+        now = self._clock.monotonic()
+        if isinstance(job.action, CheckOwnership):
+            self._queue.check_started(now)  # in the same locked step as the pop: the cap holds
+            # It may have waited for the budget: bound its call by the lease as it is now.
+            return functools.partial(self._run_check, job, job.action, entry.lease.lease_deadline)
+        # Marked in the same locked step as the pop: begin_final_update sees every beat either still
+        # queued (and withdraws it) or calling (and waits for it).
+        action = job.action
+        entry.beat_calling_until = now + max(0.0, min(action.timeout_seconds, action.expires_at - now))
+        return functools.partial(self._run_beat, entry, job, action)
 
     # ----- threads -------------------------------------------------------------------------------
 
-    def _timer_loop(self) -> None:
-        while True:
+    def _run_beat(self, entry: LeaseEntry, job: Job, action: SendHeartbeat) -> None:
+        try:
+            fences = self._send_heartbeat(job, action)
+        finally:
             with self._lock:
-                self._timer_target = -math.inf
-                fences = self._fire_due_locked()
-                if not fences:
-                    if self._stopping:
-                        return
-                    self._timer_target = self._heap[0][0] if self._heap else math.inf
-                    wait = self._timer_target - self._clock.monotonic()
-                    self._timer_cv.wait(None if wait == math.inf else max(0.0, wait))
-                    continue
-            self._deliver(fences)
+                entry.beat_calling_until = None
+                self._beat_done_cv.notify_all()
+        self._deliver(fences)
 
-    def _sender_loop(self) -> None:
-        while True:
+    def _run_check(self, job: Job, action: CheckOwnership, expires_at: float) -> None:
+        try:
+            fences = self._check_ownership(job, action, expires_at)
+        finally:
             with self._lock:
-                while not self._runnable_locked() and not self._stopping:
-                    timeout = self._budget_wait_locked()
-                    self._budget_waiter = self._budget_waiter or timeout is not None
-                    self._idle += 1
-                    self._work_cv.wait(timeout)
-                    self._idle -= 1
-                    if timeout is not None:
-                        self._budget_waiter = False
-                if self._stopping:
-                    return
-                # Heartbeats first, the most overdue first; then checks, in order.
-                job = heapq.heappop(self._beats)[2] if self._beats else self._checks.popleft()
-                entry = self._entries.get(job.task_id)
-                if entry is None:
-                    continue  # reported meanwhile: never send it
-                if isinstance(job.action, CheckOwnership):
-                    self._checks_calling += 1  # in the same locked step as the pop: the cap holds
-                    self._check_budget.take(self._clock.monotonic())
-                    # It may have waited for the budget: bound its call by the lease as it is now.
-                    check_expires_at = entry.lease.lease_deadline
-                else:
-                    # Marked in the same locked step as the pop: begin_final_update sees every beat
-                    # either still queued (and withdraws it) or calling (and waits for it).
-                    started = self._clock.monotonic()
-                    entry.beat_calling_until = started + max(
-                        0.0, min(job.action.timeout_seconds, job.action.expires_at - started)
-                    )
-            if isinstance(job.action, SendHeartbeat):
-                try:
-                    fences = self._send_heartbeat(job, job.action)
-                finally:
-                    with self._lock:
-                        entry.beat_calling_until = None
-                        self._beat_done_cv.notify_all()
-                self._deliver(fences)
-            else:
-                try:
-                    fences = self._check_ownership(job, job.action, check_expires_at)
-                finally:
-                    with self._lock:
-                        self._checks_calling -= 1
-                        if self._checks:  # a check held back by the cap may go now
-                            self._work_cv.notify()
-                self._deliver(fences)
+                if self._queue.check_done():  # a check held back by the cap may go now
+                    self._senders.notify_locked()
+        self._deliver(fences)
 
-    def _send_heartbeat(self, job: _Job, action: SendHeartbeat) -> Fences:
+    def _send_heartbeat(self, job: Job, action: SendHeartbeat) -> Fences:
         sent_at = self._clock.monotonic()
         timeout = min(action.timeout_seconds, action.expires_at - sent_at)
-        outcome: Callable[[Lease, float], list[Action]]
-        late: float | None = None  # sent minus due, for the metrics (None: never sent)
-        ok = False
         if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
-            outcome = Lease.on_heartbeat_failed
-        else:
-            late = sent_at - action.due_at
-            with self._lock:
-                self._heartbeats_sent += 1
-                self._lateness.append(late)
-            try:
-                self._port.extend_lease(job.task_id, job.workflow_id, timeout_seconds=timeout)
-                outcome = functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at)
-                ok = True
-            except ConductorNotFound:
-                log.warning("task %s: the server no longer knows it (404 on a heartbeat)", job.task_id)
-                outcome = Lease.on_heartbeat_not_found
-            except ConductorError as exc:
-                self._observer.on_heartbeat(job.task_type, False, late)
-                return self._outcome(job.task_id, Lease.on_heartbeat_failed, beat_error=str(exc))
-            except Exception:  # a bug in the port must not leave the lease waiting forever
-                log.exception("task %s: heartbeat raised unexpectedly", job.task_id)
-                outcome = Lease.on_heartbeat_failed
-        self._observer.on_heartbeat(job.task_type, ok, late)
-        return self._outcome(job.task_id, outcome)
+            self._observer.on_heartbeat(job.task_type, False, None)
+            return self._outcome(job.task_id, Answer(Lease.on_heartbeat_failed))
+        late = sent_at - action.due_at  # for the metrics
+        with self._lock:
+            self._heartbeats_sent += 1
+            self._lateness.append(late)
+        answer = extend_lease(self._port, job.task_id, job.workflow_id, timeout_seconds=timeout,
+                              sent_at=sent_at)  # fmt: skip
+        self._observer.on_heartbeat(job.task_type, answer.ok, late)
+        return self._outcome(job.task_id, answer)
 
-    def _check_ownership(self, job: _Job, action: CheckOwnership, expires_at: float) -> Fences:
-        started = self._clock.monotonic()
-        timeout = min(action.timeout_seconds, expires_at - started)
-        outcome: Callable[[Lease, float], list[Action]] = Lease.on_ownership_check_failed
-        answered = False
+    def _check_ownership(self, job: Job, action: CheckOwnership, expires_at: float) -> Fences:
+        timeout = min(action.timeout_seconds, expires_at - self._clock.monotonic())
+        answer = Answer(Lease.on_ownership_check_failed)
         if timeout >= job.min_attempt_seconds:
-            try:
-                ownership = self._port.get_task_ownership(job.task_id, timeout_seconds=timeout)
-                outcome = functools.partial(Lease.on_ownership, ownership=ownership)
-                answered = True
-            except ConductorError as exc:
-                log.warning("task %s: ownership check failed: %s", job.task_id, exc)
-            except Exception:
-                log.exception("task %s: ownership check raised unexpectedly", job.task_id)
-        fences = self._outcome(job.task_id, outcome, log_loss=True)
+            answer = read_ownership(self._port, job.task_id, timeout_seconds=timeout)
+        fences = self._outcome(job.task_id, answer)
         if self._observer.enabled:  # "lost": the lease, having weighed the answer, holds the task lost
-            lost = answered and self._lost_reason(job.task_id) is not None
-            result = "lost" if lost else "ok" if answered else "failed"
+            with self._lock:
+                entry = self._leases.get(job.task_id)
+                lost = answer.ok and entry is not None and entry.lease.lost_reason is not None
+            result = "lost" if lost else "ok" if answer.ok else "failed"
             self._observer.on_ownership_check(job.task_type, result)
         return fences
 
-    def _lost_reason(self, task_id: str) -> str | None:
+    def _outcome(self, task_id: str, answer: Answer) -> Fences:
         with self._lock:
-            entry = self._entries.get(task_id)
-            return entry.lease.lost_reason if entry is not None else None
-
-    def _outcome(
-        self,
-        task_id: str,
-        outcome: Callable[[Lease, float], list[Action]],
-        *,
-        log_loss: bool = False,
-        beat_error: str | None = None,
-    ) -> Fences:
-        with self._lock:
-            entry = self._entries.get(task_id)
+            entry = self._leases.get(task_id)
             if entry is None:
                 return []
-            known = entry.lease.lost_reason
-            failed_before = entry.lease.consecutive_failures
-            fences = self._apply_locked(entry, outcome(entry.lease, self._clock.monotonic()))
-            why = entry.lease.lost_reason
-            failed_now = entry.lease.consecutive_failures
-        if beat_error is not None:
-            # Once per task per outage (its retries at debug level): with hundreds of tasks and the
-            # server away, a line per attempt was thousands of lines a minute.
-            level = logging.WARNING if failed_before == 0 else logging.DEBUG
-            log.log(level, "task %s: heartbeat failed: %s (retrying until the lease deadline)", task_id,
-                    beat_error)  # fmt: skip
-        elif failed_before and not failed_now:
-            log.info("task %s: heartbeat acknowledged again after %d failed", task_id, failed_before)
-        if log_loss and why is not None and known is None:
-            log.warning("task %s: no longer ours: %s", task_id, why)
+            lease = entry.lease
+            failed_before, lost_before = lease.consecutive_failures, lease.lost_reason
+            fences = self._apply_locked(entry, answer.event(lease, self._clock.monotonic()))
+            failed_now, lost_now = lease.consecutive_failures, lease.lost_reason
+        log_outcome(task_id, failed_before=failed_before, failed_now=failed_now, beat_error=answer.beat_error,
+                    lost_before=lost_before, lost_now=lost_now)  # fmt: skip
         return fences
 
     def _deliver(self, fences: Fences) -> None:
@@ -621,41 +481,3 @@ class LeaseEngine:
                 self._on_fence(task_id, action)
             except Exception:  # the runner's bug must not stop the timer: log it, fence the rest
                 log.exception("task %s: on_fence(%s) failed", task_id, action)
-
-
-_Guard = TypeVar("_Guard", bound=FinalUpdateGuard)
-
-
-class FinalUpdates:
-    """The reporter's update port: each attempt of a final update excludes that task's heartbeats.
-
-    Wraps the client's ``update``: ``begin_final_update`` before each attempt, ``reported`` once it is
-    acknowledged, ``final_update_failed`` when it raises (the reporter may retry: the task beats again
-    meanwhile, so its lease outlives a slow report). The engine is attached once it exists (the runner
-    makes it), so both can be built without an order between them::
-
-        updates = FinalUpdates(client)
-        make_engine = lambda on_fence: updates.attach(LeaseEngine(client, on_fence))
-        make_reporter = lambda done: Reporter(updates, done)
-    """
-
-    def __init__(self, port: UpdatePort, engine: FinalUpdateGuard | None = None) -> None:
-        self._port = port
-        self._engine = engine
-
-    def attach(self, engine: _Guard) -> _Guard:
-        """Use ``engine`` from now on; returns it (for a factory's one-liner)."""
-        self._engine = engine
-        return engine
-
-    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
-        engine = self._engine
-        if engine is None:
-            raise RuntimeError("FinalUpdates.update before attach(): no lease engine to exclude")
-        engine.begin_final_update(result.task_id)
-        try:
-            self._port.update(result, timeout_seconds=timeout_seconds)
-        except BaseException:
-            engine.final_update_failed(result.task_id)
-            raise
-        engine.reported(result.task_id)

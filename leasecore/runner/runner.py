@@ -36,7 +36,6 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.runner.contact import RecordedCalls, ServerContact
 from leasecore.runner.core import ToResult
 from leasecore.runner.ends import ChainUpdates, _tree_gone
-from leasecore.runner.engine import FinalUpdates
 from leasecore.runner.events import (
     ChainEnded,
     ChildExited,
@@ -48,6 +47,7 @@ from leasecore.runner.events import (
     TaskPolled,
     Tick,
 )
+from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import (

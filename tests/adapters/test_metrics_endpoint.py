@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from leasecore.clock import FakeClock
 from leasecore.errors import ConductorRejected, ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics.endpoint import MetricsEndpoint
@@ -24,6 +25,8 @@ from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import PollSettings
 from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.senders import InlineSenders
+from tests.adapters.engine_support import step_until
 from tests.integration.helpers import ROOT
 from tests.support import wait_until
 
@@ -133,25 +136,23 @@ def test_the_lease_engine_counts_each_heartbeat_and_check_by_its_result() -> Non
     observer = PrometheusObserver(["demo"])
     port = ScriptedLeasePort()
     fences: list[tuple[str, FenceAction]] = []
-    engine = LeaseEngine(port, lambda task_id, action: fences.append((task_id, action)), observer=observer)
+    clock = FakeClock()  # stepped: the engine's requests run in this thread at their wake-ups
+    engine = LeaseEngine(port, lambda task_id, action: fences.append((task_id, action)), observer=observer,
+                         clock=clock, executor=InlineSenders())  # fmt: skip
 
     def task(task_id: str) -> Task:
         return Task(task_id=task_id, workflow_id="w", task_type="demo", response_timeout_seconds=2,
                     poll_count=1)
 
-    engine.start()
-    try:
-        # R = 3 s: kill_grace capped at R/4 = 0.75 s, so a beat every 0.8 x (3 - 0.75 - 0.4) = 1.48 s
-        # and the TERM point 1.15 s before the deadline (#17); "good"'s ownership checks every 2.2 s,
-        # "bad"'s never (its refused beats fence it at 1.85 s).
-        engine.track(task("good"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
-                                               ownership_check_interval_seconds=2.2))
-        engine.track(task("bad"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
-                                              ownership_check_interval_seconds=3600))
-        wait_until(lambda: len(port.checks) >= 2, timeout_seconds=30, what="two ownership checks")
-        wait_until(lambda: {"good", "bad"} <= {task_id for task_id, _ in fences}, what="both fenced")
-    finally:
-        engine.stop()
+    # R = 3 s: kill_grace capped at R/4 = 0.75 s, so a beat every 0.8 x (3 - 0.75 - 0.4) = 1.48 s
+    # and the TERM point 1.15 s before the deadline (#17); "good"'s ownership checks every 2.2 s,
+    # "bad"'s never (its refused beats fence it at 1.85 s).
+    engine.track(task("good"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
+                                           ownership_check_interval_seconds=2.2))
+    engine.track(task("bad"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
+                                          ownership_check_interval_seconds=3600))
+    step_until(engine, clock, lambda: len(port.checks) >= 2, within_seconds=30)
+    step_until(engine, clock, lambda: {"good", "bad"} <= {k for k, _ in fences}, within_seconds=30)
     with port.lock:
         beats, checks = list(port.beats), list(port.checks)
     assert ("good", "ok") in beats and ("bad", "failed") in beats

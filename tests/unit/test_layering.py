@@ -25,6 +25,9 @@ PURE = frozenset({
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
+    "leasecore.runner.leasebook",
+    "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
+    "leasecore.lease.policy",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",
