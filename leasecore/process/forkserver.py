@@ -172,9 +172,20 @@ class ForkServer:
         return True
 
     def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        """Start one tree. Its fds (input, stdout, stderr) are closed here before the answer goes out
+        (and the list emptied for the caller), so once a spawn is answered the fork server holds
+        nothing of it: the runner alone keeps the pipes' read ends."""
+        try:
+            reply = self._start_tree(req, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            fds.clear()
+        self._reply(reply)
+
+    def _start_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if len(fds) != 3:  # fds lost in transit (our fd limit): never let the child inherit ours
-            self._reply({"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"})
-            return
+            return {"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"}
         step = "chdir"
         try:
             # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
@@ -192,15 +203,14 @@ class ForkServer:
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
-            self._reply({"op": "spawn_failed", "id": req["id"], "errno": code, "what": step})
-            return
+            return {"op": "spawn_failed", "id": req["id"], "errno": code, "what": step}
         info = _procfs.read_stat(pid)
         tree = Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
         self._watch_exit(tree)
-        self._reply({"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time})
+        return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}
 
     def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
         def spawn() -> int:
