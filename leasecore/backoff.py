@@ -12,6 +12,8 @@ moment (a server outage) spread their retries instead of hammering the server in
     [1.0, 1.5, 2.0, 2.0]
     >>> Backoff(1.0, 2.0, 8.0, jitter_ratio=0.5).delay(3, random_value=0.5)
     3.0
+
+Threads: any (no state).
 """
 
 from __future__ import annotations

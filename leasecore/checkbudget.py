@@ -24,6 +24,8 @@ the lease itself never waits. ``rate`` 0 turns the budget off (every check goes 
 
 A token bucket holding at most ``burst`` tokens (default: one second's worth, at least 1): a quiet
 runner's first checks go at once. Pure: the caller passes ``now`` (the engine's monotonic clock).
+
+Threads: the lease engine's (its send queue), always under the engine's lock: the bucket has none of its own.
 """
 
 from __future__ import annotations

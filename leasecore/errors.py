@@ -15,6 +15,8 @@ translate library errors (``requests``, ``OSError``) into this tree once, at the
     ├── LeaseLost                   the lease can no longer be trusted
     └── ProcessError                spawning or controlling a child failed
         └── SpawnError              the command could not be started
+
+Owns the tree only; the messages are the raisers', the exit codes ``cli/``'s. Threads: any.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ side, a task handed to *us* whose previous holder may still run it:
 
 A delivery of the same taskId while it still runs here is not this module's: the runner keeps the
 running child (never started twice).
+
+Threads: the runner's main thread alone (it owns per-task state); ``DyingTrees`` too.
 """
 
 from __future__ import annotations

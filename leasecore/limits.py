@@ -12,6 +12,8 @@ sets in the child before its exec:
   ignores it for root (CAP_SYS_RESOURCE / CAP_SYS_ADMIN).
 - ``cpu_max`` has no rlimit (RLIMIT_CPU bounds total seconds, not a rate): unenforced, with a warning.
 - ``nofile`` -> RLIMIT_NOFILE, always (no cgroup controller bounds open files).
+
+Threads: any (pure); the rlimits are applied in the fork server's child before exec.
 """
 
 from __future__ import annotations

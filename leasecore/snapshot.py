@@ -18,6 +18,8 @@ JSON layout (schema version 1), one file per runner, ``<state_dir>/runner-<pid>.
                 "last_ack_at", "next_heartbeat_at", "lease_deadline_at", "lease_timeout_seconds",
                 "hard_deadline_at", "consecutive_failures", "fence_reason", "last_output_line",
                 "recent_output", "memory_bytes"}]}
+
+Threads: any (frozen values); the runner's main thread builds them.
 """
 
 from __future__ import annotations

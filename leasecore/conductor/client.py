@@ -5,6 +5,10 @@ go through one :class:`~leasecore.conductor.transport.Transport`, chosen once in
 :func:`~leasecore.conductor.transport.open_transport`; every library error and HTTP status is
 translated into the project's exception tree in one place, :mod:`leasecore.conductor.calls`. Does not
 own: retries, sleeps, lease decisions (callers decide what a failure means), printing.
+
+Must not touch: leases, children, state files. Threads: any; one client is shared by the pollers,
+the lease engine's senders and the reporter (the transport pools connections per thread, auth's
+token refresh is single-flight).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ view of the task, the runner's snapshot, which processes of the task's tree stil
 server goes silent (scene 3), and finally judges the scene: every claim becomes a :class:`Check`
 that passed or failed, with the numbers that prove it. No clock, no I/O: times are scene seconds
 carried by the observations, so the judge is tested with made-up timelines.
+
+Threads: the demo's one thread.
 """
 
 from __future__ import annotations

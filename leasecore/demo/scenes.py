@@ -9,6 +9,9 @@ through the relay), the runner's status snapshot, and which pids of the task's t
 sample task writes them to a file). The tracker turns samples into events and a verdict; the caller
 renders them. Whatever happens, nothing outlives a scene: the runner is stopped and any leftover
 process of the task's tree is killed (and the verdict then says so).
+
+Must not touch: the product's modules beyond their public API (it drives a real runner process,
+as a user would). Threads: the demo's own thread, plus the embedded server's and the relay's.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Shapes: docs/real-server-notes.md "Queues and poll data".
 ``GET /api/tasks/queue/all`` and ``GET /api/tasks/queue/polldata/all``: two requests per refresh,
 however many task types and workers there are. Errors are the client's (``ConductorError`` subclasses);
 an answer of the wrong shape is :class:`~leasecore.errors.ConductorProtocolError`.
+
+Must not: render or judge (that is ``fleet.view``, pure). Threads: the caller's (``cli/fleet.py``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ The server keeps one poll record per task type and domain, the last poller's (do
 
 A row is *stalled* when work is queued and nobody polled it within :data:`ACTIVE_POLL_SECONDS`.
 Stalled rows come first (deepest queue first), then the rest by task type and domain.
+
+Threads: any (pure).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ and a dict lookup an event; prometheus-client builds the families when Prometheu
 are read at the scrape too (``RunnerGauges``), from what the runner, the lease engine (``views()``)
 and the outbox already know: nothing is kept up to date on the hot paths for them but the count of
 commands running and waiting, one integer per task type written with the event that changes it.
+
+Threads: built at a scrape, on the metrics endpoint's thread.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Task and workflow definitions (validation, defaults, retry delays) and input expressions."""
+"""Task and workflow definitions (validation, defaults, retry delays) and input expressions.
+
+Pure functions over JSON values; the store calls them under its lock. Must not touch the store.
+"""
 
 from __future__ import annotations
 

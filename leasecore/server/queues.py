@@ -1,4 +1,8 @@
-"""The delay queue behind each task queue of the embedded server (poll order: available time, then FIFO)."""
+"""The delay queue behind each task queue of the embedded server (poll order: available time, then FIFO).
+
+Threads: the store's request threads, always under the store's lock; its condition is made on that
+lock, so a long poll waits on the queue it polls while the lock is released.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Records, constants and error helpers shared by the embedded server's store modules."""
+"""Records, constants and error helpers shared by the embedded server's store modules.
+
+Threads: any; records are mutated only under the store's lock.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 :class:`StoreState` is the base of the store's mixins (views, timers, decider, tasks); the concrete
 :class:`~leasecore.server.store.Store` combines them. Every method here expects ``_lock`` held unless
 its docstring says otherwise.
+
+Threads: every request thread and the timer thread, one at a time through ``_lock``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Task traffic of the embedded server: long polls, updates (§3), extendLease, logs, poll data, queues."""
+"""Task traffic of the embedded server: long polls, updates (§3), extendLease, logs, poll data, queues.
+
+Threads: the HTTP server's request threads, each holding the store's lock for its call; a long poll
+waits on its queue's condition (made on that lock), releasing it.
+"""
 
 from __future__ import annotations
 

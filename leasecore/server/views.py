@@ -1,4 +1,7 @@
-"""JSON views of the store's records, shaped like the real server's ``Task`` and ``Workflow``."""
+"""JSON views of the store's records, shaped like the real server's ``Task`` and ``Workflow``.
+
+Threads: the request threads, under the store's lock.
+"""
 
 from __future__ import annotations
 
