@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bench.stats import median
@@ -239,17 +240,9 @@ def _heartbeat(hb: dict[str, Any] | None) -> list[str]:
         "(claim, then each accepted extendLease) of one task, as the server saw them. Lost = TIMED_OUT "
         "by the server while the child was still running.",
         "",
-        "| worker | leases | R (s) | gaps | p50 (s) | p99 (s) | max (s) | target p99 (s) | lost | statuses |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in hb["runs"]:
-        g = r["gaps_seconds"]
-        statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
-        out.append(
-            f"| {r['kind']} | {r['leases']} | {r['r_seconds']} | {g['count']} | {_f(g['p50'])} | "
-            f"{_f(g['p99'])} | {_f(g['max'])} | {_f(r['target_p99_seconds'])} | {r['lost']} | {statuses} |"
-        )
-    return out
+    return out + _gap_table(hb["runs"], ("target p99 (s)", "lost"),
+                            lambda r: (_f(r["target_p99_seconds"]), r["lost"]))
 
 
 def _heartbeat_real(hb: dict[str, Any] | None) -> list[str]:
@@ -265,15 +258,26 @@ def _heartbeat_real(hb: dict[str, Any] | None) -> list[str]:
         "Statuses are the real server's own, read after a decide of every workflow: its timeout checks "
         "run late (SQLite sweeper), so a lapse can go unpunished there.",
         "",
-        "| worker | leases | R (s) | gaps | p50 (s) | p99 (s) | max (s) | over R | TIMED_OUT | statuses |",
+    ]
+    return out + _gap_table(hb["runs"], ("over R", "TIMED_OUT"), lambda r: (r["gaps_over_r"], r["lost"]))
+
+
+def _gap_table(
+    runs: list[dict[str, Any]], last: tuple[str, str], cells: Callable[[dict[str, Any]], tuple[Any, Any]]
+) -> list[str]:
+    """The heartbeat tables' rows, on either server: the gaps, then two columns of their own."""
+    out = [
+        "| worker | leases | R (s) | gaps | p50 (s) | p99 (s) | max (s) "
+        f"| {last[0]} | {last[1]} | statuses |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in hb["runs"]:
+    for r in runs:
         g = r["gaps_seconds"]
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+        first, second = cells(r)
         out.append(
             f"| {r['kind']} | {r['leases']} | {r['r_seconds']} | {g['count']} | {_f(g['p50'])} | "
-            f"{_f(g['p99'])} | {_f(g['max'])} | {r['gaps_over_r']} | {r['lost']} | {statuses} |"
+            f"{_f(g['p99'])} | {_f(g['max'])} | {first} | {second} | {statuses} |"
         )
     return out
 
