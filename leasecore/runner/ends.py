@@ -43,17 +43,10 @@ class ChainUpdates(FinalUpdates):
     def __init__(self, port: ChainPort, engine: EnginePort) -> None:
         super().__init__(port, engine)
         self._v2_port = port
-        self._guard = engine
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        self._guard.begin_final_update(result.task_id)
-        try:
-            claimed = self._v2_port.update_v2(result, timeout_seconds=timeout_seconds)
-        except BaseException:
-            self._guard.final_update_failed(result.task_id)
-            raise
-        self._guard.reported(result.task_id)
-        return claimed
+        return self.guarded(result.task_id,
+                            lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds))
 
 
 class TaskEnds(RunnerCore):

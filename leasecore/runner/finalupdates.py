@@ -16,6 +16,7 @@ its own; the engine's calls are thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from leasecore.models import TaskResult
@@ -25,6 +26,7 @@ __all__ = ["FinalUpdates"]
 
 
 _Guard = TypeVar("_Guard", bound=FinalUpdateGuard)
+_Sent = TypeVar("_Sent")
 
 
 class FinalUpdates:
@@ -50,13 +52,19 @@ class FinalUpdates:
         return engine
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        self.guarded(result.task_id, lambda: self._port.update(result, timeout_seconds=timeout_seconds))
+
+    def guarded(self, task_id: str, send: Callable[[], _Sent]) -> _Sent:
+        """``send()`` (one attempt of a final update, whichever endpoint carries it) with the task's
+        heartbeats excluded: ``reported`` when it returns, ``final_update_failed`` when it raises."""
         engine = self._engine
         if engine is None:
             raise RuntimeError("FinalUpdates.update before attach(): no lease engine to exclude")
-        engine.begin_final_update(result.task_id)
+        engine.begin_final_update(task_id)
         try:
-            self._port.update(result, timeout_seconds=timeout_seconds)
+            sent = send()
         except BaseException:
-            engine.final_update_failed(result.task_id)
+            engine.final_update_failed(task_id)
             raise
-        engine.reported(result.task_id)
+        engine.reported(task_id)
+        return sent
