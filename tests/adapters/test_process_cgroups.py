@@ -198,7 +198,16 @@ def test_only_the_hierarchies_a_tree_needs_get_a_group() -> None:
         assert cgroups.remove_group(plain) and cgroups.remove_group(limited)
 
 
-def test_a_tree_without_limits_is_spawned_from_inside_its_group(setup: cgroups.CgroupSetup) -> None:
+def _held_cat(gate: Path) -> CommandSpec:
+    """Prints the child's groups, then waits for ``gate`` to exist: the test reads ``child.cgroup``
+    before the tree can be gone (which clears it; a bare ``cat`` could be gone by then under load)."""
+    script = 'cat /proc/self/cgroup; while [ ! -e "$1" ]; do sleep 0.01; done'
+    return CommandSpec(argv=("sh", "-c", script, "sh", str(gate)))
+
+
+def test_a_tree_without_limits_is_spawned_from_inside_its_group(
+    setup: cgroups.CgroupSetup, tmp_path: Path
+) -> None:
     """posix_spawn with the fork server moved in for the call: the child is a member from its birth,
     the fork server is back in its own groups right after, and a tree with a limit is not started so."""
     with Supervisor(None, cgroup_setup=setup) as supervisor:
@@ -209,9 +218,11 @@ def test_a_tree_without_limits_is_spawned_from_inside_its_group(setup: cgroups.C
         assert not cgroups.spawns_inside(setup, Limits(cpu_max=1.0), pid)
         with open(f"/proc/{pid}/cgroup") as handle:
             home = handle.read()
-        for _ in range(3):
-            child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+        for i in range(3):
+            gate = tmp_path / f"gate{i}"
+            child = supervisor.spawn(make_task(), _held_cat(gate), worker_id="w")
             group = child.cgroup
+            gate.touch()
             exit_ = child.wait(20)
             assert exit_ is not None and exit_.exit_code == 0 and group is not None
             name = os.path.basename(next(iter(group["dirs"].values())))
@@ -221,7 +232,9 @@ def test_a_tree_without_limits_is_spawned_from_inside_its_group(setup: cgroups.C
                 assert handle.read() == home
 
 
-def test_a_new_fork_server_after_one_died_spawns_from_inside_too(setup: cgroups.CgroupSetup) -> None:
+def test_a_new_fork_server_after_one_died_spawns_from_inside_too(
+    setup: cgroups.CgroupSetup, tmp_path: Path
+) -> None:
     """The at-home check is per fork server: the one the next spawn starts passes it again, its trees
     land in their groups, and it is back in its own groups after."""
     with Supervisor(None, cgroup_setup=setup) as supervisor:
@@ -230,8 +243,9 @@ def test_a_new_fork_server_after_one_died_spawns_from_inside_too(setup: cgroups.
         old = supervisor.forkserver_pid
         os.kill(old, signal.SIGKILL)
         assert first.wait(10) is not None and first.wait_gone(10)
-        child = supervisor.spawn(make_task(), CommandSpec(shell="cat /proc/self/cgroup"), worker_id="w")
+        child = supervisor.spawn(make_task(), _held_cat(tmp_path / "gate"), worker_id="w")
         group = child.cgroup
+        (tmp_path / "gate").touch()
         exit_ = child.wait(20)
         assert supervisor.forkserver_pid != old
         assert cgroups.spawns_inside(setup, Limits(), supervisor.forkserver_pid)
