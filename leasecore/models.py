@@ -1,14 +1,16 @@
 """Frozen values shared by every part of conductor-run: tasks as polled, results as reported.
 
 Owns: ``Task`` (parsed once from the server's JSON, ``Task.from_json``), ``TaskResult`` and its
-``to_json`` (the body of ``POST /api/tasks``), ``TaskStatus``, ``TaskOwnership`` (what an ownership
-check read) and ``TaskLog``. Must not: do I/O, read a clock, or know about leases, children or
-transports: a value here means the same thing to the client, the runner, the outbox and the tests.
+``to_json`` / ``encoded`` (the body of ``POST /api/tasks``), ``TaskStatus``, ``TaskOwnership``
+(what an ownership check read) and ``TaskLog``. Must not: do I/O, read a clock, or know about
+leases, children or transports: a value here means the same thing to the client, the runner, the
+outbox and the tests.
 Threads: any; every value is frozen, so it may be handed between threads without a lock.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -154,11 +156,30 @@ class TaskResult:
     logs: tuple[TaskLog, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        body = self._head()
+        body["outputData"] = dict(self.output_data)
+        return body
+
+    def output_json(self) -> str:
+        """``outputData`` as JSON text, encoded once per result: the update's body and the
+        result-size metric share it (with ``ensure_ascii``, its length is its size in bytes)."""
+        text: str | None = self.__dict__.get("_output_json")
+        if text is None:  # two threads may both encode it: the same text, no lock needed
+            text = json.dumps(dict(self.output_data))
+            object.__setattr__(self, "_output_json", text)
+        return text
+
+    def encoded(self) -> bytes:
+        """The body of ``POST /api/tasks`` as sent: ``to_json``'s fields, outputData from
+        ``output_json`` (last) instead of a second encoding of it."""
+        head = json.dumps(self._head())  # never empty: "{..., ...}"
+        return f'{head[:-1]}, "outputData": {self.output_json()}}}'.encode("ascii")
+
+    def _head(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "taskId": self.task_id,
             "workflowInstanceId": self.workflow_id,
             "status": self.status.value,
-            "outputData": dict(self.output_data),
         }
         if self.reason_for_incompletion:
             body["reasonForIncompletion"] = self.reason_for_incompletion

@@ -202,7 +202,7 @@ class ConductorClient:
         self.request(
             "POST",
             "/tasks",
-            json_body=result.to_json(),
+            json_body=result.encoded(),
             accept=TEXT_OR_JSON,
             timeout_seconds=timeout_seconds,
             idempotent=True,  # Conductor ignores a second terminal update of a task
@@ -221,7 +221,7 @@ class ConductorClient:
         reply = self.request(
             "POST",
             "/tasks/update-v2",
-            json_body=result.to_json(),
+            json_body=result.encoded(),
             timeout_seconds=timeout_seconds,
             idempotent=False,
         )
@@ -342,7 +342,8 @@ class ConductorClient:
     ) -> Reply:
         """One call to ``{base_url}{path}`` (``root=True``: the server root), errors translated.
 
-        ``uri``: the path's template for ``request_hook`` (default: the path itself).
+        ``uri``: the path's template for ``request_hook`` (default: the path itself). ``json_body``
+        is encoded with ``json.dumps``, unless it is ``bytes``: JSON encoded already, sent as is.
 
         A 2xx comes back as a :class:`Reply`; anything else raises. With auth, a rejected token is
         refreshed and the request sent once more, within the same deadline. ``idempotent`` (default:
@@ -392,7 +393,8 @@ class ConductorClient:
         data: bytes | None = None
         if json_body is not None:
             headers["Content-Type"] = JSON
-            data = json.dumps(json_body).encode("utf-8")
+            # bytes are JSON already encoded (a TaskResult's ``encoded()``): sent as they are
+            data = json_body if isinstance(json_body, bytes) else json.dumps(json_body).encode("utf-8")
         elif text_body is not None:
             headers["Content-Type"] = "text/plain; charset=utf-8"
             data = text_body.encode("utf-8")

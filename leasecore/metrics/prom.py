@@ -19,7 +19,6 @@ Threads: built at a scrape, on the metrics endpoint's thread.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
@@ -183,9 +182,7 @@ class PrometheusObserver(Observer):
                 _add(self._fences, (task_type, fence.value))
 
     def on_result(self, task_type: str, result: TaskResult) -> None:
-        output = result.output_data
-        # json.dumps escapes every non-ASCII character (ensure_ascii): its length is the size in bytes.
-        size = len(json.dumps(output)) if output else 2  # "{}"
+        size = len(result.output_json())  # the text the update sends, encoded once for both
         with self._lock:
             self._result_size((task_type,), size)
 
