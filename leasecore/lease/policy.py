@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from leasecore.backoff import Backoff
 from leasecore.errors import ConfigError
@@ -170,7 +171,10 @@ class LeasePolicy:
         )
         return dataclasses.replace(policy, start_delay_seconds=wait) if wait > 0 else policy
 
-    @property
+    # The derived numbers below are worked out once per policy (a frozen value: dataclasses.replace
+    # makes a new one); the lease machine reads them many times per task.
+
+    @cached_property
     def lease_timeout_seconds(self) -> float:
         """How long an ack (or the poll) keeps the lease; 0 = no lease deadline.
 
@@ -189,7 +193,7 @@ class LeasePolicy:
         r = self.response_timeout_seconds
         return configured is not None and r > 0 and configured > r
 
-    @property
+    @cached_property
     def kill_grace_cap_seconds(self) -> float | None:
         """The most ``kill_grace`` may be: a share of the lease timeout and of the hard ceiling, and no
         more than leaves the heartbeats their room (None: neither deadline is set, no cap)."""
@@ -205,7 +209,7 @@ class LeasePolicy:
                 cap = min(cap, room)
         return cap
 
-    @property
+    @cached_property
     def effective_kill_grace_seconds(self) -> float:
         """The grace between TERM and KILL that this task gets: ``kill_grace``, capped."""
         cap = self.kill_grace_cap_seconds
@@ -216,12 +220,12 @@ class LeasePolicy:
         """True when the configured ``kill_grace`` was cut down to its cap (the runner warns once)."""
         return self.effective_kill_grace_seconds < self.kill_grace_seconds
 
-    @property
+    @cached_property
     def fence_lead_seconds(self) -> float:
         """How long before a server deadline the TERM goes out: the (capped) grace + the margin."""
         return self.effective_kill_grace_seconds + self.fence_margin_seconds
 
-    @property
+    @cached_property
     def heartbeat_interval_seconds(self) -> float | None:
         """Seconds from an acked beat's send time to the next beat; None: no heartbeats.
 
