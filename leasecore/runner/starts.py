@@ -83,6 +83,16 @@ class TaskStarts(TaskEnds):
                      "once that report is done", task.task_id, task.poll_count)
             self._next_runs[task.task_id] = (task, polled_at, policy, surplus, chained)
             return
+        if entry is not None and task.poll_count > entry.task.poll_count and (
+            self._engine.fence_reason(task.task_id) is FenceReason.OWNERSHIP_LOST
+        ):
+            # Handed to us again while our copy is being killed for a lost ownership (say re-queued,
+            # then polled by us): a new run, which starts once the dying copy is forgotten, and then
+            # only once its tree is gone (StartGate). Dropping it left the server waiting on us till R.
+            log.info("task %s polled again (pollCount %d) while its earlier copy here is killed (no "
+                     "longer ours): running it once that copy is gone", task.task_id, task.poll_count)
+            self._next_runs[task.task_id] = (task, polled_at, policy, surplus, chained)
+            return
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
             # keeps the lease; starting a second copy would run one task twice at once.

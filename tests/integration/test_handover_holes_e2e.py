@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import World
+from tests.integration.rewriting_relay import RewritingRelay
 from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
 from tests.integration.test_metrics_e2e import metrics_port, scrape, value
 from tests.support import wait_until
@@ -108,3 +109,42 @@ def test_a_held_redelivery_handed_back_at_a_stop_is_requeued_not_failed(
     world.finish(a)  # ended on its own: its one task was fenced (ownership lost, nothing reported)
     assert "no longer ours" in world.stderr(a)
     assert "handing it back" in world.stderr(b)
+
+
+def test_a_task_polled_back_while_its_copy_here_is_killed_runs_once_that_copy_is_gone(
+    world: World, tmp_path: Path
+) -> None:
+    """A's ownership check reads 404 (a relay's lie: the task is A's on the server), so A fences its
+    TERM-ignoring copy (kill_grace 2 s); meanwhile the task is re-queued and A itself polls it back
+    (pollCount 2, a spare slot). That delivery is a new run: it starts once the dying copy is gone,
+    never next to it. Before the fix A dropped it ("delivered again while it runs here"), and the server
+    waited on A until R to time it out (with retryCount 0: the workflow FAILED)."""
+    world.define(responseTimeoutSeconds=10)
+    copies = Copies(tmp_path / "copies")
+    config = tmp_path / "conductor.toml"
+    config.write_text("[worker]\nownership_check_interval = 1\n")
+    wf = world.start_workflow()
+    with RewritingRelay(world.server.url) as relay:
+        a = world.run("--config", str(config), "--kill-grace", "2", "--concurrency", "2", url=relay.url,
+                      command=copies.command())  # fmt: skip
+        wait_until(lambda: len(copies.read()) == 1, what="A's copy to start")
+        task_id = str(world.task_of(wf)["taskId"])
+        relay.rule = lambda method, path, _body: 404 if method == "GET" and task_id in path else None
+        wait_until(lambda: "no longer ours" in world.stderr(a), what="A to fence its copy")
+        relay.rule = lambda _method, _path, _body: None  # the next delivery's checks read the truth
+        world.client.request("POST", "/tasks", json_body={
+            "taskId": task_id, "workflowInstanceId": wf, "status": "IN_PROGRESS"}, accept="*/*")
+        wait_until(lambda: "polled again (pollCount 2)" in world.stderr(a)
+                   or "delivered again" in world.stderr(a), what="A to poll it back")  # fmt: skip
+        assert psutil_alive(copies.read()[0].pid)  # the race itself: the first copy still dies
+        wait_until(lambda: len(copies.read()) == 2, timeout_seconds=30, what="the next run's copy")
+        first, second = copies.assert_never_overlapped()
+        assert first.task_id == second.task_id == task_id and second.poll_count == 2
+        wait_until(lambda: copies.read()[0].exited is not None or not psutil_alive(first.pid),
+                   what="the first copy's exit to be seen")  # fmt: skip
+        copies.assert_never_overlapped()
+        task = world.task_of(wf)
+        assert (task["status"], task["pollCount"]) == ("IN_PROGRESS", 2), task  # A's run, not timed out
+        stop(world, a)
+    assert "not starting it twice" not in world.stderr(a)
+    assert "polled again (pollCount 2) while its earlier copy here is killed" in world.stderr(a)
