@@ -81,7 +81,7 @@ class TaskStarts(TaskEnds):
             # starts once that report is done; its own lease (engine.track) holds it meanwhile.
             log.info("task %s polled again (pollCount %d) while its result is reported: running it "
                      "once that report is done", task.task_id, task.poll_count)
-            self._next_runs[task.task_id] = (task, polled_at, policy, surplus, chained)
+            self._keep_next_run(plan, task, polled_at, policy, surplus, chained)
             return
         if entry is not None and task.poll_count > entry.task.poll_count and (
             self._engine.fence_reason(task.task_id) is FenceReason.OWNERSHIP_LOST
@@ -91,7 +91,7 @@ class TaskStarts(TaskEnds):
             # only once its tree is gone (StartGate). Dropping it left the server waiting on us till R.
             log.info("task %s polled again (pollCount %d) while its earlier copy here is killed (no "
                      "longer ours): running it once that copy is gone", task.task_id, task.poll_count)
-            self._next_runs[task.task_id] = (task, polled_at, policy, surplus, chained)
+            self._keep_next_run(plan, task, polled_at, policy, surplus, chained)
             return
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
@@ -146,6 +146,22 @@ class TaskStarts(TaskEnds):
             log.warning("task %s: not starting it yet: %s", task.task_id, why)
             return
         self._start_child(entry)
+
+    def _keep_next_run(
+        self, plan: TaskTypePlan, task: Task, polled_at: float, policy: LeasePolicy | None, surplus: bool,
+        chained: bool,
+    ) -> None:
+        """Keep ``task`` as the next run of the entry it waits behind. One kept already (the task was
+        delivered yet again meanwhile) is the same run: the newer delivery replaces it, and the slot
+        and budget the older one took go back (else each such delivery would keep a slot for ever)."""
+        kept = (task, polled_at, policy, surplus, chained)
+        older = self._next_runs.get(task.task_id)
+        if older is not None and older[0].poll_count > task.poll_count:  # (arrived out of order)
+            kept, older = older, kept
+        self._next_runs[task.task_id] = kept
+        if older is not None and not older[3]:  # a surplus delivery took no slot and no budget
+            self._pollers[plan.poll.task_type].release()
+            self._budget.give_back(1)
 
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan

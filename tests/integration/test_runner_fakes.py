@@ -543,3 +543,32 @@ def test_a_result_kept_in_the_outbox_shows_as_undelivered_until_its_file_is_gone
         runner.request_stop()
         thread.join(30)
         supervisor.close()
+
+
+IGNORES_TERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({!r}, 'a').close(); "
+    "time.sleep(60)"
+)
+
+
+def test_a_task_delivered_twice_while_its_copy_is_killed_keeps_one_slot(
+    harnesses: list[Harness], tmp_path: Path
+) -> None:
+    """Task a's copy ignores the TERM of its ownership fence; a is polled back twice meanwhile
+    (pollCount 2, then 3). The two deliveries are one next run: one slot, so with 3 slots task b still
+    finds one. (Before, the replaced delivery kept its slot for ever.)"""
+    ready = tmp_path / "ignoring"
+    h = Harness(IGNORES_TERM.format(str(ready)), RunOptions(), concurrency=3)
+    harnesses.append(h)
+    h.conductor.add(make_task("a", poll_count=1))
+    h.start()
+    wait_until(ready.exists, what="task a's copy to ignore TERM")
+    first = h.supervisor.children["a"]
+    h.engine.fence("a", FenceReason.OWNERSHIP_LOST)  # TERM: ignored, the copy lives on
+    for poll_count in (2, 3):
+        h.conductor.add(make_task("a", poll_count=poll_count))
+        wait_until(lambda: not h.conductor.queued["t"], what=f"delivery {poll_count} polled")
+    h.conductor.add(make_task("b", poll_count=1))
+    wait_until(lambda: "b" in h.supervisor.children, what="task b started in the third slot")
+    assert first.proc.poll() is None  # a's first copy still dies: its next run has not started
+    assert h.supervisor.children["a"] is first
