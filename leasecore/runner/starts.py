@@ -83,16 +83,30 @@ class TaskStarts(TaskEnds):
                      "once that report is done", task.task_id, task.poll_count)
             self._keep_next_run(plan, task, polled_at, policy, surplus, chained)
             return
-        if entry is not None and task.poll_count > entry.task.poll_count and (
-            self._engine.fence_reason(task.task_id) is FenceReason.OWNERSHIP_LOST
+        if (
+            entry is not None
+            and task.poll_count > entry.task.poll_count
+            and task.task_id not in self._yields
+            and self._engine.fence_reason(task.task_id) is FenceReason.OWNERSHIP_LOST
         ):
             # Handed to us again while our copy is being killed for a lost ownership (say re-queued,
             # then polled by us): a new run, which starts once the dying copy is forgotten, and then
             # only once its tree is gone (StartGate). Dropping it left the server waiting on us till R.
+            # (Not while a yield of the copy still waits to go out: that report would reach this
+            # delivery; such a task is left to the branch below, as before.) No heartbeats meanwhile:
+            # the copy's lease is fenced for good; the next run's own lease counts from its poll.
             log.info("task %s polled again (pollCount %d) while its earlier copy here is killed (no "
                      "longer ours): running it once that copy is gone", task.task_id, task.poll_count)
             self._keep_next_run(plan, task, polled_at, policy, surplus, chained)
             return
+        if entry is None and policy is not None and task.poll_count != 1:
+            # Tracked at poll time while an earlier run of it was still here: that track acked the
+            # earlier run's lease, which ended when the run was forgotten (before this event came).
+            # Without a lease of its own it would run with no heartbeats and no fences.
+            try:
+                self._engine.view(task.task_id)
+            except KeyError:
+                policy = None
         if task.task_id in self._tasks:
             # Delivered again while it runs here (a re-queue, a server hiccup): the running child
             # keeps the lease; starting a second copy would run one task twice at once.
@@ -152,16 +166,20 @@ class TaskStarts(TaskEnds):
         chained: bool,
     ) -> None:
         """Keep ``task`` as the next run of the entry it waits behind. One kept already (the task was
-        delivered yet again meanwhile) is the same run: the newer delivery replaces it, and the slot
-        and budget the older one took go back (else each such delivery would keep a slot for ever)."""
+        delivered yet again meanwhile) is the same run: the newer delivery (by pollCount) replaces it
+        and holds one slot; a second slot and budget taken go back (else each such delivery would keep
+        a slot for ever)."""
         kept = (task, polled_at, policy, surplus, chained)
         older = self._next_runs.get(task.task_id)
-        if older is not None and older[0].poll_count > task.poll_count:  # (arrived out of order)
-            kept, older = older, kept
+        if older is not None:
+            if older[0].poll_count > task.poll_count:  # (arrived out of order)
+                kept, older = older, kept
+            if not older[3] and not kept[3]:  # both took a slot and budget: one goes back
+                self._pollers[plan.poll.task_type].release()
+                self._budget.give_back(1)
+            elif not older[3]:  # the kept one is surplus (took none): it takes over the other's
+                kept = (kept[0], kept[1], kept[2], False, kept[4])
         self._next_runs[task.task_id] = kept
-        if older is not None and not older[3]:  # a surplus delivery took no slot and no budget
-            self._pollers[plan.poll.task_type].release()
-            self._budget.give_back(1)
 
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan

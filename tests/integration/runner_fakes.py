@@ -112,6 +112,8 @@ class FakeEngine:
     calls: list[tuple[str, str]] = field(default_factory=list)
     reasons: dict[str, FenceReason] = field(default_factory=dict)
     live: set[str] = field(default_factory=set)
+    tracked: set[str] = field(default_factory=set)  # leases held: view() raises KeyError for others
+    on_track: Callable[[Task], None] = lambda task: None  # called on the tracking thread, unlocked
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
@@ -124,6 +126,8 @@ class FakeEngine:
         with self.lock:
             self.calls.append(("track", task.task_id))
             self.live.add(task.task_id)
+            self.tracked.add(task.task_id)
+        self.on_track(task)
 
     def start_held(self, task_id: str) -> None:
         self.calls.append(("start_held", task_id))
@@ -137,7 +141,10 @@ class FakeEngine:
             self.live.discard(task_id)
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
-        self.calls.append(("reported", task_id))
+        with self.lock:  # the lease ends, and its fence with it (the real engine forgets both)
+            self.calls.append(("reported", task_id))
+            self.tracked.discard(task_id)
+            self.reasons.pop(task_id, None)
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
         self.calls.append(("begin_final_update", task_id))
@@ -171,6 +178,9 @@ class FakeEngine:
         return self.reasons.get(task_id)
 
     def view(self, task_id: str) -> LeaseView:
+        with self.lock:
+            if task_id not in self.tracked:
+                raise KeyError(task_id)
         return LeaseView(
             polled_at=0.0,
             last_ack_at=None,

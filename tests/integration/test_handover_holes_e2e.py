@@ -115,17 +115,17 @@ def test_a_task_polled_back_while_its_copy_here_is_killed_runs_once_that_copy_is
     world: World, tmp_path: Path
 ) -> None:
     """A's ownership check reads 404 (a relay's lie: the task is A's on the server), so A fences its
-    TERM-ignoring copy (kill_grace 2 s); meanwhile the task is re-queued and A itself polls it back
+    TERM-ignoring copy (kill_grace 4 s: room for the poll-back on a loaded machine); meanwhile the task is re-queued and A itself polls it back
     (pollCount 2, a spare slot). That delivery is a new run: it starts once the dying copy is gone,
     never next to it. Before the fix A dropped it ("delivered again while it runs here"), and the server
     waited on A until R to time it out (with retryCount 0: the workflow FAILED)."""
-    world.define(responseTimeoutSeconds=10)
+    world.define(responseTimeoutSeconds=20)
     copies = Copies(tmp_path / "copies")
     config = tmp_path / "conductor.toml"
     config.write_text("[worker]\nownership_check_interval = 1\n")
     wf = world.start_workflow()
     with RewritingRelay(world.server.url) as relay:
-        a = world.run("--config", str(config), "--kill-grace", "2", "--concurrency", "2", url=relay.url,
+        a = world.run("--config", str(config), "--kill-grace", "4", "--concurrency", "2", url=relay.url,
                       command=copies.command())  # fmt: skip
         wait_until(lambda: len(copies.read()) == 1, what="A's copy to start")
         task_id = str(world.task_of(wf)["taskId"])

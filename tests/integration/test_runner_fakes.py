@@ -572,3 +572,49 @@ def test_a_task_delivered_twice_while_its_copy_is_killed_keeps_one_slot(
     wait_until(lambda: "b" in h.supervisor.children, what="task b started in the third slot")
     assert first.proc.poll() is None  # a's first copy still dies: its next run has not started
     assert h.supervisor.children["a"] is first
+    h.engine.fence("a", FenceReason.OWNERSHIP_LOST, kill=True)
+    wait_until(lambda: h.supervisor.children["a"] is not first, what="a's next run to start")
+    assert first.proc.poll() is not None  # only after the copy was gone
+    assert tracked_again_before_its_start(h.engine.names("a")), h.engine.names("a")
+
+
+GATED = "import os, time\nwhile not os.path.exists({!r}): time.sleep(0.01)"
+
+
+def test_a_redelivery_tracked_at_poll_as_its_earlier_run_ends_gets_a_lease_of_its_own(
+    harnesses: list[Harness], tmp_path: Path
+) -> None:
+    """The poller tracks a's second delivery (acking the lease of a's first run, still here), then the
+    first run ends and is forgotten (its lease with it) before the delivery reaches the main loop:
+    the delivery must be tracked again, not run on the ended lease (no heartbeats, no fences)."""
+    gate = tmp_path / "gate"
+    h = Harness(GATED.format(str(gate)), RunOptions(max_tasks=2), concurrency=2)
+    harnesses.append(h)
+    in_track, go_on = threading.Event(), threading.Event()
+
+    def hold_second_delivery(task: Task) -> None:
+        if task.task_id == "a" and task.poll_count == 2:
+            in_track.set()
+            go_on.wait(30)
+
+    h.engine.on_track = hold_second_delivery
+    h.conductor.add(make_task("a", poll_count=1))
+    h.start()
+    wait_until(lambda: "a" in h.supervisor.children, what="a's first run started")
+    first = h.supervisor.children["a"]
+    h.conductor.add(make_task("a", poll_count=2))
+    assert in_track.wait(20), "the poller never tracked the second delivery"
+    gate.touch()  # the first run ends and is reported, while its second delivery is held in track
+    wait_until(lambda: h.conductor.statuses().get("a") is TaskStatus.COMPLETED, what="a's first report")
+    wait_until(lambda: h.engine.names("a").count("reported") == 2, what="the first run forgotten")
+    go_on.set()
+    wait_until(lambda: h.supervisor.children["a"] is not first, what="the second delivery's run")
+    assert tracked_again_before_its_start(h.engine.names("a")), h.engine.names("a")
+    h.finish()
+
+
+def tracked_again_before_its_start(names: list[str]) -> bool:
+    """Whether the last run's child was started on a lease tracked after the earlier run's ended."""
+    last_start = len(names) - 1 - names[::-1].index("child_started")
+    ended = [i for i, name in enumerate(names[:last_start]) if name == "reported"]
+    return bool(ended) and "track" in names[ended[-1] : last_start]
