@@ -115,10 +115,11 @@ def test_a_task_polled_back_while_its_copy_here_is_killed_runs_once_that_copy_is
     world: World, tmp_path: Path
 ) -> None:
     """A's ownership check reads 404 (a relay's lie: the task is A's on the server), so A fences its
-    TERM-ignoring copy (kill_grace 4 s: room for the poll-back on a loaded machine); meanwhile the task is re-queued and A itself polls it back
-    (pollCount 2, a spare slot). That delivery is a new run: it starts once the dying copy is gone,
-    never next to it. Before the fix A dropped it ("delivered again while it runs here"), and the server
-    waited on A until R to time it out (with retryCount 0: the workflow FAILED)."""
+    TERM-ignoring copy (kill_grace 4 s: room for the poll-back on a loaded machine); meanwhile the
+    task is re-queued and A itself polls it back (pollCount 2, a spare slot). That delivery is a new
+    run: it starts once the dying copy is gone, never next to it. Before the fix A dropped it
+    ("delivered again while it runs here"), and the server waited on A until R to time it out (with
+    retryCount 0: the workflow FAILED)."""
     world.define(responseTimeoutSeconds=20)
     copies = Copies(tmp_path / "copies")
     config = tmp_path / "conductor.toml"
