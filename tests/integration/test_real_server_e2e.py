@@ -99,7 +99,14 @@ def test_without_lease_extension_the_lease_ends_at_r_and_the_tree_dies_with_it(r
     reason = ended["reasonForIncompletion"]
     assert reason.startswith("lease expired") if ended["status"] == "FAILED" else "responseTimeout" in reason
     assert ended["pollCount"] == 1
-    assert real_world.workflow_status(wf) == ended["status"]  # retryCount 0: the workflow ends with it
+    # retryCount 0: the workflow ends with it, once the server has decided it after that update (the
+    # task's status can be read before: CI once read FAILED / RUNNING)
+    wait_until(
+        lambda: real_world.decide_and_get_task(wf) and real_world.workflow_status(wf) == ended["status"],
+        30,
+        "the workflow to end with its task",
+        interval_seconds=DECIDE_EVERY_SECONDS,
+    )
     err = real_world.stderr(proc)
     assert f"heartbeat_timeout 120s is capped at the task's responseTimeoutSeconds {r_seconds}s" in err
     assert f"task {task_id}: terminating the process tree (lease expired)" in err
