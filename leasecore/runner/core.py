@@ -24,7 +24,7 @@ from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import EnginePort, RunOptions, SupervisorPort, TaskTypePlan
 from leasecore.runner.reporter import Reporter
-from leasecore.runner.status import InFlight
+from leasecore.runner.status import InFlight, NextRun
 from leasecore.snapshot import TaskSnapshot
 
 
@@ -56,8 +56,8 @@ class RunnerCore:
     _gate: StartGate
     _yields: YieldHold
     _handing_back: set[str]
-    # A task's next delivery polled while its previous run's result is reported: started after it.
-    _next_runs: dict[str, tuple[Task, float, LeasePolicy | None, bool, bool]]  # (..., surplus, chained)
+    # A task's next delivery polled while its previous run is still here: started once it is forgotten.
+    _next_runs: dict[str, NextRun]
     _undelivered: dict[str, tuple[Path, TaskSnapshot]]
     _stopping_since: float | None
     _forced: bool

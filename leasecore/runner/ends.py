@@ -227,13 +227,9 @@ class TaskEnds(RunnerCore):
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
         self._statuses[entry.index] = status
-        if (next_run := self._next_runs.pop(entry.task.task_id, None)) is not None:
-            task, polled_at, policy, surplus, chained = next_run
-            try:
-                self._engine.view(task.task_id)
-            except KeyError:
-                policy = None  # its lease ended with the previous run's: _on_task starts a new one
-            self._on_task(task, polled_at, policy, surplus=surplus, chained=chained)
+        if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
+            # (its lease may have ended with this run's: _on_task tracks it again then)
+            self._on_task(run.task, run.polled_at, run.policy, surplus=run.surplus, chained=run.chained)
 
     def _release_slot(self, entry: InFlight) -> None:
         if entry.slot_held:

@@ -27,7 +27,7 @@ from leasecore.runner.chain import hand_back
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
 from leasecore.runner.events import ChainEnded, ChildExited, TaskPolled
 from leasecore.runner.ports import TaskTypePlan
-from leasecore.runner.status import InFlight, Phase
+from leasecore.runner.status import InFlight, NextRun, Phase
 from leasecore.snapshot import MAX_OUTPUT_LINES
 
 log = logging.getLogger("conductor_run.runner")
@@ -100,9 +100,10 @@ class TaskStarts(TaskEnds):
             self._keep_next_run(plan, task, polled_at, policy, surplus, chained)
             return
         if entry is None and policy is not None and task.poll_count != 1:
-            # Tracked at poll time while an earlier run of it was still here: that track acked the
-            # earlier run's lease, which ended when the run was forgotten (before this event came).
-            # Without a lease of its own it would run with no heartbeats and no fences.
+            # Tracked at poll time while an earlier run of it was still here (a next run replayed by
+            # _forget, or a delivery whose event came after that run was forgotten): that track acked
+            # the earlier run's lease, which may have ended with it. Without a lease of its own it
+            # would run with no heartbeats and no fences. (pollCount 1: no earlier run.)
             try:
                 self._engine.view(task.task_id)
             except KeyError:
@@ -169,16 +170,16 @@ class TaskStarts(TaskEnds):
         delivered yet again meanwhile) is the same run: the newer delivery (by pollCount) replaces it
         and holds one slot; a second slot and budget taken go back (else each such delivery would keep
         a slot for ever)."""
-        kept = (task, polled_at, policy, surplus, chained)
+        kept = NextRun(task, polled_at, policy, surplus, chained)
         older = self._next_runs.get(task.task_id)
         if older is not None:
-            if older[0].poll_count > task.poll_count:  # (arrived out of order)
+            if older.task.poll_count > task.poll_count:  # (arrived out of order)
                 kept, older = older, kept
-            if not older[3] and not kept[3]:  # both took a slot and budget: one goes back
+            if not older.surplus and not kept.surplus:  # both took a slot and budget: one goes back
                 self._pollers[plan.poll.task_type].release()
                 self._budget.give_back(1)
-            elif not older[3]:  # the kept one is surplus (took none): it takes over the other's
-                kept = (kept[0], kept[1], kept[2], False, kept[4])
+            elif not older.surplus:  # the kept one took none: it takes over the other's
+                kept = kept._replace(surplus=False)
         self._next_runs[task.task_id] = kept
 
     def _start_child(self, entry: InFlight) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
@@ -29,6 +29,17 @@ from leasecore.snapshot import (
     TaskState,
     wall_time,
 )
+
+
+class NextRun(NamedTuple):
+    """A delivery of a task that waits behind its run still here (its report, or its copy being
+    killed for lost ownership): ``_on_task``'s arguments, replayed once that run is forgotten."""
+
+    task: Task
+    polled_at: float
+    policy: LeasePolicy | None  # tracked at poll time (its lease may end with the earlier run's)
+    surplus: bool  # took no slot and no budget
+    chained: bool
 
 
 class Phase(Enum):
