@@ -29,7 +29,7 @@ from leasecore.process import _cgroupfs, cgroups
 from leasecore.process.lookups import ExecutablePaths
 from leasecore.process.spec import STDIO, CommandSpec, build_child_env
 from leasecore.process.stdio_protocol import task_json
-from leasecore.process.taskfiles import TaskFiles
+from leasecore.process.taskfiles import TaskDirs, TaskFiles
 
 
 def working_directory(spec: CommandSpec) -> str:
@@ -74,7 +74,7 @@ def prepare(
     worker_id: str,
     environ: Mapping[str, str],
     inherited: dict[str, str],
-    tmp_dir: str | None,
+    task_dirs: TaskDirs,
     executables: ExecutablePaths,
     cgroup_setup: cgroups.CgroupSetup,
 ) -> Prepared:
@@ -84,7 +84,8 @@ def prepare(
     try:
         whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
         owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
-        files = TaskFiles.create(task, parent=tmp_dir, unique=token, stdin=whole_task, owner=owner)
+        files = TaskFiles.create_in(task_dirs, task, memory_limited=spec.limits.memory_max is not None,
+                                    unique=token, stdin=whole_task, owner=owner)
     except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
         raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
     env = build_child_env(

@@ -50,6 +50,7 @@ from leasecore.process.lookups import PATH_CACHE_SECONDS, ExecutablePaths, Inher
 from leasecore.process.prepare import prepare, working_directory
 from leasecore.process.reader import OutputReader
 from leasecore.process.spec import STDIO, CommandSpec
+from leasecore.process.taskfiles import TaskDirs
 
 __all__ = ["Child", "DoneSink", "LineSink", "LinesSink", "StartedSink", "Supervisor", "TreeMeta"]
 
@@ -96,7 +97,7 @@ class Supervisor:
         self._environ = dict(os.environ if environ is None else environ)
         self._state_dir = state_dir
         self._drain_seconds = output_drain_seconds
-        self._tmp_dir = tmp_dir
+        self._task_dirs = TaskDirs.pick(tmp_dir, self._environ)  # a tmpfs where usable (taskfiles.py)
         self._tree_meta = tree_meta
         # None: no cgroups (posix_spawn; limits as rlimits); else each tree gets a group of its own
         self._cgroups = cgroup_setup if cgroup_setup is not None else cgroups.CgroupSetup()
@@ -131,6 +132,11 @@ class Supervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def task_dirs(self) -> TaskDirs:
+        """Where the tasks' private directories are made (``taskfiles.TaskDirs``)."""
+        return self._task_dirs
 
     @property
     def forkserver_pid(self) -> int:
@@ -242,7 +248,7 @@ class Supervisor:
         cwd = working_directory(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
-                        inherited=self._inherited.of(spec), tmp_dir=self._tmp_dir,
+                        inherited=self._inherited.of(spec), task_dirs=self._task_dirs,
                         executables=self._executables, cgroup_setup=self._cgroups)  # fmt: skip
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"

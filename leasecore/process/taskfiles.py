@@ -1,7 +1,8 @@
 """A task's private files: the input file (also the child's stdin) and the output file.
 
-Owns ``TaskFiles``: each task's own directory (0700, under the system temp dir, named by the tree's
-marker token) holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
+Owns ``TaskFiles``: each task's own directory (0700, named by the tree's marker token, in the place
+``TaskDirs`` picks: a tmpfs such as ``/dev/shm`` where one is usable, else the system temp dir)
+holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
 (0600) for the child to fill, and under the stdio protocol ``task.json`` (0600, the whole task: the
 child's stdin then). With ``run_as`` the two files are the user's and the directory stays root's.
 Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT_BYTES`` and
@@ -40,6 +41,65 @@ OUTPUT_MAX_DEPTH = 256  # Conductor's JSON parser refuses 1000 levels; the repor
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
+SHM_DIR = "/dev/shm"
+_TEMP_ENV = ("TMPDIR", "TEMP", "TMP")  # what tempfile.gettempdir() reads: a user's explicit choice
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass(frozen=True)
+class TaskDirs:
+    """Where task directories are made: ``fast`` (a tmpfs) for a tree without a memory limit, else
+    ``disk`` (the system temp dir); a full ``fast`` falls back to ``disk`` for that task.
+
+    On an ext4 /tmp a task's files (mkdir, two creates, two unlinks, rmdir) cost 0.2-0.35 ms of the
+    runner's CPU per task, most of it in the journal; on a tmpfs next to nothing (docs/perf-notes.md).
+    A memory-limited tree stays on ``disk``: what it writes into its directory on a tmpfs would be
+    charged to its group as memory that cannot be written back, so a big output file could OOM-kill
+    it where the disk would not."""
+
+    disk: str
+    fast: str | None = None
+
+    @classmethod
+    def pick(cls, chosen: str | None = None, environ: Mapping[str, str] | None = None,
+             shm: str = SHM_DIR) -> TaskDirs:
+        """``chosen`` (a directory given by the embedder) is used for every task; so is the temp dir
+        a user named in ``TMPDIR``/``TEMP``/``TMP``. Otherwise ``shm`` when it is a tmpfs this
+        process can write, and the temp dir is not one already."""
+        if chosen is not None:
+            return cls(os.path.abspath(chosen))
+        environ = os.environ if environ is None else environ
+        disk = tempfile.gettempdir()
+        if any(environ.get(name) for name in _TEMP_ENV) or _is_tmpfs(disk) or not _is_tmpfs(shm):
+            return cls(disk)
+        if not (os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)):
+            return cls(disk)
+        return cls(disk, shm)
+
+    def parent(self, memory_limited: bool) -> str:
+        return self.disk if memory_limited or self.fast is None else self.fast
+
+
+def _is_tmpfs(path: str) -> bool:
+    """Whether ``path`` is the mount point of a tmpfs, or inside one (``/proc/self/mountinfo``)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", "rb") as mounts:
+            for line in mounts:
+                fields = line.split()
+                try:
+                    sep = fields.index(b"-")
+                except ValueError:
+                    continue
+                point = fields[4].decode(errors="replace").replace("\\040", " ")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, fields[sep + 1].decode(errors="replace")
+    except OSError:
+        return False
+    return kind == "tmpfs"
+
+
 @dataclass(frozen=True)
 class TaskFiles:
     """Paths of one task's private files."""
@@ -48,6 +108,21 @@ class TaskFiles:
     input_path: str
     output_path: str
     stdin_path: str | None = None  # a file of its own for stdin (else the input file is stdin)
+
+    @classmethod
+    def create_in(
+        cls, dirs: TaskDirs, task: Task, *, memory_limited: bool, unique: str | None = None,
+        stdin: bytes | None = None, owner: tuple[int, int] | None = None,
+    ) -> TaskFiles:
+        """``create`` in ``dirs.parent(memory_limited)``; if that is the tmpfs and it is full, in
+        ``dirs.disk`` instead (a small /dev/shm, as a container's 64 MB one, fails no task)."""
+        parent = dirs.parent(memory_limited)
+        try:
+            return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner)
+        except OSError as exc:
+            if parent == dirs.disk or exc.errno not in _FULL:
+                raise
+        return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner)
 
     @classmethod
     def create(

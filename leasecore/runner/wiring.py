@@ -250,6 +250,10 @@ def _serve(
         outbox = Outbox(state.outbox, server=server.url)
         treegroups.log_setup(config, setup)
         supervisor = Supervisor(state.path, tree_meta=tree_meta(server.url), cgroup_setup=setup)
+        dirs = supervisor.task_dirs
+        log.info("task files under %s%s", dirs.fast or dirs.disk,
+                 f" (a tmpfs; under {dirs.disk} for a memory-limited task type, or when it is full)"
+                 if dirs.fast else "")
         try:
             # Dead trees first, then their tasks into the outbox (and their runner's snapshot out),
             # then every saved result out: a retry must never start while its old tree may still run.
