@@ -1,11 +1,12 @@
 """Linux process facts from /proc, and signals that cannot hit a recycled pid.
 
-Owns the reading of ``/proc/<pid>/stat``, ``environ`` (the tree marker), ``children`` and
-``status`` (resident memory), the walks built on them (a subtree, the descendants of a set, the
-live ones), the boot id, and the three ways to signal: ``signal_verified`` (a pidfd opened *before*
-re-checking the start time: once open it names that exact process, so a pid recycled between the
-scan and the signal is never hit), ``signal_all`` over a scan's processes, ``killpg_quietly``.
-Every function tolerates processes that vanish while being read (they are simply left out).
+Owns the reading of ``/proc/<pid>/stat``, ``environ`` (the tree marker), ``children`` and ``status``
+(resident memory), of ``/proc/self/mountinfo`` (``mounts``, ``fstype_of``), the walks built on them
+(a subtree, the descendants of a set, the live ones), the boot id, and the three ways to signal:
+``signal_verified`` (a pidfd opened *before* re-checking the start time: once open it names that
+exact process, so a pid recycled between the scan and the signal is never hit), ``signal_all`` over
+a scan's processes, ``killpg_quietly``. Every function tolerates processes that vanish while being
+read (they are simply left out).
 
 Must not touch: any state of its own beyond the cached boot id, and the rest of the package:
 it is stdlib only and light, since the fork server imports it (no ``dataclasses``: it pulls in
@@ -27,6 +28,49 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 IS_LINUX = sys.platform.startswith("linux")
+
+
+class Mount(NamedTuple):
+    """One line of ``/proc/self/mountinfo``: the mounted root, where, the type, the super options."""
+
+    root: str
+    point: str
+    fstype: str
+    options: frozenset[str]
+
+
+def mounts(mountinfo: str) -> list[Mount]:
+    """The mounts of a ``/proc/<pid>/mountinfo`` text, in its order (a later one over an earlier)."""
+    found = []
+    for line in mountinfo.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        options = frozenset(tail[2].split(","))
+        found.append(Mount(_unescape(fields[3]), _unescape(fields[4]), tail[0], options))
+    return found
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def fstype_of(path: str) -> str | None:
+    """The type of the file system ``path`` is on (its deepest mount, symlinks resolved); None when
+    the mount table cannot be read."""
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            table = mounts(handle.read())
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best: Mount | None = None
+    for mount in table:
+        inside = real == mount.point or real.startswith(mount.point.rstrip("/") + "/")
+        if inside and (best is None or len(mount.point) >= len(best.point)):
+            best = mount
+    return None if best is None else best.fstype
 
 # The variable every task tree carries (a random token per task): escapees that left the process
 # group and lost their parent are still recognised by it, by the fork server and by the leftover sweep.

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from leasecore.errors import SpawnError
 from leasecore.limits import Limits
-from leasecore.process import _cgroupfs
+from leasecore.process import _cgroupfs, _procfs
 
 MODES = ("auto", "v2", "v1", "off")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
@@ -78,34 +78,10 @@ class CgroupSetup:
         return what + (f"; {self.why}" if self.why else "")
 
 
-@dataclass(frozen=True)
-class _Mount:
-    root: str
-    point: str
-    fstype: str
-    options: frozenset[str]
-
-
-def _mounts(mountinfo: str) -> list[_Mount]:
-    found = []
-    for line in mountinfo.splitlines():
-        before, sep, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if not sep or len(fields) < 5 or len(tail) < 3:
-            continue
-        options = frozenset(tail[2].split(","))
-        found.append(_Mount(_unescape(fields[3]), _unescape(fields[4]), tail[0], options))
-    return found
-
-
-def _unescape(text: str) -> str:
-    return text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
 def own_dirs(proc_cgroup: str, mountinfo: str) -> dict[str, str]:
     """The runner's own group's directory per hierarchy: ``unified`` (v2) and each v1 controller of
     ``V1_CONTROLLERS`` whose hierarchy is mounted where the runner's group can be seen."""
-    mounts = _mounts(mountinfo)
+    mounts = _procfs.mounts(mountinfo)
     dirs: dict[str, str] = {}
     for line in proc_cgroup.splitlines():
         hier, _, rest = line.partition(":")

@@ -30,6 +30,7 @@ from typing import Any
 
 from leasecore.errors import SpawnError
 from leasecore.models import Task
+from leasecore.process._procfs import fstype_of
 from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
 
 STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
@@ -70,9 +71,9 @@ class TaskDirs:
             return cls(os.path.abspath(chosen))
         environ = os.environ if environ is None else environ
         disk = tempfile.gettempdir()
-        if any(environ.get(name) for name in _TEMP_ENV) or _is_tmpfs(disk) or not _is_tmpfs(shm):
-            return cls(disk)
-        if not (os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK)):
+        chosen_by_user = any(environ.get(name) for name in _TEMP_ENV)
+        usable = os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) and _is_tmpfs(shm)
+        if chosen_by_user or not usable or _is_tmpfs(disk):
             return cls(disk)
         return cls(disk, shm)
 
@@ -81,23 +82,7 @@ class TaskDirs:
 
 
 def _is_tmpfs(path: str) -> bool:
-    """Whether ``path`` is the mount point of a tmpfs, or inside one (``/proc/self/mountinfo``)."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mountinfo", "rb") as mounts:
-            for line in mounts:
-                fields = line.split()
-                try:
-                    sep = fields.index(b"-")
-                except ValueError:
-                    continue
-                point = fields[4].decode(errors="replace").replace("\\040", " ")
-                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                    best, kind = point, fields[sep + 1].decode(errors="replace")
-    except OSError:
-        return False
-    return kind == "tmpfs"
+    return fstype_of(path) == "tmpfs"
 
 
 @dataclass(frozen=True)
