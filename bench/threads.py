@@ -1,0 +1,115 @@
+"""Where one conductor-run worker's CPU goes, thread by thread, over a run of ``true`` tasks.
+
+    python -m bench.threads [--tasks N] [--concurrency C] [--cgroup auto|v1|v2|off] [--rounds R]
+
+Starts the bench server (``bench.server``) and one conductor-run worker against it, as the
+throughput section does, waits for "serving", then reads every thread's CPU (user + system, from
+``/proc/<pid>/task/<tid>/stat``) of the runner and its fork server before and after the N tasks; also
+the children's CPU (the fork server's reaped children: the ``true`` commands) and the server's. Prints
+milliseconds per task for each, the sum, and the tasks per second on the server's clock (first claim
+to last final update). Threads that start and end inside the window (none in a plain run) are not
+counted. A diagnostic for docs/perf-notes.md, not a target: no report file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import BenchServer, WorkerConfig, running_worker
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _threads(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of ``pid``, keyed "name:tid"."""
+    found: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / _TICK
+    return found
+
+
+def _own_and_children(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK, (int(fields[13]) + int(fields[14])) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurrency: int,
+              cgroup: str | None) -> dict[str, float]:
+    task_type = f"threads_{round_no}"
+    srv.define(task_type)
+    ids = srv.task_ids(srv.start(task_type, tasks))
+    cfg = WorkerConfig(kind="conductor-run", url=srv.url, task_type=task_type, concurrency=concurrency,
+                       command=["true"], state_dir=work / "state", cgroup=cgroup)
+    log_path = work / f"{task_type}.log"
+    with running_worker(cfg, log_path) as worker:
+        deadline = time.monotonic() + 60
+        while b"serving" not in log_path.read_bytes():
+            if time.monotonic() > deadline or not worker.alive():
+                raise RuntimeError(f"the worker did not start serving:\n{worker.log_tail()}")
+            time.sleep(0.01)
+        forkserver = _children(worker.pid)[0]
+        runner0, fs0 = _threads(worker.pid), _threads(forkserver)
+        kids0, srv0 = _own_and_children(forkserver)[1], _own_and_children(srv.pid)[0]
+        srv.wait_settled(ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
+        runner1, fs1 = _threads(worker.pid), _threads(forkserver)
+        kids1, srv1 = _own_and_children(forkserver)[1], _own_and_children(srv.pid)[0]
+    marks = srv.marks(ids)
+    first = min(min(c) for c in marks["claims"].values() if c)
+    last = max(when for u in marks["updates"].values() for when, status, _ in u if status != "IN_PROGRESS")
+    per_task = {f"runner {k}": 1000 * (v - runner0.get(k, 0.0)) / tasks for k, v in runner1.items()}
+    per_task.update({f"fork server {k}": 1000 * (v - fs0.get(k, 0.0)) / tasks for k, v in fs1.items()})
+    worker_ms = sum(per_task.values())
+    per_task = {k: v for k, v in per_task.items() if v >= 0.01}
+    per_task["worker (runner + fork server)"] = worker_ms
+    per_task["children (true)"] = 1000 * (kids1 - kids0) / tasks
+    per_task["server"] = 1000 * (srv1 - srv0) / tasks
+    per_task["tasks/s"] = tasks / (last - first)
+    return per_task
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench.threads", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--cgroup", choices=("auto", "v1", "v2", "off"), default=None)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.tasks < 1 or args.concurrency < 1 or args.rounds < 1:
+        parser.error("--tasks, --concurrency and --rounds must be at least 1")
+    work = Path(tempfile.mkdtemp(prefix="bench-threads-"))
+    srv = BenchServer(work / "server.log")
+    try:
+        for round_no in range(1, args.rounds + 1):
+            figures = one_round(srv, work, round_no, args.tasks, args.concurrency, args.cgroup)
+            print(f"round {round_no}: {args.tasks} tasks, concurrency {args.concurrency}, "
+                  f"cgroup {args.cgroup or 'default'}")
+            for name, value in figures.items():
+                unit = "" if name == "tasks/s" else " ms/task"
+                print(f"  {name:40s} {value:8.3f}{unit}")
+    finally:
+        srv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
