@@ -3,8 +3,8 @@
     python -m bench.threads [--tasks N] [--concurrency C] [--cgroup auto|v1|v2|off] [--rounds R]
 
 Starts the bench server (``bench.server``) and one conductor-run worker against it, as the
-throughput section does, waits for "serving", then reads every thread's CPU (user + system, from
-``/proc/<pid>/task/<tid>/stat``) of the runner and its fork server before and after the N tasks; also
+throughput section does, waits for "serving", then reads every thread's CPU (user + system, through
+psutil) of the runner and its fork server before and after the N tasks; also
 the children's CPU (the fork server's reaped children: the ``true`` commands) and the server's. Prints
 milliseconds per task for each, the sum, and the tasks per second on the server's clock (first claim
 to last final update). Threads that start and end inside the window (none in a plain run) are not
@@ -14,43 +14,26 @@ counted. A diagnostic for docs/perf-notes.md, not a target: no report file is wr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import psutil
+
 from bench.harness import BenchServer, WorkerConfig, running_worker
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _threads(pid: int) -> dict[str, float]:
-    """CPU seconds per thread of ``pid``, keyed "name:tid"."""
-    found: dict[str, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / _TICK
-    return found
+from bench.measure import cpu_seconds, worker_processes
+from bench.metrics_ab import cpu_at_serving
 
 
-def _own_and_children(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK, (int(fields[13]) + int(fields[14])) / _TICK
+def _threads(proc: psutil.Process) -> dict[int, float]:
+    """CPU seconds (user + system) per thread id of ``proc``."""
+    return {t.id: t.user_time + t.system_time for t in proc.threads()}
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+def _children_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc``'s reaped children (the fork server's: the task commands)."""
+    times = proc.cpu_times()
+    return times.children_user + times.children_system
 
 
 def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurrency: int,
@@ -62,22 +45,20 @@ def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurren
                        command=["true"], state_dir=work / "state", cgroup=cgroup)
     log_path = work / f"{task_type}.log"
     with running_worker(cfg, log_path) as worker:
-        deadline = time.monotonic() + 60
-        while b"serving" not in log_path.read_bytes():
-            if time.monotonic() > deadline or not worker.alive():
-                raise RuntimeError(f"the worker did not start serving:\n{worker.log_tail()}")
-            time.sleep(0.01)
-        forkserver = _children(worker.pid)[0]
-        runner0, fs0 = _threads(worker.pid), _threads(forkserver)
-        kids0, srv0 = _own_and_children(forkserver)[1], _own_and_children(srv.pid)[0]
+        if cpu_at_serving(worker.pid, log_path) is None:
+            raise RuntimeError(f"the worker did not start serving:\n{worker.log_tail()}")
+        runner, forkserver = worker_processes(worker.pid)[:2]
+        server = psutil.Process(srv.pid)
+        runner0, fs0 = _threads(runner), _threads(forkserver)
+        kids0, srv0 = _children_cpu(forkserver), cpu_seconds([server])
         srv.wait_settled(ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
-        runner1, fs1 = _threads(worker.pid), _threads(forkserver)
-        kids1, srv1 = _own_and_children(forkserver)[1], _own_and_children(srv.pid)[0]
+        runner1, fs1 = _threads(runner), _threads(forkserver)
+        kids1, srv1 = _children_cpu(forkserver), cpu_seconds([server])
     marks = srv.marks(ids)
     first = min(min(c) for c in marks["claims"].values() if c)
     last = max(when for u in marks["updates"].values() for when, status, _ in u if status != "IN_PROGRESS")
-    per_task = {f"runner {k}": 1000 * (v - runner0.get(k, 0.0)) / tasks for k, v in runner1.items()}
-    per_task.update({f"fork server {k}": 1000 * (v - fs0.get(k, 0.0)) / tasks for k, v in fs1.items()})
+    per_task = {f"runner thread {k}": 1000 * (v - runner0.get(k, 0.0)) / tasks for k, v in runner1.items()}
+    per_task.update({f"fork server thread {k}": 1000 * (v - fs0.get(k, 0.0)) / tasks for k, v in fs1.items()})
     worker_ms = sum(per_task.values())
     per_task = {k: v for k, v in per_task.items() if v >= 0.01}
     per_task["worker (runner + fork server)"] = worker_ms
