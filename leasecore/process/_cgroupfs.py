@@ -4,9 +4,10 @@ the fork server imports it (see forkserver.py's note on imports).
 Owns the reads and writes of a group's files: joining it (``join_self``, in ``forkexec.py``'s child;
 ``spawn_inside``, the fork server for one ``posix_spawn``), its members, whether it is populated,
 the kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills and accounting, its
-memory now, its removal, and a zombie's rusage. Must not touch: a group it is not handed (the runner
-makes them, ``cgroups.create_group``, and writes their limits; the sweep hands over only recorded
-groups of ours). Threads: the fork server's one thread; on the runner's side the sweep
+memory now, its removal, a reused group's reset and base (``recycle``), and a zombie's rusage. Must not
+touch: a group it is not handed (the runner makes them, ``cgroups.create_group``, and writes their
+limits; the fork server's ``grouppool`` makes v1 groups without limits; the sweep hands over only
+recorded groups of ours). Threads: the fork server's one thread; on the runner's side the sweep
 (``leftovers.py``) and ``Child.memory_bytes``.
 
 A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
@@ -260,12 +261,16 @@ def oom_kills(group: Group) -> int:
     memory = dirs.get("memory")
     if not memory:
         return 0
-    return _keyed(_read(os.path.join(memory, "memory.oom_control"))).get("oom_kill", 0)
+    kills = _keyed(_read(os.path.join(memory, "memory.oom_control"))).get("oom_kill", 0)
+    return max(0, kills - int(group.get("base", {}).get("oom_kill", 0)))
 
 
 def resources(group: Group) -> dict[str, float]:
     """What the group tells of the tree: ``max_rss_bytes`` (peak memory), ``cpu_user_seconds``,
-    ``cpu_system_seconds``; only the keys it knows."""
+    ``cpu_system_seconds``; only the keys it knows. A reused group's (``recycle``) figures are taken
+    from its ``base``: the CPU counters as differences, the peak above the charge the group started with."""
+    if "base" in group:
+        return _since_base(group)
     dirs = group.get("dirs", {})
     found: dict[str, float] = {}
     if group.get("v") == 2:
@@ -293,6 +298,63 @@ def resources(group: Group) -> dict[str, float]:
 _USAGE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
 
 
+# A group reused across trees (v1, no limits): see the fork server's pool --------------------------
+
+# A v1 group keeps a memory charge after its tree is gone: kernel objects its processes left and the
+# per-CPU charge caches (here 60-250 KiB after a `true`, growing by ~60 KiB a tree). A group is reused
+# only while that charge is below this, so a reused group's peak is off by less than it.
+RECYCLE_MAX_CHARGE_BYTES = 1 << 20
+
+
+def poolable(group: Group) -> bool:
+    """Whether ``group`` may serve another tree once its own is gone: a v1 group with memory and
+    cpuacct (its accounting can be taken from a base) and no limit written (``cgroups.pool_request``
+    marks such groups ``pool``)."""
+    dirs = group.get("dirs", {})
+    return bool(group.get("pool") and group.get("v") == 1 and dirs.get("memory") and dirs.get("cpuacct"))
+
+
+def recycle(group: Group) -> Group | None:
+    """Ready the empty group of a gone tree for the next tree: its peak reset (v1's
+    ``memory.max_usage_in_bytes`` resets to the charge now), and the base the next tree's figures are
+    taken from (CPU ticks, OOM kills, the peak it starts from). None: not reusable (its leftover charge
+    is over ``RECYCLE_MAX_CHARGE_BYTES``, or a file could not be read or written): remove it instead.
+    Nothing can change the counters meanwhile: an empty group has no process to charge."""
+    if not poolable(group):
+        return None
+    dirs = group["dirs"]
+    memory = dirs["memory"]
+    if not _write(os.path.join(memory, "memory.max_usage_in_bytes"), "0"):
+        return None
+    peak = _number(_read(os.path.join(memory, "memory.max_usage_in_bytes")))  # the charge now
+    if peak is None or peak > RECYCLE_MAX_CHARGE_BYTES:
+        return None
+    stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+    oom = _read(os.path.join(memory, "memory.oom_control"))
+    if "user" not in stat or oom is None:
+        return None
+    base = {"peak": peak, "user": stat["user"], "system": stat.get("system", 0),
+            "oom_kill": _keyed(oom).get("oom_kill", 0)}  # fmt: skip
+    return {"v": 1, "dirs": dict(dirs), "pool": True, "base": base}
+
+
+def _number(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _since_base(group: Group) -> dict[str, float]:
+    dirs, base = group.get("dirs", {}), group["base"]
+    found: dict[str, float] = {}
+    peak = _number(_read(os.path.join(dirs["memory"], "memory.max_usage_in_bytes")))
+    if peak is not None:
+        found["max_rss_bytes"] = max(0, peak - int(base["peak"]))
+    stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+    if "user" in stat:
+        found["cpu_user_seconds"] = max(0, stat["user"] - int(base["user"])) / _CLK_TCK
+        found["cpu_system_seconds"] = max(0, stat.get("system", 0) - int(base["system"])) / _CLK_TCK
+    return found
+
+
 def tree_usage(pid: int, group: Group | None) -> tuple[dict[str, float], int]:
     """What an exited leader's tree used, and the OOM kills in its group (0 without one): the
     group's figures where it has them (``resources``), the rest from the leader's zombie
@@ -314,8 +376,10 @@ def memory_current(group: Group) -> int | None:
         path = os.path.join(dirs["memory"], "memory.usage_in_bytes")
     else:
         return None
-    text = _read(path)
-    return int(text) if text is not None and text.strip().isdigit() else None
+    used = _number(_read(path))
+    if used is None or "base" not in group:
+        return used
+    return max(0, used - int(group["base"]["peak"]))  # a reused group's: above what it started with
 
 
 def remove(group: Group) -> bool:

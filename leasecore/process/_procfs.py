@@ -28,6 +28,16 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 IS_LINUX = sys.platform.startswith("linux")
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Make the calling process a child subreaper (Linux; elsewhere nothing): orphans below it
+    (a setsid'ed daemon, a double fork) are re-parented to it instead of to init."""
+    if IS_LINUX:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 class Mount(NamedTuple):

@@ -22,10 +22,11 @@ Every task group is a direct child of the runner's own group in each hierarchy (
 the runner's own limits keep applying to its tasks), named ``conductor-run.<runner pid>.<token>``.
 On v1 a group is made only in the hierarchies its tree needs (``v1_needed``): memory, cpuacct and
 freezer always (OOM reasons, accounting, the kill), pids and cpu only for a ``pids_max`` / ``cpu_max``
-(or pids where there is no freezer). The runner never moves itself, never writes to a group it did
-not create (detection probes by creating and removing a group of its own), and moves its fork server
-only for the length of one ``posix_spawn`` into a task group that has no limit written
-(``spawns_inside``; ``_cgroupfs.spawn_inside``), back into the group it was started in.
+(or pids where there is no freezer); a v1 group without limits is the fork server's to provide, and
+is reused across trees (``group_for``, ``grouppool.py``). The runner never moves itself, never writes
+to a group it did not create (detection probes by creating and removing a group of its own), and
+moves its fork server only for the length of one ``posix_spawn`` into a task group that has no limit
+written (``spawns_inside``; ``_cgroupfs.spawn_inside``), back into the group it was started in.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
             if not os.path.exists(os.path.join(made[0], "cgroup.kill")):
                 raise SpawnError("this kernel's cgroup v2 has no cgroup.kill (Linux 5.14+)")
             _HAS_KILL.add(setup.dirs["unified"])  # the kernel's: the same for every group after
-        if limits.memory_max is not None or limits.pids_max is not None or limits.cpu_max is not None:
+        if _has_limits(limits):
             _write_limits(group, setup, limits)
     except OSError as exc:
         _remove_made(made)
@@ -233,6 +234,33 @@ def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
         _remove_made(made)
         raise
     return group
+
+
+def group_for(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Group:
+    """The group a tree of ``limits`` is started in: a new one (``create_group``), or, for a tree
+    without limits on v1, a request for one of the fork server's reused groups (``pool_request``)."""
+    if setup.mechanism == "v1" and not _has_limits(limits):
+        return pool_request(setup, token, limits)
+    return create_group(setup, token, limits)
+
+
+def pool_request(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Group:
+    """A v1 group the fork server provides (``forkserver.GroupPool``): an empty group of a gone tree,
+    reused, or, when it has none, a new one at these paths, which it makes. Nothing is made here.
+
+    Why: on v1 a new group costs three ``mkdir``, the kernel's new files for each, and three ``rmdir``
+    per tree: 0.3-0.4 ms of CPU a task (docs/perf-notes.md). A reused group holds one tree at a time
+    as a new one does (it is reused only once empty), is killed the same way, and its accounting is
+    taken from a base read while it was empty (``_cgroupfs.recycle``). Only groups without limits:
+    a limit stays written in a group, and the fork server is never in a limited one."""
+    name = f"{GROUP_PREFIX}{os.getpid()}.{token}"
+    wanted = v1_needed(setup, limits)
+    return {"v": 1, "dirs": {c: os.path.join(d, name) for c, d in setup.dirs.items() if c in wanted},
+            "pool": True}  # fmt: skip
+
+
+def _has_limits(limits: Limits) -> bool:
+    return limits.memory_max is not None or limits.pids_max is not None or limits.cpu_max is not None
 
 
 def v1_needed(setup: CgroupSetup, limits: Limits) -> set[str]:
@@ -327,6 +355,45 @@ def remove_group(group: _cgroupfs.Group, spare: int = 0) -> bool:
     if _cgroupfs.populated(group):
         _cgroupfs.kill_all([group], spare={spare} if spare else None)
     return _cgroupfs.remove(group)
+
+
+def remove_empty_groups(setup: CgroupSetup, *, own: bool) -> None:
+    """Remove the empty task groups under the runner's own groups that this runner made (``own``: its
+    fork server died, leaving its free reused groups, ``GroupPool``) or that dead runners made (the
+    start-up sweep: a fork server SIGKILLed with its runner removed none). Only directories named
+    ``conductor-run.<pid>.<token>``, and only empty ones: a group holding a process belongs to a tree,
+    which the state directory's record hands to the sweep. Without groups, nothing."""
+    for directory in dict.fromkeys(setup.dirs.values()):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            pid = _owner_pid(name)
+            if pid is None or (pid == os.getpid()) != own or (not own and _runs(pid)):
+                continue
+            path = os.path.join(directory, name)
+            if not _cgroupfs.populated({"v": 2 if setup.mechanism == "v2" else 1, "dirs": {"x": path}}):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+
+
+def _owner_pid(name: str) -> int | None:
+    """The runner pid in a task group's name (``conductor-run.<pid>.<token>``); None for any other."""
+    if not name.startswith(GROUP_PREFIX):
+        return None
+    pid, _, token = name[len(GROUP_PREFIX):].partition(".")
+    return int(pid) if pid.isdigit() and token else None
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone's process
+        return True
+    return True
 
 
 def unenforced(limits: Limits, setup: CgroupSetup) -> list[tuple[str, str]]:

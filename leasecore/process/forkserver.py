@@ -21,7 +21,6 @@ runner and its memory counts in the runner's footprint (the Supervisor boots it 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import select
@@ -34,22 +33,13 @@ from typing import Any
 
 from leasecore.process import _cgroupfs, _procfs
 from leasecore.process.frames import recv_frame, send_frame
+from leasecore.process.grouppool import GroupPool
 from leasecore.process.trees import Tree, attribute, scan
 
-_PR_SET_CHILD_SUBREAPER = 36
 _TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members need not be our children)
 _GIVE_UP_SECONDS = 10.0
 _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
-
-
-def _prctl() -> Any:
-    if not _procfs.IS_LINUX:
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl
-
-
 
 
 class ForkServer:
@@ -58,7 +48,6 @@ class ForkServer:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._pid = os.getpid()
-        self._prctl = _prctl()
         self._trees: dict[str, Tree] = {}
         self._closing_kill_at: float | None = None
         # Processes below us that belong to no live tree (their task is over): pid -> (start, kill_at).
@@ -69,6 +58,7 @@ class ForkServer:
         # them, in the order asked. A KILL asked after a TERM of the same tree supersedes it.
         self._pending: dict[str, int] = {}
         self._empty_groups: list[dict[str, Any]] = []  # groups of gone trees not removed yet
+        self._groups = GroupPool()  # v1 groups without limits, reused once their tree is gone
         self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
@@ -84,8 +74,7 @@ class ForkServer:
 
     def run(self) -> None:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
-        if self._prctl is not None:
-            self._prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _procfs.become_subreaper()
         for sig in _IGNORED:
             signal.signal(sig, signal.SIG_IGN)
         self._sigdef = [
@@ -115,8 +104,8 @@ class ForkServer:
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
                 self._reap()
             self._tick()
-        for group in self._empty_groups:  # a last try; the sweep of a next start removes the rest
-            _cgroupfs.remove(group)
+        for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
+            _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
 
     def _remove_orphaned_dirs(self) -> None:
@@ -166,7 +155,8 @@ class ForkServer:
         elif op == "stats":
             self._reply({"op": "stats", "id": message.get("id"), "walks": self._walks,
                          "walked": self._walked, "waitids": self._waitids,
-                         "trees": len(self._trees)})  # fmt: skip
+                         "trees": len(self._trees), "groups_made": self._groups.made,
+                         "groups_reused": self._groups.reused, "groups_free": len(self._groups)})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True
@@ -186,6 +176,12 @@ class ForkServer:
     def _start_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if len(fds) != 3:  # fds lost in transit (our fd limit): never let the child inherit ours
             return {"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"}
+        group = req.get("cgroup")
+        if group and group.get("pool"):  # a reused group, or a new one made here (GroupPool)
+            return self._groups.start(req, lambda: self._exec_tree(req, fds))
+        return self._exec_tree(req, fds)
+
+    def _exec_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         step = "chdir"
         try:
             # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
@@ -417,7 +413,10 @@ class ForkServer:
                 self._unwatch_exit(tree)
                 os.waitpid(tree.pid, 0)  # a zombie already: returns at once
                 del self._trees[tree.key]
-                if tree.cgroup is not None and not _cgroupfs.remove(tree.cgroup):
+                # Its group goes to the next tree (GroupPool; never a KILLed tree's), or is removed.
+                kept = tree.cgroup is not None and self._closing_kill_at is None and self._groups.give_back(
+                    tree.cgroup, killed=tree.kill_sent)
+                if tree.cgroup is not None and not kept and not _cgroupfs.remove(tree.cgroup):
                     self._empty_groups.append(tree.cgroup)  # tried again at the next ticks
                 self._stray_grace_seconds = tree.grace_seconds
                 self._reply({"op": "gone", "key": tree.key})

@@ -3,7 +3,8 @@
 Owns the steps between a ``CommandSpec`` and a ``spawn`` request: the working directory check, the
 task's private files (``TaskFiles``, named by the tree's random marker token), the child's
 environment (``build_child_env``), the executable on PATH (``lookups.ExecutablePaths``), the two
-output pipes, and the tree's cgroup (``cgroups.create_group``) with the rlimits its command gets.
+output pipes, and the tree's cgroup (``cgroups.group_for``: made here, or on v1 without limits asked of
+the fork server's pool) with the rlimits its command gets.
 A step that fails (a ``SpawnError`` naming what) undoes the steps before it: no file, fd or group
 is left. ``Prepared.message`` is the request the fork server gets.
 
@@ -52,7 +53,7 @@ class Prepared:
     env: dict[str, str]
     path: str  # the executable, resolved
     pipes: tuple[int, int, int, int]  # stdout read, stdout write, stderr read, stderr write
-    group: _cgroupfs.Group | None  # the tree's new cgroup (None without cgroups)
+    group: _cgroupfs.Group | None  # the tree's cgroup, or a request for a pooled one (None: no cgroups)
     rlimits: list[tuple[str, int]]
 
     def message(self, request_id: int, key: str, argv: list[str], spec: CommandSpec) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def prepare(
     try:
         group = None
         if cgroup_setup.active:
-            group = cgroups.create_group(cgroup_setup, token, spec.limits)  # SpawnError
+            group = cgroups.group_for(cgroup_setup, token, spec.limits)  # SpawnError
         rlimits = rlimits_for(spec.limits, cgroup_setup.limits if group is not None else frozenset())
     except SpawnError:
         for fd in pipes:

@@ -149,12 +149,12 @@ class Supervisor:
         return not self._lost and not self._closing
 
     def forkserver_stats(self) -> dict[str, int]:
-        """Counters of the fork server (diagnostics): ``walks`` of /proc so far, ``walked`` processes
-        they read in all, ``waitids`` (exit checks), ``trees`` held now."""
+        """The fork server's counters (diagnostics): ``walks`` of /proc, ``walked`` processes, ``waitids``,
+        ``trees`` held now; its v1 groups (GroupPool): ``groups_made``, ``groups_reused``, ``groups_free``."""
         reply = self._call({"op": "stats"}, [])
         if reply.get("op") != "stats":
             raise ProcessError("the fork server is gone")
-        return {key: int(reply[key]) for key in ("walks", "walked", "waitids", "trees")}
+        return {key: int(value) for key, value in reply.items() if key not in ("op", "id")}
 
     def sweep_leftovers(self, on_orphans: leftovers.OrphanSink | None = None) -> set[int]:
         """Kill the trees recorded in the state directory by runners that died; return their pids.
@@ -162,7 +162,9 @@ class Supervisor:
         ``on_orphans(runner_pid, trees)``: each dead runner's ``TreeRecord``s (``meta`` as its
         ``tree_meta`` made them), once those trees are dead and before the record is deleted.
         """
-        return set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
+        killed = set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
+        cgroups.remove_empty_groups(self._cgroups, own=False)  # a dead runner's free groups (GroupPool)
+        return killed
 
     def start(
         self,
@@ -427,8 +429,8 @@ class Supervisor:
             pending = self._starting.pop(request_id, None)
             late = None if pending is not None else self._given_up.pop(request_id, None)
             if late is not None and op == "spawned":  # known by pid too now, until its tree is gone
-                self._late[key] = dataclasses.replace(late, pid=int(event["pid"]),
-                                                      start_time=int(event.get("start") or 0))  # fmt: skip
+                self._late[key] = dataclasses.replace(late, pid=int(event["pid"]), start_time=int(
+                    event.get("start") or 0), cgroup=event.get("cgroup", late.cgroup))  # fmt: skip
             if pending is not None or late is not None:
                 self._cond.notify_all()  # room for a start waiting on max_starting
             elif self._link.answered(request_id, event):
@@ -439,7 +441,9 @@ class Supervisor:
                 child = pending.child
                 child.pid = int(event["pid"])
                 start_time = int(event.get("start") or 0)  # read by the fork server, which holds the pid
-                record = dataclasses.replace(pending.record, pid=child.pid, start_time=start_time)
+                child.cgroup = event.get("cgroup", child.cgroup)  # the fork server's choice (GroupPool)
+                record = dataclasses.replace(pending.record, pid=child.pid, start_time=start_time,
+                                             cgroup=child.cgroup)  # fmt: skip
                 try:
                     self._record.add(record)
                 except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
@@ -482,6 +486,8 @@ class Supervisor:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.
         leftovers.kill_trees(records, leaders_just_died=True)
+        if not self._closing:  # its free groups (GroupPool), before a new fork server makes any
+            cgroups.remove_empty_groups(self._cgroups, own=True)
         for pending in starting:  # maybe started, never answered: failed (killed by token above)
             lost = {"errno": 0, "what": "fork server lost"}
             self._fail_start(pending, SpawnError(spawn_failure(pending.argv0, lost)))

@@ -448,6 +448,9 @@ def test_without_groups_pids_max_is_rlimit_nproc() -> None:
 def test_a_group_that_cannot_be_joined_fails_the_start_not_the_fork_server(
     setup: cgroups.CgroupSetup,
 ) -> None:
+    # On v1 a tree without limits gets its group from the fork server (a reused one, or one it makes
+    # right before the join: test_process_group_pool.py); a limit makes the runner make it, as here.
+    limits = Limits(pids_max=1000) if setup.mechanism == "v1" else Limits()
     with Supervisor(None, cgroup_setup=setup) as supervisor:
         original = cgroups.create_group
 
@@ -461,7 +464,7 @@ def test_a_group_that_cannot_be_joined_fails_the_start_not_the_fork_server(
             from leasecore.errors import SpawnError
 
             with pytest.raises(SpawnError, match="joining its cgroup"):
-                supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w")
+                supervisor.spawn(make_task(), CommandSpec(argv=("true",), limits=limits), worker_id="w")
         finally:
             cgroups.create_group = original
         exit_ = supervisor.spawn(make_task(), CommandSpec(argv=("true",)), worker_id="w").wait(20)
