@@ -7,9 +7,11 @@ children (``true``, ``sleep``, ``sh``...) are not counted: they are the user's w
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import select
+import threading
 import time
 from collections.abc import Iterable
 
@@ -39,6 +41,61 @@ def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
             t = p.cpu_times()
             total += t.user + t.system
     return total
+
+
+def children_cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """User + system CPU seconds of the children ``procs`` have reaped so far (with what those reaped):
+    a worker's task commands, whoever of its processes reaps them (conductor-run's fork server)."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.children_user + t.children_system
+    return total
+
+
+class CpuSampler:
+    """CPU seconds of the server, a worker and the worker's reaped commands, sampled every ``interval``
+    on a thread (``time.monotonic``: the clock the bench server marks claims and updates on), so a
+    window's CPU leaves out what was spent outside it (the worker's start-up, its stop). The worker's
+    processes are listed anew every half second (its helpers may start after it)."""
+
+    def __init__(self, server_pid: int, worker_pid: int, interval: float = 0.02) -> None:
+        self._server = worker_processes(server_pid)
+        self._worker_pid = worker_pid
+        self._interval = interval
+        self._samples: list[tuple[float, float]] = []  # (monotonic, CPU seconds of all three)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        procs: list[psutil.Process] = []
+        listed_at = -1.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - listed_at >= 0.5:
+                procs, listed_at = worker_processes(self._worker_pid), now
+            total = cpu_seconds(self._server) + cpu_seconds(procs) + children_cpu_seconds(procs)
+            self._samples.append((time.monotonic(), total))
+            self._stop.wait(self._interval)
+
+    def cores_busy(self, start: float, end: float) -> float | None:
+        """The average number of cores the three kept busy from ``start`` to ``end`` (None: too few
+        samples): the CPU between the last sample at or before each end."""
+        times = [t for t, _ in self._samples]
+        i, j = bisect.bisect_right(times, start) - 1, bisect.bisect_right(times, end) - 1
+        if i < 0 or j <= i:
+            return None
+        (t0, c0), (t1, c1) = self._samples[i], self._samples[j]
+        return (c1 - c0) / (t1 - t0)
 
 
 def rss_bytes(procs: Iterable[psutil.Process]) -> int:

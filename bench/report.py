@@ -157,17 +157,22 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         "CPU including their start-up, per task. Final updates via: the endpoint each task's result came "
         "through (v1 `POST /api/tasks`; v2 `update-v2`, which also hands out the next task). `sdk-v1` is "
         "the same SDK worker, with the server answering update-v2 with 404 for its task type (as one "
-        "without the endpoint), so it falls back to v1 and polls for each task like the others.",
+        "without the endpoint), so it falls back to v1 and polls for each task like the others. "
+        "Commands' CPU: the `true` commands' own, as the worker's processes reaped them; cores busy: the "
+        "server's, the worker's and the commands' CPU over the run's time, of the machine's cores: near "
+        "their number, a run is bound by the CPU, not by waits.",
         "",
         "| worker | median s | median tasks/s | every round (s) | final updates via | server CPU ms/task "
-        "| worker CPU ms/task |",
-        "|---|---|---|---|---|---|---|",
+        "| worker CPU ms/task | commands' CPU ms/task | cores busy |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, med in tp["median_seconds"].items():
         mine = [r for r in tp["runs"] if r["kind"] == kind]
         rounds = ", ".join(_f(r["seconds"], 2) for r in mine)
         server = median([r["server_cpu_ms_per_task"] for r in mine if "server_cpu_ms_per_task" in r])
         worker = median([r["worker_cpu_ms_per_task"] for r in mine if "worker_cpu_ms_per_task" in r])
+        commands = median([r["task_cpu_ms_per_task"] for r in mine if "task_cpu_ms_per_task" in r])
+        busy = median([r["cores_busy"] for r in mine if r.get("cores_busy") is not None])
         via: dict[str, int] = {}
         for r in mine:
             for endpoint, n in r.get("updates_via", {}).items():
@@ -178,7 +183,7 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             via_text += f" (update-v2 answered 404: {refused})"
         out.append(
             f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} | "
-            f"{via_text} | {_f(server, 2)} | {_f(worker, 2)} |"
+            f"{via_text} | {_f(server, 2)} | {_f(worker, 2)} | {_f(commands, 2)} | {_f(busy, 2)} |"
         )
     r = tp["ratios"]
     out += [

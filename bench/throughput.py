@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import metrics_ab
 from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
-from bench.measure import cpu_seconds, worker_processes
+from bench.measure import CpuSampler, children_cpu_seconds, cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
 
@@ -55,7 +55,8 @@ def one_run(
     )
     server_cpu0 = cpu_seconds(worker_processes(srv.pid))
     start_cpu: float | None = None
-    with running_worker(cfg, workdir / f"{task_type}.log") as worker:
+    log_path = workdir / f"{task_type}.log"
+    with running_worker(cfg, log_path) as worker, CpuSampler(srv.pid, worker.pid) as sampler:
         if kind in (METRICS_KIND, "conductor-run"):  # #20: the start-up's CPU, apart from the run's
             start_cpu = metrics_ab.cpu_at_serving(worker.pid, worker.log_path)
         if sdk_v1:
@@ -67,7 +68,8 @@ def one_run(
             finally:
                 srv.release_polls(task_type)
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
-        worker_cpu = cpu_seconds(worker_processes(worker.pid))
+        procs = worker_processes(worker.pid)
+        worker_cpu, task_cpu = cpu_seconds(procs), children_cpu_seconds(procs)
         if kind == METRICS_KIND:
             _check_counted(worker.log_path.read_text(errors="replace"), task_type, tasks)
     server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0
@@ -95,6 +97,11 @@ def one_run(
         # Diagnostics: where the CPU went. The worker's figure includes its start-up.
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
+        # The `true` commands' own CPU (what the worker's processes reaped), and how many of the
+        # machine's cores the server, the worker and the commands kept busy on average from the first
+        # claim to the last final update: near the core count, the run is bound by CPU, not by waits.
+        "task_cpu_ms_per_task": 1000 * task_cpu / tasks,
+        "cores_busy": sampler.cores_busy(first_claim, last_report),
         # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
         "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
         "worker_run_cpu_ms_per_task": None if start_cpu is None else 1000 * (worker_cpu - start_cpu) / tasks,
