@@ -11,11 +11,14 @@ made here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,9 +29,30 @@ from leasecore.process import CommandSpec, Supervisor, _cgroupfs, cgroups, group
 from tests.support import wait_until
 
 from .process_support import REPO, alive, make_task
-from .test_process_cgroups import _daemons, _setup, no_leftover_groups  # noqa: F401 (the fixture)
+from .test_process_cgroups import _our_groups, _setup
 
 MB = 1 << 20
+# Its own daemon (test_process_cgroups' runs `sleep 3319`, maybe at the same time on another worker).
+DAEMON = "setsid env -i sh -c 'sleep 3327' & echo started; sleep 300"
+DAEMON_CMDLINE = ["sleep", "3327"]
+
+
+def _daemons() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == DAEMON_CMDLINE and alive(p)]
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_groups() -> Iterator[None]:
+    """After each test: no daemon of this module's, and no group named by this process's pid."""
+    yield
+    for process in _daemons():
+        process.kill()
+    assert wait_until(lambda: not _daemons(), 5)
+    left = _our_groups()
+    for path in left:  # clean up whatever a failed test left, then fail it
+        _cgroupfs.kill({"v": 1, "dirs": {"x": path}})
+        wait_until(lambda path=path: _cgroupfs.remove({"v": 1, "dirs": {"x": path}}), 5)
+    assert not left, f"groups left behind: {left}"
 
 
 @pytest.fixture
@@ -36,12 +60,22 @@ def v1() -> cgroups.CgroupSetup:
     return _setup("v1")
 
 
+_GATED = 'g=$1; shift; "$@"; s=$?; while [ ! -e "$g" ]; do sleep 0.01; done; exit $s'
+
+
 def _run(supervisor: Supervisor, spec: CommandSpec) -> tuple[dict[str, float], dict[str, str], str]:
-    """Run ``spec`` to its tree's end: its resources, the group it ran in, what it printed."""
+    """Run ``spec`` to its tree's end: its resources, the group it ran in, what it printed. The tree
+    waits for a gate after its command, so that its group is read before the tree can be gone."""
     task = make_task()
-    child = supervisor.spawn(task, spec, worker_id="w")
+    gate = Path(tempfile.mkdtemp()) / "gate"
+    gated = dataclasses.replace(spec, argv=("sh", "-c", _GATED, "sh", str(gate), *spec.command_argv()),
+                                shell=None)  # fmt: skip
+    child = supervisor.spawn(task, gated, worker_id="w")
     group = child.cgroup  # the fork server's choice, known once the spawn is answered
+    gate.touch()
     exit_ = child.wait(30)
+    gate.unlink()
+    gate.parent.rmdir()
     assert exit_ is not None and exit_.exit_code == 0, exit_
     assert child.wait_gone(10)
     assert group is not None
@@ -189,9 +223,6 @@ print(json.dumps({"forkserver": sup.forkserver_pid, "free": free, "group": child
                   "free_left": sup.forkserver_stats()["groups_free"]}), flush=True)
 time.sleep(600)
 """
-DAEMON = "setsid env -i sh -c 'sleep 3319' & echo started; sleep 300"
-
-
 def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_next_sweep(
     v1: cgroups.CgroupSetup, tmp_path: Path
 ) -> None:
