@@ -382,6 +382,20 @@ def memory_current(group: Group) -> int | None:
     return max(0, used - int(group["base"]["peak"]))  # a reused group's: above what it started with
 
 
+def make(group: Group) -> None:
+    """mkdir every directory of ``group``; OSError, with none of them left, if one cannot be made."""
+    made: list[str] = []
+    try:
+        for path in paths(group):
+            os.mkdir(path)
+            made.append(path)
+    except OSError:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
+
+
 def remove(group: Group) -> bool:
     """rmdir every directory of the group; True once none is left (False: a member is still in it)."""
     done = True

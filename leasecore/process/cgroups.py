@@ -216,22 +216,22 @@ def create_group(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
     else:
         wanted = v1_needed(setup, limits)
         group = {"v": 1, "dirs": {c: os.path.join(d, name) for c, d in setup.dirs.items() if c in wanted}}
-    made = []
     try:
-        for path in _cgroupfs.paths(group):
-            os.mkdir(path)
-            made.append(path)
+        _cgroupfs.make(group)  # (an OSError leaves none of it)
+    except OSError as exc:
+        raise SpawnError(f"cannot create the task's cgroup: {exc.strerror or exc}") from exc
+    try:
         if setup.mechanism == "v2" and setup.dirs["unified"] not in _HAS_KILL:
-            if not os.path.exists(os.path.join(made[0], "cgroup.kill")):
+            if not os.path.exists(os.path.join(group["dirs"]["unified"], "cgroup.kill")):
                 raise SpawnError("this kernel's cgroup v2 has no cgroup.kill (Linux 5.14+)")
             _HAS_KILL.add(setup.dirs["unified"])  # the kernel's: the same for every group after
         if _has_limits(limits):
             _write_limits(group, setup, limits)
     except OSError as exc:
-        _remove_made(made)
+        _cgroupfs.remove(group)
         raise SpawnError(f"cannot create the task's cgroup: {exc.strerror or exc}") from exc
     except SpawnError:
-        _remove_made(made)
+        _cgroupfs.remove(group)
         raise
     return group
 
@@ -308,12 +308,6 @@ def at_home(setup: CgroupSetup, pid: int) -> bool:
     except OSError:
         return False
     return bool(setup.dirs) and all(dirs.get(name) == path for name, path in setup.dirs.items())
-
-
-def _remove_made(made: list[str]) -> None:
-    for path in made:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
 
 
 def _write_limits(group: _cgroupfs.Group, setup: CgroupSetup, limits: Limits) -> None:

@@ -17,9 +17,7 @@ was KILLed (frozen and thawed), or whose leftover charge grew too large, is remo
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -47,16 +45,7 @@ class GroupPool:
         if self._free:
             self.reused += 1
             return self._free.pop(), True
-        made: list[str] = []
-        try:
-            for path in _cgroupfs.paths(request):
-                os.mkdir(path)
-                made.append(path)
-        except OSError:
-            for path in made:
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-            raise
+        _cgroupfs.make(request)
         self.made += 1
         return {"v": 1, "dirs": dict(request["dirs"]), "pool": True}, False
 
