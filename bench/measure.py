@@ -33,24 +33,15 @@ def worker_processes(pid: int) -> list[psutil.Process]:
     return out
 
 
-def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
-    """User + system CPU seconds of ``procs`` so far (processes that vanished count 0)."""
+def cpu_seconds(procs: Iterable[psutil.Process], *, children: bool = False) -> float:
+    """User + system CPU seconds of ``procs`` so far (processes that vanished count 0); ``children``:
+    of the children they reaped instead (with what those reaped): a worker's task commands, whoever of
+    its processes reaps them (conductor-run's fork server)."""
     total = 0.0
     for p in procs:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
-            total += t.user + t.system
-    return total
-
-
-def children_cpu_seconds(procs: Iterable[psutil.Process]) -> float:
-    """User + system CPU seconds of the children ``procs`` have reaped so far (with what those reaped):
-    a worker's task commands, whoever of its processes reaps them (conductor-run's fork server)."""
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.children_user + t.children_system
+            total += t.children_user + t.children_system if children else t.user + t.system
     return total
 
 
@@ -83,7 +74,7 @@ class CpuSampler:
             now = time.monotonic()
             if now - listed_at >= 0.5:
                 procs, listed_at = worker_processes(self._worker_pid), now
-            total = cpu_seconds(self._server) + cpu_seconds(procs) + children_cpu_seconds(procs)
+            total = cpu_seconds(self._server) + cpu_seconds(procs) + cpu_seconds(procs, children=True)
             self._samples.append((time.monotonic(), total))
             self._stop.wait(self._interval)
 

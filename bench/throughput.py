@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import metrics_ab
 from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
-from bench.measure import CpuSampler, children_cpu_seconds, cpu_seconds, worker_processes
+from bench.measure import CpuSampler, cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
 
@@ -69,7 +69,7 @@ def one_run(
                 srv.release_polls(task_type)
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         procs = worker_processes(worker.pid)
-        worker_cpu, task_cpu = cpu_seconds(procs), children_cpu_seconds(procs)
+        worker_cpu, task_cpu = cpu_seconds(procs), cpu_seconds(procs, children=True)
         if kind == METRICS_KIND:
             _check_counted(worker.log_path.read_text(errors="replace"), task_type, tasks)
     server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0

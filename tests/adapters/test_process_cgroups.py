@@ -78,16 +78,22 @@ def _our_groups() -> list[str]:
     return found
 
 
-def _daemons() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == DAEMON_CMDLINE and alive(p)]
+def _daemons(cmdline: list[str] = DAEMON_CMDLINE) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == cmdline and alive(p)]
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_groups() -> Iterator[None]:
     yield
-    for process in _daemons():
+    check_no_leftovers(DAEMON_CMDLINE)
+
+
+def check_no_leftovers(daemon_cmdline: list[str]) -> None:
+    """After a test: kill its daemons (``daemon_cmdline``: each module its own, as two modules may
+    run at once on two workers), then fail it if a group named by this process's pid is left."""
+    for process in _daemons(daemon_cmdline):
         process.kill()
-    assert wait_until(lambda: not _daemons(), 5)
+    assert wait_until(lambda: not _daemons(daemon_cmdline), 5)
     left = _our_groups()
     for path in left:  # clean up whatever a failed test left, then fail it
         unified = "/unified/" in path
@@ -503,14 +509,7 @@ def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
         info = json.loads(proc.stdout.readline())
         assert wait_until(lambda: bool(_daemons()), 10)
         (daemon,) = _daemons()
-        forkserver = psutil.Process(info["forkserver"])
-        # Both at once: nobody is left to kill the tree. The runner is stopped first: alive, it would
-        # see its fork server die and kill every tree itself (as it should).
-        proc.send_signal(signal.SIGSTOP)
-        os.kill(info["forkserver"], signal.SIGKILL)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert wait_until(lambda: not alive(forkserver), 5)
+        sigkill_runner_and_forkserver(proc, info["forkserver"])
         assert alive(daemon)  # re-parented to init, outside every session we know: only its group names it
         group_dirs = list(info["group"]["dirs"].values())
         assert all(os.path.isdir(path) for path in group_dirs)
@@ -521,12 +520,28 @@ def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
         assert not any(os.path.exists(path) for path in group_dirs)  # removed once empty
         assert [tree.survivors for tree in seen] == [0]  # every member confirmed gone
     finally:
-        proc.kill()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        for process in _daemons():
-            process.kill()
+        end_runner(proc, DAEMON_CMDLINE)
         # The dead runner's pid named its groups: remove any this test left (the fixture checks ours).
         if "info" in locals() and info["group"]:
             leftovers._remove_when_empty(info["group"])
+
+
+def sigkill_runner_and_forkserver(proc: subprocess.Popen[str], forkserver_pid: int) -> None:
+    """Both at once: nobody is left to kill the trees. The runner is stopped first: alive, it would
+    see its fork server die and kill every tree itself (as it should)."""
+    forkserver = psutil.Process(forkserver_pid)
+    proc.send_signal(signal.SIGSTOP)
+    os.kill(forkserver_pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not alive(forkserver), 5)
+
+
+def end_runner(proc: subprocess.Popen[str], daemon_cmdline: list[str]) -> None:
+    """A test's runner subprocess ended whatever happened, and its daemons killed."""
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    for process in _daemons(daemon_cmdline):
+        process.kill()

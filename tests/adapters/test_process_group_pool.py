@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ from leasecore.process import CommandSpec, Supervisor, _cgroupfs, cgroups, group
 from tests.support import wait_until
 
 from .process_support import REPO, alive, make_task
-from .test_process_cgroups import _our_groups, _setup
+from .test_process_cgroups import _daemons as _daemons_of
+from .test_process_cgroups import _setup, check_no_leftovers, end_runner, sigkill_runner_and_forkserver
 
 MB = 1 << 20
 # Its own daemon (test_process_cgroups' runs `sleep 3319`, maybe at the same time on another worker).
@@ -38,21 +38,13 @@ DAEMON_CMDLINE = ["sleep", "3327"]
 
 
 def _daemons() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == DAEMON_CMDLINE and alive(p)]
+    return _daemons_of(DAEMON_CMDLINE)
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_groups() -> Iterator[None]:
-    """After each test: no daemon of this module's, and no group named by this process's pid."""
     yield
-    for process in _daemons():
-        process.kill()
-    assert wait_until(lambda: not _daemons(), 5)
-    left = _our_groups()
-    for path in left:  # clean up whatever a failed test left, then fail it
-        _cgroupfs.kill({"v": 1, "dirs": {"x": path}})
-        wait_until(lambda path=path: _cgroupfs.remove({"v": 1, "dirs": {"x": path}}), 5)
-    assert not left, f"groups left behind: {left}"
+    check_no_leftovers(DAEMON_CMDLINE)
 
 
 @pytest.fixture
@@ -238,12 +230,7 @@ def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_nex
         info = json.loads(proc.stdout.readline())
         assert wait_until(lambda: bool(_daemons()), 10)
         (daemon,) = _daemons()
-        forkserver = psutil.Process(info["forkserver"])
-        proc.send_signal(signal.SIGSTOP)  # alive, it would kill the trees itself on its fork server's death
-        os.kill(int(info["forkserver"]), signal.SIGKILL)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert wait_until(lambda: not alive(forkserver), 5)
+        sigkill_runner_and_forkserver(proc, int(info["forkserver"]))  # type: ignore[call-overload]
         free = list(info["free"]["dirs"].values())  # type: ignore[index]
         held = list(info["group"]["dirs"].values())  # type: ignore[index]
         assert info["free_left"] == 1 and free != held  # one free group (no tree), one held (a tree)
@@ -254,12 +241,7 @@ def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_nex
         assert wait_until(lambda: not alive(daemon), 5)
         assert not any(os.path.exists(path) for path in free + held)
     finally:
-        proc.kill()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        for process in _daemons():
-            process.kill()
+        end_runner(proc, DAEMON_CMDLINE)
         for key in ("free", "group"):  # named by the dead runner's pid: the fixture checks only ours
             group = info.get(key)
             if isinstance(group, dict):
