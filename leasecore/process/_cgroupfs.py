@@ -29,6 +29,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from leasecore.process import _procfs
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -52,10 +54,7 @@ def _read(path: str) -> str | None:
     except OSError:
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
+        return _procfs.read_all(fd).decode(errors="replace")
     except OSError:
         return None
     finally:

@@ -121,11 +121,12 @@ def scan(
     Sound because the fork server is a subreaper: a process of its never leaves its subtree, and it
     moves only when its parent dies, to the fork server. So a member of a busy tree, or a stray,
     descends from a busy leader or from a process re-parented there, never from another tree's live
-    leader. The ticks walk this way: their cost follows the busy trees and the orphans.
+    leader. The ticks walk this way: their cost follows the busy trees and the orphans. The fork
+    server has one thread (its module docstring), so its own children are in one ``children`` file.
     """
     if not _procfs.IS_LINUX:
         return {}
     if busy is None or not children_files:
-        return _procfs.subtree(own_pid)
+        return _procfs.subtree(own_pid, threads=1)
     quiet = {tree.pid for tree in trees}.difference(tree.pid for tree in busy)
-    return _procfs.walk(pid for pid in _procfs.children_of(own_pid) if pid not in quiet)
+    return _procfs.walk(pid for pid in _procfs.children_of(own_pid, threads=1) if pid not in quiet)
