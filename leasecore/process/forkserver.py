@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from leasecore.process import _cgroupfs, _procfs
-from leasecore.process.frames import recv_frame, send_frame
+from leasecore.process.frames import FrameBatch, recv_frame, send_frame
 from leasecore.process.grouppool import GroupPool
 from leasecore.process.trees import Tree, attribute, scan
 
@@ -61,6 +61,7 @@ class ForkServer:
         self._groups = GroupPool()  # v1 groups without limits, reused once their tree is gone
         self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
+        self._answers = FrameBatch(sock)  # this turn's answers, sent together at its end
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
@@ -104,6 +105,7 @@ class ForkServer:
             if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
                 self._reap()
             self._tick()
+            self._answers.flush()  # before the loop sleeps
         for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
             _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
@@ -383,7 +385,7 @@ class ForkServer:
             if tree.pidfd < 0:  # watched by its pidfd otherwise
                 self._check_exit(tree)
         # Everything else that died here (adopted escapees) is reaped at once: no zombies.
-        for pid in _procfs.children_of(self._pid) if _procfs.IS_LINUX else []:
+        for pid in _procfs.children_of(self._pid, threads=1) if _procfs.IS_LINUX else []:
             if pid not in held:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
@@ -473,13 +475,12 @@ class ForkServer:
             return True  # something unkillable (D state): do not spin for ever
         if self._trees:
             return False
-        return not any(_procfs.live(procs := _procfs.subtree(self._pid), procs))
+        return not any(_procfs.live(procs := _procfs.subtree(self._pid, threads=1), procs))
 
     def _reply(self, message: dict[str, Any]) -> None:
         if self._closing_kill_at is not None and self._sock.fileno() < 0:
             return
-        with contextlib.suppress(OSError):
-            send_frame(self._sock, message)
+        self._answers.add(message)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ socket: it keeps what came of a frame until the rest arrives.
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import socket
@@ -26,15 +27,50 @@ from typing import Any
 HEADER = struct.Struct(">I")
 
 
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """One framed JSON message, as ``send_frame`` sends it (frames may be sent back to back)."""
+    body = json.dumps(message).encode()
+    return HEADER.pack(len(body)) + body
+
+
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     """Send one framed JSON message (and, with the first bytes, ``fds``)."""
-    body = json.dumps(message).encode()
-    data = HEADER.pack(len(body)) + body
+    data = encode_frame(message)
     if fds:
         sent = socket.send_fds(sock, [data], fds)
         data = data[sent:]
     if data:
         sock.sendall(data)
+
+
+class FrameBatch:
+    """Frames queued to go out together in one write, in order: the fork server's answers of one
+    turn of its loop (a task's "exited" and "gone", several "spawned") wake the runner's reader once,
+    not once each. Past ``max_bytes`` queued they go at once. A send that fails is dropped (the
+    runner is gone or going: its reader sees the socket's end)."""
+
+    def __init__(self, sock: socket.socket, max_bytes: int = 1 << 18) -> None:
+        self._sock = sock
+        self._max_bytes = max_bytes
+        self._frames: list[bytes] = []
+        self._bytes = 0
+
+    def add(self, message: dict[str, Any]) -> None:
+        frame = encode_frame(message)
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        if self._bytes > self._max_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._frames:
+            return
+        data = b"".join(self._frames)
+        self._frames.clear()
+        self._bytes = 0
+        if self._sock.fileno() >= 0:
+            with contextlib.suppress(OSError):
+                self._sock.sendall(data)
 
 
 def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
