@@ -28,8 +28,8 @@ class Clock(Protocol):
 class SystemClock:
     """The real clock."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # The C function itself, not a method around it: the runner reads it ~40 times per task.
+    monotonic = staticmethod(time.monotonic)
 
     def now(self) -> datetime:
         return datetime.now(UTC)
