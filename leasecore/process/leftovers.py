@@ -171,7 +171,7 @@ class StateRecord:
         tmp = self._path.with_name(f".{self._path.name}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
-            json.dump(data, f)
+            f.write(json.dumps(data))  # dumps: json.dump encodes in Python, dumps in C
         os.replace(tmp, self._path)
         self._written = True
         if self._journal is not None and self._journal_lines:  # the record now holds all of it
