@@ -52,6 +52,42 @@ class ChildLinks:
     rmtree: Callable[[str], None]
 
 
+class Latch:
+    """A flag that is set once and never cleared, waited on as a ``threading.Event``; its lock and
+    condition are made only when a thread waits before it is set. A child has four of these and
+    the runner never waits on most of them: four Events cost ~10 µs per task to make.
+
+    Sound under the GIL: ``set`` writes the flag before it reads the event, and ``wait`` makes the
+    event before it reads the flag again, so one of the two sees the other's write."""
+
+    __slots__ = ("_event", "_flag")
+    _making = threading.Lock()  # one Event per latch, even with two first waiters at once
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        with Latch._making:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if self.is_set():  # set meanwhile, before the event existed: nobody will set the event
+            return True
+        return event.wait(timeout)
+
+
 class Child:
     """One task command: running, or, from ``Supervisor.start``, being started (``pid`` 0 until the
     fork server's answer; a kill sent meanwhile reaches the tree all the same). Created by
@@ -80,10 +116,10 @@ class Child:
         self.cgroup: _cgroupfs.Group | None = None  # the tree's group, from spawn until it is gone
         self.memory_limit_by: str | None = None  # "cgroup" | "rlimit" | None: what enforces memory_max
         self._usage: tuple[dict[str, float], int] = ({}, 0)  # resources and OOM kills, at the exit
-        self._exited = threading.Event()
-        self._done = threading.Event()
-        self._gone = threading.Event()
-        self._settled = threading.Event()  # the fork server answered the spawn (or it was given up)
+        self._exited = Latch()
+        self._done = Latch()
+        self._gone = Latch()
+        self._settled = Latch()  # the fork server answered the spawn (or it was given up)
         self._start_error: ProcessError | None = None  # why the command never ran
         self._result: ChildExit | None = None
         # Owned by the output thread once the child is added to it:
