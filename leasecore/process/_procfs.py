@@ -259,13 +259,16 @@ def _children_file(path: str) -> list[int]:
 
 
 def read_all(fd: int, size: int = 65536) -> bytes:
-    """The whole of a /proc or cgroup file from ``fd``. These are seq_files: a read fills the buffer
-    up to the file's end, so a short read is the end and the usual empty read after it is skipped."""
+    """The whole of a /proc or cgroup file from ``fd``, read until the empty read that ends it.
+
+    A short read is not the end: a list such as ``children`` or ``cgroup.procs`` is a seq_file that
+    hands out at most the kernel's buffer (one page) per read whatever ``size`` asks, so a list of
+    more than ~700 pids comes in several short reads (tests/adapters/test_process_attack_tree.py)."""
     chunk = os.read(fd, size)
-    if len(chunk) < size:
+    if not chunk:
         return chunk
     chunks = [chunk]
-    while chunk := os.read(fd, size):  # a long list (many pids) in more than one read
+    while chunk := os.read(fd, size):
         chunks.append(chunk)
     return b"".join(chunks)
 

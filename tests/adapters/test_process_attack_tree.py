@@ -284,3 +284,40 @@ def test_signalling_a_finished_task_never_hits_the_process_that_took_its_pid(sup
     finally:
         stranger.kill()
         stranger.wait()
+
+
+
+# A leader that ignores TERM with a thousand sessions that obey it, their environment wiped (no
+# marker): with no group, only the walk of the leader's children finds them, and the kernel gives
+# that list (as a group's member list) one page per read, so one read of it is not all of it.
+THOUSAND = r"""
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pids = [os.posix_spawn("/bin/sleep", ["sleep", "3317"], {}, setsid=True, setsigdef=[signal.SIGTERM])
+        for _ in range(1000)]
+with open(sys.argv[1], "w") as out:
+    out.write(" ".join(map(str, pids)))
+print("ready", len(pids), flush=True)
+signal.pause()
+"""
+
+
+def test_each_of_a_thousand_sessions_under_one_leader_gets_the_term(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    lines = Lines()
+    grace = 10.0
+    listing = tmp_path / "pids"
+    command = CommandSpec(argv=(sys.executable, "-c", THOUSAND, str(listing)), kill_grace_seconds=grace)
+    child = supervisor.spawn(make_task(), command, worker_id="w", on_line=lines)
+    _pids_from(lines, "ready ", 1)
+    sessions = _processes([int(pid) for pid in listing.read_text().split()])
+    assert len(sessions) == 1000
+    with open(f"/proc/{child.pid}/task/{child.pid}/children", "rb") as handle:
+        assert len(handle.read()) > 4096  # the premise: longer than one page
+    child.terminate_tree(grace_seconds=grace)
+    # Each obeys the TERM: all gone long before the KILL at the grace's end (the leader is then).
+    assert wait_until(lambda: _all_dead(sessions), grace / 2), f"{sum(map(alive, sessions))} missed the TERM"
+    assert alive(psutil.Process(child.pid))
+    child.kill_tree()
+    _finish(child, supervisor)

@@ -545,3 +545,32 @@ def end_runner(proc: subprocess.Popen[str], daemon_cmdline: list[str]) -> None:
         proc.stdout.close()
     for process in _daemons(daemon_cmdline):
         process.kill()
+
+
+# A thousand sessions with a wiped environment, each ignoring TERM: a member list longer than the
+# kernel's one page per read of cgroup.procs, killed through the group alone.
+THOUSAND_IN_GROUP = r"""
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited across the exec: only KILL works
+pids = [os.posix_spawn("/bin/sleep", ["sleep", "3319"], {}, setsid=True) for _ in range(1000)]
+print("ready", " ".join(map(str, pids)), flush=True)
+signal.pause()
+"""
+
+
+def test_a_group_of_a_thousand_members_is_listed_and_killed_whole(setup: cgroups.CgroupSetup) -> None:
+    from leasecore.process import _cgroupfs
+
+    lines: list[str] = []
+    with Supervisor(None, cgroup_setup=setup) as supervisor:
+        command = CommandSpec(argv=(sys.executable, "-c", THOUSAND_IN_GROUP), kill_grace_seconds=0.5)
+        child = supervisor.spawn(make_task(), command, worker_id="w",
+                                 on_line=lambda _s, line: lines.append(line))  # fmt: skip
+        assert wait_until(lambda: any(line.startswith("ready") for line in lines), 30)
+        pids = {int(pid) for pid in next(line for line in lines if line.startswith("ready")).split()[1:]}
+        assert len(pids) == 1000 and child.cgroup is not None
+        assert pids | {child.pid} <= _cgroupfs.members(child.cgroup)
+        sessions = [psutil.Process(pid) for pid in pids]
+        child.kill_tree()
+        assert wait_until(lambda: not any(alive(p) for p in sessions), 2.5)
+        assert child.wait_gone(10)
