@@ -89,6 +89,16 @@ class ForkServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._selector.register(self._sock, selectors.EVENT_READ)
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
+        try:
+            self._serve()
+        finally:  # a turn that fails still sends what it answered (exits, starts) before we die
+            self._answers.flush()
+        for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
+            _cgroupfs.remove(group)  # removes the rest
+        self._remove_orphaned_dirs()
+
+    def _serve(self) -> None:
+        """The loop: one turn per wake-up, its answers sent at the turn's end."""
         while not self._done():
             sigchld = False
             for key, _ in self._selector.select(self._timeout_seconds()):
@@ -106,9 +116,6 @@ class ForkServer:
                 self._reap()
             self._tick()
             self._answers.flush()  # before the loop sleeps
-        for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
-            _cgroupfs.remove(group)  # removes the rest
-        self._remove_orphaned_dirs()
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from leasecore.process import forkserver
-from leasecore.process.frames import FrameBatch, take_frames
+from leasecore.process.frames import FrameBatch, send_frame, take_frames
 
 
 @pytest.fixture
@@ -73,3 +75,37 @@ def test_a_batch_for_a_closed_socket_is_dropped_quietly(pair: tuple[socket.socke
     theirs.close()
     batch.add({"op": "gone", "key": "t2"})
     batch.flush()  # closed here too: nothing to send to
+
+
+# A fork server whose tick queues an answer and then fails, in the turn that also answers a request:
+# run in its own process (run() makes its process a subreaper and ignores signals), on one end of a
+# socket pair.
+_FAILING_TURN = """
+import socket, sys
+from leasecore.process import forkserver
+server = forkserver.ForkServer(socket.socket(fileno=int(sys.argv[1])))
+def failing_tick():
+    server._reply({"op": "exited", "key": "t1", "code": 0})
+    raise RuntimeError("a bug in a turn")
+server._tick = failing_tick
+server.run()
+"""
+
+
+def test_answers_of_a_turn_that_fails_are_sent_before_the_fork_server_dies() -> None:
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _FAILING_TURN, str(theirs.fileno())],
+                                pass_fds=[theirs.fileno()], stderr=subprocess.PIPE)
+        theirs.close()
+        ours.settimeout(30)
+        send_frame(ours, {"op": "stats", "id": 1})  # wakes it: the turn answers, then its tick fails
+        data = bytearray()
+        while chunk := ours.recv(1 << 16):  # until EOF: the fork server died
+            data += chunk
+        assert proc.wait(30) != 0
+        assert proc.stderr is not None and b"a bug in a turn" in proc.stderr.read()
+        proc.stderr.close()
+        assert [m["op"] for m in take_frames(data)] == ["ready", "stats", "exited"]
+    finally:
+        ours.close()
