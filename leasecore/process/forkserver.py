@@ -89,33 +89,29 @@ class ForkServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._selector.register(self._sock, selectors.EVENT_READ)
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
-        try:
-            self._serve()
-        finally:  # a turn that fails still sends what it answered (exits, starts) before we die
+        try:  # a turn that fails still sends what it answered (exits, starts) before we die
+            while not self._done():
+                sigchld = False
+                for key, _ in self._selector.select(self._timeout_seconds()):
+                    if key.fileobj == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        sigchld = True
+                    elif key.data is not None:  # a leader's pidfd: it exited
+                        self._check_exit(key.data)
+                    elif not self._serve_waiting():  # EOF without a shutdown: the runner died
+                        self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
+                        self._begin_close(0.0)
+                self._flush_signals()
+                if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
+                    self._reap()
+                self._tick()
+                self._answers.flush()  # before the loop sleeps
+        finally:
             self._answers.flush()
         for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
             _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
-
-    def _serve(self) -> None:
-        """The loop: one turn per wake-up, its answers sent at the turn's end."""
-        while not self._done():
-            sigchld = False
-            for key, _ in self._selector.select(self._timeout_seconds()):
-                if key.fileobj == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    sigchld = True
-                elif key.data is not None:  # a leader's pidfd: it exited
-                    self._check_exit(key.data)
-                elif not self._serve_waiting():  # EOF without a shutdown: the runner died
-                    self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
-                    self._begin_close(0.0)
-            self._flush_signals()
-            if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
-                self._reap()
-            self._tick()
-            self._answers.flush()  # before the loop sleeps
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe
