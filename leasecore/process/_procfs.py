@@ -264,13 +264,10 @@ def read_all(fd: int, size: int = 65536) -> bytes:
     A short read is not the end: a list such as ``children`` or ``cgroup.procs`` is a seq_file that
     hands out at most the kernel's buffer (one page) per read whatever ``size`` asks, so a list of
     more than ~700 pids comes in several short reads (tests/adapters/test_process_attack_tree.py)."""
-    chunk = os.read(fd, size)
-    if not chunk:
-        return chunk
-    chunks = [chunk]
+    chunks = []
     while chunk := os.read(fd, size):
         chunks.append(chunk)
-    return b"".join(chunks)
+    return b"".join(chunks)  # one chunk: returned as it is, not copied
 
 
 def subtree(root: int, *, threads: int = 0) -> dict[int, ProcInfo]:

@@ -286,7 +286,6 @@ def test_signalling_a_finished_task_never_hits_the_process_that_took_its_pid(sup
         stranger.wait()
 
 
-
 # A leader that ignores TERM with a thousand sessions that obey it, their environment wiped (no
 # marker): with no group, only the walk of the leader's children finds them, and the kernel gives
 # that list (as a group's member list) one page per read, so one read of it is not all of it.
