@@ -57,11 +57,13 @@ class Latch:
     condition are made only when a thread waits before it is set. A child has four of these and
     the runner never waits on most of them: four Events cost ~10 µs per task to make.
 
-    Sound under the GIL: ``set`` writes the flag before it reads the event, and ``wait`` makes the
-    event before it reads the flag again, so one of the two sees the other's write."""
+    No lost wake-up, with or without a GIL: ``set`` writes the flag, then reads the event under the
+    class lock; ``wait`` makes the event and reads the flag again under the same lock. Whichever of
+    the two takes the lock second sees what the first wrote (a lock orders memory; two plain writes
+    and reads would not, on a free-threaded Python). The lock is uncontended but for a first waiter."""
 
     __slots__ = ("_event", "_flag")
-    _making = threading.Lock()  # one Event per latch, even with two first waiters at once
+    _making = threading.Lock()  # one Event per latch; orders set's flag against wait's event
 
     def __init__(self) -> None:
         self._flag = False
@@ -72,7 +74,8 @@ class Latch:
 
     def set(self) -> None:
         self._flag = True
-        event = self._event
+        with Latch._making:
+            event = self._event
         if event is not None:
             event.set()
 
@@ -83,8 +86,8 @@ class Latch:
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
-        if self.is_set():  # set meanwhile, before the event existed: nobody will set the event
-            return True
+            if self.is_set():  # set meanwhile, before the event existed: nobody will set the event
+                return True
         return event.wait(timeout)
 
 
