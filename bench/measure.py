@@ -45,17 +45,52 @@ def cpu_seconds(procs: Iterable[psutil.Process], *, children: bool = False) -> f
     return total
 
 
+_PROC_STAT = "/proc/stat"
+
+
+def machine_jiffies(stat_text: str) -> tuple[int, int] | None:
+    """(steal, total) clock ticks of the whole machine from the text of ``/proc/stat``: the first
+    ("cpu") line's steal (its 8th figure: time the hypervisor gave this VM's CPUs to someone else)
+    and the sum of its first eight (user, nice, system, idle, iowait, irq, softirq, steal; guest time
+    is already inside user). None when the line is not there or too short (no steal figure)."""
+    first = stat_text.split("\n", 1)[0].split()
+    if len(first) < 9 or first[0] != "cpu":
+        return None
+    ticks = [int(x) for x in first[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share (0..1) of the machine's CPU time taken by the hypervisor between two
+    ``machine_jiffies`` readings (None: a reading is missing or no time passed)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def read_jiffies() -> tuple[int, int] | None:
+    """``machine_jiffies`` now (None: no ``/proc/stat``)."""
+    try:
+        with open(_PROC_STAT) as f:
+            return machine_jiffies(f.read())
+    except OSError:
+        return None
+
+
 class CpuSampler:
     """CPU seconds of the server, a worker and the worker's reaped commands, sampled every ``interval``
     on a thread (``time.monotonic``: the clock the bench server marks claims and updates on), so a
     window's CPU leaves out what was spent outside it (the worker's start-up, its stop). The worker's
-    processes are listed anew every half second (its helpers may start after it)."""
+    processes are listed anew every half second (its helpers may start after it). Also the machine's
+    steal time (``/proc/stat``): on a VM, the CPU time the hypervisor gave to others, which slows a
+    round without any process of ours doing more."""
 
     def __init__(self, server_pid: int, worker_pid: int, interval: float = 0.02) -> None:
         self._server = worker_processes(server_pid)
         self._worker_pid = worker_pid
         self._interval = interval
         self._samples: list[tuple[float, float]] = []  # (monotonic, CPU seconds of all three)
+        self._jiffies: list[tuple[int, int] | None] = []  # machine_jiffies at each sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -75,6 +110,7 @@ class CpuSampler:
             if now - listed_at >= 0.5:
                 procs, listed_at = worker_processes(self._worker_pid), now
             total = cpu_seconds(self._server) + cpu_seconds(procs) + cpu_seconds(procs, children=True)
+            self._jiffies.append(read_jiffies())
             self._samples.append((time.monotonic(), total))
             self._stop.wait(self._interval)
 
@@ -87,6 +123,15 @@ class CpuSampler:
             return None
         (t0, c0), (t1, c1) = self._samples[i], self._samples[j]
         return (c1 - c0) / (t1 - t0)
+
+    def host_steal(self, start: float, end: float) -> float | None:
+        """The share of the machine's CPU time the hypervisor took from ``start`` to ``end`` (between
+        the same samples as ``cores_busy``; None: too few samples, or no steal figure)."""
+        times = [t for t, _ in self._samples]
+        i, j = bisect.bisect_right(times, start) - 1, bisect.bisect_right(times, end) - 1
+        if i < 0 or j <= i:
+            return None
+        return steal_share(self._jiffies[i], self._jiffies[j])
 
 
 def rss_bytes(procs: Iterable[psutil.Process]) -> int:

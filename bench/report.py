@@ -160,11 +160,13 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         "without the endpoint), so it falls back to v1 and polls for each task like the others. "
         "Commands' CPU: the `true` commands' own, as the worker's processes reaped them; cores busy: the "
         "server's, the worker's and the commands' CPU over the run's time, of the machine's cores: near "
-        "their number, a run is bound by the CPU, not by waits.",
+        "their number, a run is bound by the CPU, not by waits. Host steal: the share of the machine's "
+        "CPU time the hypervisor gave to others during each round (`/proc/stat`), median, then every "
+        "round's; a round with more steal ran on a slower machine.",
         "",
         "| worker | median s | median tasks/s | every round (s) | final updates via | server CPU ms/task "
-        "| worker CPU ms/task | commands' CPU ms/task | cores busy |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| worker CPU ms/task | commands' CPU ms/task | cores busy | host steal % (every round) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, med in tp["median_seconds"].items():
         mine = [r for r in tp["runs"] if r["kind"] == kind]
@@ -173,6 +175,10 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
         worker = median([r["worker_cpu_ms_per_task"] for r in mine if "worker_cpu_ms_per_task" in r])
         commands = median([r["task_cpu_ms_per_task"] for r in mine if "task_cpu_ms_per_task" in r])
         busy = median([r["cores_busy"] for r in mine if r.get("cores_busy") is not None])
+        steals = [r.get("host_steal") for r in mine]  # absent from results of runs before it was measured
+        steal = median([x for x in steals if x is not None])
+        steal_text = "n/a" if steal is None else (
+            f"{_f(100 * steal, 1)} ({', '.join('-' if x is None else _f(100 * x, 0) for x in steals)})")
         via: dict[str, int] = {}
         for r in mine:
             for endpoint, n in r.get("updates_via", {}).items():
@@ -183,7 +189,8 @@ def _throughput(tp: dict[str, Any] | None) -> list[str]:
             via_text += f" (update-v2 answered 404: {refused})"
         out.append(
             f"| {kind} | {_f(med, 2)} | {_f(tp['median_tasks_per_second'][kind], 0)} | {rounds} | "
-            f"{via_text} | {_f(server, 2)} | {_f(worker, 2)} | {_f(commands, 2)} | {_f(busy, 2)} |"
+            f"{via_text} | {_f(server, 2)} | {_f(worker, 2)} | {_f(commands, 2)} | {_f(busy, 2)} | "
+            f"{steal_text} |"
         )
     r = tp["ratios"]
     out += [

@@ -5,7 +5,8 @@
 Starts the bench server (``bench.server``) and one conductor-run worker against it, as the
 throughput section does, waits for "serving", then reads every thread's CPU (user + system, through
 psutil) of the runner and its fork server before and after the N tasks; also
-the children's CPU (the fork server's reaped children: the ``true`` commands) and the server's. Prints
+the children's CPU (the fork server's reaped children: the ``true`` commands) and the server's, and
+the machine's steal time (on a VM, the CPU time the hypervisor gave to others). Prints
 milliseconds per task for each, the sum, and the tasks per second on the server's clock (first claim
 to last final update). Threads that start and end inside the window (none in a plain run) are not
 counted. A diagnostic for docs/perf-notes.md, not a target: no report file is written.
@@ -21,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from bench.harness import BenchServer, WorkerConfig, running_worker
-from bench.measure import cpu_seconds, worker_processes
+from bench.measure import cpu_seconds, read_jiffies, steal_share, worker_processes
 from bench.metrics_ab import cpu_at_serving
 
 
@@ -50,10 +51,10 @@ def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurren
         runner, forkserver = worker_processes(worker.pid)[:2]
         server = psutil.Process(srv.pid)
         runner0, fs0 = _threads(runner), _threads(forkserver)
-        kids0, srv0 = _children_cpu(forkserver), cpu_seconds([server])
+        kids0, srv0, jiffies0 = _children_cpu(forkserver), cpu_seconds([server]), read_jiffies()
         srv.wait_settled(ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         runner1, fs1 = _threads(runner), _threads(forkserver)
-        kids1, srv1 = _children_cpu(forkserver), cpu_seconds([server])
+        kids1, srv1, jiffies1 = _children_cpu(forkserver), cpu_seconds([server]), read_jiffies()
     marks = srv.marks(ids)
     first = min(min(c) for c in marks["claims"].values() if c)
     last = max(when for u in marks["updates"].values() for when, status, _ in u if status != "IN_PROGRESS")
@@ -65,6 +66,9 @@ def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurren
     per_task["children (true)"] = 1000 * (kids1 - kids0) / tasks
     per_task["server"] = 1000 * (srv1 - srv0) / tasks
     per_task["tasks/s"] = tasks / (last - first)
+    steal = steal_share(jiffies0, jiffies1)
+    if steal is not None:  # the hypervisor's share of the machine's CPU time: a slower machine
+        per_task["host steal %"] = 100 * steal
     return per_task
 
 
@@ -85,7 +89,7 @@ def main(argv: list[str]) -> int:
             print(f"round {round_no}: {args.tasks} tasks, concurrency {args.concurrency}, "
                   f"cgroup {args.cgroup or 'default'}")
             for name, value in figures.items():
-                unit = "" if name == "tasks/s" else " ms/task"
+                unit = "" if name in ("tasks/s", "host steal %") else " ms/task"
                 print(f"  {name:40s} {value:8.3f}{unit}")
     finally:
         srv.close()

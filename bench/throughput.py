@@ -102,6 +102,9 @@ def one_run(
         # claim to the last final update: near the core count, the run is bound by CPU, not by waits.
         "task_cpu_ms_per_task": 1000 * task_cpu / tasks,
         "cores_busy": sampler.cores_busy(first_claim, last_report),
+        # The hypervisor's share of the machine's CPU time over the same window (steal): what slows a
+        # round on this VM with no process of ours doing more (None: not a VM, or not measured).
+        "host_steal": sampler.host_steal(first_claim, last_report),
         # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
         "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
         "worker_run_cpu_ms_per_task": None if start_cpu is None else 1000 * (worker_cpu - start_cpu) / tasks,
@@ -120,6 +123,10 @@ def _check_counted(log: str, task_type: str, tasks: int) -> None:
         raise RuntimeError(f"{METRICS_KIND}: /metrics does not say {line!r}")
 
 
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.1f} %"
+
+
 def run(
     srv: BenchServer, workdir: Path, kinds: list[str], *, tasks: int, concurrency: int, rounds: int, log: Any
 ) -> dict[str, Any]:
@@ -132,7 +139,8 @@ def run(
                 f"throughput round {round_no + 1}/{rounds} {kind}: {result['seconds']:.2f} s "
                 f"({result['tasks_per_second']:.0f} tasks/s) {result['statuses']}, final updates via "
                 f"{result['updates_via']}; CPU ms/task: server {result['server_cpu_ms_per_task']:.2f}, "
-                f"worker {result['worker_cpu_ms_per_task']:.2f}"
+                f"worker {result['worker_cpu_ms_per_task']:.2f}; "
+                f"host steal {_percent(result.get('host_steal'))}"
             )
             runs.append(result)
     medians = {k: median([r["seconds"] for r in runs if r["kind"] == k]) for k in kinds}

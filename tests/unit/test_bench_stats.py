@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.measure import machine_jiffies, steal_share
 from bench.report import render, targets
 from bench.stats import confirmation_gaps, percentile, ratio, summary
 
@@ -118,3 +119,30 @@ def test_the_cpu_per_task_target_comes_from_conductor_runs_rounds_only() -> None
         r["worker_cpu_ms_per_task"] = 2.5
     rows = {name: (measured, verdict) for name, measured, verdict in targets(results)}
     assert rows["conductor-run CPU per task (runner + fork server) <= 2.0 ms"] == ("2.50 ms", "**missed**")
+
+
+def test_the_machines_steal_is_read_from_the_first_line_of_proc_stat() -> None:
+    # Given /proc/stat's aggregate line: user nice system idle iowait irq softirq steal guest guest_nice
+    text = "cpu  700 5 200 9000 40 0 15 40 30 0\ncpu0 350 2 100 4500 20 0 7 20 15 0\nintr 1\n"
+    # Then steal is the 8th figure, and the total the first eight (guest is inside user already)
+    assert machine_jiffies(text) == (40, 10000)
+    assert machine_jiffies("intr 1 2 3\n") is None
+    assert machine_jiffies("cpu  1 2 3 4\n") is None  # a kernel with no steal figure
+
+
+def test_the_steal_share_is_the_steal_over_all_ticks_between_two_readings() -> None:
+    assert steal_share((40, 10000), (240, 11000)) == pytest.approx(0.2)
+    assert steal_share((40, 10000), (40, 10000)) is None  # no time passed
+    assert steal_share(None, (40, 10000)) is None
+
+
+def test_the_throughput_table_gives_each_rounds_host_steal_where_it_was_measured() -> None:
+    results = _results()
+    runs = results["throughput"]["runs"]
+    runs[0]["host_steal"] = 0.175
+    runs[1]["host_steal"] = None
+    section = render(results).split("## Throughput", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0]: line for line in section.splitlines() if line.startswith("| ")}
+    assert rows["| conductor-run"].endswith("| 17.5 (18) |")
+    assert rows["| floor"].endswith("| n/a |")
+    assert rows["| sdk"].endswith("| n/a |")  # a result written before steal was measured
