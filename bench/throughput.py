@@ -103,7 +103,7 @@ def one_run(
         "task_cpu_ms_per_task": 1000 * task_cpu / tasks,
         "cores_busy": sampler.cores_busy(first_claim, last_report),
         # The hypervisor's share of the machine's CPU time over the same window (steal): what slows a
-        # round on this VM with no process of ours doing more (None: not a VM, or not measured).
+        # round on this VM with no process of ours doing more (0 off a VM; None: too few samples).
         "host_steal": sampler.host_steal(first_claim, last_report),
         # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
         "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
