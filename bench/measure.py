@@ -46,6 +46,7 @@ def cpu_seconds(procs: Iterable[psutil.Process], *, children: bool = False) -> f
 
 
 _PROC_STAT = "/proc/stat"
+_Sample = tuple[float, float, "tuple[int, int] | None"]  # CpuSampler: monotonic, CPU seconds, jiffies
 
 
 def machine_jiffies(stat_text: str) -> tuple[int, int] | None:
@@ -89,8 +90,7 @@ class CpuSampler:
         self._server = worker_processes(server_pid)
         self._worker_pid = worker_pid
         self._interval = interval
-        self._samples: list[tuple[float, float]] = []  # (monotonic, CPU seconds of all three)
-        self._jiffies: list[tuple[int, int] | None] = []  # machine_jiffies at each sample
+        self._samples: list[_Sample] = []  # the CPU seconds of all three, and machine_jiffies
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -110,28 +110,29 @@ class CpuSampler:
             if now - listed_at >= 0.5:
                 procs, listed_at = worker_processes(self._worker_pid), now
             total = cpu_seconds(self._server) + cpu_seconds(procs) + cpu_seconds(procs, children=True)
-            self._jiffies.append(read_jiffies())
-            self._samples.append((time.monotonic(), total))
+            self._samples.append((time.monotonic(), total, read_jiffies()))
             self._stop.wait(self._interval)
 
     def cores_busy(self, start: float, end: float) -> float | None:
         """The average number of cores the three kept busy from ``start`` to ``end`` (None: too few
         samples): the CPU between the last sample at or before each end."""
-        times = [t for t, _ in self._samples]
-        i, j = bisect.bisect_right(times, start) - 1, bisect.bisect_right(times, end) - 1
-        if i < 0 or j <= i:
+        window = self._window(start, end)
+        if window is None:
             return None
-        (t0, c0), (t1, c1) = self._samples[i], self._samples[j]
+        (t0, c0, _), (t1, c1, _) = window
         return (c1 - c0) / (t1 - t0)
 
     def host_steal(self, start: float, end: float) -> float | None:
         """The share of the machine's CPU time the hypervisor took from ``start`` to ``end`` (between
         the same samples as ``cores_busy``; None: too few samples, or no steal figure)."""
-        times = [t for t, _ in self._samples]
+        window = self._window(start, end)
+        return None if window is None else steal_share(window[0][2], window[1][2])
+
+    def _window(self, start: float, end: float) -> tuple[_Sample, _Sample] | None:
+        """The last samples at or before ``start`` and ``end`` (None: not two different ones)."""
+        times = [sample[0] for sample in self._samples]
         i, j = bisect.bisect_right(times, start) - 1, bisect.bisect_right(times, end) - 1
-        if i < 0 or j <= i:
-            return None
-        return steal_share(self._jiffies[i], self._jiffies[j])
+        return None if i < 0 or j <= i else (self._samples[i], self._samples[j])
 
 
 def rss_bytes(procs: Iterable[psutil.Process]) -> int:

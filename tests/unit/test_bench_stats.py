@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from bench.measure import machine_jiffies, steal_share
+from bench.measure import CpuSampler, machine_jiffies, steal_share
 from bench.report import render, targets
 from bench.stats import confirmation_gaps, percentile, ratio, summary
 
@@ -134,6 +136,17 @@ def test_the_steal_share_is_the_steal_over_all_ticks_between_two_readings() -> N
     assert steal_share((40, 10000), (240, 11000)) == pytest.approx(0.2)
     assert steal_share((40, 10000), (40, 10000)) is None  # no time passed
     assert steal_share(None, (40, 10000)) is None
+
+
+def test_the_sampler_takes_busy_cores_and_steal_between_the_same_two_samples() -> None:
+    sampler = CpuSampler(os.getpid(), os.getpid())  # not entered: no sampling thread
+    # Given samples (monotonic, CPU seconds, (steal, total) ticks) at 0, 1 and 2 s
+    sampler._samples = [(0.0, 0.0, (0, 100)), (1.0, 1.5, (10, 200)), (2.0, 3.5, (30, 300))]
+    # Then a window from 0.5 to 2.0 runs from the sample at 0 to the one at 2
+    assert sampler.cores_busy(0.5, 2.0) == pytest.approx(1.75)
+    assert sampler.host_steal(0.5, 2.0) == pytest.approx(0.15)
+    # And a window with no sample before it, or inside one interval, has no figure
+    assert sampler.cores_busy(-1.0, 0.5) is None and sampler.host_steal(0.2, 0.5) is None
 
 
 def test_the_throughput_table_gives_each_rounds_host_steal_where_it_was_measured() -> None:
