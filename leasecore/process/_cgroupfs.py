@@ -7,7 +7,7 @@ the kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills
 memory now, its removal, a reused group's reset and base (``recycle``), and a zombie's rusage. Must not
 touch: a group it is not handed (the runner makes them, ``cgroups.create_group``, and writes their
 limits; the fork server's ``grouppool`` makes v1 groups without limits; the sweep hands over only
-recorded groups of ours). Threads: the fork server's one thread; on the runner's side the sweep
+recorded groups of ours). Threads: the fork server's (under its lock); on the runner's side the sweep
 (``leftovers.py``) and ``Child.memory_bytes``.
 
 A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 Group = dict[str, Any]
 _FREEZE_WAIT_SECONDS = 1.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs, open for writing
+_HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs or tasks, open for writing
 _STUCK: set[str] = set()  # spawn_inside: groups this process could not move out of again
 
 
@@ -93,28 +93,31 @@ class JoinFailed(OSError):
     step = "cgroup"
 
 
-def spawn_inside(group: Group, spawn: Callable[[], int]) -> int:
+def spawn_inside(group: Group, spawn: Callable[[], int], *, thread: bool = False) -> int:
     """Call ``spawn()`` (a ``posix_spawn``) with the calling process moved into every directory of
     ``group``, and move it back into each directory's parent (where it came from: see
     ``cgroups.at_home``) right after, whatever happened: the child is born a member, as if it had
-    joined between fork and exec, without a fork of this Python.
+    joined between fork and exec, without a fork of this Python. ``thread``: the calling thread
+    alone moves (v1's ``tasks`` files; a fork server's spawner thread, ``treestarts.py``), the child
+    being born in its maker thread's groups.
 
     While inside, this process is a member: so this is only for a group with no limit written
     (``cgroups.spawns_inside``), and every kill here spares it (``kill_all``). A move back that fails
     (it never should: the same file was written at start) leaves it ``stuck``; it then never freezes
     nor kills that group as a whole, and ``can_spawn_inside`` says no from then on."""
     joined: list[str] = []
+    name = "tasks" if thread else "cgroup.procs"
     try:
         for path in paths(group):
             try:
-                _write_procs(os.path.join(path, "cgroup.procs"))
+                _write_procs(os.path.join(path, name))
             except OSError as exc:
                 raise JoinFailed(exc.errno or errno.EINVAL, exc.strerror or str(exc)) from exc
             joined.append(path)
         return spawn()
     finally:
         for path in joined:
-            if not _go_home(os.path.dirname(path)):
+            if not _go_home(os.path.join(os.path.dirname(path), name)):
                 _STUCK.add(path)
 
 
@@ -131,13 +134,14 @@ def _write_procs(path: str) -> None:
 
 
 def _go_home(home: str) -> bool:
-    """Move the caller back into ``home`` through an fd kept open for it (one open per hierarchy
-    for the life of the process instead of one per task); a failed write retries once, reopened."""
+    """Move the caller back through ``home`` (a ``cgroup.procs`` or ``tasks`` file) and an fd kept open
+    for it (one open per file for the life of the process instead of one per task); a failed write
+    retries once, reopened."""
     for _ in range(2):
         fd = _HOME_FDS.get(home)
         try:
             if fd is None:
-                fd = _HOME_FDS[home] = os.open(os.path.join(home, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+                fd = _HOME_FDS[home] = os.open(home, os.O_WRONLY | os.O_CLOEXEC)
             os.write(fd, b"0")
             return True
         except OSError:

@@ -12,7 +12,7 @@ Must not touch: any state of its own beyond the cached boot id, and the rest of 
 it is stdlib only and light, since the fork server imports it (no ``dataclasses``: it pulls in
 ``inspect`` and friends, resident in the fork server for as long as the runner lives).
 
-Threads: the fork server's one thread; on the runner's side the sweep (``leftovers.py``, at start
+Threads: the fork server's (under its lock); on the runner's side the sweep (``leftovers.py``, at start
 and when the fork server died: the reader thread) and ``Child.memory_bytes`` (any caller).
 """
 

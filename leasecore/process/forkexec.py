@@ -16,8 +16,10 @@ the exec, as with posix_spawn, raising :class:`StepFailed` (which names the step
 signals are blocked across the fork: a TERM sent before the child reset them waits instead.
 
 Must not touch, in the child: anything of the fork server's but those calls; it never returns into
-the fork server's loop (any error ends it with ``os._exit(127)``). Threads: the fork server's one
-thread (a single-threaded fork); imported only when a request needs it (its cost: docs/perf-notes.md).
+the fork server's loop (any error ends it with ``os._exit(127)``). Threads: the fork server's main
+thread. Its spawner threads (``spawners.py``), if any, wait on their queue or in libc's posix_spawn
+meanwhile; the child, which has only the forking thread, touches nothing of theirs. Imported only when
+a request needs it (its cost: docs/perf-notes.md).
 """
 
 from __future__ import annotations

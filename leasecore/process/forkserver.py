@@ -1,21 +1,25 @@
-"""The fork server: a small single-threaded process, started by the Supervisor, parent of every task tree.
+"""The fork server: a small process, started by the Supervisor, parent of every task tree.
 
 Owns the task trees (``trees.Tree``, from spawn until every process of one is dead and reaped) and
-every process below it. Driven over the control socket (``frames.py``; the messages: ``link.py``), it
-starts each command in a new session (``posix_spawn``, from inside its cgroup when the group has no
-limits, ``_cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits or ``run_as``) with
-the three fds it was sent as 0-2 and the signals it ignores back at default; is a child subreaper,
-so escapees (setsid, double fork) are re-parented here; reports each exit from ``waitid(WNOWAIT)``
-(a pidfd per leader, else at each SIGCHLD) but keeps the leader a zombie until its whole tree is
-dead, so the group it signals is never a recycled pid's; kills a tree's leftovers when its leader
-exits (TERM, KILL after the grace); batches the signals asked for behind one /proc walk; and on EOF
-(the runner died or closed it) kills every tree and anything still below it, then exits.
+every process below it. Driven over the control socket (``frames.py``; the messages: ``link.py``),
+it starts each command in a new session (``treestarts.py``: ``posix_spawn``, on a spawner thread
+where it can, from inside its cgroup when the group has no limits; else ``forkexec.py`` for a
+cgroup, rlimits or ``run_as``) with the three fds it was sent as 0-2 and the signals it ignores back
+at default; is a child subreaper, so escapees (setsid, double fork) are re-parented here; reports
+each exit from ``waitid(WNOWAIT)`` (a pidfd per leader, else at each SIGCHLD) but keeps the leader a
+zombie until its whole tree is dead, so the group it signals is never a recycled pid's; kills a
+tree's leftovers when its leader exits (TERM, KILL after the grace); batches the signals asked for
+behind one /proc walk; and on EOF (the runner died or closed it) kills every tree and anything still
+below it, then exits.
 It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 
 Must not touch: processes that are not below it, the runner's state record (only the directories of
 a dead runner's tasks are removed here). Imports stay stdlib only and few: it lives as long as the
 runner and its memory counts in the runner's footprint (the Supervisor boots it without the package
-``__init__`` files). Threads: one (its own process); signal handlers only wake the selector.
+``__init__`` files). Threads: the main one (this loop) and up to four spawner threads (``spawners.py``,
+made at the first start one can take), all of them touching the state only with ``_turn`` held: a
+turn of the loop holds it but for its select, a spawner's start but for the libc call. Signal
+handlers only wake the selector.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from leasecore.process import _cgroupfs, _procfs
 from leasecore.process.frames import FrameBatch, recv_frame, send_frame
 from leasecore.process.grouppool import GroupPool
 from leasecore.process.trees import Tree, attribute, scan
+from leasecore.process.treestarts import TreeStarts
 
 _TICK_SECONDS = 0.05  # how often a tree being killed is re-checked (members need not be our children)
 _GIVE_UP_SECONDS = 10.0
@@ -42,8 +47,8 @@ _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
 
 
-class ForkServer:
-    """The event loop; see the module docstring."""
+class ForkServer(TreeStarts):
+    """The event loop; see the module docstring (how a tree is started: treestarts.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -72,6 +77,7 @@ class ForkServer:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._sigdef: list[int] = []
+        self._init_starts()  # treestarts.py: spawner threads, ``_turn``
 
     def run(self) -> None:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
@@ -90,28 +96,39 @@ class ForkServer:
         self._selector.register(self._sock, selectors.EVENT_READ)
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
         try:  # a turn that fails still sends what it answered (exits, starts) before we die
-            while not self._done():
-                sigchld = False
-                for key, _ in self._selector.select(self._timeout_seconds()):
-                    if key.fileobj == self._wake_r:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self._wake_r, 4096)
-                        sigchld = True
-                    elif key.data is not None:  # a leader's pidfd: it exited
-                        self._check_exit(key.data)
-                    elif not self._serve_waiting():  # EOF without a shutdown: the runner died
-                        self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
-                        self._begin_close(0.0)
-                self._flush_signals()
-                if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
-                    self._reap()
-                self._tick()
-                self._answers.flush()  # before the loop sleeps
+            while True:
+                with self._turn:
+                    if self._done():
+                        break
+                    timeout = self._timeout_seconds()
+                ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
+                with self._turn:
+                    self._take_turn(ready)
         finally:
-            self._answers.flush()
+            with self._turn:
+                self._answers.flush()
         for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
             _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
+
+    def _take_turn(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
+        sigchld = False
+        for key, _ in ready:
+            if key.fileobj == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                sigchld = True
+            elif key.data is not None:  # a leader's pidfd: it exited
+                self._check_exit(key.data)
+            elif not self._serve_waiting():  # EOF without a shutdown: the runner died
+                self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
+                self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
+                self._begin_close(0.0)
+        self._flush_signals()
+        if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
+            self._reap()
+        self._tick()
+        self._answers.flush()  # before the loop sleeps
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe
@@ -148,6 +165,8 @@ class ForkServer:
         message, fds = frame
         op = message.get("op")
         if op == "spawn":
+            if self._to_spawner(message, fds):
+                return True  # answered from its spawner thread
             try:
                 self._spawn(message, fds)
             except OSError as exc:  # EAGAIN from fork, EMFILE from pipe: that task fails, we go on
@@ -161,67 +180,11 @@ class ForkServer:
             self._reply({"op": "stats", "id": message.get("id"), "walks": self._walks,
                          "walked": self._walked, "waitids": self._waitids,
                          "trees": len(self._trees), "groups_made": self._groups.made,
-                         "groups_reused": self._groups.reused, "groups_free": len(self._groups)})  # fmt: skip
+                         "groups_reused": self._groups.reused, "groups_free": len(self._groups),
+                         "spawner_threads": self._spawners.threads if self._spawners else 0})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True
-
-    def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
-        """Start one tree. Its fds (input, stdout, stderr) are closed here before the answer goes out
-        (and the list emptied for the caller), so once a spawn is answered the fork server holds
-        nothing of it: the runner alone keeps the pipes' read ends."""
-        try:
-            reply = self._start_tree(req, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-            fds.clear()
-        self._reply(reply)
-
-    def _start_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        if len(fds) != 3:  # fds lost in transit (our fd limit): never let the child inherit ours
-            return {"op": "spawn_failed", "id": req["id"], "errno": errno.EMFILE, "what": "receive fds"}
-        group = req.get("cgroup")
-        if group and group.get("pool"):  # a reused group, or a new one made here (GroupPool)
-            return self._groups.start(req, lambda: self._exec_tree(req, fds))
-        return self._exec_tree(req, fds)
-
-    def _exec_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        step = "chdir"
-        try:
-            # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
-            inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
-            if (req.get("cgroup") and not inside) or req.get("rlimits") or req.get("run_as"):
-                from leasecore.process.forkexec import fork_exec  # set up in the child
-
-                step = "fork"
-                pid = fork_exec(req, fds, self._sigdef)
-            else:
-                if req.get("cwd"):
-                    os.chdir(req["cwd"])
-                step = "exec"
-                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
-        except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
-            step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
-            code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
-            return {"op": "spawn_failed", "id": req["id"], "errno": code, "what": step}
-        info = _procfs.read_stat(pid)
-        tree = Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
-        tree.directory = str(req.get("dir") or "")
-        tree.cgroup = req.get("cgroup") or None
-        self._trees[tree.key] = tree
-        self._watch_exit(tree)
-        return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}
-
-    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
-        def spawn() -> int:
-            return os.posix_spawn(
-                req["path"], req["argv"], req["env"],
-                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-                setsid=True, setsigdef=self._sigdef, setsigmask=(),
-            )  # fmt: skip
-
-        return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
 
     def _watch_exit(self, tree: Tree) -> None:
         """Watch the leader's exit through a pidfd: a SIGCHLD then need not ``waitid`` every tree.
@@ -250,6 +213,7 @@ class ForkServer:
     def _signal(self, req: dict[str, Any]) -> None:
         tree = self._trees.get(str(req.get("key")))
         if tree is None:
+            self._signal_early(req)
             return
         now = time.monotonic()
         sig = int(req["sig"])
@@ -472,7 +436,7 @@ class ForkServer:
         return None
 
     def _done(self) -> bool:
-        if self._closing_kill_at is None:
+        if self._closing_kill_at is None or self._inflight:  # (a start on a spawner thread: its tree next)
             return False
         if time.monotonic() > self._closing_kill_at + _GIVE_UP_SECONDS:
             return True  # something unkillable (D state): do not spin for ever

@@ -3,7 +3,7 @@
 Owns the free groups of this fork server and the choice between a free one and a new one for a spawn
 whose request asks for a pooled group (``cgroups.pool_request``: v1, no limits). Must not touch: a
 group with limits, a v2 group, a group whose tree is not gone (the caller gives back only those),
-and any group it did not make or was not given back. Threads: the fork server's one thread. Stdlib
+and any group it did not make or was not given back. Threads: the fork server's (under its lock). Stdlib
 and ``_cgroupfs`` only (the fork server imports it).
 
 Why: on cgroup v1 a new group per tree costs three ``mkdir`` (and the kernel's new files in each),

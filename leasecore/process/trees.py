@@ -12,7 +12,7 @@ tree is over), with several it stays unclaimed (never a wrong kill).
 Must not touch: signals, sockets, the selector: it decides whose a process is and nothing else
 (``ForkServer`` signals). Stdlib only and light, like every module the fork server imports.
 
-Threads: the fork server's one thread.
+Threads: the fork server's (under its lock, ``treestarts.py``).
 """
 
 from __future__ import annotations
@@ -121,12 +121,18 @@ def scan(
     Sound because the fork server is a subreaper: a process of its never leaves its subtree, and it
     moves only when its parent dies, to the fork server. So a member of a busy tree, or a stray,
     descends from a busy leader or from a process re-parented there, never from another tree's live
-    leader. The ticks walk this way: their cost follows the busy trees and the orphans. The fork
-    server has one thread (its module docstring), so its own children are in one ``children`` file.
+    leader. The ticks walk this way: their cost follows the busy trees and the orphans. The walk starts
+    at the fork server's main thread's children (the orphans, adopted by a subreaper's first live
+    thread, and the leaders it started) and at the leaders themselves: a leader started on a spawner
+    thread (``treestarts.py``) is that thread's child, in that thread's ``children`` file only.
     """
     if not _procfs.IS_LINUX:
         return {}
-    if busy is None or not children_files:
+    if not children_files:  # a scan of all of /proc, by parent pid: every thread's children
         return _procfs.subtree(own_pid, threads=1)
-    quiet = {tree.pid for tree in trees}.difference(tree.pid for tree in busy)
-    return _procfs.walk(pid for pid in _procfs.children_of(own_pid, threads=1) if pid not in quiet)
+    leaders = [tree.pid for tree in trees]
+    if busy is None:
+        return _procfs.walk([*_procfs.children_of(own_pid, threads=1), *leaders])
+    quiet = set(leaders).difference(tree.pid for tree in busy)
+    roots = [pid for pid in _procfs.children_of(own_pid, threads=1) if pid not in quiet]
+    return _procfs.walk([*roots, *(tree.pid for tree in busy)])

@@ -27,7 +27,7 @@ from leasecore.limits import Limits
 from leasecore.process import CommandSpec, Supervisor, _cgroupfs, cgroups, grouppool, to_task_result
 from tests.support import wait_until
 
-from .process_support import REPO, alive, make_task
+from .process_support import REPO, alive, forkserver_boot_around_spawn, make_task
 from .test_process_cgroups import _daemons as _daemons_of
 from .test_process_cgroups import _setup, check_no_leftovers, end_runner, sigkill_runner_and_forkserver
 
@@ -50,6 +50,13 @@ def no_leftover_groups() -> Iterator[None]:
 @pytest.fixture
 def v1() -> cgroups.CgroupSetup:
     return _setup("v1")
+
+
+@pytest.fixture(params=["main-thread", "spawner-thread"])
+def boot(request: pytest.FixtureRequest) -> str:
+    """Where the fork server starts the trees: on its main thread, the whole process moving into the
+    group for the start; or on a spawner thread, that thread alone moving (treestarts.py)."""
+    return forkserver_boot_around_spawn(threads=request.param == "spawner-thread")
 
 
 _GATED = 'g=$1; shift; "$@"; s=$?; while [ ! -e "$g" ]; do sleep 0.01; done; exit $s'
@@ -79,9 +86,11 @@ def _cat_cgroup() -> CommandSpec:
     return CommandSpec(argv=("cat", "/proc/self/cgroup"))
 
 
-def test_the_next_tree_reuses_the_group_and_gets_only_its_own_figures(v1: cgroups.CgroupSetup) -> None:
+def test_the_next_tree_reuses_the_group_and_gets_only_its_own_figures(
+    v1: cgroups.CgroupSetup, boot: str
+) -> None:
     heavy = CommandSpec(argv=(sys.executable, "-c", "x = bytearray(60 * 1024 * 1024); sum(range(8_000_000))"))
-    with Supervisor(None, cgroup_setup=v1) as supervisor:
+    with Supervisor(None, cgroup_setup=v1, forkserver_boot=boot) as supervisor:
         first, first_dirs, _ = _run(supervisor, heavy)
         second, second_dirs, printed = _run(supervisor, _cat_cgroup())
         stats = supervisor.forkserver_stats()
@@ -95,11 +104,11 @@ def test_the_next_tree_reuses_the_group_and_gets_only_its_own_figures(v1: cgroup
     assert second["cpu_user_seconds"] + second["cpu_system_seconds"] < 0.05  # not the first's CPU
 
 
-def test_a_killed_trees_group_is_removed_not_reused(v1: cgroups.CgroupSetup) -> None:
+def test_a_killed_trees_group_is_removed_not_reused(v1: cgroups.CgroupSetup, boot: str) -> None:
     lines: list[str] = []
     stubborn = CommandSpec(shell="trap '' TERM; echo started; while :; do sleep 0.05; done",
                            kill_grace_seconds=0.2)  # fmt: skip
-    with Supervisor(None, cgroup_setup=v1) as supervisor:
+    with Supervisor(None, cgroup_setup=v1, forkserver_boot=boot) as supervisor:
         child = supervisor.spawn(make_task(), stubborn, worker_id="w",
                                  on_line=lambda _s, line: lines.append(line))  # fmt: skip
         assert child.cgroup is not None
@@ -131,8 +140,10 @@ def test_a_group_left_with_a_large_charge_is_removed_not_reused(v1: cgroups.Cgro
         leftover.unlink(missing_ok=True)
 
 
-def test_a_reused_group_removed_meanwhile_is_replaced_by_a_new_one(v1: cgroups.CgroupSetup) -> None:
-    with Supervisor(None, cgroup_setup=v1) as supervisor:
+def test_a_reused_group_removed_meanwhile_is_replaced_by_a_new_one(
+    v1: cgroups.CgroupSetup, boot: str
+) -> None:
+    with Supervisor(None, cgroup_setup=v1, forkserver_boot=boot) as supervisor:
         _, first_dirs, _ = _run(supervisor, _cat_cgroup())
         for path in first_dirs.values():  # free and empty: as another host's sweep might
             os.rmdir(path)
@@ -140,6 +151,46 @@ def test_a_reused_group_removed_meanwhile_is_replaced_by_a_new_one(v1: cgroups.C
         stats = supervisor.forkserver_stats()
     assert second_dirs != first_dirs and stats["groups_made"] == 2
     assert os.path.basename(next(iter(second_dirs.values()))) in printed
+
+
+def test_a_start_on_a_spawner_thread_moves_that_thread_alone_into_the_group_and_back(
+    v1: cgroups.CgroupSetup, tmp_path: Path
+) -> None:
+    """While a spawner thread's start waits (held before libc's posix_spawn, after the join), that
+    thread is in the new tree's group and every other thread of the fork server, its main one first,
+    is where it started; the command is born in the group, and then every thread is back home."""
+    gate = tmp_path / "gate"
+    boot = forkserver_boot_around_spawn(
+        f"while 'held' in argv and not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)")
+    with Supervisor(None, cgroup_setup=v1, forkserver_boot=boot) as supervisor:
+        forkserver = supervisor.forkserver_pid
+        home = Path(f"/proc/{forkserver}/cgroup").read_text()
+
+        def threads() -> dict[int, str]:
+            return {int(tid): Path(f"/proc/{forkserver}/task/{tid}/cgroup").read_text()
+                    for tid in os.listdir(f"/proc/{forkserver}/task")}  # fmt: skip
+
+        lines: list[str] = []
+        groups: list[dict[str, object] | None] = []  # the group named in the answer (gone with the tree)
+        child = supervisor.start(make_task(), CommandSpec(argv=("sh", "-c", "cat /proc/self/cgroup", "held")),
+                                 worker_id="w", on_lines=lambda _s, got: lines.extend(got),
+                                 on_started=lambda started: groups.append(started.cgroup))  # fmt: skip
+        assert wait_until(lambda: any(text != home for text in threads().values()), 10)
+        moved = {tid: text for tid, text in threads().items() if text != home}
+        assert len(moved) == 1 and forkserver not in moved  # one spawner thread, never the main one
+        assert threads()[forkserver] == home
+        gate.touch()
+        exit_ = child.wait(30)
+        assert exit_ is not None and exit_.exit_code == 0, exit_
+        assert child.wait_gone(10)
+        (group,) = groups
+        assert group is not None
+        dirs = set(group["dirs"].values())  # type: ignore[attr-defined]
+        name = os.path.basename(next(iter(dirs)))
+        assert name in next(iter(moved.values()))  # the group that thread was in: the tree's
+        assert sum(name in line for line in lines) == len(dirs)
+        assert all(text == home for text in threads().values())
+        assert supervisor.forkserver_stats()["spawner_threads"] >= 1
 
 
 def test_the_pool_keeps_at_most_its_bound(v1: cgroups.CgroupSetup) -> None:

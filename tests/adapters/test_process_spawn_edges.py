@@ -16,10 +16,16 @@ import pytest
 
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
-from leasecore.process.link import FORKSERVER_BOOT
 from tests.support import wait_until
 
-from .process_support import Lines, killing_leftovers, live_with_cmdline, make_task, spec
+from .process_support import (
+    Lines,
+    forkserver_boot_around_spawn,
+    killing_leftovers,
+    live_with_cmdline,
+    make_task,
+    spec,
+)
 
 MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
 
@@ -31,23 +37,14 @@ def _ours() -> list[psutil.Process]:
 _no_leftovers = killing_leftovers(["sleep", MARK_SECONDS])
 
 
-def _boot_with(patch: str) -> str:
-    """A fork server that runs ``patch`` before it starts (it replaces ``os.posix_spawn`` there)."""
-    return patch + FORKSERVER_BOOT
-
-
 def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(tmp_path: Path) -> None:
     """A spawn the fork server does not answer in time (a hung exec) fails that task; its pipes,
     directory and entry must not be left behind, and when the command does start later (the runner has
     reported the task FAILED by then, and the server will retry it) it is killed, not left running
     unrecorded. The fork server holds that spawn until the test opens a gate (a file)."""
     gate = tmp_path / "gate"
-    boot = _boot_with("import os, time\n_spawn = os.posix_spawn\n"
-                      "def _held(path, argv, *a, **k):\n"
-                      f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
-                      "        time.sleep(0.01)\n"
-                      "    return _spawn(path, argv, *a, **k)\n"
-                      "os.posix_spawn = _held\n")  # fmt: skip
+    boot = forkserver_boot_around_spawn(
+        f"while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)")
     tasks_tmp = tmp_path / "task-tmp"
     tasks_tmp.mkdir()
     # 1 s for an answer: the held spawn is given up after it (the others are answered at once).
@@ -68,13 +65,12 @@ def test_a_spawn_answered_too_late_is_cleaned_up_and_its_command_killed(tmp_path
         assert not _ours()
 
 
-def test_a_command_started_just_before_its_fork_server_died_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [True, False], ids=["spawner-thread", "main-thread"])
+def test_a_command_started_just_before_its_fork_server_died_is_killed(tmp_path: Path, threads: bool) -> None:
     """The fork server dies right after posix_spawn, before it could answer: the runner has no record
     of the tree yet, and no parent-death signal takes the command along. It is found by its marker
     token and killed."""
-    boot = _boot_with("import os\n_spawn = os.posix_spawn\n"
-                      "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
-                      "os.posix_spawn = _then_die\n")  # fmt: skip
+    boot = forkserver_boot_around_spawn(after="os._exit(1)", threads=threads)
     with Supervisor(tmp_path / "state", forkserver_boot=boot) as supervisor:
         with pytest.raises(SpawnError, match="fork server lost"):
             supervisor.spawn(make_task(), CommandSpec(argv=("sleep", MARK_SECONDS)), worker_id="w")

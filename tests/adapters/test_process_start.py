@@ -23,7 +23,13 @@ from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
 from leasecore.process.supervisor import MAX_STARTING
 from tests.support import wait_until
 
-from .process_support import killing_leftovers, live_with_cmdline, make_task, spec
+from .process_support import (
+    forkserver_boot_around_spawn,
+    killing_leftovers,
+    live_with_cmdline,
+    make_task,
+    spec,
+)
 
 MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
 
@@ -66,15 +72,12 @@ class Seen:
         return exit_
 
 
-def _held_boot(gate: Path) -> str:
-    """A fork server that holds the spawn of ``sleep MARK_SECONDS`` (only) until ``gate`` exists."""
-    patch = ("import os, time\n_spawn = os.posix_spawn\n"
-             "def _held(path, argv, *a, **k):\n"
-             f"    while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n"
-             "        time.sleep(0.01)\n"
-             "    return _spawn(path, argv, *a, **k)\n"
-             "os.posix_spawn = _held\n")  # fmt: skip
-    return patch + FORKSERVER_BOOT
+def _held_boot(gate: Path, *, threads: bool = True) -> str:
+    """A fork server that holds the spawn of ``sleep MARK_SECONDS`` (only) until ``gate`` exists: on a
+    spawner thread, or (``threads=False``) on its main thread, which then serves nothing meanwhile."""
+    return forkserver_boot_around_spawn(
+        f"while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        threads=threads)
 
 
 # 1 s for a spawn's answer (its reader checks the unanswered ones a third of that apart).
@@ -144,12 +147,14 @@ def test_a_start_whose_exec_fails_ends_in_on_done_with_why_and_leaves_nothing(tm
     assert list((tmp_path / "task-tmp").iterdir()) == []
 
 
-def test_a_tree_signalled_before_its_start_is_answered_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threads", [True, False], ids=["spawner-thread", "main-thread"])
+def test_a_tree_signalled_before_its_start_is_answered_is_killed(tmp_path: Path, threads: bool) -> None:
     # The runner may fence a task whose start is still under way (shutdown, a lease lost): the fork
-    # server takes requests in order, so the signal reaches the tree it starts just before.
+    # server takes requests in order, so the signal reaches the tree it starts just before; or, its
+    # start on a spawner thread, waits for that tree and reaches it the moment it is held.
     gate = tmp_path / "gate"
     seen = Seen()
-    with _supervisor(tmp_path, boot=_held_boot(gate)) as supervisor:
+    with _supervisor(tmp_path, boot=_held_boot(gate, threads=threads)) as supervisor:
         child = seen.start(supervisor, spec("sleep", MARK_SECONDS))
         child.kill_tree()
         gate.touch()
@@ -157,6 +162,42 @@ def test_a_tree_signalled_before_its_start_is_answered_is_killed(tmp_path: Path)
         assert child.wait_gone(30)
     assert exit_.signal == signal.SIGKILL
     assert not _ours()
+
+
+def test_a_start_waiting_for_its_exec_on_a_spawner_thread_holds_up_no_other_task(tmp_path: Path) -> None:
+    # What the spawner threads are for: a start whose command has not reached its exec (beside a busy
+    # process, its vfork child waiting for a core) held up every other start, exit and kill of the
+    # fork server while it waited on its main thread. On a spawner thread it holds up only itself.
+    gate = tmp_path / "gate"
+    held, quick, running = Seen(), Seen(), Seen()
+    with _supervisor(tmp_path, boot=_held_boot(gate)) as supervisor:
+        _warm(supervisor)
+        sleeper = running.start(supervisor, spec("sleep", "300"), task_id="running")
+        assert running.started.wait(30)
+        held_child = held.start(supervisor, spec("sleep", MARK_SECONDS), task_id="held")
+        quick.start(supervisor, spec("echo", "quick"), task_id="quick")
+        assert quick.exit().exit_code == 0  # started, ran and ended while the other start waits
+        sleeper.kill_tree()
+        assert running.exit().signal == signal.SIGKILL  # a kill went through too
+        assert not held.started.is_set() and not _ours()
+        gate.touch()
+        assert held.started.wait(30)
+        held_child.kill_tree()
+        assert held.exit().signal == signal.SIGKILL
+        assert supervisor.forkserver_stats()["spawner_threads"] >= 1
+
+
+def test_the_fork_server_takes_to_spawner_threads_when_its_starts_wait_for_their_exec(tmp_path: Path) -> None:
+    # Its own rule (no threads forced): each posix_spawn made to wait 3 ms for its exec, as beside a
+    # busy process; after some such starts on its main thread it starts them on spawner threads.
+    boot = forkserver_boot_around_spawn(after="time.sleep(0.003)", threads=None)
+    with _supervisor(tmp_path, boot=boot) as supervisor:
+        assert supervisor.forkserver_stats()["spawner_threads"] == 0
+        for i in range(40):
+            seen = Seen()
+            seen.start(supervisor, spec("true"), task_id=f"t{i}")
+            assert seen.exit().exit_code == 0
+        assert supervisor.forkserver_stats()["spawner_threads"] >= 1
 
 
 def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_command_is_killed(
@@ -179,12 +220,13 @@ def test_a_start_left_unanswered_fails_after_the_reply_timeout_and_its_late_comm
     assert [name for name, _ in seen.events] == ["done"]
 
 
-def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_killed(tmp_path: Path) -> None:
-    patch = ("import os\n_spawn = os.posix_spawn\n"
-             "def _then_die(*a, **k):\n    _spawn(*a, **k)\n    os._exit(1)\n"
-             "os.posix_spawn = _then_die\n")  # fmt: skip
+@pytest.mark.parametrize("threads", [True, False], ids=["spawner-thread", "main-thread"])
+def test_a_start_under_way_when_the_fork_server_dies_ends_and_its_command_is_killed(
+    tmp_path: Path, threads: bool
+) -> None:
     seen = Seen()
-    with _supervisor(tmp_path, boot=patch + FORKSERVER_BOOT) as supervisor:
+    boot = forkserver_boot_around_spawn(after="os._exit(1)", threads=threads)
+    with _supervisor(tmp_path, boot=boot) as supervisor:
         seen.start(supervisor, spec("sleep", MARK_SECONDS))
         exit_ = seen.exit()
         assert exit_.start_error is not None and "fork server lost" in exit_.start_error
@@ -279,17 +321,11 @@ def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(t
     # The fork server starts a command whose start was given up, then dies before its answer: the
     # tree was in no record; it is known by its marker token and killed with the fork server's trees.
     gate = tmp_path / "gate"
-    patch = ("import os, time\n_spawn = os.posix_spawn\n"
-             "def _held_then_die(path, argv, *a, **k):\n"
-             f"    if {MARK_SECONDS!r} not in argv:\n"
-             "        return _spawn(path, argv, *a, **k)\n"
-             f"    while not os.path.exists({str(gate)!r}):\n"
-             "        time.sleep(0.01)\n"
-             "    _spawn(path, argv, *a, **k)\n"
-             "    os._exit(1)\n"
-             "os.posix_spawn = _held_then_die\n")  # fmt: skip
+    boot = forkserver_boot_around_spawn(
+        f"while {MARK_SECONDS!r} in argv and not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        f"if {MARK_SECONDS!r} in argv:\n    os._exit(1)")
     seen = Seen()
-    with _supervisor(tmp_path, boot=patch + FORKSERVER_BOOT,
+    with _supervisor(tmp_path, boot=boot,
                      reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         _warm(supervisor)
         seen.start(supervisor, spec("sleep", MARK_SECONDS))
