@@ -25,11 +25,14 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, harness, heartbeat, kill, realjar, report, serverload, throughput
+from bench import footprint, harness, heartbeat, kill, neighbour, realjar, report, serverload, throughput
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 # kill-groups: only with --only
-SECTIONS = ("throughput", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real", "kill-groups")
+SECTIONS = ("throughput", "throughput-busy", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real",
+            "kill-groups")
+# Beside a busy process: the workers a user would choose between, and main before a change (an A/B).
+BUSY_KINDS = ("conductor-run", "conductor-run-base", "sdk", "floor")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -207,6 +210,13 @@ def main(argv: list[str]) -> int:
                             rounds=args.rounds,
                             log=log,
                         )
+                    elif section == "throughput-busy":
+                        with neighbour.busy_process() as pid:
+                            log(f"a busy process beside the workers: pid {pid}")
+                            results["throughput_busy"] = throughput.run(
+                                srv, workdir, [k for k in kinds if k in BUSY_KINDS], tasks=args.tasks,
+                                concurrency=args.concurrency, rounds=args.rounds, log=log,
+                            )  # fmt: skip
                     elif section == "heartbeat":
                         hb_kinds = [k for k in kinds if k not in THROUGHPUT_ONLY_KINDS]
                         results[section] = heartbeat.run(srv, workdir, hb_kinds, configs=args.leases, log=log)

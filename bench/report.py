@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.stats import median
+from bench.stats import median, ratio
 
 
 def _f(value: Any, digits: int = 3, unit: str = "") -> str:
@@ -135,7 +135,9 @@ def render(results: dict[str, Any]) -> str:
     out += [f"| {a} | {b} | {c} |" for a, b, c in targets(results)]
     if results.get("notes"):
         out += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
-    out += _throughput(results.get("throughput")) + _heartbeat(results.get("heartbeat"))
+    out += _throughput(results.get("throughput"))
+    out += _throughput_busy(results.get("throughput_busy"), results.get("throughput"))
+    out += _heartbeat(results.get("heartbeat"))
     out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
     out += _footprint(results.get("footprint"))
     out += _heartbeat_real(results.get("heartbeat_real")) + _serverload(results.get("serverload"))
@@ -144,15 +146,33 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _throughput(tp: dict[str, Any] | None) -> list[str]:
+def _throughput_busy(busy: dict[str, Any] | None, quiet: dict[str, Any] | None) -> list[str]:
+    """The throughput table again, with a busy process beside (bench/neighbour.py), and each worker's
+    time there over its time without it (the quiet section of the same run)."""
+    if not busy:
+        return []
+    out = _throughput(busy, title="Throughput beside a busy process", lead=(
+        "The same runs with one busy process beside the workers (a Python loop that never sleeps, in "
+        "its own session, for the whole section): a host that also runs something else. No target; "
+        "the ratios below say how much of each worker's throughput is left. "))
+    if quiet:
+        ratios = [
+            f"{kind} {_f(ratio(busy['median_seconds'].get(kind), seconds), 2)}"
+            for kind, seconds in quiet["median_seconds"].items() if kind in busy["median_seconds"]
+        ]
+        out += ["", "Time beside the busy process / time without it (medians): " + ", ".join(ratios) + "."]
+    return out
+
+
+def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: str = "") -> list[str]:
     if not tp:
         return []
     out = [
         "",
-        "## Throughput",
+        f"## {title}",
         "",
-        f"{tp['tasks']} tasks running `true` at concurrency {tp['concurrency']}, {tp['rounds']} alternating "
-        "rounds; time = first claim to last final update, on the server's clock. CPU columns are "
+        f"{lead}{tp['tasks']} tasks running `true` at concurrency {tp['concurrency']}, {tp['rounds']} "
+        "alternating rounds; time = first claim to last final update, on the server's clock. CPU columns are "
         "diagnostics (medians): the server process's CPU during the run, and the worker's own processes' "
         "CPU including their start-up, per task. Final updates via: the endpoint each task's result came "
         "through (v1 `POST /api/tasks`; v2 `update-v2`, which also hands out the next task). `sdk-v1` is "

@@ -159,3 +159,20 @@ def test_the_throughput_table_gives_each_rounds_host_steal_where_it_was_measured
     assert rows["| conductor-run"].endswith("| 17.5 (18) |")
     assert rows["| floor"].endswith("| n/a |")
     assert rows["| sdk"].endswith("| n/a |")  # a result written before steal was measured
+
+
+def test_the_busy_section_renders_its_own_table_and_each_workers_time_over_its_quiet_time() -> None:
+    results = _results()
+    quiet = results["throughput"]
+    assert isinstance(quiet, dict)
+    busy = {**quiet, "runs": [{"kind": "conductor-run", "seconds": 2.2}, {"kind": "sdk", "seconds": 1.8}],
+            "median_seconds": {"conductor-run": 2.2, "sdk": 1.8},
+            "median_tasks_per_second": {"conductor-run": 4.5, "sdk": 5.6}}  # fmt: skip
+    results["throughput_busy"] = busy
+    text = render(results)
+    section = text.split("## Throughput beside a busy process", 1)[1].split("\n## ", 1)[0]
+    assert "| conductor-run | 2.20 |" in section and "| sdk | 1.80 |" in section
+    assert "| floor |" not in section  # it did not run beside the busy process
+    assert "(medians): conductor-run 2.00, sdk 1.20." in section
+    assert text.index("## Throughput\n") < text.index("## Throughput beside")  # the quiet one first
+    assert "beside" not in render(_results())  # no such section when it did not run
