@@ -16,10 +16,10 @@ It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 Must not touch: processes that are not below it, the runner's state record (only the directories of
 a dead runner's tasks are removed here). Imports stay stdlib only and few: it lives as long as the
 runner and its memory counts in the runner's footprint (the Supervisor boots it without the package
-``__init__`` files). Threads: the main one (this loop) and up to four spawner threads (``spawners.py``,
-made at the first start one can take), all of them touching the state only with ``_turn`` held: a
-turn of the loop holds it but for its select, a spawner's start but for the libc call. Signal
-handlers only wake the selector.
+``__init__`` files). Threads: the main one (this loop) and, on a host where posix_spawn waits long
+for the exec, up to four spawner threads (``treestarts.py``), all touching the state only with
+``_turn`` held: a turn of the loop holds it but for its select, a spawner's start but for the libc
+call. Signal handlers only wake the selector.
 """
 
 from __future__ import annotations

@@ -7,15 +7,17 @@ limits, ``_cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits o
 ``Tree`` held and its exit watched), and the starts on spawner threads.
 
 Why spawner threads: glibc's ``posix_spawn`` returns once its vfork child has reached the exec, and
-``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child often waited 2-9 ms for
-a core, and every slot's start, exit and kill queued behind it (docs/perf-notes.md). ``_to_spawner``
-hands a request to a spawner thread when one can take it (glibc, /proc ``children`` files, no rlimits,
-no ``run_as``; no group, or a v1 group that the spawner thread alone joins through the v1 ``tasks``
-files); the job (``_start_threaded``) runs the same start with the fork server's lock (``_turn``)
-held, released only for libc's ``posix_spawn`` (``_spawn_unlocked``: the GIL too, by ctypes), and
-sends the answers. Until its tree is held the start is ``_inflight``: a signal asked for it waits in
-``_early`` and applies the moment the tree is held (``_held``), as does a close begun meanwhile, and
-the fork server does not end while a start is in flight.
+``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on
+average for a core, and every slot's start, exit and kill queued behind it (docs/perf-notes.md).
+While that wait, smoothed over ~20 starts (``_exec_wait``), is above ``_THREADS_ABOVE_SECONDS`` (1
+ms; 0.1-0.5 ms on an idle host, where the threads' hand-offs would cost more than they save),
+``_to_spawner`` hands a request to a spawner thread when one can take it (glibc, /proc ``children``
+files, no rlimits, no ``run_as``; no group, or a v1 group that the spawner thread alone joins
+through the v1 ``tasks`` files); the job (``_start_threaded``) runs the same start with the fork
+server's lock (``_turn``) held, released only for libc's ``posix_spawn`` (``_spawn_unlocked``: the
+GIL too, by ctypes), and sends the answers. Until its tree is held the start is ``_inflight``: a
+signal asked for it waits in ``_early`` and applies the moment the tree is held (``_held``), as does
+a close begun meanwhile, and the fork server does not end while a start is in flight.
 
 Must not touch: anything of the fork server without ``_turn`` held. Threads: the fork server's main
 one and its spawners, each holding ``_turn`` while it runs this code.
