@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 _SPAWNER_THREADS = 4  # starts waiting for their exec at once; more queue for a free thread
 _EARLY_SIGNALS_MAX = 16  # signal requests kept for one start still on its thread
 # Starts go to spawner threads while posix_spawn's wait for the exec averages more than this: on an
-# idle host it is 0.1-0.5 ms and the threads' hand-offs would cost more CPU than the wait (~0.3 ms a
-# task, the runner's and ours); beside a busy process it was 2-3 ms. (Smoothed over ~20 starts.)
+# idle host it is 0.1-0.5 ms, and there the threads' hand-offs cost CPU (~0.5 ms a task, ours and the
+# runner's) and saved no time; beside a busy process it was 2-3 ms. (Smoothed over ~20 starts.)
 _THREADS_ABOVE_SECONDS = 0.001
 _WAIT_SMOOTHING = 0.05
 
