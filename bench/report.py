@@ -220,7 +220,7 @@ def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: s
         f"{_f(r['sdk_over_conductor_run'], 2)}.",
     ]
     out += _cpu_yardsticks(tp)
-    if "sdk_v1_over_conductor_run" in r:  # absent from results of runs before the sdk-v1 kind existed
+    if r.get("sdk_v1_over_conductor_run") is not None:  # only when sdk-v1 ran (never beside the busy process)
         out += [
             "",
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "

@@ -167,12 +167,14 @@ def test_the_busy_section_renders_its_own_table_and_each_workers_time_over_its_q
     assert isinstance(quiet, dict)
     busy = {**quiet, "runs": [{"kind": "conductor-run", "seconds": 2.2}, {"kind": "sdk", "seconds": 1.8}],
             "median_seconds": {"conductor-run": 2.2, "sdk": 1.8},
-            "median_tasks_per_second": {"conductor-run": 4.5, "sdk": 5.6}}  # fmt: skip
+            "median_tasks_per_second": {"conductor-run": 4.5, "sdk": 5.6},
+            "ratios": {**quiet["ratios"], "sdk_v1_over_conductor_run": None}}  # fmt: skip
     results["throughput_busy"] = busy
     text = render(results)
     section = text.split("## Throughput beside a busy process", 1)[1].split("\n## ", 1)[0]
     assert "| conductor-run | 2.20 |" in section and "| sdk | 1.80 |" in section
     assert "| floor |" not in section  # it did not run beside the busy process
+    assert "SDK without update-v2" not in section  # nor did sdk-v1: no "n/a" line for it
     assert "(medians): conductor-run 2.00, sdk 1.20." in section
     assert text.index("## Throughput\n") < text.index("## Throughput beside")  # the quiet one first
     assert "beside" not in render(_results())  # no such section when it did not run
