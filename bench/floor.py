@@ -3,10 +3,15 @@
 No heartbeats, no ownership checks, no output capture (the child's stdio is /dev/null), no input
 passing, no retries, no status file, one thread. Loop: batch-poll for the free slots (long poll only
 when nothing runs), ``posix_spawn`` each task's command, block in ``waitpid`` when there is nothing
-else to do, report each exit with one POST /api/tasks (v1, as conductor-run does). This is the
-yardstick conductor-run's per-task overhead is compared with.
+else to do, report each exit with one POST /api/tasks (v1). This is the yardstick conductor-run's
+per-task overhead is compared with, and #23's "<= 0.9 x the floor's time" target is against it.
 
-    python -m bench.floor --server URL --task-type T --concurrency C -- CMD ARGS...
+``--update-v2`` (the bench's ``floor-v2``, a diagnostic): report each exit with
+``POST /api/tasks/update-v2`` instead and run the task it returns at once, in the slot just freed:
+the same chaining conductor-run and the SDK do, with nothing else. It says what the chaining alone
+is worth to a worker that does no more than this.
+
+    python -m bench.floor --server URL --task-type T --concurrency C [--update-v2] -- CMD ARGS...
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--server", required=True)
     parser.add_argument("--task-type", required=True)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--update-v2", action="store_true", help="report with update-v2, run what it claims")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args(argv)
     session = requests.Session()
     poll_url = f"{args.server}/tasks/poll/batch/{args.task_type}"
-    update_url = f"{args.server}/tasks"
+    update_url = f"{args.server}/tasks/update-v2" if args.update_v2 else f"{args.server}/tasks"
     devnull = os.open(os.devnull, os.O_RDWR)
     actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
     running: dict[int, dict[str, Any]] = {}
@@ -61,7 +67,12 @@ def main(argv: list[str]) -> int:
                 "workerId": "bench-floor",
                 "outputData": {"exit_code": code},
             }
-            session.post(update_url, json=result, timeout=30).raise_for_status()
+            reply = session.post(update_url, json=result, timeout=30)
+            reply.raise_for_status()
+            if args.update_v2 and reply.status_code == 200 and reply.content.strip():  # 204: none queued
+                claimed = reply.json()
+                pid = os.posix_spawnp(args.command[0], args.command, os.environ, file_actions=actions)
+                running[pid] = claimed
             pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
 
 

@@ -22,7 +22,7 @@ from leasecore.conductor.client import ConductorAdmin, ConductorClient
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILDREN = Path(__file__).resolve().parent / "children"
-WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1")
+WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1", "floor-v2")
 # The SDK as is, and the same SDK against a server that refuses update-v2 for its task type (so it
 # reports with v1 and polls for every task, like the other two): a throughput diagnostic only.
 SDK_KINDS = ("sdk", "sdk-v1")
@@ -43,7 +43,10 @@ V1_KIND = "conductor-run-v1"
 BASE_KIND = "conductor-run-base"
 BASE_CHECKOUT: Path | None = None
 BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgroup (e.g. auto against off)
-THROUGHPUT_ONLY_KINDS = ("floor", "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
+# The floor chaining through update-v2 (bench.floor --update-v2): what the chaining alone is worth to a
+# worker that does nothing else; the yardstick for how far #23's throughput targets can be reached.
+FLOOR_V2_KIND = "floor-v2"
+THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
 
 
 def wait_until(
@@ -164,6 +167,7 @@ class BenchServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._stdout.close()
         self._log.close()
 
     # -------------------------------------------------------------------------------- task supply
@@ -278,7 +282,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             "--",
             *cfg.command,
         ]
-    if cfg.kind == "floor":
+    if cfg.kind in ("floor", FLOOR_V2_KIND):
         return [
             *py,
             "-m",
@@ -289,6 +293,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             cfg.task_type,
             "--concurrency",
             str(cfg.concurrency),
+            *(["--update-v2"] if cfg.kind == FLOOR_V2_KIND else []),
             "--",
             *cfg.command,
         ]

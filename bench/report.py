@@ -232,6 +232,7 @@ def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: s
             "Diagnostic (no target): conductor-run on v1 only (the server refuses update-v2) / "
             f"conductor-run chaining through update-v2 (time): {_f(r['v1_over_v2_conductor_run'], 2)}.",
         ]
+    out += _floor_v2(r)
     if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
         rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
         out += [
@@ -241,6 +242,22 @@ def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: s
         ]
     out += _metrics_ab(tp.get("metrics_ab"))
     return out
+
+
+def _floor_v2(r: dict[str, Any]) -> list[str]:
+    """#23: the floor chaining through update-v2, against the targets' yardsticks (only when it ran)."""
+    parts = [
+        ("floor-v2 / floor (time; the target asks 0.9 of conductor-run)", r.get("floor_v2_over_floor")),
+        ("conductor-run / floor-v2 (time)", r.get("conductor_run_over_floor_v2")),
+        ("SDK / floor-v2 (time, = floor-v2's throughput over the SDK's; the target asks 1.25 of "
+         "conductor-run)", r.get("sdk_over_floor_v2")),
+    ]
+    shown = [f"{what}: {_f(value, 2)}" for what, value in parts if value is not None]
+    if not shown:
+        return []
+    return ["", "Diagnostic (no target): floor-v2 is the floor reporting with update-v2 and running the task "
+            "each report claims (bench/floor.py --update-v2), one thread doing nothing else: what the "
+            "chaining alone gives. " + "; ".join(shown) + "."]
 
 
 def _metrics_ab(ab: dict[str, Any] | None) -> list[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import metrics_ab
-from bench.harness import METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
+from bench.harness import FLOOR_V2_KIND, METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
 from bench.measure import CpuSampler, cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
@@ -82,8 +82,8 @@ def one_run(
     via = collections.Counter(v for _, v in finals)
     if kind in ("sdk-v1", V1_KIND) and via.get("v2"):
         raise RuntimeError(f"{kind} run {round_no}: {via['v2']} final updates still landed through update-v2")
-    if kind in ("sdk", "conductor-run", METRICS_KIND) and not via.get("v2"):
-        # Both chain through update-v2 (#23): a run without it is not what the targets compare.
+    if kind in ("sdk", "conductor-run", METRICS_KIND, FLOOR_V2_KIND) and not via.get("v2"):
+        # They chain through update-v2 (#23): a run without it is not what the targets compare.
         raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
         "kind": kind,
@@ -163,6 +163,11 @@ def run(
             "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
             # #23's chaining A/B: conductor-run on v1 only (update-v2 refused) over conductor-run.
             "v1_over_v2_conductor_run": ratio(medians.get(V1_KIND), medians.get("conductor-run")),
+            # #23: the floor chaining through update-v2 against the floor, conductor-run and the SDK:
+            # what the throughput targets would ask of a worker that does nothing but chain.
+            "floor_v2_over_floor": ratio(medians.get(FLOOR_V2_KIND), medians.get("floor")),
+            "conductor_run_over_floor_v2": ratio(medians.get("conductor-run"), medians.get(FLOOR_V2_KIND)),
+            "sdk_over_floor_v2": ratio(medians.get("sdk"), medians.get(FLOOR_V2_KIND)),
             # #20: the run time with the metrics endpoint on over off (target <= 1.03), and the same
             # ratio within each round (the machine is shared: the spread says how much is noise).
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),

@@ -178,3 +178,22 @@ def test_the_busy_section_renders_its_own_table_and_each_workers_time_over_its_q
     assert "(medians): conductor-run 2.00, sdk 1.20." in section
     assert text.index("## Throughput\n") < text.index("## Throughput beside")  # the quiet one first
     assert "beside" not in render(_results())  # no such section when it did not run
+
+
+def test_floor_v2_gets_its_diagnostic_line_only_when_it_ran() -> None:
+    assert "floor-v2" not in render(_results())
+    results = _results()
+    quiet = results["throughput"]
+    assert isinstance(quiet, dict)
+    quiet["ratios"] = {**quiet["ratios"], "floor_v2_over_floor": 0.92, "conductor_run_over_floor_v2": 1.2,
+                       "sdk_over_floor_v2": 1.1}  # fmt: skip
+    section = render(results).split("## Throughput", 1)[1].split("\n## ", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("Diagnostic (no target): floor-v2"))
+    assert "floor-v2 / floor (time; the target asks 0.9 of conductor-run): 0.92" in line
+    assert "conductor-run / floor-v2 (time): 1.20" in line
+    assert "(time, = floor-v2's throughput over the SDK's; the target asks 1.25 of conductor-run): 1.10." \
+        in line
+    # A run without the floor: the ratios it has are still shown, the others left out.
+    quiet["ratios"] = {**quiet["ratios"], "floor_v2_over_floor": None}
+    section = render(results).split("## Throughput", 1)[1].split("\n## ", 1)[0]
+    assert "floor-v2 / floor" not in section and "conductor-run / floor-v2 (time): 1.20" in section
