@@ -1,16 +1,18 @@
 """Linux process facts from /proc, and signals that cannot hit a recycled pid.
 
 Owns the reading of ``/proc/<pid>/stat``, ``environ`` (the tree marker), ``children`` and ``status``
-(resident memory), of ``/proc/self/mountinfo`` (``mounts``, ``fstype_of``), the walks built on them
+(resident memory), of ``/proc/self/mountinfo`` (``mounts``, ``fstype_of``), a child's start time from
+the boot clock read around its spawn (``StartTimes``, checked against /proc), the walks built on them
 (a subtree, the descendants of a set, the live ones), the boot id, and the three ways to signal:
 ``signal_verified`` (a pidfd opened *before* re-checking the start time: once open it names that
 exact process, so a pid recycled between the scan and the signal is never hit), ``signal_all`` over
 a scan's processes, ``killpg_quietly``. Every function tolerates processes that vanish while being
 read (they are simply left out).
 
-Must not touch: any state of its own beyond the cached boot id, and the rest of the package:
-it is stdlib only and light, since the fork server imports it (no ``dataclasses``: it pulls in
-``inspect`` and friends, resident in the fork server for as long as the runner lives).
+Must not touch: any state of its own beyond the cached boot id (a ``StartTimes`` is its caller's), and
+the rest of the package: it is stdlib only and light, since the fork server imports it (no
+``dataclasses``: it pulls in ``inspect`` and friends, resident in the fork server for as long as the
+runner lives).
 
 Threads: the fork server's (under its lock); on the runner's side the sweep (``leftovers.py``, at start
 and when the fork server died: the reader thread) and ``Child.memory_bytes`` (any caller).
@@ -139,6 +141,46 @@ def read_stat(pid: int) -> ProcInfo | None:
         state=fields[0].decode("ascii", "replace"),
         threads=int(fields[17]),
     )
+
+
+# /proc/<pid>/stat's start time is the kernel's boot-clock time of the process's creation, in clock
+# ticks (nanoseconds floored to USER_HZ). A child made between two CLOCK_BOOTTIME readings of its parent
+# that fall in the same tick started in that tick: no read of its stat needed (which, right after a
+# posix_spawn, waits for the child's exec: ~0.13 ms of the fork server's turn per task, docs/perf-notes.md).
+_USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0
+_TICK_NS = 1_000_000_000 // _USER_HZ if _USER_HZ > 0 and 1_000_000_000 % _USER_HZ == 0 else 0
+BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_clock_ns() -> int:
+    """CLOCK_BOOTTIME now, in ns (0 where there is none: then ``StartTimes`` always reads /proc)."""
+    return time.clock_gettime_ns(BOOT_CLOCK) if BOOT_CLOCK is not None else 0
+
+
+class StartTimes:
+    """Start times of children this process made between two ``boot_clock_ns`` readings. The first
+    ``checks`` that the readings pin down are also read from /proc and compared: one that differs
+    (a kernel that counts otherwise) turns the shortcut off for good. Not thread-safe (the fork server
+    calls it under its lock)."""
+
+    def __init__(self, checks: int = 8) -> None:
+        self.checks = checks
+        self.off = not (IS_LINUX and _TICK_NS and BOOT_CLOCK is not None)
+        self.read = 0  # how many came from /proc (unpinned, checked, or shortcut off)
+
+    def of(self, pid: int, before_ns: int, after_ns: int) -> int:
+        """The start time of ``pid``, made after ``before_ns`` and before ``after_ns`` (0 if unknown)."""
+        pinned = not self.off and before_ns // _TICK_NS == after_ns // _TICK_NS
+        ticks = before_ns // _TICK_NS if pinned else None
+        if ticks is not None and self.checks <= 0:
+            return ticks
+        self.read += 1
+        info = read_stat(pid)
+        start = info.start_time if info is not None else 0
+        if ticks is not None and info is not None:
+            self.checks -= 1
+            self.off = start != ticks
+        return start
 
 
 def scan(uid: int | None = None) -> dict[int, ProcInfo]:

@@ -181,7 +181,9 @@ class ForkServer(TreeStarts):
                          "walked": self._walked, "waitids": self._waitids,
                          "trees": len(self._trees), "groups_made": self._groups.made,
                          "groups_reused": self._groups.reused, "groups_free": len(self._groups),
-                         "spawner_threads": self._spawners.threads if self._spawners else 0})  # fmt: skip
+                         "spawner_threads": self._spawners.threads if self._spawners else 0,
+                         "start_times_read": self._start_times.read,
+                         "start_times_off": self._start_times.off})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True

@@ -81,6 +81,7 @@ class TreeStarts:
         self._inflight: dict[str, str] = {}  # key -> task directory, of starts on a spawner thread
         self._early: dict[str, list[dict[str, Any]]] = {}  # signal requests for those
         self._exec_wait = 0.0  # posix_spawn's wait for the exec, smoothed (seconds)
+        self._start_times = _procfs.StartTimes()  # a posix_spawned leader's start time, mostly unread
 
     def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         """Start one tree. Its fds (input, stdout, stderr) are closed here before the answer goes out
@@ -104,6 +105,7 @@ class TreeStarts:
 
     def _exec_tree(self, req: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         step = "chdir"
+        bracket: list[int] = []  # the boot clock just before and after a posix_spawn: its start time
         try:
             # A group with no limits is joined by posix_spawn from inside it (_cgroupfs.spawn_inside).
             inside = bool(req.get("inside")) and _cgroupfs.can_spawn_inside()
@@ -116,13 +118,17 @@ class TreeStarts:
                 if req.get("cwd") and _thread.get_ident() == self._main_thread:  # a spawner's: a file action
                     os.chdir(req["cwd"])
                 step = "exec"
-                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None)
+                pid = self._posix_spawn(req, fds, req.get("cgroup") if inside else None, bracket)
         except Exception as exc:  # OSError; ValueError (a NUL byte), TypeError: a bad request never ends us
             step = getattr(exc, "step", step)  # forkexec.StepFailed names the child's step that failed
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
             return {"op": "spawn_failed", "id": req["id"], "errno": code, "what": step}
-        info = _procfs.read_stat(pid)
-        tree = Tree(req["key"], pid, req["token"], float(req["grace"]), info.start_time if info else 0)
+        if bracket:
+            start = self._start_times.of(pid, *bracket)
+        else:
+            info = _procfs.read_stat(pid)
+            start = info.start_time if info else 0
+        tree = Tree(req["key"], pid, req["token"], float(req["grace"]), start)
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
@@ -130,12 +136,14 @@ class TreeStarts:
         self._held(tree)
         return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}
 
-    def _posix_spawn(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+    def _posix_spawn(
+        self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None, bracket: list[int]
+    ) -> int:
         if _thread.get_ident() != self._main_thread:
-            return self._spawn_unlocked(req, fds, group)
+            return self._spawn_unlocked(req, fds, group, bracket)
 
         def spawn() -> int:
-            started = time.monotonic()
+            started = _procfs.boot_clock_ns()
             try:
                 return os.posix_spawn(
                     req["path"], req["argv"], req["env"],
@@ -143,7 +151,8 @@ class TreeStarts:
                     setsid=True, setsigdef=self._sigdef, setsigmask=(),
                 )  # fmt: skip
             finally:
-                self._waited(time.monotonic() - started)
+                bracket[:] = started, _procfs.boot_clock_ns()
+                self._waited((bracket[1] - started) / 1e9)
 
         return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn)
 
@@ -193,7 +202,9 @@ class TreeStarts:
                     with contextlib.suppress(BlockingIOError):
                         os.write(self._wake_w, b"\0")
 
-    def _spawn_unlocked(self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None) -> int:
+    def _spawn_unlocked(
+        self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None, bracket: list[int]
+    ) -> int:
         """On a spawner thread: libc's ``posix_spawn`` with ``_turn`` (and, by ctypes, the GIL) released
         for the call, from inside ``group`` if given (this thread alone joins it)."""
         from leasecore.process import spawners
@@ -203,7 +214,7 @@ class TreeStarts:
 
         def spawn() -> int:
             self._turn.release()
-            started = time.monotonic()
+            started = _procfs.boot_clock_ns()
             try:
                 return spawners.spawn(attributes, req["path"], req["argv"], req["env"], fds, req.get("cwd"))
             except OSError as exc:
@@ -212,9 +223,9 @@ class TreeStarts:
                     exc.step = "chdir"  # type: ignore[attr-defined]  # named as a start here names it
                 raise
             finally:
-                waited = time.monotonic() - started
+                bracket[:] = started, _procfs.boot_clock_ns()
                 self._turn.acquire()
-                self._waited(waited)
+                self._waited((bracket[1] - started) / 1e9)
 
         return spawn() if group is None else _cgroupfs.spawn_inside(group, spawn, thread=True)
 

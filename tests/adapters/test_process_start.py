@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from leasecore.errors import ProcessError
-from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
+from leasecore.process import Child, ChildExit, CommandSpec, Supervisor, _procfs
 from leasecore.process.chores import Chores
 from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
 from leasecore.process.supervisor import MAX_STARTING
@@ -419,3 +419,30 @@ def test_an_urgent_chore_goes_before_the_rmtrees_waiting() -> None:
     release.set()
     chores.close(10)
     assert order == ["first", "kill", "rmtree"]
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_each_recorded_start_time_is_the_leaders_own_though_most_were_not_read(
+    tmp_path: Path, threads: bool
+) -> None:
+    # The fork server takes a posix_spawned leader's start time from its boot clock read around the
+    # spawn (``_procfs.StartTimes``); the record that a later sweep trusts must still be /proc's.
+    starts = 30
+    with _supervisor(tmp_path, boot=forkserver_boot_around_spawn(threads=threads)) as supervisor:
+        children = []
+        for i in range(starts):
+            seen = Seen()
+            children.append((seen.start(supervisor, spec("sleep", MARK_SECONDS), task_id=f"t{i}"), seen))
+            assert seen.started.wait(30)
+        recorded = {tree.pid: tree.start_time for tree in supervisor._record.trees()}
+        assert len(recorded) == starts
+        for pid, start_time in recorded.items():
+            info = _procfs.read_stat(pid)
+            assert info is not None and info.start_time == start_time
+        stats = supervisor.forkserver_stats()
+        assert not stats["start_times_off"]
+        assert stats["start_times_read"] < starts  # the first few checked, most never read
+        for child, seen in children:
+            child.kill_tree()
+            assert seen.exit().signal == signal.SIGKILL
+    assert not _ours()

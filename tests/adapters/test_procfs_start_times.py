@@ -1,0 +1,97 @@
+"""``_procfs.StartTimes``: a child's start time from the boot clock read around its creation, as
+/proc/<pid>/stat gives it, without reading /proc once a few have been checked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from leasecore.process import _procfs
+
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def _spawn_bracketed() -> tuple[int, int, int]:
+    before = _procfs.boot_clock_ns()
+    pid = os.posix_spawn("/bin/sleep", ["sleep", "30"], os.environ, setsid=True)
+    return pid, before, _procfs.boot_clock_ns()
+
+
+def _reap(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+def test_the_start_time_from_the_boot_clock_is_procs_for_every_child_it_pins() -> None:
+    times = _procfs.StartTimes(checks=0)  # no check: every pinned start time comes from the clock alone
+    pids: list[int] = []
+    try:
+        pinned = 0
+        for _ in range(200):
+            pid, before, after = _spawn_bracketed()
+            pids.append(pid)
+            read_before = times.read
+            start = times.of(pid, before, after)
+            info = _procfs.read_stat(pid)
+            assert info is not None and start == info.start_time
+            pinned += times.read == read_before
+        assert not times.off
+        assert pinned >= 100  # a spawn is well under a 10 ms tick: most are pinned, not read
+    finally:
+        _reap(pids)
+
+
+def test_the_first_pinned_ones_are_checked_against_proc_then_no_longer_read() -> None:
+    times = _procfs.StartTimes(checks=3)
+    pids: list[int] = []
+    try:
+        while times.checks > 0:
+            pid, before, after = _spawn_bracketed()
+            pids.append(pid)
+            times.of(pid, before, after)
+        read = times.read
+        pid, _, _ = _spawn_bracketed()
+        pids.append(pid)
+        info = _procfs.read_stat(pid)
+        assert info is not None
+        tick_start = info.start_time * TICK_NS
+        assert times.of(pid, tick_start, tick_start + 1) == tick_start // TICK_NS
+        assert times.read == read and not times.off
+    finally:
+        _reap(pids)
+
+
+def test_a_bracket_across_a_tick_is_read_from_proc() -> None:
+    times = _procfs.StartTimes(checks=0)
+    pid, _, _ = _spawn_bracketed()
+    try:
+        info = _procfs.read_stat(pid)
+        assert info is not None
+        edge = info.start_time * TICK_NS
+        assert times.of(pid, edge - 1, edge + 1) == info.start_time  # two ticks: not pinned
+        assert times.read == 1
+    finally:
+        _reap([pid])
+
+
+def test_a_clock_that_disagrees_with_proc_turns_the_shortcut_off_for_good() -> None:
+    times = _procfs.StartTimes(checks=8)
+    pid, _, _ = _spawn_bracketed()
+    try:
+        info = _procfs.read_stat(pid)
+        assert info is not None
+        wrong = (info.start_time + 5) * TICK_NS  # a kernel that counted otherwise
+        assert times.of(pid, wrong, wrong + 1) == info.start_time  # /proc's, not the clock's
+        assert times.off
+        assert times.of(pid, wrong, wrong + 1) == info.start_time and times.read == 2  # read from then on
+    finally:
+        _reap([pid])
+
+
+@pytest.mark.parametrize("checks", [0, 8])
+def test_a_process_gone_from_proc_gives_zero_as_before(checks: int) -> None:
+    times = _procfs.StartTimes(checks=checks)
+    times.off = True
+    assert times.of(2**22 + 12345, 0, 1) == 0  # beyond pid_max: no such process
