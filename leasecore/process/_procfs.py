@@ -153,8 +153,9 @@ BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 def boot_clock_ns() -> int:
-    """CLOCK_BOOTTIME now, in ns (0 where there is none: then ``StartTimes`` always reads /proc)."""
-    return time.clock_gettime_ns(BOOT_CLOCK) if BOOT_CLOCK is not None else 0
+    """CLOCK_BOOTTIME now, in ns; where there is none, the monotonic clock (good for durations; then
+    ``StartTimes`` always reads /proc)."""
+    return time.clock_gettime_ns(BOOT_CLOCK) if BOOT_CLOCK is not None else time.monotonic_ns()
 
 
 class StartTimes:

@@ -40,7 +40,7 @@ class Tree:
         self.pid = pid
         self.token = token
         self.grace_seconds = grace_seconds
-        self.start_time = start_time  # clock ticks since boot, from /proc (0 elsewhere than Linux)
+        self.start_time = start_time  # clock ticks since boot, as /proc gives it (0 elsewhere than Linux)
         self.exited = False
         self.term_sent = False
         self.kill_sent = False  # the ticks KILL whatever of it still appears from then on
