@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
 
 from leasecore.process import _procfs
 
@@ -64,31 +67,33 @@ def test_the_first_pinned_ones_are_checked_against_proc_then_no_longer_read() ->
         _reap(pids)
 
 
-def test_a_bracket_across_a_tick_is_read_from_proc() -> None:
+@pytest.fixture
+def sleeper() -> Iterator[tuple[int, int]]:
+    """A child of ours that sleeps, and its start time as /proc gives it."""
+    pid, _, _ = _spawn_bracketed()
+    try:
+        info = _procfs.read_stat(pid)
+        assert info is not None
+        yield pid, info.start_time
+    finally:
+        _reap([pid])
+
+
+def test_a_bracket_across_a_tick_is_read_from_proc(sleeper: tuple[int, int]) -> None:
+    pid, start = sleeper
     times = _procfs.StartTimes(checks=0)
-    pid, _, _ = _spawn_bracketed()
-    try:
-        info = _procfs.read_stat(pid)
-        assert info is not None
-        edge = info.start_time * TICK_NS
-        assert times.of(pid, edge - 1, edge + 1) == info.start_time  # two ticks: not pinned
-        assert times.read == 1
-    finally:
-        _reap([pid])
+    edge = start * TICK_NS
+    assert times.of(pid, edge - 1, edge + 1) == start  # two ticks: not pinned
+    assert times.read == 1
 
 
-def test_a_clock_that_disagrees_with_proc_turns_the_shortcut_off_for_good() -> None:
+def test_a_clock_that_disagrees_with_proc_turns_the_shortcut_off_for_good(sleeper: tuple[int, int]) -> None:
+    pid, start = sleeper
     times = _procfs.StartTimes(checks=8)
-    pid, _, _ = _spawn_bracketed()
-    try:
-        info = _procfs.read_stat(pid)
-        assert info is not None
-        wrong = (info.start_time + 5) * TICK_NS  # a kernel that counted otherwise
-        assert times.of(pid, wrong, wrong + 1) == info.start_time  # /proc's, not the clock's
-        assert times.off
-        assert times.of(pid, wrong, wrong + 1) == info.start_time and times.read == 2  # read from then on
-    finally:
-        _reap([pid])
+    wrong = (start + 5) * TICK_NS  # a kernel that counted otherwise
+    assert times.of(pid, wrong, wrong + 1) == start  # /proc's, not the clock's
+    assert times.off
+    assert times.of(pid, wrong, wrong + 1) == start and times.read == 2  # read from then on
 
 
 def test_a_process_not_in_proc_gives_zero_as_before_and_counts_as_no_check() -> None:
