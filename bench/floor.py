@@ -40,6 +40,10 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
     running: dict[int, dict[str, Any]] = {}
+
+    def start(task: dict[str, Any]) -> None:
+        running[os.posix_spawnp(args.command[0], args.command, os.environ, file_actions=actions)] = task
+
     while True:  # ended by SIGTERM's default action: the floor has nothing to clean up
         free = args.concurrency - len(running)
         polled: list[dict[str, Any]] = []
@@ -51,8 +55,7 @@ def main(argv: list[str]) -> int:
             }
             polled = session.get(poll_url, params=params, timeout=30).json()
             for task in polled:
-                pid = os.posix_spawnp(args.command[0], args.command, os.environ, file_actions=actions)
-                running[pid] = task
+                start(task)
         if not running:
             continue
         # Block for an exit when the slots are full or the queue looked empty; else just look.
@@ -70,9 +73,7 @@ def main(argv: list[str]) -> int:
             reply = session.post(update_url, json=result, timeout=30)
             reply.raise_for_status()
             if args.update_v2 and reply.status_code == 200 and reply.content.strip():  # 204: none queued
-                claimed = reply.json()
-                pid = os.posix_spawnp(args.command[0], args.command, os.environ, file_actions=actions)
-                running[pid] = claimed
+                start(reply.json())
             pid, status = os.waitpid(-1, os.WNOHANG) if running else (0, 0)
 
 
