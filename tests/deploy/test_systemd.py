@@ -63,3 +63,24 @@ def test_systemd_stops_only_the_runner_and_waits_longer_than_it_needs_with_the_d
     assert float(service["TimeoutStopSec"]) >= stop_budget_seconds(defaults) + MARGIN_SECONDS
     assert "%i" in service["ExecStart"] and "%i" in service["EnvironmentFile"]
     assert service["EnvironmentFile"].startswith("-")  # credentials are optional (Conductor OSS)
+
+
+def test_the_readme_example_unit_waits_longer_than_its_runner_needs() -> None:
+    """README "Running a worker" shows a unit of its own (not the template above), with --drain and a
+    longer --drain-timeout: its TimeoutStopSec must fit the same budget, or systemd SIGKILLs a runner
+    that is still reporting its tasks."""
+    readme = (ROOT / "README.md").read_text()
+    ini = readme.split("```ini\n")[1:]
+    blocks = [block for block in ini if "ExecStart=/usr/local/bin/conductor-run run" in block]
+    assert len(blocks) == 1, "the README's example unit was not found"
+    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(blocks[0].split("```", 1)[0])
+    service = dict(parser["Service"])
+    argv = service["ExecStart"].split()
+    assert "--drain" in argv
+    flags = {"drain": True, "drain_timeout": float(argv[argv.index("--drain-timeout") + 1]),
+             "task_type": argv[argv.index("--task-type") + 1]}  # fmt: skip
+    config = resolve(None, {}, flags, cwd="/", hostname="h", require_task=False)
+    assert config.runner.drain_timeout == 300  # the flag was read (so the budget below counts it)
+    assert float(service["TimeoutStopSec"]) >= stop_budget_seconds(config) + MARGIN_SECONDS
