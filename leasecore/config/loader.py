@@ -173,13 +173,16 @@ def run_as_problems(task: TaskSettings) -> list[str]:
                 "set user too (--user NAME), or drop group"]
     try:
         run_as = resolve_run_as(task.user, task.group)
-    except ValueError as exc:  # "no such user 'x'" / "no such group 'x'"
-        key = "group" if "group" in str(exc) else "user"
+    except ValueError as exc:  # "no such user 'x'" / "no such group 'x'" / "gid N is out of range ..."
+        key = "group" if "group" in str(exc) or str(exc).startswith("gid ") else "user"
         allowed = "a user name or uid" if key == "user" else "a group name or gid"
         return [f"{where}: {exc} ({key} from {task.sources.get(key, DEFAULT)}): expected {allowed} "
                 "known to this host"]
     problem = switch_problem(run_as)
-    return [] if problem is None else [f"{where}: {problem} (user from {task.sources.get('user', DEFAULT)})"]
+    if problem is None:
+        return []
+    key = "group" if problem.startswith("cannot run tasks with group") else "user"
+    return [f"{where}: {problem} ({key} from {task.sources.get(key, DEFAULT)})"]
 
 
 def run_as_warnings(task: TaskSettings) -> list[str]:

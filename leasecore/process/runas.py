@@ -22,6 +22,9 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+# A uid or gid is a 32-bit unsigned number, and its all-ones value means "no id" to setuid/setgid/chown.
+MAX_ID = 2**32 - 2
+
 
 @dataclass(frozen=True)
 class RunAs:
@@ -48,8 +51,9 @@ def resolve_run_as(user: str, group: str | None = None) -> RunAs:
     entry = _user_entry(user)
     if entry is not None:
         name, uid, gid, home = entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/"
-    elif user.isdigit():  # a uid without a name (containers often have no passwd entry for it)
-        name, uid, gid, home = user, int(user), int(user), "/"
+    elif _is_number(user):  # a uid without a name (containers often have no passwd entry for it)
+        uid = _numeric_id(user, "uid")
+        name, gid, home = user, uid, "/"
     else:
         raise ValueError(f"no such user {user!r}")
     if group is not None:
@@ -67,6 +71,10 @@ def switch_problem(run_as: RunAs) -> str | None:
         return None
     if run_as.uid == os.geteuid() and run_as.gid == os.getegid():
         return None  # already that user: nothing to switch
+    if run_as.uid == os.geteuid():
+        return (f"cannot run tasks with group gid {run_as.gid}: only a runner started as root can switch "
+                f"groups (this one runs as uid {os.geteuid()}, gid {os.getegid()}); drop group/--group, "
+                "or start conductor-run as root")
     return (f"cannot run tasks as user {run_as.user!r}: only a runner started as root can switch users "
             f"(this one runs as uid {os.geteuid()}); drop user/--user, or start conductor-run as root")
 
@@ -111,16 +119,28 @@ def _may_execute(run_as: RunAs, st: os.stat_result) -> bool:
     return bool(st.st_mode & stat.S_IXOTH)
 
 
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _numeric_id(text: str, what: str) -> int:
+    """A uid or gid given as a number; ValueError when no process or file could have it."""
+    number = int(text)
+    if number > MAX_ID:
+        raise ValueError(f"{what} {text} is out of range (0 to {MAX_ID})")
+    return number
+
+
 def _user_entry(user: str) -> pwd.struct_passwd | None:
     try:
-        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        return pwd.getpwuid(int(user)) if _is_number(user) else pwd.getpwnam(user)
     except (KeyError, OverflowError):
         return None
 
 
 def _group_id(group: str) -> int:
-    if group.isdigit():
-        return int(group)
+    if _is_number(group):
+        return _numeric_id(group, "gid")
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:

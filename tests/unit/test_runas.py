@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.config.loader import TaskSettings, run_as_problems
+from leasecore.config.settings import Source
 from leasecore.process.runas import RunAs, resolve_run_as, switch_problem
 
 NOBODY = pwd.getpwnam("nobody")
@@ -37,6 +38,12 @@ def test_a_uid_without_a_name_is_allowed() -> None:
 @pytest.mark.parametrize(("user", "group", "expected"), [
     ("no-such-user-24", None, "no such user 'no-such-user-24'"),
     ("nobody", "no-such-group-24", "no such group 'no-such-group-24'"),
+    # No uid or gid is this large: taken as a number, it failed later (a chown's OverflowError on the
+    # first task, which then stayed IN_PROGRESS; setgroups' EINVAL for the all-ones "no id").
+    ("99999999999999999999", None, r"uid 99999999999999999999 is out of range \(0 to 4294967294\)"),
+    ("4294967295", None, r"uid 4294967295 is out of range"),
+    ("nobody", "99999999999999999999", r"gid 99999999999999999999 is out of range"),
+    ("nobody", "4294967295", r"gid 4294967295 is out of range"),
 ])
 def test_unknown_names_are_errors(user: str, group: str | None, expected: str) -> None:
     with pytest.raises(ValueError, match=expected):
@@ -52,6 +59,12 @@ def test_only_root_may_switch_users(monkeypatch: pytest.MonkeyPatch) -> None:
     problem = switch_problem(nobody)
     assert problem is not None and "only a runner started as root can switch users" in problem
     assert switch_problem(RunAs("me", 1000, 1000, (1000,), "/home/me")) is None  # already that user
+    other_group = switch_problem(RunAs("me", 1000, 0, (0,), "/home/me"))  # the user's own, another group
+    assert other_group is not None and other_group.startswith("cannot run tasks with group gid 0")
+
+
+def test_the_largest_ids_are_still_accepted() -> None:
+    assert resolve_run_as("4294967294", "4294967294").gid == 4294967294
 
 
 def test_config_problems_name_the_key_and_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,6 +76,15 @@ def test_config_problems_name_the_key_and_its_source(monkeypatch: pytest.MonkeyP
     assert run_as_problems(TaskSettings(type="t")) == []
     (alone,) = run_as_problems(TaskSettings(type="t", group="nogroup"))
     assert "group is set" in alone and "without user" in alone
+    # Its own user with another group: the group is what it may not switch to, and what is named.
+    flags = {"user": Source("flag", "flag --user"), "group": Source("flag", "flag --group")}
+    (group_problem,) = run_as_problems(TaskSettings(type="t", user="1000", group="0", sources=flags))
+    assert "cannot run tasks with group gid 0" in group_problem
+    assert "(group from flag --group)" in group_problem
+    huge = TaskSettings(type="t", user="nobody", group="99999999999999999999", sources=flags)
+    (range_problem,) = run_as_problems(huge)
+    assert "gid 99999999999999999999 is out of range" in range_problem
+    assert "(group from flag --group)" in range_problem
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
