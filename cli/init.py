@@ -130,7 +130,12 @@ def init_command(
     force: bool = typer.Option(False, "--force", help="Overwrite the file if it exists."),
 ) -> None:
     """Write a commented starter conductor.toml (every key, with its default and env variables)."""
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # a parent this user may not enter: is_dir() raises there
+        typer.echo(f"conductor-run: cannot write {path}: {exc.strerror}", err=True)
+        raise typer.Exit(exitcodes.USAGE) from None
+    if is_dir:
         example = path / DEFAULT_CONFIG_NAME
         typer.echo(f"conductor-run: {path} is a directory; give a file path such as {example}", err=True)
         raise typer.Exit(exitcodes.USAGE)

@@ -50,6 +50,7 @@ def status(
         None,
         "--state-dir",
         metavar="DIR",
+        readable=False,  # checked by check_state_dir: exit 3 with its reason, not click's exit 2
         help=f"Where runners publish snapshots. Default: $CONDUCTOR_RUN_STATE_DIR, else {STATE_DIR_DEFAULT}.",
     ),
     prune: bool = typer.Option(False, "--prune", help="Delete snapshots of runners whose process is gone."),

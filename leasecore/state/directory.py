@@ -22,7 +22,7 @@ from pathlib import Path
 
 from leasecore.errors import ConfigError
 
-__all__ = ["StateDir", "check_state_dir", "default_state_dir", "ensure_state_dir"]
+__all__ = ["StateDir", "check_state_dir", "default_state_dir", "ensure_state_dir", "state_dir_missing"]
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -66,9 +66,22 @@ def check_state_dir(path: Path) -> None:
         )
 
 
+def state_dir_missing(path: Path) -> bool:
+    """Whether nothing is at ``path``. One that cannot be looked at (a parent this user may not enter:
+    ``Path.exists`` raises there) is not missing: :func:`check_state_dir` then says why, as a
+    configuration error, instead of a traceback."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def ensure_state_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) when missing, then :func:`check_state_dir` it."""
-    if not path.exists():
+    if state_dir_missing(path):
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)  # mkdir's mode is filtered by the umask

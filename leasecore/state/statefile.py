@@ -46,7 +46,13 @@ from leasecore.snapshot import (
     redact_url,
     wall_time,
 )
-from leasecore.state.directory import StateDir, check_state_dir, default_state_dir, ensure_state_dir
+from leasecore.state.directory import (
+    StateDir,
+    check_state_dir,
+    default_state_dir,
+    ensure_state_dir,
+    state_dir_missing,
+)
 
 __all__ = [
     "STALE_AFTER_SECONDS",
@@ -349,7 +355,7 @@ def read_snapshots(
     owner checked it); a bare path is checked first, and holds none when it does not exist."""
     if isinstance(state, StateDir):
         return _read_dir(state.path, now, stale_after_seconds, probe)
-    if not state.exists():
+    if state_dir_missing(state):
         return []
     check_state_dir(state)
     return _read_dir(state, now, stale_after_seconds, probe)
