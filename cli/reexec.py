@@ -107,6 +107,8 @@ def _handoff_fd(marker: str) -> int:
                 why = f"fd {fd} is not a pipe"
         except OSError:
             why = f"fd {fd} is not open"
+        except OverflowError:  # above a C int: no process has such an fd
+            why = "not a file descriptor number"
     if why is not None:
         raise ConfigError(f"{HANDOFF_ENV}={marker[:40]!r} is not a secrets hand-off ({why}): only "
                           "conductor-run's own re-exec sets it; unset it", key=HANDOFF_ENV,

@@ -51,6 +51,8 @@ def test_a_bad_hand_off_is_an_error_not_a_traceback() -> None:
 @pytest.mark.parametrize(("marker", "why"), [
     ("abc", "not a file descriptor number"), ("-4", "not a file descriptor number"),
     ("0", "stdin, stdout or stderr, never a hand-off"), ("77", "fd 77 is not open"),
+    # Past a C int fstat raised OverflowError: a traceback, not this exit 3.
+    ("2147483648", "not a file descriptor number"), ("99999999999999999999", "not a file descriptor number"),
 ])  # fmt: skip
 def test_a_stray_marker_is_a_config_error_naming_the_variable(marker: str, why: str) -> None:
     with pytest.raises(ConfigError) as info:
