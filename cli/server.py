@@ -72,6 +72,9 @@ def server(
         _fail(f"--sweep-mode must be 'ideal' or 'coarse', not {sweep_mode!r}", exitcodes.USAGE)
     if (auth_key is None) != (auth_secret is None):
         _fail("--auth-key and --auth-secret go together: give both or neither", exitcodes.USAGE)
+    if not host.strip():  # the socket would bind every interface while the URL printed says loopback
+        _fail("--host is empty: give an address to bind (127.0.0.1: this host only; 0.0.0.0: every "
+              "interface)", exitcodes.USAGE)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -103,11 +106,17 @@ def server(
             log(
                 f"embedded Conductor server listening on {srv.url} ({mode}, {sweep_mode} sweep); Ctrl-C stops"
             )
+            if host in WILDCARD_HOSTS:  # the URL above is this host's way in; say what else reaches it
+                exposed = "" if auth_key else ", and without auth anyone who can reach this host may use it"
+                log(f"warning: bound to {host}, every interface: not only this host{exposed}")
             signum = signals.get()
     finally:
         srv.stop()
     codes = {signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGHUP}
     raise typer.Exit(codes.get(signal.Signals(signum), exitcodes.SIGTERM))
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 
 def _fail(message: str, code: int) -> None:

@@ -108,8 +108,8 @@ def test_help_explains_the_flags_and_the_timing_modes() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--auth-key", "k"], ["--sweep-mode", "sometimes"]],
-    ids=["key-without-secret", "bad-sweep-mode"],
+    [["--auth-key", "k"], ["--sweep-mode", "sometimes"], ["--host", ""], ["--host", "  "]],
+    ids=["key-without-secret", "bad-sweep-mode", "empty-host", "blank-host"],
 )
 def test_bad_flag_combinations_are_usage_errors(args: list[str]) -> None:
     _register()
@@ -132,3 +132,25 @@ def test_a_busy_port_is_a_config_error(proc_factory: list[subprocess.Popen[str]]
     assert second.returncode == exitcodes.CONFIG
     assert "cannot listen" in second.stderr
     assert "Traceback" not in second.stderr
+
+
+def test_every_interface_is_said_with_a_warning(proc_factory: list[subprocess.Popen[str]]) -> None:
+    """Bound to 0.0.0.0 the URL printed is still loopback (this host's way in), so the log says what
+    else reaches it: an embedded server has no auth unless asked, and is never for production."""
+    proc = _start("--host", "0.0.0.0")
+    proc_factory.append(proc)
+    _url(proc)
+    assert proc.stderr is not None
+    listening = proc.stderr.readline()
+    assert "listening on http://127.0.0.1:" in listening
+    warning = proc.stderr.readline().strip()
+    assert warning == ("warning: bound to 0.0.0.0, every interface: not only this host, and without auth "
+                       "anyone who can reach this host may use it")
+    quiet = _start()  # loopback, the default: no warning
+    proc_factory.append(quiet)
+    _url(quiet)
+    assert quiet.stderr is not None
+    quiet.stderr.readline()
+    quiet.send_signal(signal.SIGTERM)
+    assert quiet.wait(timeout=30) == exitcodes.SIGTERM
+    assert quiet.stderr.read() == ""
