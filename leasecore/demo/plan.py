@@ -347,7 +347,10 @@ class SceneTracker:
         )
 
     def finished(self) -> bool:
-        """Everything the scene waits for has happened."""
+        """Everything the scene waits for has happened, or cannot any more: the runner exited without
+        polling the task (a start-up error, said in its log)."""
+        if self.runner_exit is not None and self.polled_at is None:
+            return True
         tree_done = self.tree_seen > 0 and self.tree_dead_at is not None
         return (
             tree_done

@@ -117,7 +117,11 @@ class SceneOutcome:
     leftovers_killed: int  # processes of the task's tree the demo had to kill itself
 
 
-_LOG_LINE = re.compile(r"^\S+\s+(WARNING|ERROR)\s+(?:task [0-9a-fA-F-]+: )?(?P<text>.*)$")
+# A warning or error of the runner's log, or the one line its CLI prints when it cannot start at all
+# ("conductor-run: configuration error: ...").
+_LOG_LINE = re.compile(
+    r"^(?:\S+\s+(WARNING|ERROR)\s+(?:task [0-9a-fA-F-]+: )?|conductor-run(?: [a-z]+)?: )(?P<text>.*)$"
+)
 
 
 class _RunnerLog:

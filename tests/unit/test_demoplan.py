@@ -99,6 +99,20 @@ def test_a_scene_cut_short_fails_and_says_so() -> None:
     assert any("did not finish within" in t for t in failed_texts(tracker, cut_short=True))
 
 
+@pytest.mark.parametrize("kind", list(SceneKind))
+def test_a_runner_that_exits_before_polling_ends_the_scene_at_once(kind: SceneKind) -> None:
+    # A start-up error (a bad CA bundle in the environment, say): waiting out the scene's budget for
+    # a poll that cannot come only hid the runner's message behind "did not finish within 28s".
+    tracker = feed(SceneTracker(SCENES[kind], SETTINGS), [obs(0.0, task_status="SCHEDULED")])
+    assert not tracker.finished()
+    feed(tracker, [obs(0.3, task_status="SCHEDULED", runner_exit=3)])
+    assert tracker.finished()
+    failed = failed_texts(tracker)
+    assert "the runner polled the task" in failed
+    assert any("the runner exited with code 3" in text for text in failed)
+    assert not any("did not finish" in text for text in failed)
+
+
 def test_a_surviving_tree_fails_every_scene() -> None:
     samples = heartbeat_timeline()
     samples[-1] = replace(samples[-1], tree_alive=1)
