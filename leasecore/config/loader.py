@@ -200,6 +200,18 @@ def run_as_warnings(task: TaskSettings) -> list[str]:
     return [] if problem is None else [f"task {task.type!r}: {problem}: its tasks will fail to start"]
 
 
+def _unreachable(path: str) -> str | None:
+    """Why ``path`` cannot be looked at (a directory on the way this user may not enter), None when it
+    can or simply does not exist."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str]:
     """Why ``task``'s command cannot start here (none, missing cwd, program not found); [] when it can.
 
@@ -209,6 +221,10 @@ def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str
     where = f"task {task.type!r}"
     if task.command is None and task.shell is None:  # only when resolved with require_task=False
         return [no_command(task.type)]
+    key = "command" if task.command is not None else "shell"
+    if any("\0" in arg for arg in (task.command or [task.shell or ""])):  # exec cannot carry one
+        return [f"{where}: {key} holds a NUL byte, which no argument can carry "
+                f"({key} from {task.sources.get('command', DEFAULT)})"]  # (command's source is shell's too)
     if not os.path.isdir(task.cwd):
         what = "is not a directory" if os.path.exists(task.cwd) else "does not exist"
         return [f"{where}: working directory {task.cwd} {what} (cwd from {task.sources.get('cwd', DEFAULT)})"]
@@ -224,6 +240,10 @@ def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str
         return []
     if "/" in program and os.path.isfile(candidates[0]):
         problem = f"{candidates[0]} is not executable (chmod +x, or run it through an interpreter)"
+    elif "/" in program and os.path.isdir(candidates[0]):
+        problem = f"{candidates[0]} is a directory, not a program"
+    elif "/" in program and _unreachable(candidates[0]):
+        problem = f"{candidates[0]} cannot be looked at: {_unreachable(candidates[0])}"
     elif "/" in program:
         problem = f"{candidates[0]} not found"
     else:

@@ -84,6 +84,20 @@ def test_a_script_without_the_execute_bit_is_named(tmp_path: Path) -> None:
     assert f"{tmp_path / 'job.sh'} is not executable" in err
 
 
+def test_a_directory_given_as_the_program_is_named_as_one(tmp_path: Path) -> None:
+    err = config_error("run", "--task-type", "a", "--", str(tmp_path))
+    assert f"cannot run the command: {tmp_path} is a directory, not a program (command from flag --)" in err
+
+
+@pytest.mark.parametrize(("key", "toml"), [("shell", '"tr\\u0000ue"'), ("command", '["tr\\u0000ue"]')])
+def test_a_nul_byte_in_the_command_is_a_config_error(tmp_path: Path, key: str, toml: str) -> None:
+    # Before: the runner started, and every task it polled failed ("the command holds a NUL byte").
+    write(tmp_path / "c.toml", f'[[task]]\ntype = "a"\n{key} = {toml}\n')
+    err = config_error("run", "--config", "c.toml")
+    assert f"task 'a': {key} holds a NUL byte, which no argument can carry ({key} from " in err
+    assert "c.toml:3 [[task]] 'a')" in err
+
+
 def test_the_child_path_from_the_env_table_is_the_one_searched(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
