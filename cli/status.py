@@ -15,6 +15,7 @@ import typer
 from cli import exitcodes
 from cli.helptext import STATE_DIR_DEFAULT
 from leasecore.clock import SystemClock
+from leasecore.config.loader import CONFIG_ENV, DEFAULT_CONFIG_NAME, find_config_file, load_config
 from leasecore.errors import ConfigError
 from leasecore.state.statefile import (
     SnapshotRecord,
@@ -51,7 +52,13 @@ def status(
         "--state-dir",
         metavar="DIR",
         readable=False,  # checked by check_state_dir: exit 3 with its reason, not click's exit 2
-        help=f"Where runners publish snapshots. Default: $CONDUCTOR_RUN_STATE_DIR, else {STATE_DIR_DEFAULT}.",
+        help="Where runners publish snapshots. Default: $CONDUCTOR_RUN_STATE_DIR, else the config file's "
+        f"state_dir, else {STATE_DIR_DEFAULT}.",
+    ),
+    config: str | None = typer.Option(
+        None, "--config", metavar="FILE",
+        help="Config file whose [worker] state_dir to read (found as run finds it: default "
+        f"./{DEFAULT_CONFIG_NAME} when present; env {CONFIG_ENV}).",
     ),
     prune: bool = typer.Option(False, "--prune", help="Delete snapshots of runners whose process is gone."),
 ) -> None:
@@ -70,7 +77,10 @@ def status(
         raise _fail("--watch and --json cannot be combined", exitcodes.USAGE)
     if task_id is not None and not task_id.strip():
         raise _fail("TASK_ID is empty: give a task id or a unique prefix of one", exitcodes.USAGE)
-    directory = state_dir.expanduser() if state_dir is not None else default_state_dir(os.environ)
+    try:
+        directory = state_dir.expanduser() if state_dir is not None else _configured_state_dir(config)
+    except ConfigError as exc:
+        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG) from None
     clock = SystemClock()
 
     def load() -> list[SnapshotRecord]:
@@ -116,6 +126,19 @@ def _fail(message: str, code: int) -> typer.Exit:
     """One unwrapped line on stderr, prefixed like every other command's errors."""
     typer.echo(f"conductor-run: {message}", err=True)
     return typer.Exit(code)
+
+
+def _configured_state_dir(config: str | None) -> Path:
+    """The state directory ``run`` would use here: $CONDUCTOR_RUN_STATE_DIR, else the config file's
+    ``state_dir`` (the file found as ``run`` finds it), else the default. Without a config file
+    nothing is loaded (a status needs no task, server or credentials)."""
+    environ, cwd = os.environ, os.getcwd()
+    explicit = config is not None or bool(environ.get("CONDUCTOR_RUN_STATE_DIR"))
+    if not explicit and find_config_file(None, environ, cwd) is None:
+        return default_state_dir(environ)
+    resolved = load_config({"config": config}, environ, cwd, require_task=False)
+    configured = resolved.runner.state_dir
+    return Path(configured).expanduser() if configured else default_state_dir(environ)
 
 
 def _task_exit_code(records: Sequence[SnapshotRecord], task_id: str, *, as_json: bool) -> int:

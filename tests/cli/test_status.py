@@ -316,6 +316,35 @@ def test_status_reads_the_default_state_dir_from_the_environment(
     assert "pw" not in out
 
 
+def test_status_reads_the_state_dir_of_the_config_file_run_would_use(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A runner started here with ./conductor.toml's state_dir publishes there: status looked only at
+    # the default directory and said there was no runner on this host.
+    monkeypatch.delenv("CONDUCTOR_RUN_STATE_DIR", raising=False)
+    monkeypatch.delenv("CONDUCTOR_RUN_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "runtime"))
+    project = tmp_path / "project"
+    (project / "mystate").mkdir(parents=True, mode=0o700)
+    (project / "conductor.toml").write_text('[worker]\nstate_dir = "mystate"\n')
+    publish_here(project / "mystate", live_task())
+    monkeypatch.chdir(project)
+    code, out, _ = invoke(app)
+    assert (code, f"runner {os.getpid()}  worker host-a" in out) == (exitcodes.OK, True), out
+    monkeypatch.chdir(tmp_path)  # elsewhere: the file given with --config, its state_dir relative to it
+    code, out, _ = invoke(app, "--config", str(project / "conductor.toml"))
+    assert (code, f"runner {os.getpid()}  worker host-a" in out) == (exitcodes.OK, True), out
+    code, out, _ = invoke(app)  # no config file here: the default directory, which has none
+    default = tmp_path / "runtime" / "conductor-run"
+    assert out == f"No conductor-run runners on this host (state directory {default}).\n"
+    monkeypatch.chdir(project)
+    code, out, _ = invoke(app, "--state-dir", str(tmp_path / "other"))  # the flag wins
+    assert out == f"No conductor-run runners on this host (state directory {tmp_path / 'other'}).\n"
+    (project / "conductor.toml").write_text("[worker]\nstate_dir = 3\n")
+    code, _, err = invoke(app)
+    assert code == exitcodes.CONFIG and "configuration error: invalid state_dir = 3" in err, err
+
+
 def test_status_json(app: typer.Typer, tmp_path: Path) -> None:
     publish_here(tmp_path, live_task())
     code, out, _ = invoke(app, "--json", "--state-dir", str(tmp_path))
