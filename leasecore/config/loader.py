@@ -68,7 +68,10 @@ def find_config_file(config_flag: str | None, environ: Mapping[str, str], cwd: s
     for value, origin in ((config_flag, "--config"), (environ.get(CONFIG_ENV), f"${CONFIG_ENV}")):
         if value:
             full = posixpath.join(cwd, value)
-            if os.path.isdir(full):
+            unreachable = _unreachable(full)  # below a directory this user may not enter: not "not found"
+            if unreachable is not None:
+                problem = f"cannot be looked at: {unreachable}"
+            elif os.path.isdir(full):
                 problem = "is a directory, not a file"
             elif not os.path.exists(full):
                 problem = "not found"

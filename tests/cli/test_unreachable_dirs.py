@@ -87,3 +87,14 @@ def test_init_refuses_a_file_it_cannot_reach(closed: Path) -> None:
         f"conductor-run: cannot write {closed / 'conductor.toml'}: Permission denied",
     )
     assert not (closed / "conductor.toml").exists()
+
+
+def test_a_config_file_it_cannot_reach_is_not_called_missing(closed: Path) -> None:
+    config = closed / "conductor.toml"
+    config.write_text('[[task]]\ntype = "x"\ncommand = ["true"]\n')
+    done = _as_nobody(["config", "--config", str(config)])
+    assert done.returncode == exitcodes.CONFIG
+    assert done.stderr.strip() == (
+        f"conductor-run: configuration error: config file {config} (from --config) cannot be looked at: "
+        "Permission denied"
+    )
