@@ -166,7 +166,7 @@ def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> R
 
 def run_as_problems(task: TaskSettings) -> list[str]:
     """Why ``task``'s children cannot run as its ``user`` / ``group`` here (#24); [] when they can."""
-    from leasecore.process.runas import resolve_run_as, switch_problem
+    from leasecore.process.runas import RunAsError, resolve_run_as, switch_problem
 
     where = f"task {task.type!r}"
     if task.user is None:
@@ -176,15 +176,15 @@ def run_as_problems(task: TaskSettings) -> list[str]:
                 "set user too (--user NAME), or drop group"]
     try:
         run_as = resolve_run_as(task.user, task.group)
-    except ValueError as exc:  # "no such user 'x'" / "no such group 'x'" / "gid N is out of range ..."
-        key = "group" if "group" in str(exc) or str(exc).startswith("gid ") else "user"
+    except RunAsError as exc:  # "no such user 'x'" / "no such group 'x'" / "gid N is out of range ..."
+        key = exc.key
         allowed = "a user name or uid" if key == "user" else "a group name or gid"
         return [f"{where}: {exc} ({key} from {task.sources.get(key, DEFAULT)}): expected {allowed} "
                 "known to this host"]
     problem = switch_problem(run_as)
     if problem is None:
         return []
-    key = "group" if problem.startswith("cannot run tasks with group") else "user"
+    key = "group" if run_as.uid == os.geteuid() else "user"  # its own user: only the group is a switch
     return [f"{where}: {problem} ({key} from {task.sources.get(key, DEFAULT)})"]
 
 

@@ -26,6 +26,14 @@ from typing import Any
 MAX_ID = 2**32 - 2
 
 
+class RunAsError(ValueError):
+    """A ``user`` or ``group`` that names no one here; ``key`` says which of the two."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 @dataclass(frozen=True)
 class RunAs:
     """A resolved user to run children as."""
@@ -47,15 +55,15 @@ class RunAs:
 
 def resolve_run_as(user: str, group: str | None = None) -> RunAs:
     """``user`` (a name or a numeric uid) and ``group`` (name or gid; default: the user's primary
-    group); ValueError saying what is wrong."""
+    group); RunAsError saying what is wrong, and which of the two."""
     entry = _user_entry(user)
     if entry is not None:
         name, uid, gid, home = entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/"
     elif _is_number(user):  # a uid without a name (containers often have no passwd entry for it)
-        uid = _numeric_id(user, "uid")
+        uid = _numeric_id(user, "user", "uid")
         name, gid, home = user, uid, "/"
     else:
-        raise ValueError(f"no such user {user!r}")
+        raise RunAsError("user", f"no such user {user!r}")
     if group is not None:
         gid = _group_id(group)
     try:
@@ -123,11 +131,11 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _numeric_id(text: str, what: str) -> int:
-    """A uid or gid given as a number; ValueError when no process or file could have it."""
+def _numeric_id(text: str, key: str, what: str) -> int:
+    """A uid or gid given as a number; RunAsError when no process or file could have it."""
     number = int(text)
     if number > MAX_ID:
-        raise ValueError(f"{what} {text} is out of range (0 to {MAX_ID})")
+        raise RunAsError(key, f"{what} {text} is out of range (0 to {MAX_ID})")
     return number
 
 
@@ -140,8 +148,8 @@ def _user_entry(user: str) -> pwd.struct_passwd | None:
 
 def _group_id(group: str) -> int:
     if _is_number(group):
-        return _numeric_id(group, "gid")
+        return _numeric_id(group, "group", "gid")
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
-        raise ValueError(f"no such group {group!r}") from None
+        raise RunAsError("group", f"no such group {group!r}") from None

@@ -32,7 +32,7 @@ from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.process.runas import RunAs, resolve_run_as
+from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
@@ -149,9 +149,9 @@ def run_as_for(task: TaskSettings) -> RunAs | None:
         return None
     try:
         return resolve_run_as(task.user, task.group)
-    except ValueError as exc:
-        source = str(task.sources.get("user"))
-        raise ConfigError(f"task {task.type!r}: {exc} (from {source})", key="user", source=source) from None
+    except RunAsError as exc:
+        source = str(task.sources.get(exc.key))
+        raise ConfigError(f"task {task.type!r}: {exc} (from {source})", key=exc.key, source=source) from None
 
 
 def warn_if_root(config: ResolvedConfig) -> None:

@@ -81,6 +81,10 @@ def test_config_problems_name_the_key_and_its_source(monkeypatch: pytest.MonkeyP
     (group_problem,) = run_as_problems(TaskSettings(type="t", user="1000", group="0", sources=flags))
     assert "cannot run tasks with group gid 0" in group_problem
     assert "(group from flag --group)" in group_problem
+    # Which key is at fault comes with the error, not from its words: a user named "...group..."
+    # was blamed on group.
+    (named,) = run_as_problems(TaskSettings(type="t", user="no-group-user-24", sources=flags))
+    assert "no such user 'no-group-user-24' (user from flag --user): expected a user name or uid" in named
     huge = TaskSettings(type="t", user="nobody", group="99999999999999999999", sources=flags)
     (range_problem,) = run_as_problems(huge)
     assert "gid 99999999999999999999 is out of range" in range_problem
