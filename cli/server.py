@@ -106,7 +106,7 @@ def server(
             log(
                 f"embedded Conductor server listening on {srv.url} ({mode}, {sweep_mode} sweep); Ctrl-C stops"
             )
-            if host in WILDCARD_HOSTS:  # the URL above is this host's way in; say what else reaches it
+            if srv.every_interface:  # the URL above is this host's way in; say what else reaches it
                 exposed = "" if auth_key else ", and without auth anyone who can reach this host may use it"
                 log(f"warning: bound to {host}, every interface: not only this host{exposed}")
             signum = signals.get()
@@ -114,9 +114,6 @@ def server(
         srv.stop()
     codes = {signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGHUP}
     raise typer.Exit(codes.get(signal.Signals(signum), exitcodes.SIGTERM))
-
-
-WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 
 def _fail(message: str, code: int) -> None:

@@ -133,8 +133,8 @@ def _configured_state_dir(config: str | None) -> Path:
     ``state_dir`` (the file found as ``run`` finds it), else the default. Without a config file
     nothing is loaded (a status needs no task, server or credentials)."""
     environ, cwd = os.environ, os.getcwd()
-    explicit = config is not None or bool(environ.get("CONDUCTOR_RUN_STATE_DIR"))
-    if not explicit and find_config_file(None, environ, cwd) is None:
+    found = find_config_file(config, environ, cwd)  # ConfigError for a --config that names no file
+    if found is None or environ.get("CONDUCTOR_RUN_STATE_DIR"):  # the variable wins over the file
         return default_state_dir(environ)
     resolved = load_config({"config": config}, environ, cwd, require_task=False)
     configured = resolved.runner.state_dir

@@ -245,8 +245,8 @@ def command_problems(task: TaskSettings, environ: Mapping[str, str]) -> list[str
         problem = f"{candidates[0]} is not executable (chmod +x, or run it through an interpreter)"
     elif "/" in program and os.path.isdir(candidates[0]):
         problem = f"{candidates[0]} is a directory, not a program"
-    elif "/" in program and _unreachable(candidates[0]):
-        problem = f"{candidates[0]} cannot be looked at: {_unreachable(candidates[0])}"
+    elif "/" in program and (why := _unreachable(candidates[0])):
+        problem = f"{candidates[0]} cannot be looked at: {why}"
     elif "/" in program:
         problem = f"{candidates[0]} not found"
     else:

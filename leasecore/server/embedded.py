@@ -30,6 +30,9 @@ from leasecore.server.httpd import ApiHTTPServer
 from leasecore.server.state import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 from leasecore.server.store import Store, SweepMode
 
+# A wildcard bind address, and the loopback address a client on this host reaches it through.
+_WILDCARD_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
 
 class EmbeddedServer:
     """An embedded Conductor-compatible server; ``start()`` returns once it is listening."""
@@ -126,9 +129,14 @@ class EmbeddedServer:
         return int(self._httpd.server_address[1])
 
     @property
+    def every_interface(self) -> bool:
+        """Whether it is bound to a wildcard address: reachable from beyond this host."""
+        return self.host in _WILDCARD_LOOPBACK
+
+    @property
     def url(self) -> str:
         """Base URL of the API, ``http://HOST:PORT/api`` (a wildcard host is reached via loopback)."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        host = _WILDCARD_LOOPBACK.get(self.host, self.host)
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}/api"
