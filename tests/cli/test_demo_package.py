@@ -26,8 +26,8 @@ from leasecore.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_FILES = ("demo_long.py", "demo_workflow.json", "demo_taskdefs.json")
 # Not part of a build: left out of the copy the wheel is built from.
-_NOT_BUILT = {".git", ".venv", "build", "dist", "tests", "bench", "docs", ".hypothesis", ".mypy_cache",
-              ".pytest_cache", ".ruff_cache"}
+_NOT_BUILT = {".git", ".venv", "build", "dist", "site", "tests", "bench", "docs", ".hypothesis",
+              ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
 
 def _setuptools_config() -> dict[str, Any]:

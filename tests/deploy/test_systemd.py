@@ -65,14 +65,14 @@ def test_systemd_stops_only_the_runner_and_waits_longer_than_it_needs_with_the_d
     assert service["EnvironmentFile"].startswith("-")  # credentials are optional (Conductor OSS)
 
 
-def test_the_readme_example_unit_waits_longer_than_its_runner_needs() -> None:
-    """README "Running a worker" shows a unit of its own (not the template above), with --drain and a
-    longer --drain-timeout: its TimeoutStopSec must fit the same budget, or systemd SIGKILLs a runner
-    that is still reporting its tasks."""
-    readme = (ROOT / "README.md").read_text()
-    ini = readme.split("```ini\n")[1:]
+def test_the_docs_example_unit_waits_longer_than_its_runner_needs() -> None:
+    """docs/deployment.md "Running a worker" shows a unit of its own (not the template above), with
+    --drain and a longer --drain-timeout: its TimeoutStopSec must fit the same budget, or systemd
+    SIGKILLs a runner that is still reporting its tasks."""
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    ini = page.split("```ini\n")[1:]
     blocks = [block for block in ini if "ExecStart=/usr/local/bin/conductor-run run" in block]
-    assert len(blocks) == 1, "the README's example unit was not found"
+    assert len(blocks) == 1, "the example unit of docs/deployment.md was not found"
     parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read_string(blocks[0].split("```", 1)[0])
