@@ -1,6 +1,6 @@
 """``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
 
-Not part of the test suite. See bench/README.md for what is measured and how. Sizes are flags; the
+Not part of the test suite. docs/benchmarks.md says what is measured and how. Sizes are flags; the
 default run is bounded (about 16 minutes on a 2-core machine), ``--quick`` takes a few.
 """
 

@@ -1,7 +1,7 @@
 """A busy process beside the bench (the ``throughput-busy`` section): one Python loop that never
 sleeps, in its own session (its own scheduling autogroup, as a separate service's would be), for the
 length of a ``with``. What it shows: how much of each worker's throughput is left on a host that also
-runs something else (docs/perf-notes.md, "Beside a busy process").
+runs something else (docs/benchmarks.md, "What each figure is" and "The fork server").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ rate is also given from the gaps between each task's accepted ``extendLease`` ca
 
 The configurations run at the same time (each on its own task type), to keep the section short;
 the counts are per type, so they do not mix. Nothing here is a target: the ownership checks' budget
-(``ownership_check_rate``, README) is what bounds conductor-run's checks, and the 200-task row shows
+(``ownership_check_rate``, docs/leases.md) is what bounds conductor-run's checks, and the 200-task row shows
 it at work (200 tasks at a 5 s interval would be 40 checks a second; the budget is 20).
 """
 

@@ -9,7 +9,7 @@ the children's CPU (the fork server's reaped children: the ``true`` commands) an
 the machine's steal time (on a VM, the CPU time the hypervisor gave to others). Prints
 milliseconds per task for each, the sum, and the tasks per second on the server's clock (first claim
 to last final update). Threads that start and end inside the window (none in a plain run) are not
-counted. A diagnostic for docs/perf-notes.md, not a target: no report file is written.
+counted. A diagnostic (docs/benchmarks.md), not a target: no report file is written.
 """
 
 from __future__ import annotations

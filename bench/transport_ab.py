@@ -7,7 +7,7 @@ installed under requests) comes within 5 % of the hand-written lean transport; i
 it. :class:`Urllib3Transport` is that prototype: a :class:`~leasecore.conductor.transport.Transport`
 over one ``urllib3.HTTPConnectionPool`` (no retries, no redirects, the answer streamed against the
 deadline and the size limit, the same framing refusals as the other two). It lives here, not in
-leasecore, because it lost (docs/perf-notes.md has the figures).
+leasecore, because it lost (docs/benchmarks.md, "The client's transport", has the figures).
 
 What is measured: ``time.process_time()`` of this process (the server runs in another one, so its CPU
 is not counted) over ``calls`` client calls of three shapes the runner makes (extendLease, GET task,

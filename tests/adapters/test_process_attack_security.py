@@ -73,7 +73,7 @@ def test_credentials_reach_no_child_grandchild_fork_server_or_state_file(tmp_pat
 
 # A runner in its own process, with a credential in its initial environment (as systemd or a shell
 # would give it); its child, the same user, tries to read the runner's environment and memory. Root
-# can read anything whatever we do (and must not run tasks: see the README), so under a root test
+# can read anything whatever we do (and must not run tasks: docs/security.md), so under a root test
 # run the runner runs as nobody.
 PEEKER = textwrap.dedent(
     """

@@ -11,9 +11,9 @@ the trees), signal delivery, and a loaded host."""
 
 
 def stop_budget_seconds(config: ResolvedConfig) -> float:
-    """The longest a SIGTERM'd runner takes to exit, by README "Shutdown and draining": the drain (when
-    on), then the slowest task type's kill_grace, then the final reports (retried for at most
-    ``shutdown_report_retry_seconds`` once stopping)."""
+    """The longest a SIGTERM'd runner takes to exit, by docs/deployment.md "Shutdown and draining": the
+    drain (when on), then the slowest task type's kill_grace, then the final reports (retried for at
+    most ``shutdown_report_retry_seconds`` once stopping)."""
     drain = config.runner.drain_timeout if config.runner.drain else 0.0
     grace = max((task.kill_grace for task in config.tasks), default=0.0)
     return drain + grace + RunOptions.shutdown_report_retry_seconds

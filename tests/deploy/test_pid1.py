@@ -1,6 +1,6 @@
 """conductor-run as PID 1 (a container without an init): SIGTERM still stops it cleanly, after its
 task is fenced and reported. Run in a new PID namespace (``unshare --pid``); skipped where that is not
-allowed. (Why the Containerfile still puts tini in front: README "Running a fleet", Containers.)"""
+allowed. (Why the Containerfile still puts tini in front: docs/deployment.md, "Containers".)"""
 
 from __future__ import annotations
 

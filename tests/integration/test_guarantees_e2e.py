@@ -1,8 +1,9 @@
 """End to end, the core guarantees under faults: the real ``conductor-run run`` against the embedded
 server, through the fault proxy (transport faults) or a relay that answers chosen calls itself.
 
-Each test states the guarantee it holds the runner to (README "How it works", "Process hygiene",
-"Shutdown and draining", "Statuses"; DESIGN.md §4-§6). Timing bounds carry slack for a loaded machine.
+Each test states the guarantee it holds the runner to (docs/leases.md "How it works",
+docs/processes.md "Process hygiene", docs/deployment.md "Shutdown and draining", docs/child-interface.md
+"Statuses"; DESIGN.md §4-§6). Timing bounds carry slack for a loaded machine.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Two copies of one task never run at once (README "Guarantees", DESIGN.md §4), end to end: the real
-``conductor-run run`` processes against the embedded server, with a child that ignores SIGTERM.
+"""Two copies of one task never run at once (docs/leases.md "Two copies never run at once", DESIGN.md
+§4), end to end: the real ``conductor-run run`` processes against the embedded server, with a child that
+ignores SIGTERM.
 
 Every copy writes its own records (``COPY``): a start line, then an "alive" line every 10 ms until it
 dies. The overlap check reads them: a copy that started while another copy's records still went on

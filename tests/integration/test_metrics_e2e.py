@@ -276,7 +276,7 @@ def test_a_real_prometheus_scrapes_the_runner_and_promtool_accepts_the_output(
     status, text = get(port, "/metrics")
     assert status == 200
     code, lines = _promtool_check(promtool, text)
-    # With the default label name (the SDKs' taskType, for their dashboards: README "Metrics"),
+    # With the default label name (the SDKs' taskType, for their dashboards: docs/metrics.md),
     # promtool's one complaint is its camelCase: every line it prints is that lint, for a metric that
     # has the taskType label; nothing else. (metrics_task_type_label = "task_type": none, below.)
     camel = re.compile(r"^(\S+) label names should be written in 'snake_case' not 'camelCase'$")

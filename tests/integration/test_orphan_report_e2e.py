@@ -1,7 +1,7 @@
 """End to end: a SIGKILLed runner's task is reported FAILED by the next start of a runner with the same
 state directory, so the server retries it at once instead of after responseTimeoutSeconds (R = 300 s
-here: R cannot be what retries it); but never over another worker's run of it (README "Shutdown and
-draining", DESIGN.md: nothing is lost on failure)."""
+here: R cannot be what retries it); but never over another worker's run of it (docs/deployment.md
+"Shutdown and draining", DESIGN.md: nothing is lost on failure)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """End to end, ``--protocol stdio``: a script written to conductor-cli's ``worker stdio`` contract
 (``sample_tasks/cli_stdio_worker.py``: the whole task on stdin, one JSON document on stdout) run
-unchanged by the real ``conductor-run run`` against the embedded server (README "Migrating from
-conductor-cli worker stdio"; DESIGN.md §3). Every guarantee of the native protocol holds: heartbeats
-keep a long task past R, a lost lease kills its whole tree, and no credential reaches it."""
+unchanged by the real ``conductor-run run`` against the embedded server (docs/migrating.md and
+docs/child-interface.md "The stdio protocol"; DESIGN.md §3). Every guarantee of the native protocol
+holds: heartbeats keep a long task past R, a lost lease kills its whole tree, and no credential reaches
+it."""
 
 from __future__ import annotations
 
