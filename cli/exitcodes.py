@@ -1,4 +1,4 @@
-"""Exit codes of conductor-run, in one place. The README's table mirrors this module."""
+"""Exit codes of conductor-run, in one place. docs/cli.md's table mirrors this module."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def fleet(
         None, "--task-type", metavar="NAME",
         help="Show only this task type, in every domain (repeatable). Default: every type the server knows.",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema in the README)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema: docs/deployment.md)."),
     watch: bool = typer.Option(
         False, "--watch", "-w",
         help=f"Refresh live (the server is asked every {REFRESH_SECONDS:g} s) until Ctrl-C; off a "

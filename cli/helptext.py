@@ -63,7 +63,7 @@ def key_help(name: str, unit: str = "", *, what: str | None = None, default: str
     shown = default if default is not None else show_default(name, unit, zero=zero)
     parts = [f"default: {shown}"] if shown else []  # default="": no default to speak of
     envs = list(spec.env)
-    if spec.worker_prop:  # the SDK spellings: per task type, or for all (README "Configuration")
+    if spec.worker_prop:  # the SDK spellings: per task type, or for all (docs/configuration.md)
         envs.append(f"CONDUCTOR_WORKER_<TASK|ALL>_{spec.worker_prop.upper()}")
     if envs:
         parts.append("env " + ", ".join(envs))

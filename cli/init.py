@@ -67,7 +67,7 @@ _UNSET_MEANS = {
 }
 
 _HEADER = """\
-# conductor-run configuration (see README.md, "Configuration").
+# conductor-run configuration (see docs/configuration.md).
 #
 # Found as: --config FILE, else $CONDUCTOR_RUN_CONFIG, else ./conductor.toml.
 # Precedence, highest first:

@@ -39,7 +39,7 @@ _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGT
 
 
 def exit_code_for(outcome: RunOutcome, *, once: bool, max_tasks: int | None = None) -> int:
-    """The process's exit code for a finished run (README "Exit codes").
+    """The process's exit code for a finished run (docs/cli.md "Exit codes").
 
     ``--once`` and ``--max-tasks`` are for cron-like callers: a task that did not complete is exit 5,
     so a failed batch is never mistaken for a good one. A plain run that served until stopped is 0.

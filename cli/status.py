@@ -46,7 +46,7 @@ def status(
         help=f"Refresh live ({REFRESH_PER_SECOND}x a second, files re-read every {RELOAD_SECONDS:g} s) "
         "until Ctrl-C; off a terminal, print once.",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema in the README)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON document (schema: docs/deployment.md)."),
     state_dir: Path | None = typer.Option(
         None,
         "--state-dir",

@@ -37,7 +37,7 @@ __all__ = ["CheckBudget", "check_period", "max_queue_seconds"]
 
 def check_period(interval_seconds: float, tasks: int, rate_per_second: float) -> float:
     """Seconds between two checks of one task, with ``tasks`` in flight sharing ``rate`` checks/s
-    (``rate`` 0: no budget). The README's formula."""
+    (``rate`` 0: no budget). The formula of docs/leases.md."""
     if rate_per_second <= 0 or tasks <= 0:
         return interval_seconds
     return max(interval_seconds, tasks / rate_per_second)

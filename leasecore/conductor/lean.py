@@ -10,7 +10,7 @@ answer is :mod:`leasecore.conductor.answer`; its error tree is re-exported here.
 
 Must not: translate errors (``conductor.calls.translate_errors`` does, once), retry anything else,
 speak TLS or to a proxy (``open_transport`` picks ``requests`` for those), import ``http.client``.
-Why a hand-written transport, and its figures: docs/perf-notes.md.
+Why a hand-written transport, and its figures: docs/benchmarks.md.
 
 Threads: any number of callers at once; the pool and the busy set under one lock.
 """

@@ -129,7 +129,7 @@ def _order(row: FleetRow) -> tuple[bool, int, str, str, bool]:
 def fleet_document(
     server_url: str, rows: Sequence[FleetRow], *, active_seconds: float = ACTIVE_POLL_SECONDS
 ) -> dict[str, Any]:
-    """The ``fleet --json`` document (README "conductor-run fleet")."""
+    """The ``fleet --json`` document (docs/deployment.md "The fleet view")."""
     return {
         "server": server_url,
         "activePollSeconds": active_seconds,

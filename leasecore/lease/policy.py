@@ -40,7 +40,7 @@ MIN_RETRY_GAP_SECONDS = 0.25
 # The whole tree is dead (every process reaped) this long before a deadline of the server's (the lease
 # deadline, the hard ceiling): KILL goes out at deadline - margin, TERM kill_grace before that. It
 # covers the timer's lateness, the signal's way to the fork server, its /proc walk, the KILL itself and
-# the reaping; four times the idle worst measured (docs/perf-notes.md, "The fence margin").
+# the reaping; four times the idle worst measured (docs/benchmarks.md, "The fence margin").
 FENCE_MARGIN_SECONDS = 0.4
 # kill_grace is capped at this share of the lease timeout (and of the hard ceiling): the TERM point
 # then stays at >= 3/4 of the lease minus the margin, so heartbeats are at most ~1.4 x as frequent as

@@ -146,7 +146,7 @@ def read_stat(pid: int) -> ProcInfo | None:
 # /proc/<pid>/stat's start time is the kernel's boot-clock time of the process's creation, in clock
 # ticks (nanoseconds floored to USER_HZ). A child made between two CLOCK_BOOTTIME readings of its parent
 # that fall in the same tick started in that tick: no read of its stat needed (which, right after a
-# posix_spawn, waits for the child's exec: ~0.13 ms of the fork server's turn per task, docs/perf-notes.md).
+# posix_spawn, waits for the child's exec: ~0.13 ms of the fork server's turn per task, docs/benchmarks.md).
 _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0
 _TICK_NS = 1_000_000_000 // _USER_HZ if _USER_HZ > 0 and 1_000_000_000 % _USER_HZ == 0 else 0
 BOOT_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)

@@ -249,7 +249,7 @@ def pool_request(setup: CgroupSetup, token: str, limits: Limits) -> _cgroupfs.Gr
     reused, or, when it has none, a new one at these paths, which it makes. Nothing is made here.
 
     Why: on v1 a new group costs three ``mkdir``, the kernel's new files for each, and three ``rmdir``
-    per tree: 0.3-0.4 ms of CPU a task (docs/perf-notes.md). A reused group holds one tree at a time
+    per tree: 0.3-0.4 ms of CPU a task (docs/benchmarks.md). A reused group holds one tree at a time
     as a new one does (it is reused only once empty), is killed the same way, and its accounting is
     taken from a base read while it was empty (``_cgroupfs.recycle``). Only groups without limits:
     a limit stays written in a group, and the fork server is never in a limited one."""

@@ -19,7 +19,7 @@ Must not touch, in the child: anything of the fork server's but those calls; it 
 the fork server's loop (any error ends it with ``os._exit(127)``). Threads: the fork server's main
 thread. Its spawner threads (``spawners.py``), if any, wait on their queue or in libc's posix_spawn
 meanwhile; the child, which has only the forking thread, touches nothing of theirs. Imported only when
-a request needs it (its cost: docs/perf-notes.md).
+a request needs it (its cost: docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and ``_cgroupfs`` only (the fork server imports it).
 
 Why: on cgroup v1 a new group per tree costs three ``mkdir`` (and the kernel's new files in each),
 three ``rmdir`` and the first opens of its files: 0.3-0.4 ms of CPU a task on a 2-core VM, the
-largest single cost of a short task (docs/perf-notes.md). A reused group is the same guarantee for
+largest single cost of a short task (docs/benchmarks.md). A reused group is the same guarantee for
 its tree: nobody else is in it (it is handed out only once empty, and only the fork server puts
 processes in it), the KILL goes to the whole group, and its figures are the tree's own
 (``_cgroupfs.recycle`` takes the base they are counted from while it is empty). A group whose tree

@@ -103,7 +103,7 @@ class StateRecord:
     appended line of ``processes-<pid>.journal`` (``+{tree json}`` / ``-key``), and the record is
     rewritten (and the journal emptied) only once the journal outgrows twice the live trees plus 64
     lines: one ``write`` per spawn and exit instead of a rewrite (open, dump, rename; O(trees): see
-    docs/perf-notes.md). An appended line is in the page cache as
+    docs/benchmarks.md). An appended line is in the page cache as
     soon as ``write`` returns, so a SIGKILLed runner's trees are still found. Readers use
     :func:`read_record` (the record with its journal replayed).
     """

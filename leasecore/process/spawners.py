@@ -5,8 +5,8 @@ start that can use it.
 Why: glibc's ``posix_spawn`` returns only once its vfork child has reached the exec, and
 ``os.posix_spawn`` keeps the GIL for that whole call. The fork server's one thread used to wait
 there; beside a busy process that child waited 2.8 ms on average (9 ms at the 99th percentile) for a
-core, and every other slot's start, exit and kill queued behind it (docs/perf-notes.md, "The fork
-server waited for each command's exec"). libc's ``posix_spawn`` called through ctypes runs with the
+core, and every other slot's start, exit and kill queued behind it (docs/benchmarks.md, "The fork
+server"). libc's ``posix_spawn`` called through ctypes runs with the
 GIL released, and a few threads each wait for their own child only.
 
 Owns ``usable()`` (glibc on Linux, with ``posix_spawn_file_actions_addchdir_np``), ``spawn(...)``

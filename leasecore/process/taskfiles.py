@@ -53,7 +53,7 @@ class TaskDirs:
     ``disk`` (the system temp dir); a full ``fast`` falls back to ``disk`` for that task.
 
     On an ext4 /tmp a task's files (mkdir, two creates, two unlinks, rmdir) cost 0.2-0.35 ms of the
-    runner's CPU per task, most of it in the journal; on a tmpfs next to nothing (docs/perf-notes.md).
+    runner's CPU per task, most of it in the journal; on a tmpfs next to nothing (docs/benchmarks.md).
     A memory-limited tree stays on ``disk``: what it writes into its directory on a tmpfs would be
     charged to its group as memory that cannot be written back, so a big output file could OOM-kill
     it where the disk would not."""

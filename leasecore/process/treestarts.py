@@ -8,7 +8,7 @@ limits, ``_cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits o
 
 Why spawner threads: glibc's ``posix_spawn`` returns once its vfork child has reached the exec, and
 ``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on
-average for a core, and every slot's start, exit and kill queued behind it (docs/perf-notes.md).
+average for a core, and every slot's start, exit and kill queued behind it (docs/benchmarks.md).
 While that wait, smoothed over ~20 starts (``_exec_wait``), is above ``_THREADS_ABOVE_SECONDS`` (1
 ms; 0.1-0.5 ms on an idle host, where the threads' hand-offs would cost more than they save),
 ``_to_spawner`` hands a request to a spawner thread when one can take it (glibc, /proc ``children``

@@ -21,7 +21,7 @@ The store is split along its seams: ``records`` (records, constants, error helpe
 ``views`` (JSON), ``timers`` (due heap, timer loop), ``decider``, ``tasks`` (polls, updates, logs) and
 this module (metadata, workflows, bounds), which assembles :class:`Store` from them.
 
-Known simplifications (documented in the README): only SIMPLE tasks, run in sequence; no rate or
+Known simplifications (documented in docs/embedded-server.md): only SIMPLE tasks, run in sequence; no rate or
 concurrency limits; no external payload storage; no workflow pause/resume/restart/retry; a batch poll
 returns as soon as at least one task is available (the SQLite queue keeps collecting until ``count``
 or the timeout).
