@@ -40,6 +40,8 @@ class LiveControl(RunnerCore):
     _reload: Callable[[], LiveChange] | None
     _closed: bool
     _escalate_at: float | None
+    _polling_types: set[str]
+    _any_polling: bool
 
     # ------------------------------------------------------------------ any thread
 
@@ -87,7 +89,7 @@ class LiveControl(RunnerCore):
                                           f"(it serves {', '.join(self._pollers)})"}
         pause = event.command == "pause"
         types = event.task_types or tuple(self._pollers)
-        changed = [t for t in types if self._pollers[t].set_paused(pause)]
+        changed = [t for t in types if self._set_paused(t, pause)]
         if changed:
             if pause:
                 log.warning("paused %s (conductor-run pause): not polling; running tasks go on",
@@ -95,6 +97,13 @@ class LiveControl(RunnerCore):
             else:
                 log.warning("resumed %s (conductor-run resume): polling again", ", ".join(changed))
         return {"ok": True, "changed": changed, "paused": self.paused_types()}
+
+    def _set_paused(self, task_type: str, paused: bool) -> bool:
+        poller = self._pollers[task_type]
+        if not paused and poller.alive:  # polled from now on: its end counts for "no more work"
+            self._polling_types.add(task_type)
+            self._any_polling = True
+        return poller.set_paused(paused)
 
     def _on_reload_signal(self, _event: ReloadRequested) -> None:
         if self._stopping_since is not None:
@@ -118,7 +127,7 @@ class LiveControl(RunnerCore):
             self._plans[task_type] = plan  # for the tasks started from now on
             self._pollers[task_type].reconfigure(plan.poll)
         for task_type, paused in change.paused:
-            self._pollers[task_type].set_paused(paused)
+            self._set_paused(task_type, paused)
         self.options = change.options
         for warning in change.warnings:
             log.warning("%s", warning)

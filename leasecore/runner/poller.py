@@ -137,6 +137,11 @@ class Poller:
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def alive(self) -> bool:
+        """Its thread runs (started and not ended)."""
+        return self._thread.is_alive()
+
     def set_paused(self, paused: bool) -> bool:
         """Stop (or restart) claiming work for this type; returns whether that changed anything.
 

@@ -159,10 +159,11 @@ class Runner(LiveControl, TaskStarts):
         self._next_runs = {}
         self._yields = YieldHold(_tree_gone)  # IN_PROGRESS results waiting for their tree to be gone
         self._pollers_alive = len(self._pollers)
-        # Task types whose poller still runs: when the last one ends (it failed, or was refused)
-        # there is no more work. A paused type's poller waits for a resume or the stop, so a runner
-        # whose every type is paused idles until stopped (or resumed).
-        self._polling_types = set(self._plans)
+        # Task types polled (not paused from the start, or resumed since) whose poller still runs:
+        # when the last one ends (budget spent, or it failed) there is no more work. A paused type's
+        # poller only waits for a resume or the stop, so a runner whose every type is paused idles
+        # until stopped; a type paused live stays counted (it is coming back).
+        self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
         self._poller_failed = False
         self._refused: Exception | None = None  # a poller's first polls were refused (see Poller)

@@ -259,6 +259,9 @@ class _NoGauges:
     def lease_remaining_seconds(self) -> float | None:
         return 1.0
 
+    def paused(self) -> dict[str, bool]:
+        return {"demo": False}
+
 
 # ------------------------------------------------------------------------------- the service's facts
 
@@ -268,9 +271,13 @@ class FakeRunner:
         self.loop_at: float | None = None
         self.stopping = False
         self.failed: list[str] = []
+        self.paused: list[str] = []
 
     def failed_pollers(self) -> list[str]:
         return list(self.failed)
+
+    def paused_types(self) -> list[str]:
+        return list(self.paused)
 
 
 class FakeEngine:

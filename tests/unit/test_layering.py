@@ -23,7 +23,7 @@ PURE = frozenset({
     "leasecore", "leasecore.errors", "leasecore.models", "leasecore.clock", "leasecore.backoff",
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
-    "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
+    "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.config.live", "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     "leasecore.runner.leasebook",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
