@@ -71,7 +71,9 @@ def raw_exchange(path: Path, payload: bytes, *, shut: bool = True) -> bytes:
     return b"".join(chunks)
 
 
-def test_a_request_reaches_the_handler_and_its_answer_comes_back(served: tuple[ControlServer, Recorder]) -> None:
+def test_a_request_reaches_the_handler_and_its_answer_comes_back(
+    served: tuple[ControlServer, Recorder],
+) -> None:
     server, recorder = served
     assert server.path == socket_path(server.path.parent, os.getpid())
     assert server.path.stat().st_mode & 0o777 == 0o600
@@ -101,7 +103,9 @@ def test_a_bad_request_is_answered_with_its_reason_and_the_socket_serves_on(
     assert send_request(server.path, {"command": "reload"})["ok"] is True  # still serving
 
 
-def test_an_oversized_request_is_refused_without_reading_it_all(served: tuple[ControlServer, Recorder]) -> None:
+def test_an_oversized_request_is_refused_without_reading_it_all(
+    served: tuple[ControlServer, Recorder],
+) -> None:
     server, recorder = served
     try:
         answer = raw_exchange(server.path, b"x" * (4 * MAX_REQUEST_BYTES))
@@ -127,7 +131,7 @@ def test_a_peer_of_another_uid_is_refused_and_logged(
     served: tuple[ControlServer, Recorder], caplog: pytest.LogCaptureFixture,
 ) -> None:
     server, recorder = served
-    server._allowed = {os.geteuid() + 4242}  # as if this process were someone else (the e2e test uses setpriv)
+    server._allowed = {os.geteuid() + 4242}  # as if this process were another user (e2e: setpriv)
     caplog.set_level("WARNING")
     reply = send_request(server.path, {"command": "pause", "task_types": []})
     assert reply["ok"] is False and "may not control this runner" in reply["error"]

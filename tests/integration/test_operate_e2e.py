@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,9 @@ def test_pause_of_an_unknown_type_is_refused_and_no_runner_is_no_runner(world: W
     assert other.returncode == exitcodes.REFUSED or other.returncode == exitcodes.NO_RUNNER, other.stderr
 
 
-def _config(world: World, records_dir: Path, *, concurrency: int, url: str | None = None, extra: str = "") -> str:
+def _config(
+    world: World, records_dir: Path, *, concurrency: int, url: str | None = None, extra: str = "",
+) -> str:
     return (f'[server]\nurl = "{url or world.server.url}"\n\n[worker]\nstate_dir = "{world.state_dir}"\n'
             f"poll_timeout = 500\n\n[[task]]\ntype = \"{world.task_type}\"\n"
             f"shell = '''{RECORDING}'''\nconcurrency = {concurrency}\n"
@@ -154,7 +157,7 @@ def test_reload_raises_concurrency_and_refuses_a_broken_file_or_a_restart_only_k
                        what="every task to complete")
         spans = sorted((start, end) for start, end in records(records_dir).values() if end is not None)
         assert len(spans) == 4
-        overlapping = any(a_end > b_start for (_a_start, a_end), (b_start, _b_end) in zip(spans, spans[1:]))
+        overlapping = any(a_end > b_start for (_a_start, a_end), (b_start, _b_end) in pairwise(spans))
         assert overlapping, spans
 
         # A file that does not parse: refused whole, the runner goes on as it was.

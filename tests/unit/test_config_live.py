@@ -66,8 +66,8 @@ def test_every_restart_only_key_of_each_scope_is_refused() -> None:
 
 def test_log_format_drain_and_the_metrics_address_are_live_but_metrics_on_or_off_is_not() -> None:
     on = RunnerSettings(metrics_port=9464)
-    changes = reload_changes(config(runner=on), config(runner=replace(on, metrics_port=9465, log_format="json",
-                                                                       drain=True)))
+    moved = replace(on, metrics_port=9465, log_format="json", drain=True)
+    changes = reload_changes(config(runner=on), config(runner=moved))
     assert changes.accepted
     assert set(changes.changed) == {"[worker] log_format: text -> json", "[worker] drain: False -> True",
                                     "[worker] metrics_port: 9464 -> 9465"}
