@@ -192,12 +192,15 @@ class ControlServer:
     def _answer(self, conn: socket.socket) -> None:
         pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           _PEERCRED.size))
+        conn.settimeout(REQUEST_TIMEOUT_SECONDS)
         if uid not in self._allowed:
             log.warning("control socket: refused a request from uid %d (pid %d): only this runner's "
                         "user (uid %d) and root may control it", uid, pid, os.geteuid())
-            _send(conn, {"ok": False, "error": f"uid {uid} may not control this runner"})
+            with contextlib.suppress(OSError, ValueError):
+                _read_line(conn, MAX_REQUEST_BYTES)  # (read, never used: the answer then reaches it)
+            with contextlib.suppress(OSError):
+                _send(conn, {"ok": False, "error": f"uid {uid} may not control this runner"})
             return
-        conn.settimeout(REQUEST_TIMEOUT_SECONDS)
         try:
             raw = _read_line(conn, MAX_REQUEST_BYTES)
             request = parse_request(raw)
@@ -222,7 +225,10 @@ def send_request(path: Path, request: dict[str, Any], *, timeout_seconds: float 
             stale = isinstance(exc, ConnectionRefusedError | FileNotFoundError)
             raise ControlError(f"cannot connect to {path}: {exc.strerror or exc}", stale=stale) from None
         try:
-            sock.sendall(json.dumps(request).encode() + b"\n")
+            try:
+                sock.sendall(json.dumps(request).encode() + b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the runner answered (a refusal) and closed before reading it all: read the answer
             raw = _read_line(sock, MAX_REPLY_BYTES)
         except (OSError, ValueError) as exc:
             raise ControlError(f"no answer on {path}: {exc}") from None
