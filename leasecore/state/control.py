@@ -225,10 +225,9 @@ def send_request(path: Path, request: dict[str, Any], *, timeout_seconds: float 
             stale = isinstance(exc, ConnectionRefusedError | FileNotFoundError)
             raise ControlError(f"cannot connect to {path}: {exc.strerror or exc}", stale=stale) from None
         try:
-            try:
+            # The runner may answer (a refusal) and close before reading it all: read the answer anyway.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(json.dumps(request).encode() + b"\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the runner answered (a refusal) and closed before reading it all: read the answer
             raw = _read_line(sock, MAX_REPLY_BYTES)
         except (OSError, ValueError) as exc:
             raise ControlError(f"no answer on {path}: {exc}") from None
