@@ -105,6 +105,26 @@ def test_pause_stops_polling_keeps_the_running_lease_and_resume_takes_the_waitin
     assert runner_doc(world, proc.pid)["paused"] == []
 
 
+def test_a_long_poll_in_flight_at_the_pause_hands_back_what_it_claims_unmarked(world: World) -> None:
+    world.define(response_timeout=30)
+    records_dir = world.tmp / "records"
+    records_dir.mkdir()
+    proc = world.run("--poll-timeout", "5000", command=["/bin/sh", "-c", RECORDING],
+                     env={"RECORDS": str(records_dir)})
+    wait_until(lambda: list(world.state_dir.glob("runner-*.sock")), what="the control socket")
+    # The runner's first long poll (5 s) is out now, waiting on the empty queue.
+    assert operate(world, "pause").returncode == exitcodes.OK
+    wf = world.start_workflow(seconds=1)  # the poll in flight claims it at once
+    wait_until(lambda: "handing its 1 task(s) back" in world.stderr(proc), what="the claim handed back")
+    task = world.task_of(wf)
+    # Handed back unmarked: SCHEDULED again at once for any worker, no retry spent, never run here.
+    assert (task["status"], task["pollCount"], task["retryCount"]) == ("SCHEDULED", 1, 0), task
+    assert list(records_dir.iterdir()) == []
+    assert operate(world, "resume").returncode == exitcodes.OK
+    wait_until(lambda: world.workflow_status(wf) == "COMPLETED", timeout_seconds=20, what="the task to run")
+    assert len(list(records_dir.iterdir())) == 1
+
+
 def test_pause_of_an_unknown_type_is_refused_and_no_runner_is_no_runner(world: World) -> None:
     none = operate(world, "pause")
     assert none.returncode == exitcodes.NO_RUNNER, (none.stdout, none.stderr)
