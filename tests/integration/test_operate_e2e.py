@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from cli import exitcodes
 from tests.integration.helpers import World
@@ -69,8 +72,11 @@ def records(directory: Path) -> dict[str, tuple[float, float | None]]:
 def test_pause_stops_polling_keeps_the_running_lease_and_resume_takes_the_waiting_task(world: World) -> None:
     world.define(response_timeout=2)
     running_wf = world.start_workflow(seconds=4)
-    proc = world.run("--worker-id", "operate-e2e")
+    proc = world.run("--worker-id", "operate-e2e", "--metrics-port", "0")
     wait_until(world.child_pids, what="the first task's child to start")
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", world.stderr(proc))
+    assert port is not None, world.stderr(proc)
+    metrics = f"http://127.0.0.1:{port.group(1)}"
 
     paused = operate(world, "pause", world.task_type)
     paused_at = time.time()
@@ -82,6 +88,12 @@ def test_pause_stops_polling_keeps_the_running_lease_and_resume_takes_the_waitin
     waiting_wf = world.start_workflow(seconds=1)
     doc = runner_doc(world, proc.pid)
     assert doc["paused"] == [world.task_type] and doc["stopping"] is False
+    shown = operate(world, "status")
+    assert f"PAUSED: {world.task_type}" in shown.stdout, shown.stdout
+    ready = requests.get(f"{metrics}/readyz", timeout=10)
+    assert (ready.status_code, ready.text.strip()) == (200, f"ok: ready; paused: {world.task_type}")
+    exposition = requests.get(f"{metrics}/metrics", timeout=10).text
+    assert f'conductor_run_task_type_paused{{taskType="{world.task_type}"}} 1.0' in exposition
 
     # The running task (a 4 s command under a 2 s lease) keeps its heartbeats and completes.
     wait_until(lambda: world.task_of(running_wf).get("status") == "COMPLETED", timeout_seconds=20,
@@ -103,6 +115,8 @@ def test_pause_stops_polling_keeps_the_running_lease_and_resume_takes_the_waitin
     wait_until(lambda: world.workflow_status(waiting_wf) == "COMPLETED", timeout_seconds=20,
                what="the resumed task to complete")
     assert runner_doc(world, proc.pid)["paused"] == []
+    exposition = requests.get(f"{metrics}/metrics", timeout=10).text
+    assert f'conductor_run_task_type_paused{{taskType="{world.task_type}"}} 0.0' in exposition
 
 
 def test_a_long_poll_in_flight_at_the_pause_hands_back_what_it_claims_unmarked(world: World) -> None:
@@ -142,9 +156,10 @@ def test_pause_of_an_unknown_type_is_refused_and_no_runner_is_no_runner(world: W
 
 def _config(
     world: World, records_dir: Path, *, concurrency: int, url: str | None = None, extra: str = "",
+    worker: str = "",
 ) -> str:
     return (f'[server]\nurl = "{url or world.server.url}"\n\n[worker]\nstate_dir = "{world.state_dir}"\n'
-            f"poll_timeout = 500\n\n[[task]]\ntype = \"{world.task_type}\"\n"
+            f"poll_timeout = 500\n{worker}\n[[task]]\ntype = \"{world.task_type}\"\n"
             f"shell = '''{RECORDING}'''\nconcurrency = {concurrency}\n"
             f'env = {{ RECORDS = "{records_dir}" }}\n{extra}')
 
@@ -218,12 +233,17 @@ def test_sighup_reloads_instead_of_stopping(world: World) -> None:
                                 env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     world.procs.append(proc)
     wait_until(lambda: list(world.state_dir.glob("runner-*.sock")), what="the control socket")
-    config.write_text(_config(world, records_dir, concurrency=1, extra="paused = true\n"))
-    proc.send_signal(1)  # SIGHUP
+    config.write_text(_config(world, records_dir, concurrency=1, extra="paused = true\n",
+                              worker='log_format = "json"\n'))
+    proc.send_signal(signal.SIGHUP)
     wait_until(lambda: "reloaded the configuration (SIGHUP)" in log_path.read_text(),
                what="the reload to be logged")
     assert proc.poll() is None
     assert runner_doc(world, proc.pid)["paused"] == [world.task_type]
+    # The reload's own line is the first in the new format: JSON, one object per line.
+    (line,) = [line for line in log_path.read_text().splitlines() if "reloaded the configuration" in line]
+    assert json.loads(line)["level"] == "warning"
+    assert "task " + world.task_type + ": paused: False -> True" in json.loads(line)["message"]
 
 
 def test_drain_lets_the_running_task_finish_polls_nothing_more_and_exits_0(world: World) -> None:
