@@ -149,9 +149,9 @@ class ControlServer:
                         os.unlink(stale)
             with _reachable(tmp) as address:
                 sock.bind(address)
-            os.chmod(tmp, 0o600)  # before it has its name: nobody else ever finds it wider
+            sock.listen(8)  # listening before it has its name: a client that finds it is answered
+            os.chmod(tmp, 0o600)  # ... and never finds it wider than this
             os.rename(tmp, self.path)
-            sock.listen(8)
         except OSError:
             sock.close()
             with contextlib.suppress(OSError):
