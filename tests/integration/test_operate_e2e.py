@@ -220,7 +220,7 @@ def test_reload_raises_concurrency_and_refuses_a_broken_file_or_a_restart_only_k
     assert "reload (conductor-run reload) refused" in text
 
 
-def test_sighup_reloads_instead_of_stopping(world: World) -> None:
+def test_sighup_reloads_instead_of_stopping_and_a_live_pause_survives_it(world: World) -> None:
     world.define(response_timeout=5)
     records_dir = world.tmp / "records"
     records_dir.mkdir()
@@ -233,8 +233,10 @@ def test_sighup_reloads_instead_of_stopping(world: World) -> None:
                                 env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     world.procs.append(proc)
     wait_until(lambda: list(world.state_dir.glob("runner-*.sock")), what="the control socket")
-    config.write_text(_config(world, records_dir, concurrency=1, extra="paused = true\n",
-                              worker='log_format = "json"\n'))
+    assert operate(world, "pause").returncode == exitcodes.OK
+
+    # A reload that leaves the file's paused alone keeps the live pause.
+    config.write_text(_config(world, records_dir, concurrency=1, worker='log_format = "json"\n'))
     proc.send_signal(signal.SIGHUP)
     wait_until(lambda: "reloaded the configuration (SIGHUP)" in log_path.read_text(),
                what="the reload to be logged")
@@ -243,7 +245,16 @@ def test_sighup_reloads_instead_of_stopping(world: World) -> None:
     # The reload's own line is the first in the new format: JSON, one object per line.
     (line,) = [line for line in log_path.read_text().splitlines() if "reloaded the configuration" in line]
     assert json.loads(line)["level"] == "warning"
-    assert "task " + world.task_type + ": paused: False -> True" in json.loads(line)["message"]
+    assert json.loads(line)["message"].endswith("[worker] log_format: text -> json")
+
+    # A reload whose file changes paused wins over the live state.
+    assert operate(world, "resume").returncode == exitcodes.OK
+    config.write_text(_config(world, records_dir, concurrency=1, worker='log_format = "json"\n',
+                              extra="paused = true\n"))
+    proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: f"task {world.task_type}: paused: False -> True" in log_path.read_text(),
+               what="the second reload to be logged")
+    assert runner_doc(world, proc.pid)["paused"] == [world.task_type]
 
 
 def test_drain_lets_the_running_task_finish_polls_nothing_more_and_exits_0(world: World) -> None:
