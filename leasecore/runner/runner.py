@@ -9,13 +9,15 @@ and is the only writer of per-task state. Per task the order is fixed:
 A final update may claim the next task (update-v2, ``leasecore.runner.chain``): that task takes the
 finished one's slot and follows the same order from ``engine.track``, its lease counted from the
 update's send time. This module owns the loop, the event dispatch, stopping and the status
-snapshots; a task's start is ``starts``' and its end ``ends``' (``leasecore.runner.core``).
+snapshots; a task's start is ``starts``' and its end ``ends``' (``leasecore.runner.core``); pause,
+resume, reload and drain while it runs are ``operate``'s.
 
 Shutdown keeps that order (STYLE.md 2.4): stop polling (and chaining) at once; ask the engine to fence
 every task (now, or at the drain deadline); the children die; their results are reported; heartbeats
 stop last (``engine.reported`` per task, ``engine.stop`` at the very end). A second signal kills
 every tree at once and stops waiting between report retries (undelivered results go to the outbox).
-Main thread, except ``request_stop``/``handle_signal`` and the probes' reads (any thread).
+Main thread, except ``request_stop``/``handle_signal``/``handle_reload_signal``/``control`` and the
+probes' reads (any thread).
 """
 
 from __future__ import annotations
