@@ -55,7 +55,7 @@ _CONFIG = typer.Option(
     f"env {CONFIG_ENV}).",
 )
 _RUNNER = typer.Option(None, "--runner", metavar="PID", min=1, help="Only the runner with this pid.")
-_TYPES = typer.Argument(None, metavar="[TASK_TYPE]...", show_default=False,
+_TYPES = typer.Argument(None, metavar="TASK_TYPE", show_default=False,
                         help="Task types (none: every one the runner serves).")
 
 
