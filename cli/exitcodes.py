@@ -10,6 +10,10 @@ UNREACHABLE = 4  # the Conductor server could not be reached, or refused us (cre
 TASK_FAILED = 5  # --once / --max-tasks: a task ended FAILED / FAILED_WITH_TERMINAL_ERROR / was fenced
 NO_TASK = 6  # --once: no task arrived within the wait
 NOT_FOUND = 7  # status TASK_ID: no runner on this host has that task
-SIGHUP = 129  # stopped by SIGHUP after cleanup (128 + 1)
+# pause / resume / reload / drain: no runner answered (none in the state dir, or no --runner PID there)
+NO_RUNNER = 8
+# pause / resume / reload / drain: a runner refused or did not answer; drain: one did not exit in time
+REFUSED = 9
+SIGHUP = 129  # stopped by SIGHUP after cleanup (128 + 1): `server` only (a runner reloads on SIGHUP)
 SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
 SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

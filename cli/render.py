@@ -159,6 +159,10 @@ def _runner_header(record: SnapshotRecord, now: datetime) -> Text:
     if record.stale_reason is None:
         header.append(f"  up {format_duration((now - snap.runner.started_at).total_seconds())}  ")
         header.append_text(_server_text(snap.server, now))
+        if snap.stopping:
+            header.append("  STOPPING (not polling)", style="bold yellow")
+        if snap.paused:
+            header.append(_clean(f"  PAUSED: {', '.join(snap.paused)}"), style="bold yellow")
     else:
         ran = format_duration((snap.updated_at - snap.runner.started_at).total_seconds())
         header.append(f"  ran {ran}  ")

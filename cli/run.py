@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cli import exitcodes, reexec
@@ -177,7 +178,37 @@ def run(overrides: dict[str, Any]) -> None:
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
-    raise SystemExit(serve(resolved, view))
+    raise SystemExit(serve(resolved, view, load_again=loader_for(overrides, environ, resolved, view)))
+
+
+Reloading = tuple[Callable[[], "ResolvedConfig"], Callable[["ResolvedConfig"], None]]
+
+
+def loader_for(overrides: dict[str, Any], environ: Mapping[str, str], resolved: ResolvedConfig,
+               view: LiveView | None) -> Reloading:
+    """What a reload calls (``conductor-run reload``, SIGHUP): the configuration loaded as at start,
+    same flags and environment, from the same file (found again by its path as found at start: a
+    file that appeared since is not read; one gone since is an error), and the logging it asks for."""
+    cwd = os.getcwd()
+    pinned = dict(overrides)
+    if resolved.config_file is not None:
+        pinned["config"] = os.path.join(cwd, resolved.config_file)
+
+    def load_again() -> ResolvedConfig:
+        if resolved.config_file is None and find_config_file(None, environ, cwd) is not None:
+            raise ConfigError("this runner started without a config file: a reload reads none "
+                              "(start it with --config FILE to reload one)", key="config")
+        return load_config(pinned, environ, cwd)
+
+    applied = [resolved.runner.log_format]
+
+    def on_reloaded(new: ResolvedConfig) -> None:
+        log_format = new.runner.log_format
+        if log_format != applied[0]:  # JSON lines never go through the live view's console
+            configure_logging(log_format, view.console if view is not None and log_format == "text" else None)
+            applied[0] = log_format
+
+    return load_again, on_reloaded
 
 
 def live_view_for(log_format: str) -> LiveView | None:
@@ -202,18 +233,25 @@ def _maybe_terminal() -> bool:
         return False
 
 
-def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
-    """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code."""
+def serve(
+    resolved: ResolvedConfig, view: LiveView | None = None, *,
+    load_again: Reloading | None = None,
+) -> int:
+    """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code.
+    ``load_again``: what a reload loads and how it applies the logging (``loader_for``); None:
+    reloads are refused."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
     log_format = resolved.runner.log_format
     try:
+        load, on_reloaded = load_again if load_again is not None else (None, None)
         if view is None:
-            outcome = run_worker(resolved, environ=os.environ)
+            outcome = run_worker(resolved, environ=os.environ, load_again=load, on_reloaded=on_reloaded)
         else:
             with view.showing():
-                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update)
+                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update, load_again=load,
+                                     on_reloaded=on_reloaded)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:

@@ -10,7 +10,7 @@ import typer
 
 from cli import exitcodes
 from leasecore.errors import ConfigError
-from leasecore.runner.signals import capture_signals
+from leasecore.runner.signals import SHUTDOWN_SIGNALS, capture_signals
 
 HELP = (
     "Run the embedded, in-memory Conductor-compatible server (for trying things out and for tests).\n\n"
@@ -100,7 +100,8 @@ def server(
     except ConfigError as exc:
         _fail(str(exc), exitcodes.CONFIG)
     try:
-        with capture_signals(on_signal):
+        # SIGHUP stops the server too (a runner reloads on it instead: SHUTDOWN_SIGNALS has no SIGHUP).
+        with capture_signals(on_signal, (*SHUTDOWN_SIGNALS, signal.SIGHUP)):
             typer.echo(srv.url)
             mode = "auth on" if auth_key else "no auth"
             log(

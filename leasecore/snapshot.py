@@ -10,7 +10,7 @@ ISO 8601 UTC strings with milliseconds and a ``Z``; the reader also accepts epoc
 
 JSON layout (schema version 1), one file per runner, ``<state_dir>/runner-<pid>.json``::
 
-    {"schema_version": 1, "updated_at": "...Z",
+    {"schema_version": 1, "updated_at": "...Z", "paused": [task types not polled now], "stopping": bool,
      "runner": {"pid", "process_start_ticks", "worker_id", "server_url", "started_at",
                 "task_types", "version", "cgroup"},
      "server": {"last_ok_at", "consecutive_failures", "backoff_seconds", "last_error"},
@@ -279,11 +279,15 @@ class RunnerSnapshot:
     tasks: tuple[TaskSnapshot, ...]
     updated_at: datetime
     schema_version: int = SCHEMA_VERSION
+    paused: tuple[str, ...] = ()  # task types paused now (config, conductor-run pause, reload)
+    stopping: bool = False  # a stop (or a drain) has begun: nothing is polled any more
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "updated_at": iso_time(self.updated_at),
+            "paused": list(self.paused),
+            "stopping": self.stopping,
             "runner": self.runner.to_json_dict(),
             "server": self.server.to_json_dict(),
             "tasks": [task.to_json_dict() for task in self.tasks],
@@ -301,6 +305,8 @@ class RunnerSnapshot:
                 server=ServerHealth.from_json_dict(data.get("server") or {}),
                 tasks=tuple(TaskSnapshot.from_json_dict(t) for t in data.get("tasks") or ()),
                 updated_at=_required_time(data.get("updated_at"), "updated_at"),
+                paused=tuple(str(t) for t in data.get("paused") or ()),
+                stopping=bool(data.get("stopping", False)),
             )
         except KeyError as exc:
             raise ValueError(f"missing field {exc.args[0]!r}") from None

@@ -8,7 +8,9 @@ timer thread is dead while the runner serves, or the runner has ended.
 Readiness (``/readyz``): the worker can take work right now: the fork server is up, the Conductor
 server answered within the last poll window, and the runner is not stopping. A runner with nothing
 to say to the server (every task type paused, no task in flight) has no answer to wait for: that
-condition is then waived. Each refusal has a one-line reason (the probe's body and the log).
+condition is then waived. A paused task type does not make the runner unready (it still serves
+the others, and a resume needs no restart): the reason names the paused types. Each refusal has a
+one-line reason (the probe's body and the log).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class HealthFacts:
     contact_age_seconds: float | None = None  # since the server last answered (None: never)
     poll_window_seconds: float = 15.0  # an answer older than this means the server is away
     talking: bool = True  # something should be talking to the server (a type polled, a task in flight)
+    paused: tuple[str, ...] = ()  # task types paused now: ready all the same, and the reason says so
 
 
 def liveness(facts: HealthFacts) -> tuple[bool, str]:
@@ -69,4 +72,6 @@ def readiness(facts: HealthFacts) -> tuple[bool, str]:
         if facts.contact_age_seconds > facts.poll_window_seconds:
             return False, (f"no answer from the Conductor server for {facts.contact_age_seconds:.0f} s "
                            f"(poll window {facts.poll_window_seconds:g} s)")
+    if facts.paused:
+        return True, f"ready; paused: {', '.join(facts.paused)}"
     return True, "ready"

@@ -56,6 +56,7 @@ class GaugeSource(Protocol):
     def free_slots(self) -> Mapping[str, int]: ...
     def outbox_results(self) -> int: ...
     def lease_remaining_seconds(self) -> float | None: ...
+    def paused(self) -> Mapping[str, bool]: ...
 
 
 class PrometheusObserver(Observer):
@@ -224,7 +225,12 @@ class RunnerGauges:
                                    "server to take them.")
         lease = GaugeMetricFamily("conductor_run_lease_remaining_seconds", "Seconds until the nearest "
                                   "lease deadline over the tasks in flight (absent: none).")
+        paused = GaugeMetricFamily("conductor_run_task_type_paused", "1 while the task type is paused "
+                                   "(configured paused, conductor-run pause, a reload): nothing is polled "
+                                   "for it; 0 while it is polled.", labels=tt)
         if source is not None:
+            for task_type, is_paused in sorted(source.paused().items()):
+                paused.add_metric([task_type], 1 if is_paused else 0)
             for task_type, count in sorted(source.running().items()):
                 active.add_metric([task_type], count)
                 running.add_metric([task_type], count)
@@ -236,4 +242,4 @@ class RunnerGauges:
             left = source.lease_remaining_seconds()
             if left is not None and math.isfinite(left):
                 lease.add_metric([], left)
-        return [active, running, waiting, free, outbox, lease]
+        return [active, running, waiting, free, outbox, lease, paused]

@@ -37,6 +37,7 @@ class _Runner(Protocol):
     @property
     def stopping(self) -> bool: ...
     def failed_pollers(self) -> list[str]: ...
+    def paused_types(self) -> list[str]: ...
 
 
 class _Engine(Protocol):
@@ -78,11 +79,11 @@ class MetricsService:
         self._clock = clock or SystemClock()
         self._types = [t.type for t in config.tasks]
         self._concurrency = {t.type: t.concurrency for t in config.tasks}
-        self._paused = all(t.paused for t in config.tasks)
         self._window = poll_window_seconds(config)
         self.observer = PrometheusObserver(self._types, task_type_label=runner.metrics_task_type_label)
         sources = (str(runner.sources.get("metrics_host", "default")),
                    str(runner.sources.get("metrics_port", "default")))
+        self._listen = (runner.metrics_host, runner.metrics_port)  # as configured (port 0: any)
         self.endpoint = MetricsEndpoint(runner.metrics_host, runner.metrics_port, exposition=self._exposition,
                                         liveness=self.liveness, readiness=self.readiness, sources=sources)
         self._runner: _Runner | None = None
@@ -96,6 +97,27 @@ class MetricsService:
         """Bind (``ConfigError`` if it cannot) and serve; logs where."""
         self.endpoint.start()
         log.info("metrics on %s/metrics (probes /healthz, /readyz)", self.endpoint.url)
+
+    def reconfigure(self, config: ResolvedConfig) -> None:
+        """A reload: the concurrency and poll window from ``config``; a new ``metrics_host`` or
+        ``metrics_port`` is listened on first (``ConfigError`` if it cannot: nothing changes), then
+        the old endpoint closes. Turning metrics on or off, or a new label, needs a restart
+        (``leasecore.config.live`` refuses those before this is called)."""
+        runner = config.runner
+        if runner.metrics_port is None:
+            raise ValueError("metrics are off: no metrics_port")
+        old = self.endpoint
+        if (runner.metrics_host, runner.metrics_port) != self._listen:
+            sources = (str(runner.sources.get("metrics_host", "default")),
+                       str(runner.sources.get("metrics_port", "default")))
+            endpoint = MetricsEndpoint(runner.metrics_host, runner.metrics_port, exposition=self._exposition,
+                                       liveness=self.liveness, readiness=self.readiness, sources=sources)
+            endpoint.start()
+            self.endpoint, self._listen = endpoint, (runner.metrics_host, runner.metrics_port)
+            old.close()
+            log.info("metrics moved to %s/metrics", endpoint.url)
+        self._concurrency = {t.type: t.concurrency for t in config.tasks}
+        self._window = poll_window_seconds(config)
 
     def attach(self, *, runner: _Runner, engine: _Engine, supervisor: _Supervisor, contact: _Contact,
                outbox: _Outbox) -> None:
@@ -129,6 +151,10 @@ class MetricsService:
         running, waiting = self.observer.running_by_type, self.observer.waiting_by_type
         return {t: max(0, n - running.get(t, 0) - waiting.get(t, 0)) for t, n in self._concurrency.items()}
 
+    def paused(self) -> Mapping[str, bool]:
+        paused = set(self._runner.paused_types()) if self._runner is not None else set()
+        return {t: t in paused for t in self._types}
+
     def outbox_results(self) -> int:
         return self._outbox.saved_count() if self._outbox is not None else 0
 
@@ -149,6 +175,7 @@ class MetricsService:
         if runner is None or runner.loop_at is None:
             return HealthFacts(phase=RunPhase.STARTING)
         dead = [f"the poller of {t}" for t in runner.failed_pollers()]
+        paused = runner.paused_types()
         if self._engine is not None and not self._engine.alive():
             dead.append("the lease engine's timer thread")
         last_ok = self._contact.last_ok_at if self._contact is not None else None
@@ -159,7 +186,8 @@ class MetricsService:
             forkserver_up=self._supervisor.forkserver_up if self._supervisor is not None else True,
             contact_age_seconds=None if last_ok is None else now - last_ok,
             poll_window_seconds=self._window,
-            talking=not self._paused or sum(self.running().values()) > 0,
+            talking=len(paused) < len(self._types) or sum(self.running().values()) > 0,
+            paused=tuple(paused),
         )
 
     def liveness(self) -> tuple[bool, str]:

@@ -2,9 +2,10 @@
 
 Owns: the frozen event values put on the runner's ``queue.SimpleQueue`` (a polled or chained task,
 an update-v2 that claimed nothing, a child's exit, a fence from the lease engine, a finished report,
-a stop request, a poller's end, a tick) and their union :data:`Event`. Every input of the runner
-is one of them, so the main thread is the only writer of per-task state (STYLE.md 2.2: a signal
-handler only puts ``ShutdownRequested``).
+a stop request, a poller's end, an operator's control request or SIGHUP's reload, a tick) and
+their union :data:`Event`. Every input of the runner is one of them, so the main thread is the only
+writer of per-task state (STYLE.md 2.2: a signal handler only puts ``ShutdownRequested`` or
+``ReloadRequested``; the control socket's thread only puts ``ControlRequest``).
 
 Must not: carry behaviour or I/O; values only. The ports the runner drives are ``runner.ports``.
 Threads: made on any thread (pollers, the engine's timer and senders, the supervisor's reader, the
@@ -13,7 +14,8 @@ reporter, signal handlers), read only by the runner's main thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.lease import FenceAction, LeasePolicy
@@ -23,9 +25,11 @@ from leasecore.runner.reporter import ReportOutcome
 __all__ = [
     "ChainEnded",
     "ChildExited",
+    "ControlRequest",
     "Event",
     "Fence",
     "PollerExited",
+    "ReloadRequested",
     "ReportDone",
     "ShutdownRequested",
     "TaskPolled",
@@ -83,9 +87,25 @@ class PollerExited:
 
 
 @dataclass(frozen=True)
+class ControlRequest:
+    """An operator's request from the control socket (``leasecore.state.control``): pause, resume,
+    reload or drain. ``answer(reply)`` is called once, by the main thread, with the JSON-able reply."""
+
+    command: str
+    task_types: tuple[str, ...] = ()
+    timeout_seconds: float | None = None  # drain: how long the running tasks may take
+    answer: Callable[[dict[str, Any]], None] = field(default=lambda _reply: None, compare=False)
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP: re-read the configuration file, as ``conductor-run reload`` does (result logged)."""
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Event = (TaskPolled | ChainEnded | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited
-         | Tick)
+         | ControlRequest | ReloadRequested | Tick)

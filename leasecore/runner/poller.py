@@ -108,6 +108,9 @@ class Poller:
         self._answered = False  # some poll of this poller was answered
         self._budget = budget
         self._stop = stop
+        # Paused: no claim is made (no poll, no update-v2 chaining); starts as configured, then
+        # changed live by ``set_paused`` (the runner's pause/resume/reload).
+        self._paused = settings.paused
         base = max(0.01, settings.interval_seconds)
         self._backoff = backoff or PollBackoff(
             BackoffPolicy(empty_base_seconds=base, empty_cap_seconds=max(1.0, base))
@@ -129,6 +132,39 @@ class Poller:
     @property
     def consecutive_errors(self) -> int:
         return self._backoff.consecutive_errors
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def alive(self) -> bool:
+        """Its thread runs (started and not ended)."""
+        return self._thread.is_alive()
+
+    def set_paused(self, paused: bool) -> bool:
+        """Stop (or restart) claiming work for this type; returns whether that changed anything.
+
+        Paused, no poll leaves once the one in flight (if any) has returned, and whatever that poll
+        claims is handed back at once (``on_surplus``); running tasks are not touched. Thread-safe."""
+        with self._cond:
+            changed = self._paused != paused
+            self._paused = paused
+            self._cond.notify_all()
+        return changed
+
+    def reconfigure(self, settings: PollSettings) -> None:
+        """Poll with ``settings`` from the next poll on (a reload: concurrency, poll timeout, domain...);
+        the paused state is ``set_paused``'s, not ``settings.paused``. Thread-safe."""
+        if settings.task_type != self.settings.task_type:
+            raise ValueError("a poller's task type cannot change")
+        with self._cond:
+            if settings.interval_seconds != self.settings.interval_seconds:
+                base = max(0.01, settings.interval_seconds)
+                self._backoff.policy = BackoffPolicy(empty_base_seconds=base,
+                                                     empty_cap_seconds=max(1.0, base))
+            self.settings = settings
+            self._cond.notify_all()  # more slots may be free now
 
     def start(self) -> None:
         self._thread.start()
@@ -157,7 +193,7 @@ class Poller:
         slot for that task, with one unit of the work budget. False (nothing kept: call ``reporting``)
         when the budget is spent, the type is paused or polling stopped. The claimed task then takes
         the slot over (no call); if nothing comes, ``chain_ended``."""
-        if self.settings.paused or self._stop.is_set():
+        if self._paused or self._stop.is_set():
             return False
         return self._budget.reserve(1) == 1
 
@@ -187,12 +223,11 @@ class Poller:
 
     def _run(self) -> None:
         try:
-            if self.settings.paused:
+            if self._paused:
                 # Idle, not ended: a runner whose every type is paused stays up until stopped (as the
-                # SDKs' workers do), instead of exiting 0 at once and being restarted in a loop.
+                # SDKs' workers do), instead of exiting 0 at once and being restarted in a loop; a
+                # resume starts polling.
                 log.info("task type %s is paused: not polling it", self.settings.task_type)
-                self._stop.wait()
-                return
             while not self._stop.is_set() and self.refused is None:
                 self._poll_once()
         except Exception:  # a thread's top level: log it; the runner sees the poller end
@@ -216,13 +251,13 @@ class Poller:
             self._cond.notify_all()
 
     def _take_slots(self) -> int:
-        """Wait for free slots, reserve them and the budget; 0 means stop polling."""
-        cap = max(1, self.settings.max_unstarted)
+        """Wait for free slots (and not paused), reserve them and the budget; 0 means stop polling."""
         with self._cond:
-            while self._full_locked() and not self._stop.is_set():
+            while (self._paused or self._full_locked()) and not self._stop.is_set():
                 self._cond.wait(timeout=1.0)
             if self._stop.is_set():
                 return 0
+            cap = max(1, self.settings.max_unstarted)
             room = min(self.settings.concurrency - self._in_use, cap - self._unstarted)
             granted = self._budget.reserve(room)
             self._in_use += granted
@@ -251,7 +286,13 @@ class Poller:
             self._stop.wait(self.backoff_seconds)
             return
         self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, None)
-        run, surplus = self._split(tasks, count)
+        if self._paused and tasks:  # paused while this poll was out: nothing it claimed runs here
+            self._unreserve(count)
+            run, surplus = list[Task](), tasks
+            log.info("task type %s was paused during a poll: handing its %d task(s) back",
+                     self.settings.task_type, len(tasks))
+        else:
+            run, surplus = self._split(tasks, count)
         with self._cond:
             self._unstarted += len(run) + len(surplus)
         self._answered = True

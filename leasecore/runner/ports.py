@@ -29,6 +29,7 @@ __all__ = [
     "EnginePort",
     "FinalUpdateGuard",
     "LeasePort",
+    "LiveChange",
     "LogPort",
     "PollPort",
     "PollSettings",
@@ -150,7 +151,8 @@ class SupervisorPort(Protocol):
 class StatusPort(Protocol):
     """Where status snapshots go (``StatePublisher``); the runner calls it on its main thread."""
 
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool: ...
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth, paused: Sequence[str] = (),
+                stopping: bool = False) -> bool: ...
     def remove(self) -> None: ...
 
 
@@ -197,6 +199,20 @@ class RunOptions:
     status_interval_seconds: float = 1.0
     status_min_interval_seconds: float = 0.2  # status snapshots are built at most this often
     update_v2: bool = True  # final updates may claim the next task when the port has update_v2 (#23)
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """What a reload hands the runner: every task type's plan built again from the reloaded
+    configuration (used by the tasks started from now on; running ones keep theirs), the new
+    options, the task types whose configured ``paused`` changed (the configuration wins over a
+    live pause or resume only then), and one line per changed value (logged, and the answer)."""
+
+    plans: tuple[TaskTypePlan, ...]
+    options: RunOptions
+    paused: tuple[tuple[str, bool], ...] = ()
+    changes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

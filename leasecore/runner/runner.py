@@ -9,13 +9,15 @@ and is the only writer of per-task state. Per task the order is fixed:
 A final update may claim the next task (update-v2, ``leasecore.runner.chain``): that task takes the
 finished one's slot and follows the same order from ``engine.track``, its lease counted from the
 update's send time. This module owns the loop, the event dispatch, stopping and the status
-snapshots; a task's start is ``starts``' and its end ``ends``' (``leasecore.runner.core``).
+snapshots; a task's start is ``starts``' and its end ``ends``' (``leasecore.runner.core``); pause,
+resume, reload and drain while it runs are ``operate``'s.
 
 Shutdown keeps that order (STYLE.md 2.4): stop polling (and chaining) at once; ask the engine to fence
 every task (now, or at the drain deadline); the children die; their results are reported; heartbeats
 stop last (``engine.reported`` per task, ``engine.stop`` at the very end). A second signal kills
 every tree at once and stops waiting between report retries (undelivered results go to the outbox).
-Main thread, except ``request_stop``/``handle_signal`` and the probes' reads (any thread).
+Main thread, except ``request_stop``/``handle_signal``/``handle_reload_signal``/``control`` and the
+probes' reads (any thread).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from leasecore.runner.ends import ChainUpdates, _tree_gone
 from leasecore.runner.events import (
     ChainEnded,
     ChildExited,
+    ControlRequest,
     Event,
     Fence,
     PollerExited,
+    ReloadRequested,
     ReportDone,
     ShutdownRequested,
     TaskPolled,
@@ -49,10 +53,12 @@ from leasecore.runner.events import (
 )
 from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.logsink import LogStreamer
+from leasecore.runner.operate import LiveControl
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import (
     ConductorPort,
     EnginePort,
+    LiveChange,
     RunOptions,
     RunOutcome,
     StatusPort,
@@ -78,7 +84,7 @@ _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftove
 _DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
-class Runner(TaskStarts):
+class Runner(LiveControl, TaskStarts):
     """Serves every task type of ``plans`` until stopped; see the module docstring."""
 
     def __init__(
@@ -97,6 +103,7 @@ class Runner(TaskStarts):
         contact: ServerContact | None = None,
         on_force: Callable[[], None] | None = None,
         metrics: Observer = NO_METRICS,
+        reload: Callable[[], LiveChange] | None = None,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
@@ -105,8 +112,12 @@ class Runner(TaskStarts):
         (``leasecore.runner.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
         forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
         in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
-        (the runner's own, and its pollers' and default reporter's)."""
+        (the runner's own, and its pollers' and default reporter's). ``reload()``: the configuration
+        loaded again, as a ``LiveChange``, or a ``ConfigError`` refusing it (``leasecore.runner.operate``);
+        None: this runner cannot reload."""
         self._on_force = on_force
+        self._reload = reload
+        self._closed = False
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self._metrics = metrics
@@ -150,9 +161,10 @@ class Runner(TaskStarts):
         self._next_runs = {}
         self._yields = YieldHold(_tree_gone)  # IN_PROGRESS results waiting for their tree to be gone
         self._pollers_alive = len(self._pollers)
-        # Pollers of types that are not paused, still polling: when the last one ends (budget spent,
-        # or it failed) there is no more work. A paused type's poller only waits for the stop, so a
-        # runner whose every type is paused idles until stopped.
+        # Task types polled (not paused from the start, or resumed since) whose poller still runs:
+        # when the last one ends (budget spent, or it failed) there is no more work. A paused type's
+        # poller only waits for a resume or the stop, so a runner whose every type is paused idles
+        # until stopped; a type paused live stays counted (it is coming back).
         self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
         self._any_polling = bool(self._polling_types)
         self._poller_failed = False
@@ -194,7 +206,8 @@ class Runner(TaskStarts):
         ``install_signal_handlers=False``: the caller routes signals to ``handle_signal`` itself (it
         keeps them captured over its own setup and cleanup, see ``leasecore.runner.wiring``).
         """
-        handlers = capture_signals(self.handle_signal) if install_signal_handlers else None
+        handlers = (capture_signals(self.handle_signal, on_reload=self.handle_reload_signal)
+                    if install_signal_handlers else None)
         with handlers or contextlib.nullcontext():
             self._engine.start()
             self._logs.start()
@@ -287,6 +300,10 @@ class Runner(TaskStarts):
             self._on_reported(event.outcome)
         elif isinstance(event, ShutdownRequested):
             self._on_shutdown(event)
+        elif isinstance(event, ControlRequest):
+            self._on_control(event)
+        elif isinstance(event, ReloadRequested):
+            self._on_reload_signal(event)
         elif isinstance(event, PollerExited):
             self._pollers_alive -= 1
             self._poller_failed |= event.failed
@@ -306,7 +323,9 @@ class Runner(TaskStarts):
         else:
             self._begin_stop(name, reason="stop requested")
 
-    def _begin_stop(self, signame: str | None, *, reason: str) -> None:
+    def _begin_stop(self, signame: str | None, *, reason: str, drain_timeout: float | None = None) -> None:
+        """Stop polling and end every task: drained (``--drain``, or ``drain_timeout`` given: a drain
+        asked for by ``conductor-run drain``) or terminated now."""
         if self._stopping_since is not None:
             return
         now = self._clock.monotonic()
@@ -321,10 +340,12 @@ class Runner(TaskStarts):
         running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
         deadline = now
-        if self.options.drain and running:
-            deadline = now + self.options.drain_timeout_seconds
+        drain = self.options.drain or drain_timeout is not None
+        timeout = self.options.drain_timeout_seconds if drain_timeout is None else drain_timeout
+        if drain and running:
+            deadline = now + timeout
             log.warning("%s: stopped polling; letting %d task(s) finish for up to %.0f s", why,
-                        len(running), self.options.drain_timeout_seconds)
+                        len(running), timeout)
             self._engine.shutdown(None, drain_deadline=deadline)
         elif running:
             log.warning("%s: stopped polling; terminating %d task(s)", why, len(running))
@@ -368,6 +389,7 @@ class Runner(TaskStarts):
     def _close(self) -> None:
         # Order matters: output first (bounded), then the reports (each bounded by its deadline),
         # then the heartbeats: the engine stops last so no task loses its lease while reported.
+        self._closed = True  # control requests are answered "stopping" from now on
         self._stop_polling.set()
         self._logs.stop(timeout_seconds=5.0)
         self._handle_late_events()  # a task from a poll that ended with the loop goes straight back
@@ -385,6 +407,8 @@ class Runner(TaskStarts):
                 return
             if isinstance(event, TaskPolled | ChainEnded | ReportDone):
                 self._handle(event)
+            elif isinstance(event, ControlRequest):
+                event.answer({"ok": False, "error": "the runner is stopping"})
 
     # ------------------------------------------------------------------ status
 
@@ -399,4 +423,5 @@ class Runner(TaskStarts):
                 del self._undelivered[task_id]
             elif task_id not in self._tasks:
                 tasks.append(snapshot)
-        self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock))
+        self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock),
+                             paused=self.paused_types(), stopping=self._stopping_since is not None)

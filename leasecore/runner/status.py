@@ -158,9 +158,11 @@ class StatusTee:
         self._on_snapshot = on_snapshot
         self._clock = clock
 
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
-        self._on_snapshot(RunnerSnapshot(self._runner, server, tuple(tasks), updated_at=self._clock.now()))
-        return self._inner.publish(tasks, server=server)
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth, paused: Sequence[str] = (),
+                stopping: bool = False) -> bool:
+        self._on_snapshot(RunnerSnapshot(self._runner, server, tuple(tasks), updated_at=self._clock.now(),
+                                         paused=tuple(paused), stopping=stopping))
+        return self._inner.publish(tasks, server=server, paused=paused, stopping=stopping)
 
     def remove(self) -> None:
         self._inner.remove()

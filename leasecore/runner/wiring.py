@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
+from leasecore.config.live import reload_changes
 from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
@@ -36,12 +37,21 @@ from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
+from leasecore.runner.ports import (
+    LiveChange,
+    PollSettings,
+    RunOptions,
+    RunOutcome,
+    StatusPort,
+    TaskTypePlan,
+    UpdatePort,
+)
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
+from leasecore.state.control import ControlServer
 from leasecore.state.directory import StateDir
 from leasecore.state.orphans import take_over, tree_meta
 from leasecore.state.outbox import Outbox
@@ -199,6 +209,8 @@ def run_worker(
     *,
     environ: Mapping[str, str],
     on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
+    load_again: Callable[[], ResolvedConfig] | None = None,
+    on_reloaded: Callable[[ResolvedConfig], None] | None = None,
 ) -> RunOutcome:
     """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
 
@@ -211,10 +223,14 @@ def run_worker(
     (the second one forces); after it, cleanup (killing whatever the supervisor still holds) still
     runs to the end. The returned outcome carries the first signal, whenever it came.
     ``on_snapshot`` gets the runner's status snapshot in memory at every publish (a live view).
+    ``load_again()``: the configuration loaded again the way ``config`` was (same flags and
+    environment; ``ConfigError`` when it cannot be), for ``conductor-run reload`` and SIGHUP; None:
+    a reload is refused. ``on_reloaded(config)`` once a reload is accepted (the CLI's logging).
+    While the runner serves, its control socket (``leasecore.state.control``) is in the state dir.
     """
     relay = SignalRelay()
-    with capture_signals(relay):
-        outcome = _serve(config, environ, relay, on_snapshot)
+    with capture_signals(relay, on_reload=relay.reload):
+        outcome = _serve(config, environ, relay, on_snapshot, load_again, on_reloaded)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
     if outcome.refused is not None and outcome.signum is None:
@@ -229,6 +245,8 @@ def _serve(
     environ: Mapping[str, str],
     relay: SignalRelay,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    load_again: Callable[[], ResolvedConfig] | None = None,
+    on_reloaded: Callable[[ResolvedConfig], None] | None = None,
 ) -> RunOutcome:
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
@@ -259,19 +277,25 @@ def _serve(
             # then every saved result out: a retry must never start while its old tree may still run.
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
+            reloader = None if load_again is None else Reloader(config, load_again, metrics, on_reloaded)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
-                                  cgroup=setup.describe())
+                                  cgroup=setup.describe(), reload=reloader)
             relay.target = runner.handle_signal
+            relay.reload_target = runner.handle_reload_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
             warn_if_root(config)
             redelivery = Redelivery(outbox, client)
+            control = _start_control(state, runner)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
             redelivery.start()
             try:
                 return runner.run(install_signal_handlers=False)
             finally:
+                relay.reload_target = None
+                if control is not None:
+                    control.close()
                 if metrics is not None:
                     metrics.stopped()
                 redelivery.stop()
@@ -282,6 +306,55 @@ def _serve(
         client.close()
         if metrics is not None:
             metrics.close()
+
+
+def _start_control(state: StateDir, runner: Runner) -> ControlServer | None:
+    """The runner's control socket, listening; None (logged) when it cannot be made: the runner
+    serves all the same, it can only be stopped by a signal then."""
+    control = ControlServer(state.path, runner.control)
+    try:
+        control.start()
+    except OSError as exc:
+        log.warning("no control socket (pause, resume, reload and drain will not reach this runner): "
+                    "cannot listen on %s: %s", control.path, exc.strerror or exc)
+        return None
+    return control
+
+
+class Reloader:
+    """``conductor-run reload`` and SIGHUP, the wiring's part: load the configuration again, refuse it
+    whole (``ConfigError``: it does not load, or a restart-only value changed, ``config.live``), or
+    build every task type's plan again and hand the runner a ``LiveChange``. Main thread."""
+
+    def __init__(
+        self, config: ResolvedConfig, load_again: Callable[[], ResolvedConfig],
+        metrics: MetricsService | None, on_reloaded: Callable[[ResolvedConfig], None] | None,
+    ) -> None:
+        self.config = config
+        self._load = load_again
+        self._metrics = metrics
+        self._on_reloaded = on_reloaded
+
+    def __call__(self) -> LiveChange:
+        new = self._load()
+        changes = reload_changes(self.config, new)
+        if not changes.accepted:
+            raise ConfigError("; ".join(changes.refused))
+        queue_seconds = max_queue_seconds(_most_leases(new), new.runner.ownership_check_rate)
+        plans = tuple(plan_for(task, check_queue_seconds=queue_seconds) for task in new.tasks)
+        if self._metrics is not None:
+            self._metrics.reconfigure(new)  # a new port is listened on before anything changes
+        old, self.config = self.config, new
+        if self._on_reloaded is not None:
+            self._on_reloaded(new)
+        return LiveChange(plans, options_for(new), paused=changes.paused, changes=changes.changed,
+                          warnings=tuple(w for w in new.warnings if w not in old.warnings))
+
+
+def _most_leases(config: ResolvedConfig) -> int:
+    """The most leases a runner holds at once: every slot, plus the results that may wait to be
+    delivered (max(concurrency, 8) per type), each with at most one ownership check queued."""
+    return sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
 
 
 def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
@@ -350,12 +423,10 @@ def _make_runner(
     metrics: MetricsService | None = None,
     *,
     cgroup: str = "",
+    reload: Callable[[], LiveChange] | None = None,
 ) -> Runner:
-    # The most leases this runner holds at once: every slot, plus the results that may wait to be
-    # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
     options = options_for(config)
-    most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
-    queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
+    queue_seconds = max_queue_seconds(_most_leases(config), config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
     publisher = StatePublisher.for_this_process(
         state,
@@ -397,6 +468,7 @@ def _make_runner(
         contact=contact,
         on_force=client.abort,
         metrics=observer,
+        reload=reload,
     )
     if metrics is not None:
         metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,

@@ -132,8 +132,8 @@ class StatePublisher:
         self._refresh_seconds = refresh_seconds
         self._output_interval_seconds = output_interval_seconds
         self._lock = threading.Lock()
-        self._last_full: tuple[ServerHealth, tuple[TaskSnapshot, ...]] | None = None
-        self._last_shape: tuple[ServerHealth, tuple[TaskSnapshot, ...]] | None = None
+        self._last_full: tuple[ServerHealth, tuple[TaskSnapshot, ...], tuple[Any, ...]] | None = None
+        self._last_shape: tuple[ServerHealth, tuple[TaskSnapshot, ...], tuple[Any, ...]] | None = None
         self._last_write_at: float | None = None
         self._failing = False
         self.path = self._dir / f"runner-{runner_info.pid}.json"
@@ -153,10 +153,12 @@ class StatePublisher:
         """Who publishes (its server URL redacted), as every snapshot says."""
         return self._runner
 
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth, paused: Sequence[str] = (),
+                stopping: bool = False) -> bool:
         """Publish the current state; returns whether the file was (re)written. Never raises OSError."""
-        full = (server, tuple(tasks))
-        shape = (server, tuple(replace(t, recent_output=()) for t in full[1]))
+        control = (tuple(paused), stopping)
+        full = (server, tuple(tasks), control)
+        shape = (server, tuple(replace(t, recent_output=()) for t in full[1]), control)
         with self._lock:
             now_mono = self._clock.monotonic()
             since_seconds = None if self._last_write_at is None else now_mono - self._last_write_at
@@ -165,7 +167,8 @@ class StatePublisher:
                 interval_seconds = self._output_interval_seconds if output_only else self._refresh_seconds
                 if since_seconds < interval_seconds:
                     return False
-            snapshot = RunnerSnapshot(self._runner, server, full[1], updated_at=self._clock.now())
+            snapshot = RunnerSnapshot(self._runner, server, full[1], updated_at=self._clock.now(),
+                                      paused=control[0], stopping=stopping)
             # A failed write counts as a write for pacing: it is retried on the next change or
             # refresh, not on every call of a busy loop.
             self._last_write_at = now_mono
@@ -436,6 +439,8 @@ def _runner_document(record: SnapshotRecord, now: datetime) -> dict[str, Any]:
         "stale_reason": record.stale_reason,
         "error": record.error,
         "updated_at": iso_time(snap.updated_at) if snap else None,
+        "paused": list(snap.paused) if snap else [],
+        "stopping": snap.stopping if snap else False,
         "runner": snap.runner.to_json_dict() if snap else None,
         "server": snap.server.to_json_dict() if snap else None,
         "tasks": [_task_document(record, t, now) for t in snap.tasks] if snap else [],

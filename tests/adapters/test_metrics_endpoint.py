@@ -259,6 +259,9 @@ class _NoGauges:
     def lease_remaining_seconds(self) -> float | None:
         return 1.0
 
+    def paused(self) -> dict[str, bool]:
+        return {"demo": False}
+
 
 # ------------------------------------------------------------------------------- the service's facts
 
@@ -268,9 +271,13 @@ class FakeRunner:
         self.loop_at: float | None = None
         self.stopping = False
         self.failed: list[str] = []
+        self.paused: list[str] = []
 
     def failed_pollers(self) -> list[str]:
         return list(self.failed)
+
+    def paused_types(self) -> list[str]:
+        return list(self.paused)
 
 
 class FakeEngine:
@@ -347,3 +354,45 @@ def test_the_service_reads_the_probes_and_gauges_from_the_live_objects() -> None
     assert value(service.observer, "conductor_run_lease_remaining_seconds") == 2.5
     service.stopped()
     assert service.liveness() == (False, "the runner has stopped")
+
+
+def test_a_reload_moves_the_endpoint_and_follows_the_paused_types() -> None:
+    from dataclasses import replace
+
+    from leasecore.clock import FakeClock
+    from leasecore.config.loader import parse_toml, resolve
+    from leasecore.metrics.service import MetricsService
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    first, second = free_port(), free_port()
+    text = f'[worker]\nmetrics_port = {first}\n[[task]]\ntype = "demo"\ncommand = ["true"]\nconcurrency = 3\n'
+    config = resolve(parse_toml(text, "conductor.toml"), {}, {}, cwd="/work", hostname="h")
+    clock = FakeClock()
+    service = MetricsService(config, clock=clock)
+    service.start()
+    try:
+        runner, contact = FakeRunner(), FakeContact()
+        service.attach(runner=runner, engine=FakeEngine(), supervisor=FakeSupervisor(), contact=contact,
+                       outbox=FakeOutbox())
+        runner.loop_at = contact.last_ok_at = clock.monotonic()
+        runner.paused = ["demo"]
+        assert get(first, "/readyz") == (200, "ok: ready; paused: demo\n")
+        assert service.paused() == {"demo": True}
+
+        moved = replace(config, runner=replace(config.runner, metrics_port=second),
+                        tasks=(replace(config.tasks[0], concurrency=5),))
+        service.reconfigure(moved)
+        assert get(second, "/healthz")[0] == 200
+        with pytest.raises(OSError):
+            get(first, "/healthz")  # the old address is closed
+        assert service.free_slots() == {"demo": 5}
+
+        taken = replace(config, runner=replace(config.runner, metrics_port=second), tasks=moved.tasks)
+        service.reconfigure(taken)  # same address: nothing re-bound
+        assert get(second, "/healthz")[0] == 200
+    finally:
+        service.close()

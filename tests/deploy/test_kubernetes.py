@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_the_deployment_waits_longer_than_the_runner_takes_to_stop() -> None:
     assert pod["terminationGracePeriodSeconds"] >= stop_budget_seconds(config) + MARGIN_SECONDS
     labels = deployment["spec"]["selector"]["matchLabels"]
     assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_prestop_hook_drains_within_the_grace_period() -> None:
+    """The preStop hook is `conductor-run drain` (it returns once the runner has exited 0); the grace
+    period, which counts from the hook's start, covers its timeout, the kill grace and the reports."""
+    c = container()
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["conductor-run", "drain"]
+    timeout = float(flag(command, "--timeout"))
+    config = worker_config()
+    assert timeout == config.runner.drain_timeout  # the hook and a SIGTERM'd runner drain alike
+    drained = dataclasses.replace(config, runner=dataclasses.replace(config.runner, drain=True,
+                                                                     drain_timeout=timeout))
+    pod = manifest("deployment.yaml")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= stop_budget_seconds(drained) + MARGIN_SECONDS
+    # The hook finds the runner's control socket where the runner publishes: no --state-dir of its own.
+    assert "--state-dir" not in command
+    assert "CONDUCTOR_RUN_STATE_DIR" in {e["name"] for e in c["env"]}
 
 
 def test_the_config_comes_from_the_configmap_mounted_where_run_reads_it() -> None:

@@ -65,6 +65,15 @@ def test_systemd_stops_only_the_runner_and_waits_longer_than_it_needs_with_the_d
     assert service["EnvironmentFile"].startswith("-")  # credentials are optional (Conductor OSS)
 
 
+def test_reload_goes_through_the_control_socket_of_the_main_process() -> None:
+    service = service_section()
+    argv = service["ExecReload"].split()
+    assert argv[:2] == ["/usr/local/bin/conductor-run", "reload"]
+    assert argv[argv.index("--runner") + 1] == "$MAINPID"
+    state_dir = service["Environment"].partition("CONDUCTOR_RUN_STATE_DIR=")[2]
+    assert argv[argv.index("--state-dir") + 1] == state_dir == "/var/lib/conductor-run"
+
+
 def test_the_docs_example_unit_waits_longer_than_its_runner_needs() -> None:
     """docs/deployment.md "Running a worker" shows a unit of its own (not the template above), with
     --drain and a longer --drain-timeout: its TimeoutStopSec must fit the same budget, or systemd

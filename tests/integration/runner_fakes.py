@@ -308,7 +308,8 @@ class Published:
         self.tasks: list[TaskSnapshot] = []
         self.healths: list[ServerHealth] = []
 
-    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth) -> bool:
+    def publish(self, tasks: Sequence[TaskSnapshot], *, server: ServerHealth, paused: Sequence[str] = (),
+                stopping: bool = False) -> bool:
         with self.lock:
             self.tasks = list(tasks)
             self.healths.append(server)

@@ -229,7 +229,7 @@ def test_a_sigkilled_runner_takes_its_tree_with_it(world: World) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sig", "code"), [(signal.SIGINT, exitcodes.SIGINT), (signal.SIGHUP, exitcodes.SIGHUP)]
+    ("sig", "code"), [(signal.SIGINT, exitcodes.SIGINT), (signal.SIGTERM, exitcodes.SIGTERM)]
 )
 def test_a_signal_fails_the_task_and_leaves_nothing_running(world: World, sig: int, code: int) -> None:
     world.define(responseTimeoutSeconds=30)
