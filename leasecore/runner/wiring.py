@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
-from leasecore.config.settings import ResolvedConfig, TaskSettings
+from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
-from leasecore.runner import treegroups
+from leasecore.runner import childenv, treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
@@ -96,9 +96,12 @@ class WarnWhenCapped:
         return first
 
 
-def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTypePlan:
+def plan_for(
+    task: TaskSettings, *, check_queue_seconds: float = 0.0, server: ServerSettings | None = None
+) -> TaskTypePlan:
     """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
-    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23)."""
+    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23).
+    ``server``: what the child is told about the server (``childenv.handed_env``); None: nothing."""
     spec = CommandSpec(
         argv=tuple(task.command) if task.command is not None else None,
         shell=task.shell,
@@ -113,6 +116,7 @@ def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTyp
         protocol=task.protocol,
         run_as=run_as_for(task),
         limits=treegroups.limits_of(task),  # issue 19
+        handed_env=childenv.handed_env(server) if server is not None else {},
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -265,6 +269,8 @@ def _serve(
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
             warn_if_root(config)
+            if (handing := childenv.warning_for(server)) is not None:
+                log.warning("%s", handing)
             redelivery = Redelivery(outbox, client)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
@@ -356,7 +362,7 @@ def _make_runner(
     options = options_for(config)
     most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
     queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
-    plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
+    plans = [plan_for(task, check_queue_seconds=queue_seconds, server=config.server) for task in config.tasks]
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,
