@@ -131,6 +131,7 @@ class ChildExit:
     output_error: str | None = None
     start_error: str | None = None
     stdout_document: bytes | None = None
+    stdout_bytes: int | None = None  # with stdout_document: how many bytes the child printed in all
     # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see _cgroupfs), how many
     # of its processes the OOM killer killed inside its group, and what enforced memory_max there:
     # "cgroup", "rlimit" (per process) or None (no memory limit).
