@@ -12,4 +12,5 @@ NO_TASK = 6  # --once: no task arrived within the wait
 NOT_FOUND = 7  # status TASK_ID: no runner on this host has that task
 SIGHUP = 129  # stopped by SIGHUP after cleanup (128 + 1)
 SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
+FORCED = 130  # worker stdio: a second signal ended the running tasks (conductor-cli's code for it)
 SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

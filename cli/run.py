@@ -29,10 +29,13 @@ from leasecore.runner.ports import RunOutcome
 from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
+    from collections.abc import Callable
+
     import typer
     from rich.console import Console
 
     from cli.runview import LiveView
+    from leasecore.models import Task, TaskResult
 
 _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGTERM,
                  signal.SIGHUP: exitcodes.SIGHUP}
@@ -202,18 +205,28 @@ def _maybe_terminal() -> bool:
         return False
 
 
-def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
-    """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code."""
+def serve(
+    resolved: ResolvedConfig,
+    view: LiveView | None = None,
+    *,
+    decide: Callable[[RunOutcome, ResolvedConfig], int] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
+) -> int:
+    """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code.
+
+    ``decide(outcome, resolved)``: the exit code of a finished run (default: ``run``'s, README "Exit
+    codes"); ``echo_result``: see ``leasecore.runner.wiring.run_worker``."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
     log_format = resolved.runner.log_format
     try:
         if view is None:
-            outcome = run_worker(resolved, environ=os.environ)
+            outcome = run_worker(resolved, environ=os.environ, echo_result=echo_result)
         else:
             with view.showing():
-                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update)
+                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update,
+                                     echo_result=echo_result)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:
@@ -226,6 +239,8 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
         raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE, log_format) from None
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
+    if decide is not None:
+        return decide(outcome, resolved)
     return exit_code_for(outcome, once=resolved.runner.once, max_tasks=resolved.runner.max_tasks)
 
 

@@ -77,6 +77,7 @@ else:
                 "cliEnv": {name: os.environ.get(name) for name in
                            ("TASK_TYPE", "TASK_ID", "WORKFLOW_ID", "EXECUTION_ID", "POLL_DOMAIN")},
                 "conductorTaskId": os.environ.get("CONDUCTOR_TASK_ID"),
+                "serverUrl": os.environ.get("CONDUCTOR_SERVER_URL"),  # to call back into Conductor
                 "envNames": sorted(os.environ),
                 "secretsSeen": [name for name, value in os.environ.items()
                                 if any(secret in value for secret in look_for)],

@@ -32,7 +32,11 @@ def limit_text(limit: int = OUTPUT_DATA_LIMIT_BYTES) -> str:
 
 
 def too_large(
-    what: str, size: int, limit: int = OUTPUT_DATA_LIMIT_BYTES, *, at_least: bool = False,
+    what: str,
+    size: int,
+    limit: int = OUTPUT_DATA_LIMIT_BYTES,
+    *,
+    at_least: bool = False,
     advice: str = "write big results elsewhere",
 ) -> str:
     """``"<what> is too large: 3565158 bytes, over the 3145728-byte (3 MiB) limit ...; <advice>"``."""

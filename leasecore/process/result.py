@@ -55,8 +55,10 @@ def to_task_result(
         output["outputError"] = exit.output_error
     size = json_size(output)
     if size > OUTPUT_DATA_LIMIT_BYTES:  # the file's object fit, but not with what is added to it
-        status, reason = TaskStatus.FAILED, too_large("outputData (the output file's object, the tails, ...)", size)
-        output = {key: output[key] for key in ("exitCode", "signal", "durationSeconds", "stderrTail", "resources")}
+        status = TaskStatus.FAILED
+        reason = too_large("outputData (the output file's object, the tails, ...)", size)
+        kept = ("exitCode", "signal", "durationSeconds", "stderrTail", "resources")
+        output = {key: output[key] for key in kept}
         output["outputError"] = reason
     reason = bounded(reason)
     return TaskResult(

@@ -144,7 +144,9 @@ def excerpt(data: bytes, limit: int = EXCERPT_CHARS) -> str:
     return repr(text[:limit]) + ("..." if cut else "")
 
 
-def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT_BYTES, total_bytes: int | None = None) -> StdioReply:
+def parse_reply(
+    data: bytes, *, limit: int = STDOUT_LIMIT_BYTES, total_bytes: int | None = None
+) -> StdioReply:
     """The result document in ``data`` (a child's whole stdout); ``InvalidReply`` saying why not.
 
     Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown
@@ -155,8 +157,8 @@ def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT_BYTES, total_bytes: in
     if len(data) > limit:
         size = max(total_bytes or 0, len(data))
         cut = total_bytes is None and len(data) == limit + 1  # maybe only the part that was kept
-        raise InvalidReply(too_large("worker stdout", size, limit, at_least=cut,
-                                     advice="print the result document only, and write big results elsewhere"))
+        advice = "print the result document only, and write big results elsewhere"
+        raise InvalidReply(too_large("worker stdout", size, limit, at_least=cut, advice=advice))
     if not data.strip():
         raise InvalidReply("invalid worker stdout JSON: stdout is empty (expected one JSON document)",
                            excerpt=False)  # fmt: skip

@@ -185,6 +185,20 @@ def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: 
     return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
 
 
+def _echoing(echo: Callable[[Task, TaskResult], None]) -> Callable[..., TaskResult]:
+    def to_result(
+        task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
+    ) -> TaskResult:
+        result = _to_result(task, exit_, spec, worker_id, timed_out=timed_out)
+        try:
+            echo(task, result)
+        except Exception:  # printing must never lose a result
+            log.exception("task %s: echoing its result failed", task.task_id)
+        return result
+
+    return to_result
+
+
 def check_server(client: ConductorClient) -> None:
     """At start: the server answers, and accepts our credentials when we have some.
 
@@ -203,6 +217,7 @@ def run_worker(
     *,
     environ: Mapping[str, str],
     on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> RunOutcome:
     """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
 
@@ -215,12 +230,16 @@ def run_worker(
     (the second one forces); after it, cleanup (killing whatever the supervisor still holds) still
     runs to the end. The returned outcome carries the first signal, whenever it came.
     ``on_snapshot`` gets the runner's status snapshot in memory at every publish (a live view).
+    ``echo_result(task, result)``: called on the main thread with each result made from a child's
+    exit (``worker stdio --verbose`` prints them).
     """
     relay = SignalRelay()
     with capture_signals(relay):
-        outcome = _serve(config, environ, relay, on_snapshot)
+        outcome = _serve(config, environ, relay, on_snapshot, echo_result)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
+    if relay.count > 1 and not outcome.forced:  # the second signal came during setup or cleanup
+        outcome = dataclasses.replace(outcome, forced=True)
     if outcome.refused is not None and outcome.signum is None:
         # The first polls were refused (no or wrong credentials, no permission): the same error, and
         # exit 4, as a refusal by the start-up check, never a quiet "no task" (everything is cleaned up).
@@ -233,6 +252,7 @@ def _serve(
     environ: Mapping[str, str],
     relay: SignalRelay,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> RunOutcome:
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
@@ -264,7 +284,7 @@ def _serve(
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
-                                  cgroup=setup.describe())
+                                  cgroup=setup.describe(), echo_result=echo_result)
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -356,6 +376,7 @@ def _make_runner(
     metrics: MetricsService | None = None,
     *,
     cgroup: str = "",
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> Runner:
     # The most leases this runner holds at once: every slot, plus the results that may wait to be
     # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
@@ -396,7 +417,7 @@ def _make_runner(
         conductor=client,
         make_engine=make_engine,
         supervisor=supervisor,
-        to_result=_to_result,
+        to_result=_to_result if echo_result is None else _echoing(echo_result),
         options=options,
         status=status,
         reporter=make_reporter,

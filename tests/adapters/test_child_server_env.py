@@ -27,7 +27,9 @@ CREDENTIAL_NAMES = ("CONDUCTOR_AUTH_KEY", "CONDUCTOR_AUTH_SECRET", "CONDUCTOR_AU
                     "CONDUCTOR_ACCESS_KEY_ID", "CONDUCTOR_ACCESS_KEY_SECRET")  # fmt: skip
 
 
-def child_env(tmp_path: Path, runner_env: dict[str, str], overrides: dict[str, Any]) -> tuple[dict[str, str], str]:
+def child_env(
+    tmp_path: Path, runner_env: dict[str, str], overrides: dict[str, Any]
+) -> tuple[dict[str, str], str]:
     command = [sys.executable, "-c", PRINT_ENV]
     resolved = load_config({"task_type": "t", "command": command, **overrides}, runner_env, str(tmp_path),
                            hostname="h")  # fmt: skip
@@ -44,8 +46,13 @@ BASE = {"PATH": "/usr/bin:/bin", "HOME": "/h"}
 
 
 def test_without_the_flag_the_child_gets_the_url_from_a_flag_and_no_credential(tmp_path: Path) -> None:
-    runner_env = {**BASE, "CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET,
-                  "CONDUCTOR_ACCESS_KEY_ID": "inherited-id", "CONDUCTOR_SERVER_URL": "http://from-env:1/api"}
+    runner_env = {
+        **BASE,
+        "CONDUCTOR_AUTH_KEY": KEY,
+        "CONDUCTOR_AUTH_SECRET": SECRET,
+        "CONDUCTOR_ACCESS_KEY_ID": "inherited-id",
+        "CONDUCTOR_SERVER_URL": "http://from-env:1/api",
+    }
     env, raw = child_env(tmp_path, runner_env, {"server": "http://127.0.0.1:9/api"})
     assert env["CONDUCTOR_SERVER_URL"] == "http://127.0.0.1:9/api"  # the runner's, not the inherited one
     for name in CREDENTIAL_NAMES:

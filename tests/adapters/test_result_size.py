@@ -58,7 +58,8 @@ def test_a_stdio_document_past_the_limit_fails_saying_its_size(tmp_path: Path) -
     assert (result.reason_for_incompletion or "").startswith(
         f"worker stdout is too large: {printed} bytes, over the 3145728-byte (3 MiB) limit the server keeps "
         "without external storage; print the result document only, and write big results elsewhere; "
-        "stdout began: ")
+        "stdout began: "
+    )
     assert json_size(result.output_data) < 64 * 1024  # the diagnostics only
 
 
@@ -77,7 +78,8 @@ def test_a_native_output_file_past_the_limit_fails_saying_its_size(tmp_path: Pat
     file_bytes = len(json.dumps({"blob": "x" * size}))
     assert result.reason_for_incompletion == (
         f"CONDUCTOR_OUTPUT_FILE is too large: {file_bytes} bytes, over the 3145728-byte (3 MiB) limit the "
-        "server keeps without external storage; write big results elsewhere")
+        "server keeps without external storage; write big results elsewhere"
+    )
     assert "blob" not in result.output_data
 
 
