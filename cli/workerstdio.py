@@ -157,6 +157,11 @@ def worker_stdio(
         cli = resolve_cli({"server": server, "auth-key": auth_key, "auth-secret": auth_secret,
                            "auth-token": auth_token}, profile=profile, config_file=cli_config,
                           environ=environ, cwd=os.getcwd())  # fmt: skip
+    except ConfigError as exc:  # conductor-cli's own files and flags: named as given
+        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
+    except ConductorRunError as exc:
+        raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
+    try:
         overrides = {
             **run_overrides,
             "config": run_config,
@@ -173,7 +178,7 @@ def worker_stdio(
         resolved = _with_cli_sources(load_config(overrides, merge_environ(environ, cli), os.getcwd()), cli)
         reexec.hand_off(name for task in resolved.tasks for name in task.secrets)
     except ConfigError as exc:
-        raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
+        raise _fail(f"configuration error: {_our_flags(str(exc))}", exitcodes.CONFIG, log_format) from None
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
     view = live_view_for(resolved.runner.log_format)
@@ -187,6 +192,17 @@ def worker_stdio(
     if cli.file is not None:
         log.info("conductor-cli settings from %s", cli.file)
     raise SystemExit(serve(resolved, view, decide=worker_exit_code, echo_result=echo if verbose else None))
+
+
+# run's flags whose values this command takes under conductor-cli's names: a message names the one typed.
+_FLAG_NAMES = {"flag --concurrency": "flag --count", "flag --task-type": "flag --type",
+               "(from --config)": "(from --run-config)"}  # fmt: skip
+
+
+def _our_flags(message: str) -> str:
+    for run_flag, cli_flag in _FLAG_NAMES.items():
+        message = message.replace(run_flag, cli_flag)
+    return message
 
 
 def _poll_timeout(poll_timeout: int | None, legacy: int | None, warnings: list[str]) -> int:

@@ -65,7 +65,7 @@ def test_every_conductor_cli_flag_is_accepted(tmp_path: Path) -> None:
 def test_flags_after_the_commands_words_are_read_as_cobra_reads_them(tmp_path: Path) -> None:
     done = worker(tmp_path, "--type", "t", "python3", "worker.py", "--count", "0")
     assert done.returncode == exitcodes.CONFIG  # --count 0 reached the merge: it was read as a flag
-    assert "concurrency" in done.stderr
+    assert "invalid concurrency = 0 (from flag --count)" in done.stderr  # named as it was typed
     done = worker(tmp_path, "--type", "t", "python3", "-u", "worker.py")
     assert done.returncode == exitcodes.USAGE and "No such option: -u" in done.stderr  # as cobra: use --
 
