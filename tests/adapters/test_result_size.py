@@ -94,3 +94,10 @@ def test_the_whole_output_data_counts_not_only_the_file(tmp_path: Path) -> None:
     assert OUTPUT_DATA_LIMIT_BYTES < shown < OUTPUT_DATA_LIMIT_BYTES + 70_000
     assert "blob" not in result.output_data and result.output_data["outputError"] == reason
     assert json_size(result.output_data) < 128 * 1024
+
+
+def test_the_size_is_measured_as_the_real_server_measures_it() -> None:
+    """Probed on the Conductor 3.32.1 jar: outputData {"blob": "x" * (3 MiB - 11)} (3145728 bytes of
+    compact JSON) stayed inline; one byte more was moved to external storage."""
+    assert json_size({"blob": "x" * (3 * MIB - 11)}) == OUTPUT_DATA_LIMIT_BYTES
+    assert json_size({"é": "ü", "n": [1, 2.5, None, True]}) == len('{"é":"ü","n":[1,2.5,null,true]}'.encode())
