@@ -154,9 +154,9 @@ def worker_stdio(
     polled = _poll_timeout(poll_timeout, legacy_timeout, warnings)
     try:
         environ = reexec.receive()  # os.environ, plus the secrets a re-exec handed over
-        cli = resolve_cli({"server": server, "auth-key": auth_key, "auth-secret": auth_secret,
-                           "auth-token": auth_token}, profile=profile, config_file=cli_config,
-                          environ=environ, cwd=os.getcwd())  # fmt: skip
+        given = {"server": server, "auth-key": auth_key, "auth-secret": auth_secret, "auth-token": auth_token}
+        flags = _credential_flags(environ, given)
+        cli = resolve_cli(flags, profile=profile, config_file=cli_config, environ=environ, cwd=os.getcwd())
     except ConfigError as exc:  # conductor-cli's own files and flags: named as given
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorRunError as exc:
@@ -176,7 +176,17 @@ def worker_stdio(
             "drain": True,
         }
         resolved = _with_cli_sources(load_config(overrides, merge_environ(environ, cli), os.getcwd()), cli)
-        reexec.hand_off(name for task in resolved.tasks for name in task.secrets)
+        # A credential flag's value is in /proc/<pid>/cmdline, which any process of the host can read:
+        # re-executed (same pid) without it, the value handed over by pipe with the environment's.
+        # Only what is on this image's command line (a re-executed one has none left to move).
+        stash = {var: value for key, var in _FLAG_VARS.items() if (value := given.get(key))}
+        os.environ.update(stash)
+        try:
+            argv = _without_credential_flags(sys.orig_argv) if stash else None
+            reexec.hand_off((name for task in resolved.tasks for name in task.secrets), argv=argv)
+        finally:  # still here: no re-exec (in-process, or not allowed)
+            for var in stash:
+                os.environ.pop(var, None)
     except ConfigError as exc:
         raise _fail(f"configuration error: {_our_flags(str(exc))}", exitcodes.CONFIG, log_format) from None
     except ConductorRunError as exc:
@@ -185,8 +195,9 @@ def worker_stdio(
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for key in ("auth-secret", "auth-token"):
         if cli.sources.get(key, "").startswith("flag"):
-            warnings.append(f"--{key} on the command line can be read by every user of this host (ps); "
-                            "prefer a profile file (mode 0600) or the environment")  # fmt: skip
+            warnings.append(f"--{key} was on the command line, where other users could read it (ps) until "
+                            "conductor-run re-executed itself without it, and where shell history keeps "
+                            "it; prefer a profile file (mode 0600) or the environment")  # fmt: skip
     for warning in (*resolved.warnings, *warnings):
         logging.getLogger("conductor_run.config").warning("%s", warning)
     if cli.file is not None:
@@ -203,6 +214,43 @@ def _our_flags(message: str) -> str:
     for run_flag, cli_flag in _FLAG_NAMES.items():
         message = message.replace(run_flag, cli_flag)
     return message
+
+
+# Where a credential flag's value waits across the re-exec (CONDUCTOR_AUTH_*: a secret name, handed
+# over by pipe and never inherited by a child).
+_FLAG_VARS = {"auth-key": "CONDUCTOR_AUTH_FLAG_KEY", "auth-secret": "CONDUCTOR_AUTH_FLAG_SECRET",
+              "auth-token": "CONDUCTOR_AUTH_FLAG_TOKEN"}  # fmt: skip
+
+
+def _credential_flags(environ: dict[str, str], flags: dict[str, str | None]) -> dict[str, str | None]:
+    """``flags``, with the credential flags' values a re-exec handed over (taken out of ``environ``)."""
+    found = dict(flags)
+    for key, var in _FLAG_VARS.items():
+        value = environ.pop(var, None)
+        os.environ.pop(var, None)
+        if value and not found.get(key):
+            found[key] = value
+    return found
+
+
+def _without_credential_flags(argv: list[str]) -> list[str]:
+    """``argv`` without ``--auth-key``, ``--auth-secret``, ``--auth-token`` and their values (``--flag
+    VALUE`` and ``--flag=VALUE``), up to a ``--`` (after it, the words are the command's)."""
+    names = {f"--{key}" for key in _FLAG_VARS}
+    kept: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            kept.append(word)
+            kept.extend(words)
+            break
+        if word in names:
+            next(words, None)
+            continue
+        if word.partition("=")[0] in names:
+            continue
+        kept.append(word)
+    return kept
 
 
 def _poll_timeout(poll_timeout: int | None, legacy: int | None, warnings: list[str]) -> int:

@@ -58,7 +58,7 @@ def test_every_conductor_cli_flag_is_accepted(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == exitcodes.UNREACHABLE, done.stderr
     assert "server unreachable at http://127.0.0.1:9/api" in done.stderr
-    assert "--auth-secret on the command line can be read by every user" in done.stderr
+    assert "--auth-secret was on the command line, where other users could read it" in done.stderr
     assert "usage" not in done.stderr.lower()
 
 
@@ -96,3 +96,12 @@ def test_the_options_become_a_stdio_run_with_a_drain(tmp_path: Path) -> None:
 def test_exit_codes_of_the_shutdown_habit(tmp_path: Path, outcome: RunOutcome, expected: int) -> None:
     resolved = load_config({"command": ["w"], "task_type": "t"}, {}, str(tmp_path), hostname="h")
     assert worker_exit_code(outcome, resolved) == expected
+
+
+def test_credential_flags_are_cut_from_the_re_executed_command_line() -> None:
+    from cli.workerstdio import _without_credential_flags
+
+    argv = ["py", "-m", "cli", "worker", "stdio", "--type", "t", "--auth-key", "k", "--auth-secret=s",
+            "python3", "w.py", "--auth-token", "tok", "--count", "2", "--", "x", "--auth-secret", "kept"]
+    assert _without_credential_flags(argv) == ["py", "-m", "cli", "worker", "stdio", "--type", "t", "python3",
+                                               "w.py", "--count", "2", "--", "x", "--auth-secret", "kept"]

@@ -222,3 +222,22 @@ def test_each_logs_item_is_one_entry_of_the_task_log(world: World) -> None:
     wait_until(lambda: all(item in entries() for item in wanted), what="three entries")
     assert worker.stop() == exitcodes.OK
     assert [entry for entry in entries() if entry.startswith("item ")] == wanted
+
+
+def test_credential_flags_leave_the_runners_command_line_and_still_authenticate(auth_world: World) -> None:
+    """``--auth-secret`` on conductor-cli's command line would sit in /proc/<pid>/cmdline, which every
+    process of the host (the task's included) can read: the runner re-executes itself without it."""
+    world = auth_world
+    define(world)
+    world.start_workflow(mode="sleep", seconds=60)
+    worker = Worker(world, ["--type", world.task_type, "--server", world.server.url, "--auth-key", AUTH_KEY,
+                            f"--auth-secret={AUTH_SECRET}", *WORKER])  # fmt: skip
+    wait_until(world.child_pids, timeout_seconds=30, what="the child to start (the flags' credentials work)")
+    cmdline = Path(f"/proc/{worker.proc.pid}/cmdline").read_bytes().decode()
+    environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes().decode()
+    assert AUTH_SECRET not in cmdline and AUTH_KEY not in cmdline and AUTH_SECRET not in environ
+    assert "--type" in cmdline and world.task_type in cmdline  # the rest of the line is kept
+    assert "--auth-secret was on the command line" in worker.stderr
+    worker.proc.send_signal(signal.SIGTERM)  # the task would run 60 s: drain, then force
+    wait_until(lambda: "letting 1 task(s) finish" in worker.stderr, what="the drain to begin")
+    assert worker.stop() == exitcodes.FORCED, worker.stderr
