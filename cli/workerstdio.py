@@ -176,6 +176,8 @@ def worker_stdio(
             "drain": True,
         }
         resolved = _with_cli_sources(load_config(overrides, merge_environ(environ, cli), os.getcwd()), cli)
+        if (held := _file_secrets_warning(cli, resolved)) is not None:
+            warnings.append(held)
         # A credential flag's value is in /proc/<pid>/cmdline, which any process of the host can read:
         # re-executed (same pid) without it, the value handed over by pipe with the environment's.
         # Only what is on this image's command line (a re-executed one has none left to move).
@@ -263,6 +265,22 @@ def _poll_timeout(poll_timeout: int | None, legacy: int | None, warnings: list[s
                         f"{MAX_POLL_TIMEOUT_MS} ms is used")  # fmt: skip
         return MAX_POLL_TIMEOUT_MS
     return value
+
+
+def _file_secrets_warning(cli: CliSettings, resolved: ResolvedConfig) -> str | None:
+    """conductor.toml's rule for a file holding a credential, for conductor-cli's file: open to group
+    or others, a warning, or a ConfigError when children run as another user (who could read it)."""
+    from leasecore.config import trust
+
+    if cli.file is None:
+        return None
+    where = f"file {cli.file}"
+    from_file = {key: value for key, value in cli.values.items() if cli.sources.get(key) == where}
+    held = {"auth_secret": from_file.get("auth-secret"), "auth_token": from_file.get("auth-token"),
+            "url": from_file.get("server")}  # fmt: skip
+    task = next((task for task in resolved.tasks if task.user is not None), None)
+    run_as = None if task is None else f"task {task.type!r} runs its children as user {task.user!r}"
+    return trust.config_file_secrets(cli.file, held, run_as)
 
 
 def merge_environ(environ: Mapping[str, str], cli: CliSettings) -> dict[str, str]:

@@ -105,3 +105,18 @@ def test_credential_flags_are_cut_from_the_re_executed_command_line() -> None:
             "python3", "w.py", "--auth-token", "tok", "--count", "2", "--", "x", "--auth-secret", "kept"]
     assert _without_credential_flags(argv) == ["py", "-m", "cli", "worker", "stdio", "--type", "t", "python3",
                                                "w.py", "--count", "2", "--", "x", "--auth-secret", "kept"]
+
+
+def test_a_profile_file_holding_a_secret_open_to_others_is_warned_about(tmp_path: Path) -> None:
+    (tmp_path / ".conductor-cli").mkdir()
+    profile = tmp_path / ".conductor-cli" / "config-open.yaml"
+    profile.write_text("server: http://127.0.0.1:9/api\nauth-key: k\nauth-secret: s-4711\n")
+    profile.chmod(0o644)
+    done = worker(tmp_path, "--type", "t", "--profile", "open", "--state-dir", str(tmp_path / "s"), "true")
+    assert done.returncode == exitcodes.UNREACHABLE, done.stderr  # warned, then went on to the server
+    wanted = f"config file {profile} holds auth_secret and is open to group or others (mode 0644)"
+    assert wanted in done.stderr
+    assert "s-4711" not in done.stderr
+    profile.chmod(0o600)
+    again = worker(tmp_path, "--type", "t", "--profile", "open", "true")
+    assert "open to group or others" not in again.stderr
