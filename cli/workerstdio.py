@@ -68,7 +68,10 @@ A first SIGINT/SIGTERM stops polling and lets running tasks finish (leases kept,
 """
 
 CLI_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
-    ("command", list[str] | None, typer.Argument(None, metavar="COMMAND [ARGS]...")),
+    ("command", list[str] | None, typer.Argument(
+        None, metavar="COMMAND [ARGS]...", show_default=False,
+        help="The command run for each task, without a shell; its own options go after --.",
+    )),
     ("cli_type", str | None, typer.Option(None, "--type", metavar="TASK_TYPE",
                                           help="Task type to poll for (required).")),
     ("count", int | None, typer.Option(
