@@ -241,3 +241,26 @@ def test_credential_flags_leave_the_runners_command_line_and_still_authenticate(
     worker.proc.send_signal(signal.SIGTERM)  # the task would run 60 s: drain, then force
     wait_until(lambda: "letting 1 task(s) finish" in worker.stderr, what="the drain to begin")
     assert worker.stop() == exitcodes.FORCED, worker.stderr
+
+
+def test_run_too_hands_the_child_its_server_url_and_no_credential(auth_world: World) -> None:
+    """The native protocol under ``run``: CONDUCTOR_SERVER_URL is the runner's (from --server), the
+    credentials of the runner's environment stay out, and --pass-credentials brings them in."""
+    world = auth_world
+    world.define(response_timeout=30)
+    write_env = ("import json, os; names = ('CONDUCTOR_SERVER_URL', 'CONDUCTOR_AUTH_KEY', "
+                 "'CONDUCTOR_AUTH_SECRET', 'CONDUCTOR_ACCESS_KEY_ID', 'CONDUCTOR_ACCESS_KEY_SECRET'); "
+                 "open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w').write(json.dumps("
+                 "{n: os.environ[n] for n in names if n in os.environ}))")  # fmt: skip
+    credentials = {"CONDUCTOR_AUTH_KEY": AUTH_KEY, "CONDUCTOR_AUTH_SECRET": AUTH_SECRET}
+    seen = {}
+    for extra in ([], ["--pass-credentials"]):
+        wf = world.start_workflow()
+        proc = world.run("--once", *extra, command=[sys.executable, "-c", write_env], env=credentials)
+        code, log = world.finish(proc)
+        assert code == exitcodes.OK, log
+        output = world.task_of(wf)["outputData"]
+        seen[bool(extra)] = {name: output[name] for name in output if name.startswith("CONDUCTOR_")}
+    assert seen[False] == {"CONDUCTOR_SERVER_URL": world.server.url}
+    assert seen[True] == {"CONDUCTOR_SERVER_URL": world.server.url, **credentials,
+                          "CONDUCTOR_ACCESS_KEY_ID": AUTH_KEY, "CONDUCTOR_ACCESS_KEY_SECRET": AUTH_SECRET}
