@@ -44,6 +44,7 @@ def effective_view(config: ResolvedConfig) -> dict[str, Any]:
         "auth_token": MASK if server.auth_token else None,
         "auth_secret_file": server.auth_secret_file,  # a path, not the secret
         "ca_bundle": server.ca_bundle,
+        "pass_credentials": server.pass_credentials,
     }
     return {
         "config_file": config.config_file,

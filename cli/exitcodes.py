@@ -16,4 +16,5 @@ NO_RUNNER = 8
 REFUSED = 9
 SIGHUP = 129  # stopped by SIGHUP after cleanup (128 + 1): `server` only (a runner reloads on SIGHUP)
 SIGINT = 130  # stopped by SIGINT after cleanup (128 + 2)
+FORCED = 130  # worker stdio: a second signal ended the running tasks (conductor-cli's code for it)
 SIGTERM = 143  # stopped by SIGTERM after cleanup (128 + 15)

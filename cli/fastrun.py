@@ -24,6 +24,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "config": ("--config", "str"),
     "server": ("--server", "str"),
     "ca_bundle": ("--ca-bundle", "str"),
+    "pass_credentials": ("--pass-credentials", "flag"),
     "task_type": ("--task-type", "str"),
     "shell": ("--shell", "str"),
     "concurrency": ("--concurrency", "int"),

@@ -116,9 +116,11 @@ def _handoff_fd(marker: str) -> int:
     return fd
 
 
-def hand_off(patterns: Iterable[str] = ()) -> None:
+def hand_off(patterns: Iterable[str] = (), *, argv: list[str] | None = None) -> None:
     """Re-execute without the secret variables of ``os.environ`` (see the module docstring); returns
-    only when there are none, or when re-executing is not allowed (in-process) or already done."""
+    only when there are none, or when re-executing is not allowed (in-process) or already done.
+    ``argv``: the new image's command line (default: this one's), for a caller that moved secrets from
+    its command line into the hand-off (``worker stdio``'s ``--auth-secret``)."""
     if not _allowed or HANDOFF_ENV in os.environ:
         return
     names = secret_names(os.environ, patterns)
@@ -143,7 +145,8 @@ def hand_off(patterns: Iterable[str] = ()) -> None:
         os.close(write_fd)
     os.set_inheritable(read_fd, True)
     clean[HANDOFF_ENV] = str(read_fd)
-    argv = [sys.orig_argv[0], *sys.orig_argv[1:]] if sys.orig_argv else [sys.executable, *sys.argv]
+    if argv is None:
+        argv = [sys.orig_argv[0], *sys.orig_argv[1:]] if sys.orig_argv else [sys.executable, *sys.argv]
     sys.stdout.flush()
     sys.stderr.flush()
     try:

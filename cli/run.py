@@ -30,10 +30,13 @@ from leasecore.runner.ports import RunOutcome
 from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
+    from collections.abc import Callable
+
     import typer
     from rich.console import Console
 
     from cli.runview import LiveView
+    from leasecore.models import Task, TaskResult
 
 _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGTERM,
                  signal.SIGHUP: exitcodes.SIGHUP}
@@ -234,12 +237,18 @@ def _maybe_terminal() -> bool:
 
 
 def serve(
-    resolved: ResolvedConfig, view: LiveView | None = None, *,
+    resolved: ResolvedConfig,
+    view: LiveView | None = None,
+    *,
     load_again: Reloading | None = None,
+    decide: Callable[[RunOutcome, ResolvedConfig], int] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> int:
     """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code.
+
     ``load_again``: what a reload loads and how it applies the logging (``loader_for``); None:
-    reloads are refused."""
+    reloads are refused. ``decide(outcome, resolved)``: the exit code of a finished run (default:
+    ``run``'s, docs/cli.md "Exit codes"); ``echo_result``: see ``leasecore.runner.wiring.run_worker``."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
@@ -247,11 +256,12 @@ def serve(
     try:
         load, on_reloaded = load_again if load_again is not None else (None, None)
         if view is None:
-            outcome = run_worker(resolved, environ=os.environ, load_again=load, on_reloaded=on_reloaded)
+            outcome = run_worker(resolved, environ=os.environ, load_again=load, on_reloaded=on_reloaded,
+                                 echo_result=echo_result)
         else:
             with view.showing():
                 outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update, load_again=load,
-                                     on_reloaded=on_reloaded)
+                                     on_reloaded=on_reloaded, echo_result=echo_result)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:
@@ -264,6 +274,8 @@ def serve(
         raise _fail(f"server unreachable at {url}: {exc}", exitcodes.UNREACHABLE, log_format) from None
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
+    if decide is not None:
+        return decide(outcome, resolved)
     return exit_code_for(outcome, once=resolved.runner.once, max_tasks=resolved.runner.max_tasks)
 
 

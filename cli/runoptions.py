@@ -23,6 +23,9 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("config", str | None, typer.Option(None, "--config", metavar="FILE", help=config_file_help())),
     ("server", str | None, typer.Option(None, "--server", metavar="URL", help=key_help("url"))),
     ("ca_bundle", str | None, typer.Option(None, "--ca-bundle", metavar="FILE", help=key_help("ca_bundle"))),
+    ("pass_credentials", bool | None, typer.Option(
+        None, "--pass-credentials", help=key_help("pass_credentials")
+    )),
     ("task_type", str | None, typer.Option(
         None, "--task-type", metavar="NAME",
         help=key_help("type", what="the task type to poll (with a config file: only this [[task]] runs)",

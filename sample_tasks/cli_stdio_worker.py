@@ -14,7 +14,9 @@ the same file runs under ``conductor worker stdio --type T python3 cli_stdio_wor
   garbage             prints text that is not JSON
   crash               a message on stderr, exit status 3
   sleep               runs ``inputData.seconds`` (with a child process of its own), then COMPLETED
-  flood               prints 2 MiB on stdout
+  flood               prints 4 MiB on stdout
+  big                 COMPLETED with ``output.blob``: ``inputData.size`` bytes of text
+  logs                COMPLETED with ``inputData.count`` log lines (``logs``), one per item
 """
 
 import json
@@ -55,9 +57,14 @@ elif mode == "sleep":
     reply({"status": "COMPLETED", "output": {"slept": data.get("seconds")}})
 elif mode == "flood":
     chunk = "x" * 65536
-    for _ in range(32):
+    for _ in range(64):
         sys.stdout.write(chunk)
     reply({"status": "COMPLETED"})
+elif mode == "big":
+    reply({"status": "COMPLETED", "output": {"blob": "x" * int(data.get("size", 0))}})
+elif mode == "logs":
+    count = int(data.get("count", 3))
+    reply({"status": "COMPLETED", "logs": [f"item {n}: line a\nline b" for n in range(count)]})
 else:
     look_for = [str(value) for value in data.get("lookFor") or []]
     reply(
@@ -70,6 +77,7 @@ else:
                 "cliEnv": {name: os.environ.get(name) for name in
                            ("TASK_TYPE", "TASK_ID", "WORKFLOW_ID", "EXECUTION_ID", "POLL_DOMAIN")},
                 "conductorTaskId": os.environ.get("CONDUCTOR_TASK_ID"),
+                "serverUrl": os.environ.get("CONDUCTOR_SERVER_URL"),  # to call back into Conductor
                 "envNames": sorted(os.environ),
                 "secretsSeen": [name for name, value in os.environ.items()
                                 if any(secret in value for secret in look_for)],

@@ -110,6 +110,18 @@ KEYS: dict[str, KeySpec] = {
             flag="--ca-bundle",
         ),
         # --- end #24 ------------------------------------------------------------------------------
+        # --- the child may be handed the runner's credentials, on request only -----------------
+        _key(
+            "pass_credentials",
+            "server",
+            check_bool,
+            "hand the runner's credentials to every child (CONDUCTOR_AUTH_*, CONDUCTOR_ACCESS_KEY_*) "
+            "so it can call back into Conductor; off: no child sees them",
+            env=("CONDUCTOR_RUN_PASS_CREDENTIALS",),
+            flag="--pass-credentials",
+            **_B,
+        ),
+        # --- end pass_credentials -----------------------------------------------------------------
         # runner-wide, in [worker]
         _key(
             "state_dir",

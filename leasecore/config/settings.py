@@ -54,6 +54,7 @@ class ServerSettings:
     auth_token: str | None = field(default=None, repr=False)  # conductor-cli's CONDUCTOR_AUTH_TOKEN
     auth_secret_file: str | None = None  # absolute; load_config reads it into auth_secret (#24)
     ca_bundle: str | None = None  # absolute; None: the system's/certifi's CAs (#24)
+    pass_credentials: bool = False  # hand the credentials to children (leasecore.runner.childenv)
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 

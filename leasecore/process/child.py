@@ -232,7 +232,10 @@ class Child:
 
         return emit
 
-    def _finish(self, stdout_tail: str, stderr_tail: str, stdout_document: bytes | None = None) -> None:
+    def _finish(
+        self, stdout_tail: str, stderr_tail: str, stdout_document: bytes | None = None,
+        stdout_bytes: int | None = None,
+    ) -> None:
         assert self._exit_info is not None
         code, sig, ended_at = self._exit_info
         try:
@@ -252,6 +255,7 @@ class Child:
             output=output,
             output_error=output_error,
             stdout_document=stdout_document,
+            stdout_bytes=stdout_bytes,
             resources=self._usage[0],
             oom_kills=self._usage[1],
             memory_limit_by=self.memory_limit_by,

@@ -241,7 +241,8 @@ class OutputReader:
         stderr.close()
         try:
             document = stdout.document() if isinstance(stdout, StdoutDocument) else None
-            child._finish(stdout.tail(), stderr.tail(), document)
+            child._finish(stdout.tail(), stderr.tail(), document,
+                          stdout.total_bytes if document is not None else None)
         except Exception:  # the task's files: log it; the child is done either way
             log.exception("finishing task %s failed", child.key)
 

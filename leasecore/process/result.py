@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
 from leasecore.process.spec import STDIO, ChildExit, CommandSpec
 from leasecore.process.stdio_protocol import to_stdio_result
@@ -52,6 +53,13 @@ def to_task_result(
     )
     if exit.output_error:
         output["outputError"] = exit.output_error
+    size = json_size(output)
+    if size > OUTPUT_DATA_LIMIT_BYTES:  # the file's object fit, but not with what is added to it
+        status = TaskStatus.FAILED
+        reason = too_large("outputData (the output file's object, the tails, ...)", size)
+        kept = ("exitCode", "signal", "durationSeconds", "stderrTail", "resources")
+        output = {key: output[key] for key in kept}
+        output["outputError"] = reason
     reason = bounded(reason)
     return TaskResult(
         task_id=task.task_id,

@@ -94,6 +94,10 @@ class CommandSpec:
     protocol: str = NATIVE
     run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
     limits: Limits = field(default_factory=Limits)  # per tree where cgroups allow, else rlimits
+    # Set after the credential filter, on purpose: CONDUCTOR_SERVER_URL always, and the runner's
+    # credentials when pass_credentials asks for them (``leasecore.runner.childenv``). Their values
+    # are secrets to mask in whatever the child prints: ``childenv.credential_values``.
+    handed_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -127,6 +131,7 @@ class ChildExit:
     output_error: str | None = None
     start_error: str | None = None
     stdout_document: bytes | None = None
+    stdout_bytes: int | None = None  # with stdout_document: how many bytes the child printed in all
     # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see _cgroupfs), how many
     # of its processes the OOM killer killed inside its group, and what enforced memory_max there:
     # "cgroup", "rlimit" (per process) or None (no memory limit).
@@ -238,6 +243,8 @@ def build_child_env(
         if budget < 0:
             break
         env[name] = text
+    # Handed on purpose (the server's URL; credentials only when asked for): past the filter above.
+    env.update((name, value) for name, value in spec.handed_env.items() if _exec_safe(value))
     if spec.protocol == STDIO:  # conductor-cli's names, beside ours (no stale POLL_DOMAIN inherited)
         env.pop("POLL_DOMAIN", None)
         env.update((name, value) for name, value in stdio_env(task).items() if _exec_safe(value))

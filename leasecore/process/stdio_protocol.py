@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
+from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
 from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
-STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: outputData stays < 3 MB
+STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: what the server keeps (3 MiB)
 EXCERPT_CHARS = 200  # of stdout, in a reason
 STDOUT_EXCERPT_BYTES = 4096  # of stdout, in outputData.stdoutExcerpt
 MAX_LOG_ENTRIES = 1000  # the document's logs kept (the task log's own buffer holds as many)
@@ -143,18 +144,21 @@ def excerpt(data: bytes, limit: int = EXCERPT_CHARS) -> str:
     return repr(text[:limit]) + ("..." if cut else "")
 
 
-def parse_reply(data: bytes, *, limit: int = STDOUT_LIMIT_BYTES) -> StdioReply:
+def parse_reply(
+    data: bytes, *, limit: int = STDOUT_LIMIT_BYTES, total_bytes: int | None = None
+) -> StdioReply:
     """The result document in ``data`` (a child's whole stdout); ``InvalidReply`` saying why not.
 
     Field names match like Go's ``encoding/json`` does (exact first, else case-insensitively); unknown
     fields are ignored; the types are as strict as conductor-cli's (``output`` an object, ``logs`` strings,
-    ``reason`` and ``status`` strings, each may be null).
+    ``reason`` and ``status`` strings, each may be null). ``total_bytes``: how much the child printed
+    in all (``data`` holds at most ``limit`` + 1 of them), for the reason.
     """
     if len(data) > limit:
-        raise InvalidReply(
-            f"worker stdout is too large (over {limit} bytes): print the result document only, "
-            "and write big results elsewhere"
-        )
+        size = max(total_bytes or 0, len(data))
+        cut = total_bytes is None and len(data) == limit + 1  # maybe only the part that was kept
+        advice = "print the result document only, and write big results elsewhere"
+        raise InvalidReply(too_large("worker stdout", size, limit, at_least=cut, advice=advice))
     if not data.strip():
         raise InvalidReply("invalid worker stdout JSON: stdout is empty (expected one JSON document)",
                            excerpt=False)  # fmt: skip
@@ -278,7 +282,10 @@ def to_stdio_result(
             callback_after_seconds=spec.callback_after_seconds if in_progress else 0, worker_id=worker_id,
         )  # fmt: skip
     try:
-        reply = parse_reply(document)
+        reply = parse_reply(document, total_bytes=exit.stdout_bytes)
+        size = json_size(reply.output)
+        if size > OUTPUT_DATA_LIMIT_BYTES:  # the whole outputData, as the server measures it
+            raise InvalidReply(too_large("the document's output (outputData)", size), excerpt=False)
     except InvalidReply as exc:
         reason = str(exc)
         if exc.excerpt:

@@ -32,12 +32,13 @@ from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import fstype_of
 from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
+from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
 
 STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
 
-# The output object is capped so that outputData stays well under Conductor's 3 MB threshold, measured
-# on the re-serialised JSON (escapes can grow text up to 6x).
-OUTPUT_FILE_LIMIT_BYTES = 1024 * 1024
+# The output object may be as big as the whole outputData the server keeps without external storage
+# (3 MiB, payload.py); what the runner adds to it is checked with it, when the result is made.
+OUTPUT_FILE_LIMIT_BYTES = OUTPUT_DATA_LIMIT_BYTES
 OUTPUT_MAX_DEPTH = 256  # Conductor's JSON parser refuses 1000 levels; the report adds some, and frames
 _JSON_TYPE_NAMES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
@@ -227,7 +228,8 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the child could point it at any file of ours
             return None, f"{name} is a symbolic link (not followed): write the JSON into the file itself"
         return None, f"{name} could not be read: {exc.strerror}"
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
         os.close(fd)
         return None, f"{name} is not a regular file"
     chunks: list[bytes] = []
@@ -242,9 +244,9 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > OUTPUT_FILE_LIMIT_BYTES:
-        limit = OUTPUT_FILE_LIMIT_BYTES
-        return None, f"{name} is too large (over {limit} bytes); write big results elsewhere"
+    if len(data) > OUTPUT_FILE_LIMIT_BYTES:  # only the first limit + 1 bytes were read: the size from fstat
+        size = max(status.st_size, len(data))
+        return None, too_large(name, size, OUTPUT_FILE_LIMIT_BYTES)
     if not data.strip():
         return None, None
     try:
@@ -258,6 +260,7 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{name} must hold a JSON object, not {kind}"
     if deeper_than(value, OUTPUT_MAX_DEPTH):  # the report adds levels and stack frames: a margin
         return None, f"{name} is not valid JSON: nested too deeply (over {OUTPUT_MAX_DEPTH} levels)"
-    if len(json.dumps(value)) > OUTPUT_FILE_LIMIT_BYTES:  # 256 levels serialise without a RecursionError
-        return None, f"{name} is too large once serialised (over {OUTPUT_FILE_LIMIT_BYTES} bytes)"
+    size = json_size(value)  # 256 levels serialise without a RecursionError
+    if size > OUTPUT_FILE_LIMIT_BYTES:
+        return None, too_large(f"{name} once serialised", size, OUTPUT_FILE_LIMIT_BYTES)
     return value, None

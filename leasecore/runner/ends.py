@@ -25,6 +25,7 @@ from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.finalupdates import FinalUpdates
+from leasecore.runner.logsink import ENTRY_STREAM
 from leasecore.runner.ports import ChainPort, EnginePort, TaskTypePlan
 from leasecore.runner.reporter import OnChained, ReportOutcome
 from leasecore.runner.status import InFlight, Phase, undelivered_snapshot
@@ -154,7 +155,8 @@ class TaskEnds(RunnerCore):
         if not result.logs:
             return result
         if entry.log_lines is not None:
-            entry.log_lines("stdout", [line.log for line in result.logs])  # as written: no prefix
+            # One entry of the task's log per item, as written (no prefix), as conductor-cli sends them.
+            entry.log_lines(ENTRY_STREAM, [line.log for line in result.logs])
         return dataclasses.replace(result, logs=())
 
     def _report(self, entry: InFlight, result: TaskResult) -> None:

@@ -40,6 +40,22 @@ def _cut(text: str, max_bytes: int) -> str:
     return raw[: max(0, max_bytes - 20)].decode("utf-8", "ignore") + " [line truncated]"
 
 
+ENTRY_STREAM = "entry"  # on_lines(ENTRY_STREAM, items): each item is one log entry of its own
+
+
+class WholeEntry(str):
+    """A log item sent as one entry of its own, never joined with others in a batch (the stdio
+    protocol's ``logs``: conductor-cli sends each item as one entry of the task's log)."""
+
+    __slots__ = ()
+
+
+def _cut_kept(line: str, max_bytes: int) -> str:
+    """``_cut``, keeping a ``WholeEntry`` one."""
+    cut = _cut(line, max_bytes)
+    return WholeEntry(cut) if isinstance(line, WholeEntry) and not isinstance(cut, WholeEntry) else cut
+
+
 class LogBuffer:
     """Lines of one task waiting to be sent; bounded, oldest dropped first."""
 
@@ -61,7 +77,7 @@ class LogBuffer:
         if len(self._lines) >= self._max_lines:
             self.chars -= len(self._lines.popleft())
             self.dropped += 1
-        line = _cut(line, self._max_line_bytes)
+        line = _cut_kept(line, self._max_line_bytes)
         self._lines.append(line)
         self.chars += len(line)
 
@@ -76,7 +92,7 @@ class LogBuffer:
             self.chars -= len(self._lines.popleft())
         self.dropped += max(0, over)
         limit = self._max_line_bytes
-        cut = [_cut(line, limit) for line in lines]
+        cut = [_cut_kept(line, limit) for line in lines]
         self._lines.extend(cut)
         self.chars += sum(map(len, cut))
 
@@ -91,7 +107,8 @@ class LogBuffer:
         return freed
 
     def take_batch(self, max_lines: int, max_bytes: int) -> str | None:
-        """The next batch as one text ("\\n"-joined), or None when nothing is waiting."""
+        """The next batch as one text ("\\n"-joined), or None when nothing is waiting. A
+        ``WholeEntry`` is a batch of its own."""
         if not self._lines and not self.dropped:
             return None
         parts: list[str] = []
@@ -102,6 +119,9 @@ class LogBuffer:
             size = _utf8_len(note) + 1
             self.dropped = 0
         while self._lines and len(parts) < max_lines:
+            whole = isinstance(self._lines[0], WholeEntry)
+            if parts and (whole or isinstance(parts[-1], WholeEntry)):
+                break
             line_size = _utf8_len(self._lines[0]) + 1
             if parts and size + line_size > max_bytes:
                 break
@@ -109,7 +129,7 @@ class LogBuffer:
             self.chars -= len(line)
             parts.append(line)
             size += line_size
-        return "\n".join(parts)
+        return parts[0] if len(parts) == 1 else "\n".join(parts)  # a WholeEntry stays one
 
 
 class _TaskLog:
@@ -205,7 +225,9 @@ class LogStreamer:
             skipped = max(0, len(lines) - keep)
             if skipped:
                 lines = lines[skipped:]
-            if stream != "stdout":
+            if stream == ENTRY_STREAM:
+                lines = [WholeEntry(line) for line in lines]
+            elif stream != "stdout":
                 lines = [f"[{stream}] {line}" for line in lines]
             with self._lock:
                 entry = self._tasks.get(task_id)
@@ -324,7 +346,7 @@ class LogStreamer:
             if entry is not None:
                 entry.in_flight = False
                 if not ok and not entry.closed:
-                    entry.buffer.dropped += text.count("\n") + 1
+                    entry.buffer.dropped += 1 if isinstance(text, WholeEntry) else text.count("\n") + 1
             if ok:
                 self.sent_batches += 1
                 if self._failing:

@@ -223,6 +223,7 @@ class RunOutcome:
     started: int = 0
     statuses: tuple[TaskStatus | None, ...] = field(default=())  # per started task; None: not reported
     poller_failed: bool = False  # a poller ended on an unexpected error: exit 1, not a clean stop
+    forced: bool = False  # a second signal ended the running tasks instead of letting them finish
     # The server refused a poller's first polls (a ConductorAuthError): the worker raises it, exit 4.
     refused: Exception | None = field(default=None, compare=False)
 

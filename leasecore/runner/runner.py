@@ -218,7 +218,8 @@ class Runner(LiveControl, TaskStarts):
             finally:
                 self._close()
         return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses),
-                          poller_failed=self._poller_failed, refused=self._refused)  # fmt: skip
+                          poller_failed=self._poller_failed, refused=self._refused,
+                          forced=self._forced)  # fmt: skip
 
     # ------------------------------------------------------------------ main loop
 

@@ -27,14 +27,14 @@ from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
 from leasecore.config.live import reload_changes
-from leasecore.config.settings import ResolvedConfig, TaskSettings
+from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
-from leasecore.runner import treegroups
+from leasecore.runner import childenv, treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.ports import (
@@ -106,9 +106,12 @@ class WarnWhenCapped:
         return first
 
 
-def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTypePlan:
+def plan_for(
+    task: TaskSettings, *, check_queue_seconds: float = 0.0, server: ServerSettings | None = None
+) -> TaskTypePlan:
     """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
-    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23)."""
+    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23).
+    ``server``: what the child is told about the server (``childenv.handed_env``); None: nothing."""
     spec = CommandSpec(
         argv=tuple(task.command) if task.command is not None else None,
         shell=task.shell,
@@ -123,6 +126,7 @@ def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTyp
         protocol=task.protocol,
         run_as=run_as_for(task),
         limits=treegroups.limits_of(task),  # issue 19
+        handed_env=childenv.handed_env(server) if server is not None else {},
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
         LeasePolicy.from_task,
@@ -191,6 +195,20 @@ def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: 
     return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
 
 
+def _echoing(echo: Callable[[Task, TaskResult], None]) -> Callable[..., TaskResult]:
+    def to_result(
+        task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
+    ) -> TaskResult:
+        result = _to_result(task, exit_, spec, worker_id, timed_out=timed_out)
+        try:
+            echo(task, result)
+        except Exception:  # printing must never lose a result
+            log.exception("task %s: echoing its result failed", task.task_id)
+        return result
+
+    return to_result
+
+
 def check_server(client: ConductorClient) -> None:
     """At start: the server answers, and accepts our credentials when we have some.
 
@@ -211,6 +229,7 @@ def run_worker(
     on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
     load_again: Callable[[], ResolvedConfig] | None = None,
     on_reloaded: Callable[[ResolvedConfig], None] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> RunOutcome:
     """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
 
@@ -227,12 +246,16 @@ def run_worker(
     environment; ``ConfigError`` when it cannot be), for ``conductor-run reload`` and SIGHUP; None:
     a reload is refused. ``on_reloaded(config)`` once a reload is accepted (the CLI's logging).
     While the runner serves, its control socket (``leasecore.state.control``) is in the state dir.
+    ``echo_result(task, result)``: called on the main thread with each result made from a child's
+    exit (``worker stdio --verbose`` prints them).
     """
     relay = SignalRelay()
     with capture_signals(relay, on_reload=relay.reload):
-        outcome = _serve(config, environ, relay, on_snapshot, load_again, on_reloaded)
+        outcome = _serve(config, environ, relay, on_snapshot, load_again, on_reloaded, echo_result)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
+    if relay.count > 1 and not outcome.forced:  # the second signal came during setup or cleanup
+        outcome = dataclasses.replace(outcome, forced=True)
     if outcome.refused is not None and outcome.signum is None:
         # The first polls were refused (no or wrong credentials, no permission): the same error, and
         # exit 4, as a refusal by the start-up check, never a quiet "no task" (everything is cleaned up).
@@ -247,6 +270,7 @@ def _serve(
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
     load_again: Callable[[], ResolvedConfig] | None = None,
     on_reloaded: Callable[[ResolvedConfig], None] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> RunOutcome:
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
@@ -279,12 +303,14 @@ def _serve(
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             reloader = None if load_again is None else Reloader(config, load_again, metrics, on_reloaded)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
-                                  cgroup=setup.describe(), reload=reloader)
+                                  cgroup=setup.describe(), reload=reloader, echo_result=echo_result)
             relay.target = runner.handle_signal
             relay.reload_target = runner.handle_reload_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
             warn_if_root(config)
+            if (handing := childenv.warning_for(server)) is not None:
+                log.warning("%s", handing)
             redelivery = Redelivery(outbox, client)
             control = _start_control(state, runner)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
@@ -341,7 +367,9 @@ class Reloader:
         if not changes.accepted:
             raise ConfigError("; ".join(changes.refused))
         queue_seconds = max_queue_seconds(_most_leases(new), new.runner.ownership_check_rate)
-        plans = tuple(plan_for(task, check_queue_seconds=queue_seconds) for task in new.tasks)
+        plans = tuple(
+            plan_for(task, check_queue_seconds=queue_seconds, server=new.server) for task in new.tasks
+        )
         if self._metrics is not None:
             self._metrics.reconfigure(new)  # a new port is listened on before anything changes
         old, self.config = self.config, new
@@ -424,10 +452,11 @@ def _make_runner(
     *,
     cgroup: str = "",
     reload: Callable[[], LiveChange] | None = None,
+    echo_result: Callable[[Task, TaskResult], None] | None = None,
 ) -> Runner:
     options = options_for(config)
     queue_seconds = max_queue_seconds(_most_leases(config), config.runner.ownership_check_rate)
-    plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
+    plans = [plan_for(task, check_queue_seconds=queue_seconds, server=config.server) for task in config.tasks]
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,
@@ -461,7 +490,7 @@ def _make_runner(
         conductor=client,
         make_engine=make_engine,
         supervisor=supervisor,
-        to_result=_to_result,
+        to_result=_to_result if echo_result is None else _echoing(echo_result),
         options=options,
         status=status,
         reporter=make_reporter,

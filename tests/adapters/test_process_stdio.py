@@ -74,7 +74,8 @@ def test_stdout_past_the_bound_is_read_to_its_end_but_not_kept(tmp_path: Path) -
     assert exit_.stdout_document is not None and len(exit_.stdout_document) == STDOUT_LIMIT_BYTES + 1
     result = to_task_result(Task.from_json(raw), exit_, stdio_spec(), worker_id="w1")
     assert result.status is TaskStatus.FAILED
-    assert "worker stdout is too large (over 1048576 bytes)" in str(result.reason_for_incompletion)
+    assert ("worker stdout is too large: 4194328 bytes, over the 3145728-byte (3 MiB) limit"
+            in str(result.reason_for_incompletion))  # the whole size printed, though not all of it kept
     assert len(json.dumps(result.output_data)) < 64 * 1024
 
 

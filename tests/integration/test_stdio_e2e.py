@@ -123,7 +123,8 @@ def test_stdout_past_the_bound_fails_and_the_runner_stays_small(world: World) ->
     code, log, wf = run_once(world, "flood")
     assert code == exitcodes.TASK_FAILED, log
     task = world.task_of(wf)
-    assert task["reasonForIncompletion"].startswith("worker stdout is too large (over 1048576 bytes)")
+    assert task["reasonForIncompletion"].startswith(
+        "worker stdout is too large: 4194328 bytes, over the 3145728-byte (3 MiB) limit")
     assert len(json.dumps(task["outputData"])) < 64 * 1024
 
 

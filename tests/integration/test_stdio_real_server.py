@@ -63,3 +63,35 @@ def test_a_long_stdio_task_is_kept_past_r_and_its_tree_dies_at_the_stop(real_wor
     assert all_dead(tree)
     task = real_world.task_of(wf)
     assert task["status"] == "FAILED" and task["reasonForIncompletion"] == "worker shutting down"
+
+
+def test_worker_stdio_with_a_profile_up_to_3_mib_and_one_log_entry_per_item(real_world: RealWorld) -> None:
+    """conductor-cli's command line and profile on the real server: a result just under 3 MiB is kept
+    inline (not moved to external storage), and each ``logs`` item is one entry of the task log."""
+    from tests.integration.test_worker_stdio_e2e import Worker, save_profile
+    from tests.integration.test_worker_stdio_e2e import define as define_inputs
+
+    define_inputs(real_world)
+    save_profile(real_world, "real", server=real_world.server.url)
+    size = 3 * 1024 * 1024 - 200
+    big = real_world.start_workflow(mode="big", size=size)
+    logs = real_world.start_workflow(mode="logs", count=3)
+    args = ["--type", real_world.task_type, "--profile", "real", "--count", "2", *WORKER]
+    worker = Worker(real_world, args)
+
+    def done() -> bool:
+        return all(real_world.task_of(wf).get("status") in ("COMPLETED", "FAILED") for wf in (big, logs))
+
+    wait_until(done, timeout_seconds=90, what="both tasks to finish")
+    task = real_world.task_of(big)
+    assert task["status"] == "COMPLETED", task.get("reasonForIncompletion")
+    assert not task.get("externalOutputPayloadStoragePath"), "the server moved the output to external storage"
+    assert len(task["outputData"]["blob"]) == size
+    wanted = [f"item {n}: line a\nline b" for n in range(3)]
+
+    def entries() -> list[str]:
+        return [str(e.get("log")) for e in real_world.admin.get_logs(real_world.task_of(logs)["taskId"])]
+
+    wait_until(lambda: all(item in entries() for item in wanted), what="three log entries")
+    assert [entry for entry in entries() if entry.startswith("item ")] == wanted
+    assert worker.stop() == exitcodes.OK, worker.stderr

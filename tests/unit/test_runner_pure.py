@@ -16,7 +16,7 @@ from leasecore.errors import (
     ConductorUnavailable,
 )
 from leasecore.models import TaskStatus
-from leasecore.runner.logsink import LogBuffer, LogStreamer
+from leasecore.runner.logsink import LogBuffer, LogStreamer, WholeEntry
 from leasecore.runner.poller import failure_kind
 from leasecore.runner.pollpolicy import BackoffPolicy, PollBackoff, Reachability
 from leasecore.runner.ports import RunOutcome
@@ -240,3 +240,23 @@ def test_exit_code_decision(outcome: RunOutcome, once: bool, expected: int) -> N
 def test_max_tasks_exit_code_says_whether_every_task_completed(outcome: RunOutcome, expected: int) -> None:
     """--max-tasks is for cron-like callers too: a failed task is exit 5, as with --once (#24)."""
     assert exit_code_for(outcome, once=False, max_tasks=3) == expected
+
+
+def test_whole_entries_are_batches_of_their_own_even_with_newlines_inside() -> None:
+    buf = LogBuffer(max_lines=100)
+    buf.extend(["[stderr] a", "[stderr] b"])
+    buf.extend([WholeEntry("item 1\nsecond line"), WholeEntry("item 2")])
+    buf.append("after")
+    batches = []
+    while (batch := buf.take_batch(max_lines=50, max_bytes=10_000)) is not None:
+        batches.append(batch)
+    assert batches == ["[stderr] a\n[stderr] b", "item 1\nsecond line", "item 2", "after"]
+    assert isinstance(batches[1], WholeEntry)  # a failed send counts it as one dropped entry
+
+
+def test_an_overflow_note_goes_alone_before_a_whole_entry() -> None:
+    buf = LogBuffer(max_lines=2)
+    buf.extend([WholeEntry(f"item {n}") for n in range(4)])
+    assert buf.take_batch(50, 10_000) == "[conductor-run: 2 output lines dropped]"
+    assert buf.take_batch(50, 10_000) == "item 2"
+    assert buf.take_batch(50, 10_000) == "item 3"

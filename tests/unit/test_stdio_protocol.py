@@ -191,7 +191,10 @@ def test_deep_nesting_is_refused_not_a_crash() -> None:
 
 def test_stdout_over_the_limit_is_refused_before_parsing() -> None:
     huge = b'{"status": "COMPLETED", "output": {"a": "' + b"x" * STDOUT_LIMIT_BYTES + b'"}}'
-    assert "worker stdout is too large (over 1048576 bytes)" in reason_of(huge)
+    assert STDOUT_LIMIT_BYTES == 3 * 1024 * 1024  # what the server keeps without external storage
+    assert ("worker stdout is too large: 3145772 bytes, over the 3145728-byte (3 MiB) limit the "
+            "server keeps without external storage") in reason_of(huge)  # fmt: skip
+    assert "too large: at least 3145729 bytes" in reason_of(huge[: STDOUT_LIMIT_BYTES + 1])  # as kept
     fits = json.dumps({"status": "COMPLETED", "output": {"a": "x" * (STDOUT_LIMIT_BYTES - 100)}}).encode()
     assert len(fits) <= STDOUT_LIMIT_BYTES and parse_reply(fits).status is TaskStatus.COMPLETED
 
