@@ -19,7 +19,7 @@ from typing import Any
 
 from leasecore.clock import SystemClock
 from leasecore.errors import ProcessError
-from leasecore.handover import mark_yield
+from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
@@ -96,6 +96,7 @@ class TaskEnds(RunnerCore):
             self._forget(entry, None)
             return
         result = self._stream_result_logs(entry, self._result_for(entry, exit_))
+        self._take_final_checkpoint(entry, exit_)
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
@@ -157,7 +158,21 @@ class TaskEnds(RunnerCore):
             entry.log_lines("stdout", [line.log for line in result.logs])  # as written: no prefix
         return dataclasses.replace(result, logs=())
 
+    def _take_final_checkpoint(self, entry: InFlight, exit_: Any | None) -> None:
+        """What the checkpoint file held at the exit: the last word (logged if new; an unusable file
+        is said in the log and the last valid checkpoint stands)."""
+        read = getattr(exit_, "checkpoint", None)
+        if entry.checkpoint is None or read is None:
+            return
+        line = entry.checkpoint.take(read)
+        if line is not None and entry.log_lines is not None:
+            entry.log_lines("stdout", [line])
+
     def _report(self, entry: InFlight, result: TaskResult) -> None:
+        if result.task_id == entry.task.task_id:  # every update for it carries its last checkpoint
+            watch = entry.checkpoint
+            result = with_checkpoint(result, watch.value if watch is not None and watch.text is not None
+                                     else entry.task.checkpoint)
         chain: OnChained | None = None
         if entry.slot_held:  # the child is gone: another may start while this one reports
             entry.slot_held = False

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskStatus
+from leasecore.process.checkpoint import CheckpointWatch
 from leasecore.runner.contact import ServerContact
 from leasecore.runner.poller import Poller
 from leasecore.runner.ports import ChildPort, StatusPort, TaskTypePlan
@@ -68,6 +69,7 @@ class InFlight:
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
+    checkpoint: CheckpointWatch | None = None  # its CONDUCTOR_CHECKPOINT_FILE, once its child started
 
 
 class _Views(Protocol):

@@ -1,0 +1,117 @@
+"""Long jobs that resume, end to end: a real runner, the embedded server on loopback, and
+``sample_tasks/resumable.py`` as the child, which records each run's first and last step itself.
+
+Paths: a yield resumes from the checkpoint its run sent with the IN_PROGRESS update; a failed attempt's
+retry resumes from the checkpoint sent with the FAILED update; a runner SIGKILLed mid-task sends no
+update at all, the server times the task out, and the retry (on another runner) resumes from the
+checkpoint the dead runner streamed to the task log.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cli import exitcodes
+from leasecore.process.checkpoint import LOG_MARKER
+from tests.integration.helpers import ROOT, World
+from tests.support import wait_until
+
+RESUMABLE = [sys.executable, str(ROOT / "sample_tasks" / "resumable.py")]
+_INPUTS = ("steps", "step_seconds", "yield_every", "fail_at", "record")
+
+
+def start_job(world: World, **job: Any) -> str:
+    """Register (once) a one-task workflow passing the resumable job's inputs, and start it."""
+    name = f"long_{world.task_type}"
+    world.admin.register_workflow({
+        "name": name, "version": 1, "schemaVersion": 2,
+        "tasks": [{"name": world.task_type, "taskReferenceName": "job", "type": "SIMPLE",
+                   "inputParameters": {k: f"${{workflow.input.{k}}}" for k in _INPUTS}}],
+    }, overwrite=True)  # fmt: skip
+    return world.admin.start_workflow(name, job)
+
+
+def runs_of(record: Path) -> list[tuple[str, int, int]]:
+    """Each run of the job, as the child recorded it: (task id, first step, last step)."""
+    if not record.exists():
+        return []
+    return [(t, int(a), int(b)) for t, a, b in (line.split() for line in record.read_text().splitlines())]
+
+
+def ended(world: World, wf: str) -> bool:
+    return world.workflow_status(wf) != "RUNNING"
+
+
+def test_a_yield_resumes_from_its_checkpoint(world: World, tmp_path: Path) -> None:
+    world.define(response_timeout=5)
+    record = tmp_path / "runs"
+    wf = start_job(world, steps=6, step_seconds=0.05, yield_every=2, record=str(record))
+    runner = world.run("--max-tasks", "3", command=RESUMABLE)
+    wait_until(lambda: ended(world, wf), timeout_seconds=60, what="the workflow to end")
+    code, err = world.finish(runner)
+    assert world.workflow_status(wf) == "COMPLETED", err
+    runs = runs_of(record)
+    # One task id throughout (yields keep it), each run starting where the one before stopped.
+    assert [(a, b) for _, a, b in runs] == [(0, 2), (2, 4), (4, 6)], (runs, err)
+    assert len({t for t, _, _ in runs}) == 1
+    task = world.task_of(wf)
+    assert task["outputData"]["checkpoint"] == {"step": 6, "progress": 1.0}
+    assert task["outputData"]["resumedAfter"] == 4
+    assert "$status" not in task["outputData"] and "$callbackAfterSeconds" not in task["outputData"]
+    assert code == 0, err
+
+
+def test_a_failed_attempts_retry_resumes_from_its_checkpoint(world: World, tmp_path: Path) -> None:
+    world.define(response_timeout=5, retry_count=1)
+    record = tmp_path / "runs"
+    wf = start_job(world, steps=5, step_seconds=0.05, fail_at=3, record=str(record))
+    runner = world.run("--max-tasks", "2", command=RESUMABLE)
+    wait_until(lambda: ended(world, wf), timeout_seconds=60, what="the workflow to end")
+    code, err = world.finish(runner)
+    assert world.workflow_status(wf) == "COMPLETED", err
+    runs = runs_of(record)
+    assert [(a, b) for _, a, b in runs] == [(0, 3), (3, 5)], (runs, err)
+    first, retry = (t for t, _, _ in runs)
+    assert first != retry  # a retry: a new task id, resumed from the failed attempt's update
+    failed = world.client.get_task(first)
+    assert failed["status"] == "FAILED" and failed["outputData"]["checkpoint"]["step"] == 3
+    assert world.client.get_task(retry)["retriedTaskId"] == first
+    assert code == exitcodes.TASK_FAILED, err  # --max-tasks: one of its tasks failed
+
+
+def test_a_retry_after_the_runner_died_resumes_from_the_task_log(world: World, tmp_path: Path) -> None:
+    world.define(response_timeout=2, retry_count=1)
+    record = tmp_path / "runs"
+    wf = start_job(world, steps=40, step_seconds=0.25, record=str(record))
+    a = world.run(command=RESUMABLE)
+
+    def streamed_step() -> int:
+        task = world.task_of(wf)
+        if not task.get("taskId"):
+            return 0
+        lines = [line for entry in world.admin.get_logs(task["taskId"])
+                 for line in str(entry.get("log", "")).splitlines() if line.startswith(LOG_MARKER)]
+        return int(lines[-1].split('"step":')[1].split(",")[0]) if lines else 0
+
+    logged = wait_until(lambda: (step := streamed_step()) >= 3 and step, timeout_seconds=60,
+                        what="a checkpoint in the task log")
+    first_task = world.task_of(wf)["taskId"]
+    a.send_signal(signal.SIGKILL)  # no update, no drain: only the task log knows where it was
+    a.wait(timeout=30)
+    wait_until(lambda: world.task_of(wf)["taskId"] != first_task, timeout_seconds=60,
+               what="the server to time the task out and schedule its retry")
+    assert world.client.get_task(first_task)["status"] == "TIMED_OUT"
+    b = world.run("--max-tasks", "1", command=RESUMABLE, env={"RUNNER": uuid.uuid4().hex})
+    wait_until(lambda: ended(world, wf), timeout_seconds=120, what="the retry to finish the job")
+    code, err = world.finish(b)
+    assert world.workflow_status(wf) == "COMPLETED", err
+    runs = runs_of(record)  # the killed run recorded nothing (its tree died with its runner)
+    assert len(runs) == 1, runs
+    retry_task, first_step, last_step = runs[0]
+    assert retry_task != first_task and last_step == 40
+    assert first_step >= 3 and first_step >= logged, (runs, logged)
+    assert code == 0, err
