@@ -56,6 +56,7 @@ class GaugeSource(Protocol):
     def free_slots(self) -> Mapping[str, int]: ...
     def outbox_results(self) -> int: ...
     def lease_remaining_seconds(self) -> float | None: ...
+    def task_progress(self) -> Mapping[str, tuple[str, float]]: ...  # task id -> (type, 0..1)
 
 
 class PrometheusObserver(Observer):
@@ -224,6 +225,9 @@ class RunnerGauges:
                                    "server to take them.")
         lease = GaugeMetricFamily("conductor_run_lease_remaining_seconds", "Seconds until the nearest "
                                   "lease deadline over the tasks in flight (absent: none).")
+        progress = GaugeMetricFamily("conductor_run_task_progress", "A task in flight's progress (0..1), "
+                                     "from its checkpoint's \"progress\" (absent: none given).",
+                                     labels=[*tt, "taskId"])
         if source is not None:
             for task_type, count in sorted(source.running().items()):
                 active.add_metric([task_type], count)
@@ -236,4 +240,6 @@ class RunnerGauges:
             left = source.lease_remaining_seconds()
             if left is not None and math.isfinite(left):
                 lease.add_metric([], left)
-        return [active, running, waiting, free, outbox, lease]
+            for task_id, (task_type, fraction) in sorted(source.task_progress().items()):
+                progress.add_metric([task_type, task_id], fraction)
+        return [active, running, waiting, free, outbox, lease, progress]

@@ -64,7 +64,7 @@ from leasecore.runner.ports import (
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.starts import TaskStarts
-from leasecore.runner.status import Phase, server_health, task_snapshot
+from leasecore.runner.status import Phase, progress_of_entry, server_health, task_snapshot
 from leasecore.state.outbox import still_saved
 
 __all__ = ["Runner", "ToResult"]
@@ -125,6 +125,7 @@ class Runner(TaskStarts):
         self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
         self._resume_port = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
         self._checkpoint_scan = CheckpointScan(self._clock.monotonic())
+        self.task_progress: dict[str, tuple[str, float]] = {}  # task id -> (type, 0..1): the metrics' read
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates: UpdatePort = (ChainUpdates(conductor, self._engine) if self._chaining
@@ -243,6 +244,11 @@ class Runner(TaskStarts):
             for e in self._tasks.values()
             if e.checkpoint is not None and e.log_lines is not None and e.phase is not Phase.REPORTING
         )
+        # Replaced whole (the scrape thread reads it): bounded by the tasks in flight.
+        self.task_progress = {
+            task_id: (e.task.task_type, progress) for task_id, e in self._tasks.items()
+            if (progress := progress_of_entry(e)) is not None
+        }
 
     def _maybe_publish(self) -> None:
         # A snapshot costs O(tasks) to build and a file write: at most every status_min_interval

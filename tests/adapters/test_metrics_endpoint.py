@@ -259,6 +259,9 @@ class _NoGauges:
     def lease_remaining_seconds(self) -> float | None:
         return 1.0
 
+    def task_progress(self) -> dict[str, tuple[str, float]]:
+        return {"t1": ("demo", 0.5)}
+
 
 # ------------------------------------------------------------------------------- the service's facts
 

@@ -9,8 +9,12 @@ checkpoint the dead runner streamed to the task log.
 
 from __future__ import annotations
 
+import json
+import re
 import signal
+import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -115,3 +119,66 @@ def test_a_retry_after_the_runner_died_resumes_from_the_task_log(world: World, t
     assert retry_task != first_task and last_step == 40
     assert first_step >= 3 and first_step >= logged, (runs, logged)
     assert code == 0, err
+
+
+_LISTENING = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+
+
+def _status(world: World, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "cli", "status", "--state-dir", str(world.state_dir), *args],
+                          capture_output=True, text=True, timeout=60, cwd=world.tmp)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_progress_shows_in_status_and_metrics_while_the_job_runs(world: World, tmp_path: Path) -> None:
+    world.define(response_timeout=5)
+    wf = start_job(world, steps=100, step_seconds=0.1)
+    runner = world.run("--metrics-port", "0", command=RESUMABLE)
+    port = wait_until(lambda: (m := _LISTENING.search(world.stderr(runner))) and m.group(1),
+                      what="the metrics endpoint")
+
+    def progress_in_json() -> float | None:
+        doc = json.loads(_status(world, "--json"))
+        tasks = [t for r in doc["runners"] for t in r["tasks"]]
+        return tasks[0]["progress"] if tasks and (tasks[0]["progress"] or 0) >= 0.05 else None
+
+    seen = wait_until(progress_in_json, timeout_seconds=60, what="progress in status --json")
+    assert 0.05 <= seen < 1
+    table = _status(world)
+    assert "PROGRESS" in table and re.search(r"\b\d{1,2}%", table), table
+    task_id = world.task_of(wf)["taskId"]
+    labels = (f'taskType="{world.task_type}"', f'taskId="{task_id}"')
+
+    def gauge() -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            lines = reply.read().decode().splitlines()
+        values = [float(line.rsplit(" ", 1)[1]) for line in lines
+                  if line.startswith("conductor_run_task_progress{") and all(x in line for x in labels)]
+        return values[0] if values and values[0] >= seen else None
+
+    assert 0 < wait_until(gauge, what="the progress gauge") < 1
+    runner.send_signal(signal.SIGTERM)
+    world.finish(runner)
+
+
+def test_conductor_deadline_is_the_earliest_fence_known_in_advance(world: World, tmp_path: Path) -> None:
+    seen = tmp_path / "deadline"
+    script = ["/bin/sh", "-c", 'echo "${CONDUCTOR_DEADLINE:-none} $(date +%s)" >> "$0"', str(seen)]
+    # exec timeout only; then timeoutSeconds earlier than it; then neither (a task type each)
+    for taskdef, flags in (
+        ({}, ("--exec-timeout", "300")),
+        ({"timeoutSeconds": 120, "timeoutPolicy": "RETRY"}, ("--exec-timeout", "300", "--kill-grace", "3")),
+        ({}, ()),
+    ):
+        world.task_type = f"job_{uuid.uuid4().hex[:8]}"
+        world.define(response_timeout=20, **taskdef)
+        world.start_workflow()
+        code, err = world.finish(world.run("--max-tasks", "1", *flags, command=script))
+        assert code == 0, err
+    (exec_deadline, exec_now), (hard_deadline, hard_now), (none, _) = (
+        line.split() for line in seen.read_text().splitlines())
+    assert 299 <= int(exec_deadline) - int(exec_now) <= 300  # whole seconds, rounded down
+    # timeoutSeconds counts from the poll; its fence TERMs grace (3 s) + margin ahead of the server
+    assert 120 - 3 - 10 <= int(hard_deadline) - int(hard_now) <= 120 - 3
+    assert none == "none"
