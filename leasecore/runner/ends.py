@@ -22,6 +22,8 @@ from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.reasons import exit_rule
+from leasecore.process.spec import CommandSpec
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.finalupdates import FinalUpdates
@@ -83,7 +85,7 @@ class TaskEnds(RunnerCore):
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
-                                     getattr(entry.plan.spec, "in_progress_exit_code", None))
+                                     _success_code(entry.plan.spec, exit_))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
             self._logs.close(task_id)
@@ -257,6 +259,17 @@ class TaskEnds(RunnerCore):
         if entry.report_held:
             entry.report_held = False
             self._pollers[entry.plan.poll.task_type].reported()
+
+
+def _success_code(spec: Any, exit_: Any) -> int | None:
+    """The non-zero exit code that is no execute error for the metrics: the exit's own when the
+    exit-code policy maps it to COMPLETED or IN_PROGRESS, else the spec's ``in_progress_exit_code``."""
+    code = getattr(exit_, "exit_code", None)
+    if isinstance(spec, CommandSpec):
+        rule = exit_rule(spec, code)
+        if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+            return code
+    return getattr(spec, "in_progress_exit_code", None)
 
 
 def _tree_gone(child: Any) -> bool:
