@@ -182,3 +182,19 @@ def test_conductor_deadline_is_the_earliest_fence_known_in_advance(world: World,
     # timeoutSeconds counts from the poll; its fence TERMs grace (3 s) + margin ahead of the server
     assert 120 - 3 - 10 <= int(hard_deadline) - int(hard_now) <= 120 - 3
     assert none == "none"
+
+
+def test_the_stdio_protocol_gets_the_same_checkpoint_file(world: World, tmp_path: Path) -> None:
+    world.define(response_timeout=5)
+    seen = tmp_path / "seen"
+    script = ('f="$CONDUCTOR_CHECKPOINT_FILE"; cat "$f" >> "$0"; echo >> "$0"; '
+              'if [ "$CONDUCTOR_POLL_COUNT" = 1 ]; then echo \'{"at": "first"}\' > "$f"; '
+              'echo \'{"status": "IN_PROGRESS", "callbackAfterSeconds": 0}\'; '
+              'else echo \'{"status": "COMPLETED", "output": {"done": true}}\'; fi')
+    wf = world.start_workflow()
+    code, err = world.finish(world.run("--protocol", "stdio", "--max-tasks", "2",
+                                       command=["/bin/sh", "-c", script, str(seen)]))
+    assert seen.read_text().splitlines() == ["", '{"at":"first"}'], err  # empty, then the yield's
+    task = world.task_of(wf)
+    assert task["status"] == "COMPLETED" and task["outputData"]["checkpoint"] == {"at": "first"}, task
+    assert code == 0, err
