@@ -4,7 +4,8 @@ Owns the runner's side of CONDUCTOR_CHECKPOINT_FILE (DESIGN.md §3):
 
 * ``resume_retry``: a retry (``retriedTaskId``) polled without a checkpoint of its own gets its earlier
   attempt's: that task's ``outputData.checkpoint`` on the server, else the last checkpoint it streamed
-  to its task log (an attempt whose runner died, or that the server timed out, sent no update).
+  to its task log (an attempt whose runner died, or that the server timed out, sent no update). For
+  an attempt TIMED_OUT or CANCELED the log comes first: its output, if any, is an earlier run's.
   On the poller's thread (or a reporter's sender thread for a chained task), before the task reaches
   the main thread: its lease is heartbeated meanwhile; a failed look-up only costs the resume.
 * ``CheckpointScan``: the main thread's look at every running task's file, at most once per
@@ -32,6 +33,7 @@ log = logging.getLogger("conductor_run.runner")
 
 SCAN_SECONDS = 2.0  # how often running tasks' checkpoint files are looked at (and at most one log line)
 LOOKUP_TIMEOUT_SECONDS = 5.0  # per call of a retry's look-up (two calls at most)
+_NOT_ENDED_BY_US = frozenset({"TIMED_OUT", "CANCELED"})  # statuses no worker's update sets
 
 
 class ResumePort(Protocol):
@@ -65,11 +67,13 @@ def resume_retry(task: Task, port: ResumePort | None) -> Task:
         return task
     try:
         earlier = port.get_task(retried, timeout_seconds=LOOKUP_TIMEOUT_SECONDS)
-        value = from_output(earlier.get("outputData"))
-        where = "output"
-        if value is None:
-            value = from_log(task_log(port, retried))
-            where = "task log"
+        value, where = from_output(earlier.get("outputData")), "output"
+        # Timed out or cancelled: no runner's final update set that output; it is an earlier run's
+        # (a yield's), and the task log may hold a newer checkpoint of the run that died.
+        if value is None or earlier.get("status") in _NOT_ENDED_BY_US:
+            logged = from_log(task_log(port, retried))
+            if logged is not None:
+                value, where = logged, "task log"
     except ConductorError as exc:
         log.warning("task %s: could not read its earlier attempt %s for a checkpoint (%s): it starts "
                     "without one", task.task_id, retried, exc)

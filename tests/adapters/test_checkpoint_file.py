@@ -141,6 +141,22 @@ def test_a_retry_falls_back_to_the_earlier_attempts_task_log() -> None:
     assert resume_retry(RETRY, _Port({"outputData": {}})).checkpoint is None  # 204: no log at all
 
 
+@pytest.mark.parametrize("status", ["TIMED_OUT", "CANCELED"])
+def test_an_attempt_nobody_ended_resumes_from_its_log_over_an_older_yields_output(status: str) -> None:
+    port = _Port({"status": status, "outputData": {"checkpoint": {"step": 4}}},
+                 logs=[{"log": log_line('{"step":4}')}, {"log": log_line('{"step":7}')}])
+    assert resume_retry(RETRY, port).checkpoint == {"step": 7}
+    quiet = _Port({"status": status, "outputData": {"checkpoint": {"step": 4}}})  # no log: the output
+    assert resume_retry(RETRY, quiet).checkpoint == {"step": 4}
+
+
+def test_an_attempt_a_runner_ended_resumes_from_its_output_without_reading_the_log() -> None:
+    port = _Port({"status": "FAILED", "outputData": {"checkpoint": {"step": 4}}},
+                 logs=[{"log": log_line("1")}])
+    assert resume_retry(RETRY, port).checkpoint == {"step": 4}
+    assert port.asked == ["task t1"]
+
+
 def test_a_failed_look_up_only_costs_the_resume() -> None:
     assert resume_retry(RETRY, _Port({}, fail=True)).checkpoint is None
 
