@@ -198,3 +198,35 @@ def test_the_stdio_protocol_gets_the_same_checkpoint_file(world: World, tmp_path
     task = world.task_of(wf)
     assert task["status"] == "COMPLETED" and task["outputData"]["checkpoint"] == {"at": "first"}, task
     assert code == 0, err
+
+
+def test_a_retry_after_a_yield_and_a_dead_runner_resumes_from_its_log(world: World, tmp_path: Path) -> None:
+    # The yield's update left {"step": 3} as the task's output; the next run of the same task id got
+    # further, logged it, and died with its runner: the retry must not go back to the yield's step.
+    world.define(response_timeout=2, retry_count=1)
+    record = tmp_path / "runs"
+    wf = start_job(world, steps=8, step_seconds=1.0, yield_every=3, record=str(record))
+    a = world.run(command=RESUMABLE)
+
+    def logged_past_the_yield() -> bool:
+        task = world.task_of(wf)
+        if task.get("pollCount", 0) < 2:
+            return False
+        lines = [line for entry in world.admin.get_logs(task["taskId"])
+                 for line in str(entry.get("log", "")).splitlines() if line.startswith(LOG_MARKER)]
+        return bool(lines) and json.loads(lines[-1][len(LOG_MARKER):])["step"] >= 4
+
+    wait_until(logged_past_the_yield, timeout_seconds=60, what="the second run to log step 4")
+    first_task = world.task_of(wf)["taskId"]
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=30)
+    wait_until(lambda: world.task_of(wf)["taskId"] != first_task, timeout_seconds=60, what="the retry")
+    assert world.client.get_task(first_task)["outputData"]["checkpoint"]["step"] == 3  # the yield's
+    b = world.run(command=RESUMABLE)
+    wait_until(lambda: ended(world, wf), timeout_seconds=120, what="the retry to finish the job")
+    b.send_signal(signal.SIGTERM)
+    _, err = world.finish(b)
+    assert world.workflow_status(wf) == "COMPLETED", err
+    runs = runs_of(record)  # the first run yielded at 3; the killed one recorded nothing
+    assert runs[0][1:] == (0, 3) and runs[1][0] != first_task and runs[1][1] >= 4, (runs, err)
+    assert runs[-1][2] == 8
