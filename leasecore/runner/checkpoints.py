@@ -13,6 +13,7 @@ Owns the runner's side of CONDUCTOR_CHECKPOINT_FILE (DESIGN.md §3):
   one line per task per scan), an unusable one is said there once.
 * ``with_checkpoint``: every update the runner makes for a task carries its last valid checkpoint as
   ``outputData.checkpoint`` (a yield's next run, a retry, or a surplus hand-back then keep it).
+* ``child_deadline``: CONDUCTOR_DEADLINE, from the lease policy and the engine's hard deadline.
 
 Must not touch: the task's files other than through a ``CheckpointWatch``; lease state.
 """
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from leasecore.conductor.calls import Reply, path_segment
 from leasecore.errors import ConductorError
+from leasecore.lease import LeasePolicy
 from leasecore.models import Task
 from leasecore.process.checkpoint import CheckpointWatch, from_log, from_output, log_line, seed_of
 
@@ -97,6 +99,21 @@ def start_line(watch: CheckpointWatch | None) -> str | None:
     """The marked line that starts a run's log when it resumes: a later attempt finds it there even if
     this run dies before its checkpoint changes."""
     return log_line(watch.text) if watch is not None and watch.text is not None else None
+
+
+def child_deadline(
+    policy: LeasePolicy, hard_deadline: float | None, now: float, epoch_now: float
+) -> float | None:
+    """CONDUCTOR_DEADLINE (epoch seconds) for a child started at ``now`` (monotonic; ``epoch_now`` is
+    the same moment on the wall clock): the earliest TERM the runner knows of in advance, the exec
+    timeout from now or the timeoutSeconds fence (``hard_deadline``, monotonic, the engine's: TERMed
+    ``fence_lead_seconds`` ahead of it); None when there is neither."""
+    points = []
+    if policy.exec_timeout_seconds > 0:
+        points.append(now + policy.exec_timeout_seconds)
+    if hard_deadline is not None:
+        points.append(hard_deadline - policy.fence_lead_seconds)
+    return epoch_now + max(0.0, min(points) - now) if points else None
 
 
 class CheckpointScan:

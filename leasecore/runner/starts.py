@@ -24,7 +24,7 @@ from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back
-from leasecore.runner.checkpoints import open_watch, resume_retry, start_line
+from leasecore.runner.checkpoints import child_deadline, open_watch, resume_retry, start_line
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
 from leasecore.runner.events import ChainEnded, ChildExited, TaskPolled
 from leasecore.runner.ports import TaskTypePlan
@@ -216,20 +216,15 @@ class TaskStarts(TaskEnds):
         """CONDUCTOR_DEADLINE for a child started now: the earliest fence known in advance (the exec
         timeout from now; the task's timeoutSeconds, whose fence TERMs ahead of the server's deadline
         by the tree's grace + margin), as epoch seconds; None when there is none."""
-        now = self._clock.monotonic()
-        points = []
-        if entry.policy is not None and entry.policy.exec_timeout_seconds > 0:
-            points.append(now + entry.policy.exec_timeout_seconds)
-        if entry.tracked and entry.policy is not None:
+        if entry.policy is None:
+            return None
+        hard = None
+        if entry.tracked:
             try:
                 hard = self._engine.view(entry.task.task_id).hard_deadline
-            except KeyError:
+            except KeyError:  # (forgotten meanwhile: no deadline to tell)
                 hard = None
-            if hard is not None:
-                points.append(hard - entry.policy.fence_lead_seconds)
-        if not points:
-            return None
-        return self._clock.now().timestamp() + max(0.0, min(points) - now)
+        return child_deadline(entry.policy, hard, self._clock.monotonic(), self._clock.now().timestamp())
 
     def _start_released(self) -> None:
         for task in self._gate.due(self._clock.monotonic()):

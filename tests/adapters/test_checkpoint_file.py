@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from leasecore.errors import ConductorUnavailable
+from leasecore.lease import LeasePolicy
 from leasecore.models import Task
 from leasecore.process.checkpoint import (
     CHECKPOINT_LIMIT_BYTES,
@@ -24,7 +25,7 @@ from leasecore.process.checkpoint import (
     read_checkpoint_file,
     seed_of,
 )
-from leasecore.runner.checkpoints import resume_retry
+from leasecore.runner.checkpoints import child_deadline, resume_retry
 
 
 @pytest.mark.parametrize(("data", "text"), [
@@ -169,3 +170,26 @@ def test_no_look_up_for_a_first_attempt_or_a_task_that_has_its_checkpoint() -> N
     assert resume_retry(first, port).checkpoint is None
     assert resume_retry(yielded, port).checkpoint == {"step": 2}
     assert port.asked == []
+
+
+# --- CONDUCTOR_DEADLINE: pure, a fixed "now" ------------------------------------------------------
+
+NOW, EPOCH = 1000.0, 1_800_000_000.0
+
+
+@pytest.mark.parametrize(("exec_timeout", "hard", "expected"), [
+    (0.0, None, None),  # nothing known in advance
+    (300.0, None, EPOCH + 300),  # the exec timeout, from the child's start
+    (0.0, NOW + 120, EPOCH + 120 - 3.4),  # timeoutSeconds' fence: kill_grace 3 + margin 0.4 ahead
+    (300.0, NOW + 120, EPOCH + 120 - 3.4),  # the earlier of the two
+    (60.0, NOW + 120, EPOCH + 60),
+    (0.0, NOW + 1, EPOCH),  # already due: now, never in the past
+])
+def test_the_deadline_is_the_earliest_fence_known_at_the_start(
+    exec_timeout: float, hard: float | None, expected: float | None
+) -> None:
+    policy = LeasePolicy(response_timeout_seconds=60, kill_grace_seconds=3.0,
+                         exec_timeout_seconds=exec_timeout)
+    assert policy.fence_lead_seconds == pytest.approx(3.4)
+    got = child_deadline(policy, hard, NOW, EPOCH)
+    assert got == (None if expected is None else pytest.approx(expected))
