@@ -30,6 +30,7 @@ REAL_SERVER_MODULES = frozenset({
     "tests/conformance/test_fleet_queues.py",
     "tests/conformance/test_metadata_logs_errors.py",
     "tests/conformance/test_poll.py",
+    "tests/conformance/test_resume_facts.py",
     "tests/conformance/test_timeouts_and_retries.py",
     "tests/conformance/test_update.py",
     "tests/integration/test_real_server_e2e.py",
