@@ -200,13 +200,35 @@ def test_the_stdio_protocol_gets_the_same_checkpoint_file(world: World, tmp_path
     assert code == 0, err
 
 
+# Yields once, at step 3 of its first run; every later run goes on to step 30 without yielding.
+_YIELD_ONCE = """
+import json, os, sys, time
+path = os.environ["CONDUCTOR_CHECKPOINT_FILE"]
+text = open(path).read()
+step = first = json.loads(text)["step"] if text.strip() else 0
+stop = 3 if os.environ["CONDUCTOR_POLL_COUNT"] == "1" and os.environ["CONDUCTOR_RETRY_COUNT"] == "0" else 30
+while step < stop:
+    time.sleep(0.25)
+    step += 1
+    with open(path + ".tmp", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(path + ".tmp", path)
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.environ['CONDUCTOR_TASK_ID']} {first} {step}\\n")
+if step < 30:
+    with open(os.environ["CONDUCTOR_OUTPUT_FILE"], "w") as f:
+        json.dump({"$status": "IN_PROGRESS", "$callbackAfterSeconds": 0}, f)
+"""
+
+
 def test_a_retry_after_a_yield_and_a_dead_runner_resumes_from_its_log(world: World, tmp_path: Path) -> None:
     # The yield's update left {"step": 3} as the task's output; the next run of the same task id got
     # further, logged it, and died with its runner: the retry must not go back to the yield's step.
     world.define(response_timeout=2, retry_count=1)
     record = tmp_path / "runs"
-    wf = start_job(world, steps=8, step_seconds=1.0, yield_every=3, record=str(record))
-    a = world.run(command=RESUMABLE)
+    child = [sys.executable, "-c", _YIELD_ONCE, str(record)]
+    wf = world.start_workflow()
+    a = world.run(command=child)
 
     def logged_past_the_yield() -> bool:
         task = world.task_of(wf)
@@ -214,19 +236,19 @@ def test_a_retry_after_a_yield_and_a_dead_runner_resumes_from_its_log(world: Wor
             return False
         lines = [line for entry in world.admin.get_logs(task["taskId"])
                  for line in str(entry.get("log", "")).splitlines() if line.startswith(LOG_MARKER)]
-        return bool(lines) and json.loads(lines[-1][len(LOG_MARKER):])["step"] >= 4
+        return bool(lines) and json.loads(lines[-1][len(LOG_MARKER):])["step"] >= 5
 
-    wait_until(logged_past_the_yield, timeout_seconds=60, what="the second run to log step 4")
+    wait_until(logged_past_the_yield, timeout_seconds=60, what="the second run to log step 5")
     first_task = world.task_of(wf)["taskId"]
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=30)
     wait_until(lambda: world.task_of(wf)["taskId"] != first_task, timeout_seconds=60, what="the retry")
     assert world.client.get_task(first_task)["outputData"]["checkpoint"]["step"] == 3  # the yield's
-    b = world.run(command=RESUMABLE)
+    b = world.run("--max-tasks", "1", command=child)
     wait_until(lambda: ended(world, wf), timeout_seconds=120, what="the retry to finish the job")
-    b.send_signal(signal.SIGTERM)
-    _, err = world.finish(b)
+    code, err = world.finish(b)
     assert world.workflow_status(wf) == "COMPLETED", err
     runs = runs_of(record)  # the first run yielded at 3; the killed one recorded nothing
-    assert runs[0][1:] == (0, 3) and runs[1][0] != first_task and runs[1][1] >= 4, (runs, err)
-    assert runs[-1][2] == 8
+    assert len(runs) == 2 and runs[0][1:] == (0, 3), (runs, err)
+    assert runs[1][0] != first_task and runs[1][1] >= 5 and runs[1][2] == 30, (runs, err)
+    assert code == 0, err
