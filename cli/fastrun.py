@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any
 
-# override key -> (flag, kind); kind: str, int, float, ints (repeatable), flag, pair (--x/--no-x).
+# override key -> (flag, kind); kind: str, int, float, ints / strs (repeatable), flag, pair (--x/--no-x).
 FLAGS: dict[str, tuple[str, str]] = {
     "config": ("--config", "str"),
     "server": ("--server", "str"),
@@ -35,6 +35,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "kill_grace": ("--kill-grace", "float"),
     "exec_timeout": ("--exec-timeout", "float"),
     "terminal_exit_codes": ("--terminal-exit-code", "ints"),
+    "exit_codes": ("--exit-code", "strs"),
     "protocol": ("--protocol", "str"),
     "once": ("--once", "flag"),
     "once_wait": ("--once-wait", "float"),
@@ -108,6 +109,8 @@ def parse(args: list[str]) -> dict[str, Any]:
             raise NotPlain(value)
         if kind == "str":
             overrides[key] = value
+        elif kind == "strs":
+            overrides[key] = [*(overrides[key] or []), value]
         elif kind == "float":
             if not _FLOAT.fullmatch(value):
                 raise NotPlain(value)

@@ -33,6 +33,7 @@ _EXAMPLES: dict[str, Any] = {
     "env": {"LANG": "C.UTF-8"},
     "secrets": ["DATABASE_PASSWORD"],
     "terminal_exit_codes": [2],
+    "exit_codes": {"3": "FAILED_WITH_TERMINAL_ERROR", "75": "IN_PROGRESS:30"},  # the exit-code policy
     "cwd": ".",
     "auth_secret_file": "/run/credentials/conductor-run.service/conductor-secret",
     "ca_bundle": "/etc/ssl/private-ca.pem",

@@ -261,6 +261,7 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
     hard_limit = _Column("HARD LIMIT", justify="right", drop_order=1)
     output = _Column("LAST OUTPUT", shrink_to=_OUTPUT_MIN, drop_order=0)
     memory = _Column("MEMORY", justify="right", drop_order=-1)  # the first left out
+    progress = _Column("PROGRESS", justify="right", drop_order=-1)  # (only when a task gives one)
     tasks = sorted(snap.tasks, key=lambda t: t.started_at)
     for task in tasks:
         health = lease_health(task, now, runner_stale=stale)
@@ -278,7 +279,8 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         hard_limit.cells.append(Text(format_relative(task.hard_deadline_at, now)))
         output.cells.append(Text(_clean(task.last_output_line or ""), style="dim"))
         memory.cells.append(Text(format_bytes(task.memory_bytes)))
-    columns = (
+        progress.cells.append(Text(format_progress(task.progress)))
+    columns: tuple[_Column, ...] = (
         type_,
         task_id,
         workflow,
@@ -293,7 +295,14 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         memory,
         output,
     )
+    if any(task.progress is not None for task in tasks):
+        columns = (*columns[:6], progress, *columns[6:])
     return _TasksTable(columns, len(tasks))
+
+
+def format_progress(progress: float | None) -> str:
+    """A checkpoint's progress as a whole percentage ("-": none given)."""
+    return "-" if progress is None else f"{progress * 100:.0f}%"
 
 
 def _runner_block(record: SnapshotRecord, now: datetime, labels: dict[str, str]) -> RenderableType:
@@ -355,6 +364,8 @@ def render_task(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> Re
         ("failed beats", Text(str(task.consecutive_failures))),
         ("memory", Text(format_bytes(task.memory_bytes))),
     ]
+    if task.progress is not None:
+        rows.append(("progress", Text(format_progress(task.progress))))
     if record.stale_reason is not None:
         rows.insert(4, ("runner state", Text(_clean(f"STALE ({record.stale_reason})"), style="bold red")))
     if task.fence_reason is not None:

@@ -61,6 +61,11 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         help=key_help("terminal_exit_codes", what="an exit code reported FAILED_WITH_TERMINAL_ERROR "
                       "(repeatable; 1..255)", default="none"),
     )),
+    ("exit_codes", list[str] | None, typer.Option(
+        None, "--exit-code", metavar="CODE=STATUS[:SECONDS]",
+        help=key_help("exit_codes", what="map an exit code to COMPLETED, FAILED, FAILED_WITH_TERMINAL_ERROR "
+                      "or IN_PROGRESS[:callbackAfterSeconds] (repeatable; 1..255)", default="none"),
+    )),
     ("protocol", str | None, typer.Option(
         None, "--protocol", metavar="native|stdio", help=key_help("protocol")
     )),

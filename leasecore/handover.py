@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from leasecore.models import Task, TaskResult, TaskStatus
 
@@ -60,6 +61,14 @@ def mark_yield(result: TaskResult, poll_count: int) -> TaskResult:
     if result.status is not TaskStatus.IN_PROGRESS or poll_count <= 0:
         return result
     return dataclasses.replace(result, output_data={**result.output_data, YIELD_MARKER: poll_count})
+
+
+def with_checkpoint(result: TaskResult, value: Any) -> TaskResult:
+    """``result`` carrying ``value`` as ``outputData.checkpoint`` (None: unchanged). An update replaces
+    the task's whole output: one without it would lose the checkpoint for the task's next run."""
+    if value is None:
+        return result
+    return dataclasses.replace(result, output_data={**result.output_data, "checkpoint": value})
 
 
 def follows_our_yield(task: Task) -> bool:

@@ -78,6 +78,10 @@ class Task:
     start_time_ms: int = 0
     update_time_ms: int = 0
     start_delay_seconds: int = 0
+    # The last checkpoint of this logical task (leasecore.process.checkpoint): the polled task's
+    # outputData.checkpoint (after a yield), or, for a retry, its earlier attempt's (the runner fills
+    # it in at poll time). None: none.
+    checkpoint: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Task:
@@ -103,6 +107,7 @@ class Task:
             start_time_ms=_int(data.get("startTime")),
             update_time_ms=_int(data.get("updateTime")),
             start_delay_seconds=_int(data.get("startDelayInSeconds")),
+            checkpoint=_checkpoint_of(data.get("outputData")),
         )
 
     @property
@@ -190,3 +195,8 @@ class TaskResult:
         if self.logs:
             body["logs"] = [entry.to_json(self.task_id) for entry in self.logs]
         return body
+
+
+def _checkpoint_of(output: Any) -> Any:
+    """``outputData.checkpoint`` of a polled task (None: none)."""
+    return output.get("checkpoint") if isinstance(output, dict) else None

@@ -220,6 +220,7 @@ class TaskSnapshot:
     fence_reason: str | None = None
     recent_output: tuple[str, ...] = ()  # oldest first; bounded when serialised
     memory_bytes: int | None = None  # the tree's memory now (its cgroup), else the child's RSS
+    progress: float | None = None  # 0..1: its checkpoint's "progress" (leasecore.process.checkpoint)
 
     @property
     def last_output_line(self) -> str | None:
@@ -244,6 +245,7 @@ class TaskSnapshot:
             "last_output_line": output[-1] if output else None,
             "recent_output": list(output),
             "memory_bytes": self.memory_bytes,
+            "progress": self.progress,
         }
 
     @classmethod
@@ -267,7 +269,15 @@ class TaskSnapshot:
             fence_reason=None if fence is None else str(fence),
             recent_output=_bounded_lines(str(line) for line in data.get("recent_output") or ()),
             memory_bytes=None if data.get("memory_bytes") is None else int(data["memory_bytes"]),
+            progress=_progress(data.get("progress")),
         )
+
+
+def _progress(value: Any) -> float | None:
+    """A snapshot's ``progress``: a number from 0 to 1 (anything else, e.g. an older file's: None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

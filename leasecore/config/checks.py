@@ -160,6 +160,50 @@ def exit_codes(value: Any) -> tuple[int, ...]:
         raise ValueError(allowed) from None
 
 
+# --- the exit-code policy (exit_codes): CODE -> STATUS[:SECONDS] ---------------------------------
+POLICY_STATUSES = ("COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR", "IN_PROGRESS")
+_POLICY_ALLOWED = (
+    'exit codes 1..255, each mapped to "STATUS" or "IN_PROGRESS:SECONDS" (STATUS: '
+    + ", ".join(POLICY_STATUSES) + '): a table such as {3 = "FAILED_WITH_TERMINAL_ERROR", '
+    '75 = "IN_PROGRESS:30"}, or CODE=STATUS[:SECONDS] on the command line'
+)
+
+
+def exit_rule_of(text: str) -> tuple[str, int | None]:
+    """``"STATUS"`` or ``"IN_PROGRESS:SECONDS"`` as (status, seconds); ValueError if neither."""
+    status, colon, seconds = text.strip().partition(":")
+    status = status.strip().upper()
+    if status not in POLICY_STATUSES:
+        raise ValueError(_POLICY_ALLOWED)
+    if not colon:
+        return status, None
+    if status != "IN_PROGRESS" or not seconds.strip().isdigit() or int(seconds) > MAX_SECONDS:
+        raise ValueError(_POLICY_ALLOWED)
+    return status, int(seconds)
+
+
+def exit_code_policy(value: Any) -> dict[str, str]:
+    """A table {code: "STATUS[:SECONDS]"} (file), or a list of "CODE=STATUS[:SECONDS]" (flags), as
+    {"code": "STATUS[:SECONDS]"} ordered by code (TOML and JSON can print it as it is)."""
+    if isinstance(value, Mapping):
+        pairs = [(str(code), rule) for code, rule in value.items()]
+    elif isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        pairs = [tuple(item.partition("=")[::2]) for item in value]
+    else:
+        raise ValueError(_POLICY_ALLOWED)
+    policy: dict[int, str] = {}
+    for code_text, rule in pairs:
+        if not isinstance(rule, str) or not code_text.strip().isdigit() or not 1 <= int(code_text) <= 255:
+            raise ValueError(_POLICY_ALLOWED)
+        status, seconds = exit_rule_of(rule)
+        normal = status if seconds is None else f"{status}:{seconds}"
+        code = int(code_text)
+        if policy.get(code, normal) != normal:
+            raise ValueError(f"exit code {code} is mapped twice ({policy[code]} and {normal})")
+        policy[code] = normal
+    return {str(code): policy[code] for code in sorted(policy)}
+
+
 def env_names(value: Any) -> tuple[str, ...]:
     allowed = "a list of environment variable names"
     if not isinstance(value, list | tuple) or not all(_is_env_name(name) for name in value):

@@ -28,6 +28,7 @@ from leasecore.config.checks import (
     cpu_count,
     env_names,
     env_table,
+    exit_code_policy,
     exit_codes,
     float_from_text,
     int_from_text,
@@ -320,6 +321,16 @@ KEYS: dict[str, KeySpec] = {
             "exit codes reported FAILED_WITH_TERMINAL_ERROR",
             flag="--terminal-exit-code",
         ),
+        # --- the exit-code policy; terminal_exit_codes / in_progress_exit_code are its shorthands --
+        _key(
+            "exit_codes",
+            "task",
+            exit_code_policy,
+            "exit-code policy: CODE = STATUS[:SECONDS] (COMPLETED, FAILED, FAILED_WITH_TERMINAL_ERROR, "
+            "IN_PROGRESS with its callbackAfterSeconds)",
+            flag="--exit-code",
+        ),
+        # --- end exit-code policy ---
         _key(
             "in_progress_exit_code",
             "task",

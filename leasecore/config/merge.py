@@ -422,6 +422,7 @@ def _resolve_paths(
 
 
 def _cross_check(values: dict[str, Any], sources: dict[str, Source]) -> None:
+    _check_policy(values, sources)
     code = values["in_progress_exit_code"]
     if code is not None and code in values["terminal_exit_codes"]:
         raise ConfigError(
@@ -430,6 +431,24 @@ def _cross_check(values: dict[str, Any], sources: dict[str, Source]) -> None:
             "an exit code can mean only one thing",
             key="in_progress_exit_code",
             source=str(sources["in_progress_exit_code"]),
+        )
+
+
+def _check_policy(values: dict[str, Any], sources: dict[str, Source]) -> None:
+    """``exit_codes`` and its shorthands must agree: a code each maps differently names both."""
+    for code_text, rule in values["exit_codes"].items():
+        code, status = int(code_text), rule.partition(":")[0]
+        if code in values["terminal_exit_codes"] and status != "FAILED_WITH_TERMINAL_ERROR":
+            other = "terminal_exit_codes", "FAILED_WITH_TERMINAL_ERROR"
+        elif code == values["in_progress_exit_code"] and status != "IN_PROGRESS":
+            other = "in_progress_exit_code", "IN_PROGRESS"
+        else:
+            continue
+        raise ConfigError(
+            f"exit_codes maps exit code {code} to {rule} (from {sources['exit_codes']}), but {other[0]} "
+            f"(from {sources[other[0]]}) makes it {other[1]}: an exit code can mean only one thing",
+            key="exit_codes",
+            source=str(sources["exit_codes"]),
         )
 
 

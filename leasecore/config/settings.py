@@ -102,6 +102,7 @@ class TaskSettings:
     terminal_exit_codes: tuple[int, ...] = ()
     in_progress_exit_code: int | None = None
     callback_after_seconds: int = 60
+    exit_codes: Mapping[str, str] = field(default_factory=dict)  # "code" -> "STATUS[:SECONDS]" (policy)
     poll_timeout: int = 1000  # ms, long poll, <= 5000
     poll_interval: int = 100  # ms, pause after an empty poll
     paused: bool = False

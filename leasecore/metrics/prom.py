@@ -57,6 +57,7 @@ class GaugeSource(Protocol):
     def outbox_results(self) -> int: ...
     def lease_remaining_seconds(self) -> float | None: ...
     def paused(self) -> Mapping[str, bool]: ...
+    def task_progress(self) -> Mapping[str, tuple[str, float]]: ...  # task id -> (type, 0..1)
 
 
 class PrometheusObserver(Observer):
@@ -228,6 +229,9 @@ class RunnerGauges:
         paused = GaugeMetricFamily("conductor_run_task_type_paused", "1 while the task type is paused "
                                    "(configured paused, conductor-run pause, a reload): nothing is polled "
                                    "for it; 0 while it is polled.", labels=tt)
+        progress = GaugeMetricFamily("conductor_run_task_progress", "A task in flight's progress (0..1), "
+                                     "from its checkpoint's \"progress\" (absent: none given).",
+                                     labels=[*tt, "taskId"])
         if source is not None:
             for task_type, is_paused in sorted(source.paused().items()):
                 paused.add_metric([task_type], 1 if is_paused else 0)
@@ -242,4 +246,6 @@ class RunnerGauges:
             left = source.lease_remaining_seconds()
             if left is not None and math.isfinite(left):
                 lease.add_metric([], left)
-        return [active, running, waiting, free, outbox, lease, paused]
+            for task_id, (task_type, fraction) in sorted(source.task_progress().items()):
+                progress.add_metric([task_type, task_id], fraction)
+        return [active, running, waiting, free, outbox, lease, paused, progress]

@@ -158,6 +158,10 @@ class MetricsService:
     def outbox_results(self) -> int:
         return self._outbox.saved_count() if self._outbox is not None else 0
 
+    def task_progress(self) -> Mapping[str, tuple[str, float]]:
+        progress = getattr(self._runner, "task_progress", None)  # replaced whole by the runner
+        return dict(progress) if isinstance(progress, dict) else {}
+
     def lease_remaining_seconds(self) -> float | None:
         if self._engine is None:
             return None

@@ -28,6 +28,8 @@ from typing import Any
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
 from leasecore.process import _cgroupfs, _procfs, leftovers
+from leasecore.process.checkpoint import NAME as CHECKPOINT_NAME
+from leasecore.process.checkpoint import CheckpointRead, read_checkpoint_file
 from leasecore.process.output import StreamCapture
 from leasecore.process.spec import ChildExit
 from leasecore.process.stdio_protocol import StdoutDocument
@@ -142,6 +144,11 @@ class Child:
         return self._gone.wait(timeout)
 
     @property
+    def checkpoint_path(self) -> str:
+        """The task's CONDUCTOR_CHECKPOINT_FILE (the runner watches it while the child runs)."""
+        return self._files.checkpoint_path
+
+    @property
     def exited(self) -> bool:
         return self._exited.is_set()
 
@@ -238,12 +245,22 @@ class Child:
     ) -> None:
         assert self._exit_info is not None
         code, sig, ended_at = self._exit_info
+        checkpoint: CheckpointRead | None = None
         try:
-            output, output_error = self._files.read_output()
-        except Exception as exc:  # a bug: the task still ends (FAILED), never left unfinished for ever
-            log.exception("task %s: reading its output file failed", self.key)
-            output = None
-            output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {type(exc).__name__})"
+            try:
+                output, output_error = self._files.read_output()
+            except Exception as exc:  # a bug: the task still ends (FAILED), never left unfinished for ever
+                log.exception("task %s: reading its output file failed", self.key)
+                output = None
+                why = type(exc).__name__
+                output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {why})"
+            if self._files.checkpoint_path:  # read before the directory goes (the runner keeps it)
+                try:
+                    checkpoint = read_checkpoint_file(self._files.checkpoint_path)
+                except Exception as exc:  # a bug: the task still ends, with the checkpoint seen last
+                    log.exception("task %s: reading its checkpoint file failed", self.key)
+                    why = type(exc).__name__
+                    checkpoint = CheckpointRead(error=f"{CHECKPOINT_NAME} could not be read ({why})")
         finally:  # a directory the child filled is removed off this (the reader) thread
             self._files.remove(self._links.rmtree)
         self._result = ChildExit(
@@ -259,6 +276,7 @@ class Child:
             resources=self._usage[0],
             oom_kills=self._usage[1],
             memory_limit_by=self.memory_limit_by,
+            checkpoint=checkpoint,
         )
         self._done.set()
         if self._on_done is not None:

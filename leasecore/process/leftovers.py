@@ -33,7 +33,7 @@ from leasecore.process import _cgroupfs, _procfs
 
 GROUP_PREFIX = "conductor-run."  # cgroups.GROUP_PREFIX (that module imports more than a sweep needs)
 TMP_PREFIX = "conductor-run-task-"
-TASK_FILE_NAMES = ("input.json", "output.json")  # what a task's directory holds (taskfiles.py)
+TASK_FILE_NAMES = ("input.json", "output.json", "checkpoint.json")  # a task's directory (taskfiles.py)
 _SWEEP_ROUNDS = 20
 
 

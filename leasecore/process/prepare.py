@@ -27,6 +27,7 @@ from leasecore.errors import SpawnError
 from leasecore.limits import rlimits_for
 from leasecore.models import Task
 from leasecore.process import _cgroupfs, cgroups
+from leasecore.process.checkpoint import seed_of
 from leasecore.process.lookups import ExecutablePaths
 from leasecore.process.spec import STDIO, CommandSpec, build_child_env
 from leasecore.process.stdio_protocol import task_json
@@ -78,20 +79,24 @@ def prepare(
     task_dirs: TaskDirs,
     executables: ExecutablePaths,
     cgroup_setup: cgroups.CgroupSetup,
+    deadline: float | None = None,
 ) -> Prepared:
     """Make what a spawn of ``argv`` for ``task`` needs (``inherited``: ``inherited_env`` of
-    ``environ`` and ``spec``); SpawnError, with nothing left behind, if a step fails."""
+    ``environ`` and ``spec``); SpawnError, with nothing left behind, if a step fails. The checkpoint
+    file starts with ``task.checkpoint``; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds)."""
     token = secrets.token_hex(16)
     try:
         whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
         owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
         files = TaskFiles.create_in(task_dirs, task, memory_limited=spec.limits.memory_max is not None,
-                                    unique=token, stdin=whole_task, owner=owner)
+                                    unique=token, stdin=whole_task, owner=owner,
+                                    checkpoint=seed_of(task.checkpoint))
     except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
         raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
     env = build_child_env(
         environ, spec, task, worker_id=worker_id, input_file=files.input_path,
         output_file=files.output_path, tree_token=token, inherited=inherited,
+        checkpoint_file=files.checkpoint_path, deadline=deadline,
     )  # fmt: skip
     try:
         path = executables.find(argv[0], env.get("PATH", os.defpath), cwd)

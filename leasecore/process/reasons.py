@@ -18,7 +18,7 @@ from typing import Any
 
 from leasecore.limits import format_size, memory_reason
 from leasecore.models import TaskStatus
-from leasecore.process.spec import ChildExit, CommandSpec
+from leasecore.process.spec import ChildExit, CommandSpec, ExitRule
 
 REASON_LIMIT_CHARS = 500
 RESOURCE_KEYS = ("max_rss_bytes", "cpu_user_seconds", "cpu_system_seconds")
@@ -55,10 +55,11 @@ def exit_verdict(
     """The status and reason the exit alone gives; None for exit 0 (the caller's output decides).
 
     First match wins: the exec timeout; OOM kills in the tree's group (``limits.memory_reason``,
-    whatever the exit was: from the group's events, never guessed from a SIGKILL); a signal; the
-    in-progress exit code; any other code, with the last stderr line (and, under a per-process memory
-    rlimit, the limit that was in force: not a verdict, no group tells why it failed), terminal when
-    in ``spec.terminal_exit_codes``. ``failed`` prefixes the failures' reasons but the timeout's,
+    whatever the exit was: from the group's events, never guessed from a SIGKILL); a signal; a
+    code the exit-code policy maps to COMPLETED or IN_PROGRESS (``exit_rule``); any other code, with
+    the last stderr line (and, under a per-process memory rlimit, the limit that was in force: not a
+    verdict, no group tells why it failed), FAILED or as the policy maps it.
+    ``failed`` prefixes the failures' reasons but the timeout's,
     ``exited`` names the code ("exit code 3" natively; the stdio protocol says "exit status 3").
     """
     if timed_out:
@@ -70,12 +71,34 @@ def exit_verdict(
     code = exit.exit_code
     if code == 0:
         return None
-    if code is not None and code == spec.in_progress_exit_code:
-        return TaskStatus.IN_PROGRESS, ""
+    rule = exit_rule(spec, code)
+    if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+        return rule.status, ""
     last = last_line(exit.stderr_tail)
     reason = f"{failed}{exited} {code}" + (f": {last}" if last else " (nothing on stderr)")
     if exit.memory_limit_by == "rlimit" and spec.limits.memory_max is not None:
         reason += f" (under memory limit {format_size(spec.limits.memory_max)}, a per-process rlimit)"
+    return (rule.status if rule is not None else TaskStatus.FAILED), reason
+
+
+def exit_rule(spec: CommandSpec, code: int | None) -> ExitRule | None:
+    """What the exit-code policy says of ``code``: ``exit_codes``, then its shorthands
+    (``terminal_exit_codes``, ``in_progress_exit_code``); None: the code is not in it (exit 0 never is)."""
+    if not code:
+        return None
+    rule = spec.exit_codes.get(code)
+    if rule is not None:
+        return rule
+    if code == spec.in_progress_exit_code:
+        return ExitRule(TaskStatus.IN_PROGRESS)
     if code in spec.terminal_exit_codes:
-        return TaskStatus.FAILED_WITH_TERMINAL_ERROR, reason
-    return TaskStatus.FAILED, reason
+        return ExitRule(TaskStatus.FAILED_WITH_TERMINAL_ERROR)
+    return None
+
+
+def callback_seconds(spec: CommandSpec, code: int | None) -> int:
+    """``callbackAfterSeconds`` of an IN_PROGRESS exit with ``code``: its rule's, else the spec's."""
+    rule = exit_rule(spec, code)
+    if rule is not None and rule.callback_after_seconds is not None:
+        return rule.callback_after_seconds
+    return spec.callback_after_seconds

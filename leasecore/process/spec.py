@@ -23,11 +23,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from leasecore.errors import SpawnError
 from leasecore.limits import Limits
-from leasecore.models import Task
+from leasecore.models import Task, TaskStatus
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.runas import RunAs
 
@@ -42,6 +42,8 @@ _ENV_ENTRY_OVERHEAD = 2 + 8  # "=" + NUL + the envp pointer
 
 # Names the runner sets itself under the CONDUCTOR_INPUT_ prefix: no input key may take them.
 RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
+# Set by the runner for every task: an inherited value would lie to a task that has none.
+_PER_TASK_NAMES = ("CONDUCTOR_CHECKPOINT_FILE", "CONDUCTOR_DEADLINE")
 
 # Never handed to a child, whatever the configuration says (matched case-insensitively).
 # CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children (issue #21).
@@ -67,6 +69,14 @@ def stdio_env(task: Task) -> dict[str, str]:
     return env
 
 
+class ExitRule(NamedTuple):
+    """What one exit code means (the exit-code policy): a status, and for IN_PROGRESS when the server
+    hands the task out again (None: the spec's ``callback_after_seconds``)."""
+
+    status: TaskStatus
+    callback_after_seconds: int | None = None
+
+
 @dataclass(frozen=True)
 class CommandSpec:
     """The command for one task type, and how its exit maps to a task status.
@@ -88,6 +98,7 @@ class CommandSpec:
     terminal_exit_codes: frozenset[int] = frozenset()
     in_progress_exit_code: int | None = None
     callback_after_seconds: int = 60
+    exit_codes: Mapping[int, ExitRule] = field(default_factory=dict)  # the policy; shorthands above
     exec_timeout_seconds: float = 0.0
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
@@ -138,6 +149,8 @@ class ChildExit:
     resources: Mapping[str, float] | None = None
     oom_kills: int = 0
     memory_limit_by: str | None = None
+    # What CONDUCTOR_CHECKPOINT_FILE held at the exit (a checkpoint.CheckpointRead; None: not read).
+    checkpoint: Any = None
 
 
 def input_env_name(key: str) -> str:
@@ -198,6 +211,8 @@ def build_child_env(
     output_file: str,
     tree_token: str,
     inherited: Mapping[str, str] | None = None,
+    checkpoint_file: str = "",
+    deadline: float | None = None,
 ) -> dict[str, str]:
     """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
 
@@ -206,8 +221,12 @@ def build_child_env(
     surrogate, over the size budgets), when its name is reserved (``CONDUCTOR_INPUT_FILE``), or when
     two keys map to the same name (``a-b`` and ``A_B``): neither is set rather than a guess.
     ``inherited``: ``inherited_env(base, spec)`` computed earlier (it filters every variable).
+    ``checkpoint_file``: CONDUCTOR_CHECKPOINT_FILE; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds,
+    the earliest time the runner will end the tree for a reason known now; None: no such time).
     """
     env = dict(inherited_env(base, spec) if inherited is None else inherited)
+    for name in _PER_TASK_NAMES:
+        env.pop(name, None)
     task_vars = {
         "CONDUCTOR_TASK_ID": task.task_id,
         "CONDUCTOR_WORKFLOW_ID": task.workflow_id,
@@ -219,6 +238,10 @@ def build_child_env(
         "CONDUCTOR_INPUT_FILE": input_file,
         "CONDUCTOR_OUTPUT_FILE": output_file,
     }
+    if checkpoint_file:
+        task_vars["CONDUCTOR_CHECKPOINT_FILE"] = checkpoint_file
+    if deadline is not None:
+        task_vars["CONDUCTOR_DEADLINE"] = str(int(deadline))  # whole seconds, rounded down: never late
     # The task's identity comes from the server: a value exec cannot carry is dropped, not fatal.
     # (The inherited part is filtered already: only these need the check.)
     for name, value in task_vars.items():

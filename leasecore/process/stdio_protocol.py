@@ -25,7 +25,7 @@ from typing import Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
 from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
-from leasecore.process.reasons import bounded, exit_verdict, resources, signal_name
+from leasecore.process.reasons import bounded, callback_seconds, exit_verdict, resources, signal_name
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
 
@@ -279,7 +279,8 @@ def to_stdio_result(
         return TaskResult(
             task_id=task.task_id, workflow_id=task.workflow_id, status=status,
             output_data=_diagnostics(exit), reason_for_incompletion=bounded(reason) or None,
-            callback_after_seconds=spec.callback_after_seconds if in_progress else 0, worker_id=worker_id,
+            callback_after_seconds=callback_seconds(spec, exit.exit_code) if in_progress else 0,
+            worker_id=worker_id,
         )  # fmt: skip
     try:
         reply = parse_reply(document, total_bytes=exit.stdout_bytes)

@@ -176,6 +176,7 @@ class Supervisor:
         on_lines: LinesSink | None = None,
         on_done: DoneSink | None = None,
         on_started: StartedSink | None = None,
+        deadline: float | None = None,
     ) -> Child:
         """Ask the fork server to start ``spec``'s command for ``task``, and return without waiting
         for the exec: the caller's thread is free for the next task while the fork server starts
@@ -188,8 +189,10 @@ class Supervisor:
         a ``ChildExit`` with ``start_error`` saying why (and ``on_started`` is never called). The child
         can be signalled at once: the fork server takes requests in order, so a signal sent now
         reaches the tree it is about to start. Callbacks run on the reader thread, as for ``spawn``.
+        ``deadline``: the child's CONDUCTOR_DEADLINE (epoch seconds; None: not set).
         """
-        return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, notify=True)
+        return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, deadline,
+                           notify=True)
 
     def spawn(
         self,
@@ -217,7 +220,7 @@ class Supervisor:
         call ``spawn`` or ``start``: that thread also reads the fork server's answers, which they may
         wait for.
         """
-        child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, notify=False)
+        child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, None, notify=False)
         if not child._settled.wait(self._reply_timeout_seconds):
             self._give_up_starts(lambda pending: pending.child is child)
             child._settled.wait(self._reply_timeout_seconds)  # given up above, or its answer is being handled
@@ -228,17 +231,10 @@ class Supervisor:
         return child
 
     def _start(
-        self,
-        task: Task,
-        spec: CommandSpec,
-        worker_id: str,
-        on_line: LineSink | None,
-        on_lines: LinesSink | None,
-        on_done: DoneSink | None,
-        on_started: StartedSink | None,
-        *,
-        notify: bool,
-    ) -> Child:
+        self, task: Task, spec: CommandSpec, worker_id: str, on_line: LineSink | None,
+        on_lines: LinesSink | None, on_done: DoneSink | None, on_started: StartedSink | None,
+        deadline: float | None, *, notify: bool,
+    ) -> Child:  # fmt: skip
         argv = spec.command_argv()
         if any("\0" in arg for arg in argv):
             raise SpawnError("the command holds a NUL byte, which no argument can carry")
@@ -251,7 +247,7 @@ class Supervisor:
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
                         inherited=self._inherited.of(spec), task_dirs=self._task_dirs,
-                        executables=self._executables, cgroup_setup=self._cgroups)  # fmt: skip
+                        executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
         child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done)

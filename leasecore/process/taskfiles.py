@@ -2,8 +2,9 @@
 
 Owns ``TaskFiles``: each task's own directory (0700, named by the tree's marker token, in the place
 ``TaskDirs`` picks: a tmpfs such as ``/dev/shm`` where one is usable, else the system temp dir)
-holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
-(0600) for the child to fill, and under the stdio protocol ``task.json`` (0600, the whole task: the
+holding ``input.json`` (0600, ``inputData`` as JSON), an empty ``output.json``
+(0600) for the child to fill, ``checkpoint.json`` (0600: the task's last checkpoint, or empty;
+``leasecore.process.checkpoint``), and under the stdio protocol ``task.json`` (0600, the whole task: the
 child's stdin then). With ``run_as`` the two files are the user's and the directory stays root's.
 Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT_BYTES`` and
 ``OUTPUT_MAX_DEPTH``, and never follows a symlink or blocks on a FIFO the child may have put there;
@@ -94,29 +95,33 @@ class TaskFiles:
     input_path: str
     output_path: str
     stdin_path: str | None = None  # a file of its own for stdin (else the input file is stdin)
+    checkpoint_path: str = ""  # CONDUCTOR_CHECKPOINT_FILE
 
     @classmethod
     def create_in(
         cls, dirs: TaskDirs, task: Task, *, memory_limited: bool, unique: str | None = None,
-        stdin: bytes | None = None, owner: tuple[int, int] | None = None,
+        stdin: bytes | None = None, owner: tuple[int, int] | None = None, checkpoint: bytes = b"",
     ) -> TaskFiles:
         """``create`` in ``dirs.parent(memory_limited)``; if that is the tmpfs and it is full, in
         ``dirs.disk`` instead (a small /dev/shm, as a container's 64 MB one, fails no task)."""
         parent = dirs.parent(memory_limited)
         try:
-            return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner)
+            return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner,
+                              checkpoint=checkpoint)
         except OSError as exc:
             if parent == dirs.disk or exc.errno not in _FULL:
                 raise
-        return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner)
+        return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner,
+                          checkpoint=checkpoint)
 
     @classmethod
     def create(
         cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None,
-        owner: tuple[int, int] | None = None,
+        owner: tuple[int, int] | None = None, checkpoint: bytes = b"",
     ) -> TaskFiles:
-        """Make the directory and both files; the input file holds ``task.input_data`` as JSON.
-        ``stdin``: what the child reads on stdin instead (a third file, ``STDIN_FILE_NAME``).
+        """Make the directory and the files; the input file holds ``task.input_data`` as JSON, the
+        checkpoint file ``checkpoint`` (the task's last checkpoint, or nothing).
+        ``stdin``: what the child reads on stdin instead (a file of its own, ``STDIN_FILE_NAME``).
 
         ``unique``: random hex (the tree's marker token) to name the directory by, instead of
         ``mkdtemp``'s own draw (a pid check and eight random choices per task); a name taken
@@ -135,14 +140,15 @@ class TaskFiles:
                 pass
         if directory is None:
             directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
-        input_name, output_name = TASK_FILE_NAMES
+        input_name, output_name, checkpoint_name = TASK_FILE_NAMES
         stdin_path = None if stdin is None else os.path.join(directory, STDIN_FILE_NAME)
         files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
-                    stdin_path)  # fmt: skip
+                    stdin_path, os.path.join(directory, checkpoint_name))  # fmt: skip
         try:
             body = dump_json(task.input_data, "the task's input")
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
+            _write_private(files.checkpoint_path, checkpoint)
             if stdin_path is not None and stdin is not None:
                 _write_private(stdin_path, stdin)  # opened by the runner for the child, never by path
             if owner is not None:
@@ -182,7 +188,7 @@ def dump_json(value: Mapping[str, Any], what: str) -> bytes:
 
 
 def _hand_over(files: TaskFiles, uid: int, gid: int) -> None:
-    for path in (files.input_path, files.output_path):
+    for path in (files.input_path, files.output_path, files.checkpoint_path):
         os.chown(path, uid, gid)
     os.chown(files.directory, -1, gid)
     os.chmod(files.directory, 0o710)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from leasecore.handover import mark_yield, may_run_elsewhere
+from leasecore.handover import mark_yield, may_run_elsewhere, with_checkpoint
 from leasecore.lease import FenceReason
 from leasecore.models import Task, TaskResult, TaskStatus
 
@@ -63,4 +63,6 @@ def hand_back(task: Task, worker_id: str | None) -> TaskResult:
     may still run it, in which case its next holder waits as we would have."""
     result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS, callback_after_seconds=0,
                         worker_id=worker_id)
+    # The update replaces outputData: the task's checkpoint goes back with it, or its next run loses it.
+    result = with_checkpoint(result, task.checkpoint)
     return result if may_run_elsewhere(task) else mark_yield(result, task.poll_count)

@@ -19,6 +19,7 @@ from leasecore.handover import StartGate, YieldHold
 from leasecore.lease import LeasePolicy
 from leasecore.metrics import Observer
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.checkpoints import CheckpointScan, ResumePort
 from leasecore.runner.events import Event
 from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
@@ -58,6 +59,8 @@ class RunnerCore:
     _handing_back: set[str]
     # A task's next delivery polled while its previous run is still here: started once it is forgotten.
     _next_runs: dict[str, NextRun]
+    _resume_port: ResumePort | None  # where a retry's earlier checkpoint is looked up (None: nowhere)
+    _checkpoint_scan: CheckpointScan
     _undelivered: dict[str, tuple[Path, TaskSnapshot]]
     _stopping_since: float | None
     _forced: bool

@@ -19,9 +19,11 @@ from typing import Any
 
 from leasecore.clock import SystemClock
 from leasecore.errors import ProcessError
-from leasecore.handover import mark_yield
+from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.reasons import exit_rule
+from leasecore.process.spec import CommandSpec
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.finalupdates import FinalUpdates
@@ -84,7 +86,7 @@ class TaskEnds(RunnerCore):
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
-                                     getattr(entry.plan.spec, "in_progress_exit_code", None))
+                                     _success_code(entry.plan.spec, exit_))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
             self._logs.close(task_id)
@@ -97,6 +99,7 @@ class TaskEnds(RunnerCore):
             self._forget(entry, None)
             return
         result = self._stream_result_logs(entry, self._result_for(entry, exit_))
+        self._take_final_checkpoint(entry, exit_)
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
@@ -159,7 +162,21 @@ class TaskEnds(RunnerCore):
             entry.log_lines(ENTRY_STREAM, [line.log for line in result.logs])
         return dataclasses.replace(result, logs=())
 
+    def _take_final_checkpoint(self, entry: InFlight, exit_: Any | None) -> None:
+        """What the checkpoint file held at the exit: the last word (logged if new; an unusable file
+        is said in the log and the last valid checkpoint stands)."""
+        read = getattr(exit_, "checkpoint", None)
+        if entry.checkpoint is None or read is None:
+            return
+        line = entry.checkpoint.take(read)
+        if line is not None and entry.log_lines is not None:
+            entry.log_lines("stdout", [line])
+
     def _report(self, entry: InFlight, result: TaskResult) -> None:
+        if result.task_id == entry.task.task_id:  # every update for it carries its last checkpoint
+            watch = entry.checkpoint
+            result = with_checkpoint(result, watch.value if watch is not None and watch.text is not None
+                                     else entry.task.checkpoint)
         chain: OnChained | None = None
         if entry.slot_held:  # the child is gone: another may start while this one reports
             entry.slot_held = False
@@ -244,6 +261,17 @@ class TaskEnds(RunnerCore):
         if entry.report_held:
             entry.report_held = False
             self._pollers[entry.plan.poll.task_type].reported()
+
+
+def _success_code(spec: Any, exit_: Any) -> int | None:
+    """The non-zero exit code that is no execute error for the metrics: the exit's own when the
+    exit-code policy maps it to COMPLETED or IN_PROGRESS, else the spec's ``in_progress_exit_code``."""
+    code = getattr(exit_, "exit_code", None)
+    if isinstance(spec, CommandSpec):
+        rule = exit_rule(spec, code)
+        if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+            return code
+    return getattr(spec, "in_progress_exit_code", None)
 
 
 def _tree_gone(child: Any) -> bool:

@@ -145,6 +145,7 @@ class SupervisorPort(Protocol):
         on_lines: Callable[[str, list[str]], None] | None = None,
         on_done: Callable[[Any], None] | None = None,
         on_started: Callable[[Any], None] | None = None,
+        deadline: float | None = None,  # the child's CONDUCTOR_DEADLINE (epoch seconds)
     ) -> ChildPort: ...
 
 

@@ -35,6 +35,7 @@ from leasecore.errors import ProcessError
 from leasecore.handover import DyingTrees, StartGate, YieldHold
 from leasecore.lease import FenceAction
 from leasecore.metrics import NO_METRICS, Observer
+from leasecore.runner.checkpoints import CheckpointScan, resume_port
 from leasecore.runner.contact import RecordedCalls, ServerContact
 from leasecore.runner.core import ToResult
 from leasecore.runner.ends import ChainUpdates, _tree_gone
@@ -69,7 +70,7 @@ from leasecore.runner.ports import (
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.starts import TaskStarts
-from leasecore.runner.status import Phase, server_health, task_snapshot
+from leasecore.runner.status import Phase, progress_of_entry, server_health, task_snapshot
 from leasecore.state.outbox import still_saved
 
 __all__ = ["Runner", "ToResult"]
@@ -133,6 +134,9 @@ class Runner(LiveControl, TaskStarts):
         # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
         # small fakes may not)
         self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
+        self._resume_port = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
+        self._checkpoint_scan = CheckpointScan(self._clock.monotonic())
+        self.task_progress: dict[str, tuple[str, float]] = {}  # task id -> (type, 0..1): the metrics' read
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates: UpdatePort = (ChainUpdates(conductor, self._engine) if self._chaining
@@ -243,7 +247,22 @@ class Runner(LiveControl, TaskStarts):
             self._report_yields()
             self._start_released()
             self._check_deadlines()
+            self._scan_checkpoints()
             self._maybe_publish()
+
+    def _scan_checkpoints(self) -> None:
+        if not self._checkpoint_scan.due(self._clock.monotonic()):
+            return
+        CheckpointScan.look(
+            (e.checkpoint, functools.partial(_send_line, e.log_lines))
+            for e in self._tasks.values()
+            if e.checkpoint is not None and e.log_lines is not None and e.phase is not Phase.REPORTING
+        )
+        # Replaced whole (the scrape thread reads it): bounded by the tasks in flight.
+        self.task_progress = {
+            task_id: (e.task.task_type, progress) for task_id, e in self._tasks.items()
+            if (progress := progress_of_entry(e)) is not None
+        }
 
     def _maybe_publish(self) -> None:
         # A snapshot costs O(tasks) to build and a file write: at most every status_min_interval
@@ -426,3 +445,7 @@ class Runner(LiveControl, TaskStarts):
                 tasks.append(snapshot)
         self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock),
                              paused=self.paused_types(), stopping=self._stopping_since is not None)
+
+
+def _send_line(send: Callable[[str, list[str]], None], line: str) -> None:
+    send("stdout", [line])  # unprefixed: a marked line must start the log line

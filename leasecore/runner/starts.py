@@ -24,6 +24,7 @@ from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back
+from leasecore.runner.checkpoints import child_deadline, open_watch, resume_retry, start_line
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
 from leasecore.runner.events import ChainEnded, ChildExited, TaskPolled
 from leasecore.runner.ports import TaskTypePlan
@@ -45,6 +46,7 @@ class TaskStarts(TaskEnds):
         # already heartbeated. A task delivered again while it runs here is re-tracked the same way
         # (the new poll reset the server's clock, and its pollCount is ours).
         policy = self._track_at_poll(task, polled_at)
+        task = resume_retry(task, self._resume_port)  # (heartbeated meanwhile: tracked above)
         self._events.put(TaskPolled(task, polled_at, policy, poller=poller))
 
     def _on_chained(self, task: Task | None, sent_at: float, *, from_task: str, poller: str) -> None:
@@ -55,6 +57,7 @@ class TaskStarts(TaskEnds):
             self._events.put(ChainEnded(from_task))
             return
         policy = self._track_at_poll(task, sent_at)
+        task = resume_retry(task, self._resume_port)
         self._events.put(TaskPolled(task, sent_at, policy, poller=poller, chained_from=from_task))
 
     def _track_at_poll(self, task: Task, polled_at: float) -> LeasePolicy | None:
@@ -196,6 +199,7 @@ class TaskStarts(TaskEnds):
                 task, _spawn_spec(plan.spec, entry.policy), worker_id=plan.worker_id,
                 on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
+                deadline=self._child_deadline(entry),
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
             self._metrics.on_task_exited(task.task_type, exc, None, None)
@@ -204,6 +208,23 @@ class TaskStarts(TaskEnds):
             self._report_not_started(entry, exc)
             return
         self._engine.child_started(task.task_id)
+        entry.checkpoint = open_watch(task, entry.child)
+        if (line := start_line(entry.checkpoint)) is not None and entry.log_lines is not None:
+            entry.log_lines("stdout", [line])  # this run's log names what it resumed from
+
+    def _child_deadline(self, entry: InFlight) -> float | None:
+        """CONDUCTOR_DEADLINE for a child started now: the earliest fence known in advance (the exec
+        timeout from now; the task's timeoutSeconds, whose fence TERMs ahead of the server's deadline
+        by the tree's grace + margin), as epoch seconds; None when there is none."""
+        if entry.policy is None:
+            return None
+        hard = None
+        if entry.tracked:
+            try:
+                hard = self._engine.view(entry.task.task_id).hard_deadline
+            except KeyError:  # (forgotten meanwhile: no deadline to tell)
+                hard = None
+        return child_deadline(entry.policy, hard, self._clock.monotonic(), self._clock.now().timestamp())
 
     def _start_released(self) -> None:
         for task in self._gate.due(self._clock.monotonic()):

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.models import Task, TaskStatus
+from leasecore.process.checkpoint import CheckpointWatch, progress_of
 from leasecore.runner.contact import ServerContact
 from leasecore.runner.poller import Poller
 from leasecore.runner.ports import ChildPort, StatusPort, TaskTypePlan
@@ -68,6 +69,7 @@ class InFlight:
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
+    checkpoint: CheckpointWatch | None = None  # its CONDUCTOR_CHECKPOINT_FILE, once its child started
 
 
 class _Views(Protocol):
@@ -103,7 +105,15 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
         fence_reason=fence.value if fence is not None else None,
         recent_output=entry.tail.lines(),
         memory_bytes=_memory_of(entry.child),
+        progress=progress_of_entry(entry),
     )
+
+
+def progress_of_entry(entry: InFlight) -> float | None:
+    """The task's progress: its checkpoint file's as last seen, else the checkpoint it started from."""
+    if entry.checkpoint is not None and entry.checkpoint.text is not None:
+        return entry.checkpoint.progress
+    return progress_of(entry.task.checkpoint)
 
 
 def _memory_of(child: object) -> int | None:

@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING, Any
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
+from leasecore.config.checks import exit_rule_of
 from leasecore.config.live import reload_changes
 from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import Task, TaskResult
+from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
+from leasecore.process.spec import ExitRule
 from leasecore.runner import childenv, treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
@@ -120,6 +122,7 @@ def plan_for(
         terminal_exit_codes=frozenset(task.terminal_exit_codes),
         in_progress_exit_code=task.in_progress_exit_code,
         callback_after_seconds=task.callback_after_seconds,
+        exit_codes=exit_rules(task.exit_codes),
         exec_timeout_seconds=task.exec_timeout,
         kill_grace_seconds=task.kill_grace,
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
@@ -503,3 +506,12 @@ def _make_runner(
         metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,
                        outbox=outbox)
     return runner
+
+
+def exit_rules(policy: Mapping[str, str]) -> dict[int, ExitRule]:
+    """The checked ``exit_codes`` setting ({"3": "IN_PROGRESS:30"}) as the spec's rules."""
+    rules = {}
+    for code, rule in policy.items():
+        status, seconds = exit_rule_of(rule)
+        rules[int(code)] = ExitRule(TaskStatus(status), seconds)
+    return rules

@@ -262,6 +262,9 @@ class _NoGauges:
     def paused(self) -> dict[str, bool]:
         return {"demo": False}
 
+    def task_progress(self) -> dict[str, tuple[str, float]]:
+        return {"t1": ("demo", 0.5)}
+
 
 # ------------------------------------------------------------------------------- the service's facts
 

@@ -21,6 +21,7 @@ PLAIN = [
     ["--once", "--drain", "--no-lease-extend", "--once-wait", "3", "--max-tasks", "10"],
     ["--lease-extend", "--no-lease-extend", "--lease-extend"],
     ["--terminal-exit-code", "3", "--terminal-exit-code=7", "--terminal-exit-code", "3"],
+    ["--exit-code", "3=FAILED_WITH_TERMINAL_ERROR", "--exit-code=75=IN_PROGRESS:30"],
     ["--concurrency", "2", "--concurrency", "8"],  # the last one wins
     ["--shell", "echo hi; exit 3", "--task-type", "a b"],
     ["--heartbeat-timeout", "10", "--exec-timeout", "0", "--drain-timeout", "0.25", "--poll-timeout", "100"],
@@ -73,7 +74,7 @@ def _typer_overrides(args: list[str]) -> dict[str, Any]:
 
 
 def test_flags_name_every_run_option_with_its_kind() -> None:
-    kinds = {str: "str", int: "int", float: "float", bool: "bool", list[int]: "ints"}
+    kinds = {str: "str", int: "int", float: "float", bool: "bool", list[int]: "ints", list[str]: "strs"}
     declared = {}
     for key, annotation, info in RUN_OPTIONS:
         if key == "command":

@@ -275,6 +275,7 @@ class FakeSupervisor:
         on_lines: Callable[[str, list[str]], None] | None = None,
         on_done: Callable[[Any], None] | None = None,
         on_started: Callable[[Any], None] | None = None,
+        deadline: float | None = None,
     ) -> RealChild:
         child = RealChild([sys.executable, "-c", str(spec)], on_lines, on_done)
         self.children[task.task_id] = child
