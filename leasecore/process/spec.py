@@ -30,6 +30,7 @@ from leasecore.limits import Limits
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.runas import RunAs
+from leasecore.process.secretenv import SECRETS_FILE_ENV, metadata_env
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -193,6 +194,7 @@ def build_child_env(
     output_file: str,
     tree_token: str,
     inherited: Mapping[str, str] | None = None,
+    secrets_file: str | None = None,
 ) -> dict[str, str]:
     """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
 
@@ -201,6 +203,8 @@ def build_child_env(
     surrogate, over the size budgets), when its name is reserved (``CONDUCTOR_INPUT_FILE``), or when
     two keys map to the same name (``a-b`` and ``A_B``): neither is set rather than a guess.
     ``inherited``: ``inherited_env(base, spec)`` computed earlier (it filters every variable).
+    ``secrets_file``: the task's runtime metadata file (``secretenv``): named by
+    ``CONDUCTOR_SECRETS_FILE``, its names added as variables where ``secretenv.metadata_env`` allows.
     """
     env = dict(inherited_env(base, spec) if inherited is None else inherited)
     task_vars = {
@@ -241,5 +245,9 @@ def build_child_env(
     if spec.protocol == STDIO:  # conductor-cli's names, beside ours (no stale POLL_DOMAIN inherited)
         env.pop("POLL_DOMAIN", None)
         env.update((name, value) for name, value in stdio_env(task).items() if _exec_safe(value))
+    if secrets_file is not None:  # the task's runtime metadata: last, so it never overrides the above
+        env.update(metadata_env(task.runtime_metadata, env,
+                                lambda name: is_secret_name(name, spec.secret_env_names)))
+        env[SECRETS_FILE_ENV] = secrets_file
     env[TREE_MARKER] = tree_token
     return env

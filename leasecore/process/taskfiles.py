@@ -32,6 +32,7 @@ from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process._procfs import fstype_of
 from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
+from leasecore.process.secretenv import SECRETS_FILE_NAME
 
 STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
 
@@ -93,26 +94,28 @@ class TaskFiles:
     input_path: str
     output_path: str
     stdin_path: str | None = None  # a file of its own for stdin (else the input file is stdin)
+    secrets_path: str | None = None  # the task's runtime metadata (secretenv), when it has any
 
     @classmethod
     def create_in(
         cls, dirs: TaskDirs, task: Task, *, memory_limited: bool, unique: str | None = None,
         stdin: bytes | None = None, owner: tuple[int, int] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> TaskFiles:
         """``create`` in ``dirs.parent(memory_limited)``; if that is the tmpfs and it is full, in
         ``dirs.disk`` instead (a small /dev/shm, as a container's 64 MB one, fails no task)."""
         parent = dirs.parent(memory_limited)
         try:
-            return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner)
+            return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner, secrets=secrets)
         except OSError as exc:
             if parent == dirs.disk or exc.errno not in _FULL:
                 raise
-        return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner)
+        return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner, secrets=secrets)
 
     @classmethod
     def create(
         cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None,
-        owner: tuple[int, int] | None = None,
+        owner: tuple[int, int] | None = None, secrets: Mapping[str, str] | None = None,
     ) -> TaskFiles:
         """Make the directory and both files; the input file holds ``task.input_data`` as JSON.
         ``stdin``: what the child reads on stdin instead (a third file, ``STDIN_FILE_NAME``).
@@ -123,7 +126,9 @@ class TaskFiles:
         owns both files (it reads the input, writes the output); the directory stays the runner's
         (mode 0710, group ``gid``: the child can reach the files but not rename, replace or add
         any): the runner, as root, later reads ``output.json`` and deletes the directory, which a
-        directory of the child's own could have turned into a symbolic link elsewhere."""
+        directory of the child's own could have turned into a symbolic link elsewhere.
+        ``secrets``: the task's runtime metadata, written as a JSON object to ``SECRETS_FILE_NAME``
+        (0600, the child's user's like the others; None: no such file)."""
         directory = None
         if unique:
             path = os.path.join(os.path.abspath(parent or tempfile.gettempdir()), TMP_PREFIX + unique[:16])
@@ -136,14 +141,17 @@ class TaskFiles:
             directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
         input_name, output_name = TASK_FILE_NAMES
         stdin_path = None if stdin is None else os.path.join(directory, STDIN_FILE_NAME)
+        secrets_path = None if secrets is None else os.path.join(directory, SECRETS_FILE_NAME)
         files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
-                    stdin_path)  # fmt: skip
+                    stdin_path, secrets_path)  # fmt: skip
         try:
             body = dump_json(task.input_data, "the task's input")
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
             if stdin_path is not None and stdin is not None:
                 _write_private(stdin_path, stdin)  # opened by the runner for the child, never by path
+            if secrets_path is not None and secrets is not None:
+                _write_private(secrets_path, dump_json(secrets, "the task's runtime metadata"))
             if owner is not None:
                 _hand_over(files, *owner)
         except BaseException:
@@ -161,9 +169,10 @@ class TaskFiles:
 
     def remove(self, rmtree: Callable[[str], None] | None = None) -> None:
         """Remove the directory; ``rmtree``: what removes it when the child put more there."""
-        if self.stdin_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.stdin_path)
+        for path in (self.stdin_path, self.secrets_path):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         remove_tmpdir(self.directory, rmtree)
 
 
@@ -181,8 +190,9 @@ def dump_json(value: Mapping[str, Any], what: str) -> bytes:
 
 
 def _hand_over(files: TaskFiles, uid: int, gid: int) -> None:
-    for path in (files.input_path, files.output_path):
-        os.chown(path, uid, gid)
+    for path in (files.input_path, files.output_path, files.secrets_path):
+        if path is not None:
+            os.chown(path, uid, gid)
     os.chown(files.directory, -1, gid)
     os.chmod(files.directory, 0o710)
 
