@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cli import exitcodes, reexec
@@ -177,7 +178,7 @@ def run(overrides: dict[str, Any]) -> None:
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
-    raise SystemExit(serve(resolved, view))
+    raise SystemExit(serve(resolved, view, mask_environ=environ))
 
 
 def live_view_for(log_format: str) -> LiveView | None:
@@ -202,7 +203,8 @@ def _maybe_terminal() -> bool:
         return False
 
 
-def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
+def serve(resolved: ResolvedConfig, view: LiveView | None = None, *,
+          mask_environ: Mapping[str, str] | None = None) -> int:
     """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
@@ -210,10 +212,11 @@ def serve(resolved: ResolvedConfig, view: LiveView | None = None) -> int:
     log_format = resolved.runner.log_format
     try:
         if view is None:
-            outcome = run_worker(resolved, environ=os.environ)
+            outcome = run_worker(resolved, environ=os.environ, mask_environ=mask_environ)
         else:
             with view.showing():
-                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update)
+                outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update,
+                                     mask_environ=mask_environ)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:

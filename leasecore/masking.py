@@ -21,9 +21,12 @@ Threads: a ``Masker`` is immutable and shared freely; a ``StreamMasker`` belongs
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from leasecore.models import TaskLog, TaskResult
 
 MASK = "***"
 MIN_MASKED_CHARS = 4
@@ -81,10 +84,8 @@ class Masker:
             if isinstance(value, str):
                 data = value.encode("utf-8", "surrogatepass")
                 chars = len(value)
-            elif isinstance(value, bytes):
-                data, chars = value, len(value.decode("utf-8", "replace"))
             else:
-                continue
+                data, chars = value, len(value.decode("utf-8", "replace"))
             if chars >= MIN_MASKED_CHARS:
                 kept.add(data)
         return cls(frozenset(kept))
@@ -259,6 +260,19 @@ class StreamMasker:
         runs, first_continued = self._runs(held)
         self._held, self._continued, self._joined = b"", 0, False
         return _masked(held, runs, first_is_continued=first_continued) if runs else held
+
+
+def mask_result(masker: Masker, result: TaskResult) -> TaskResult:
+    """``result`` with every string of its output (keys included), its reason and its log lines
+    masked; the same object when nothing changes."""
+    if not masker:
+        return result
+    output = masker.mask_value(dict(result.output_data))
+    reason = masker.mask(result.reason_for_incompletion) if result.reason_for_incompletion else None
+    logs = tuple(TaskLog(masker.mask(line.log), line.created_time_ms) for line in result.logs)
+    if output == result.output_data and reason == result.reason_for_incompletion and logs == result.logs:
+        return result
+    return dataclasses.replace(result, output_data=output, reason_for_incompletion=reason, logs=logs)
 
 
 def masked_names(values: Mapping[str, str]) -> list[str]:

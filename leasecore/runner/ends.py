@@ -21,6 +21,7 @@ from leasecore.clock import SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.masking import mask_result
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
@@ -95,7 +96,7 @@ class TaskEnds(RunnerCore):
                         "its tree was killed and nothing is reported", task_id)
             self._forget(entry, None)
             return
-        result = self._stream_result_logs(entry, self._result_for(entry, exit_))
+        result = self._stream_result_logs(entry, _masked(entry, self._result_for(entry, exit_)))
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
@@ -158,6 +159,7 @@ class TaskEnds(RunnerCore):
         return dataclasses.replace(result, logs=())
 
     def _report(self, entry: InFlight, result: TaskResult) -> None:
+        result = _masked(entry, result)  # whatever made it: no known secret goes out or to the outbox
         chain: OnChained | None = None
         if entry.slot_held:  # the child is gone: another may start while this one reports
             entry.slot_held = False
@@ -226,6 +228,7 @@ class TaskEnds(RunnerCore):
         self._release_slot(entry)
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
+        self._secrets.leave(entry.task.runtime_metadata.values())  # (entered when its entry was made)
         self._statuses[entry.index] = status
         if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
             # (its lease may have ended with this run's: _on_task tracks it again then)
@@ -242,6 +245,14 @@ class TaskEnds(RunnerCore):
         if entry.report_held:
             entry.report_held = False
             self._pollers[entry.plan.poll.task_type].reported()
+
+
+def _masked(entry: InFlight, result: TaskResult) -> TaskResult:
+    """``result`` with the task's secret values masked: output values (keys too), reason, logs."""
+    masker = entry.masker
+    if not masker:
+        return result
+    return mask_result(masker, result)
 
 
 def _tree_gone(child: Any) -> bool:

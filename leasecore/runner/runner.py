@@ -61,6 +61,7 @@ from leasecore.runner.ports import (
     UpdatePort,
 )
 from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.secretbook import SecretBook
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.starts import TaskStarts
 from leasecore.runner.status import Phase, server_health, task_snapshot
@@ -97,6 +98,7 @@ class Runner(TaskStarts):
         contact: ServerContact | None = None,
         on_force: Callable[[], None] | None = None,
         metrics: Observer = NO_METRICS,
+        secrets: SecretBook | None = None,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
@@ -105,8 +107,10 @@ class Runner(TaskStarts):
         (``leasecore.runner.contact.RecordedLeaseCalls``). ``on_force()``: called on the main thread at a
         forced stop (the second signal), before the trees are killed: the worker cuts the HTTP calls
         in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
-        (the runner's own, and its pollers' and default reporter's)."""
+        (the runner's own, and its pollers' and default reporter's). ``secrets``: the values masked
+        in the runner's own log (each task's runtime metadata is added while the task is here)."""
         self._on_force = on_force
+        self._secrets = secrets or SecretBook()
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self._metrics = metrics

@@ -23,6 +23,7 @@ from leasecore.errors import ProcessError
 from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.secretenv import missing_metadata, missing_reason
 from leasecore.runner.chain import hand_back
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
 from leasecore.runner.events import ChainEnded, ChildExited, TaskPolled
@@ -125,6 +126,8 @@ class TaskStarts(TaskEnds):
             self._hand_back(task, plan)
             return
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
+        entry.masker = self._secrets.for_task(plan.masker, task.runtime_metadata)
+        self._secrets.enter(task.runtime_metadata.values())  # (left in _forget)
         self._tasks[task.task_id] = entry
         self._statuses.append(None)
         if policy is not None:  # tracked at poll time
@@ -185,6 +188,11 @@ class TaskStarts(TaskEnds):
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan
         task_id = task.task_id
+        missing = missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+        if missing:  # fail closed: without its secrets the command is not run, and a retry would not help
+            self._refuse_unresolved(entry, missing)
+            return
+        masker = entry.masker
 
         def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
@@ -196,6 +204,7 @@ class TaskStarts(TaskEnds):
                 task, _spawn_spec(plan.spec, entry.policy), worker_id=plan.worker_id,
                 on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
+                **({"masker": masker} if masker else {}),  # (a port without secrets needs no masker)
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
             self._metrics.on_task_exited(task.task_type, exc, None, None)
@@ -204,6 +213,18 @@ class TaskStarts(TaskEnds):
             self._report_not_started(entry, exc)
             return
         self._engine.child_started(task.task_id)
+
+    def _refuse_unresolved(self, entry: InFlight, missing: list[str]) -> None:
+        """A task whose declared (or required) runtime metadata the server did not resolve: its
+        command is not run; it ends FAILED_WITH_TERMINAL_ERROR naming what is missing (no value)."""
+        task = entry.task
+        reason = missing_reason(missing, task.declared_metadata)
+        log.error("task %s (%s): %s", task.task_id, task.task_type, reason)
+        if entry.tracked:
+            self._engine.child_exited(task.task_id)
+        self._logs.close(task.task_id)
+        self._report(entry, TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED_WITH_TERMINAL_ERROR,
+                                       reason_for_incompletion=reason, worker_id=entry.plan.worker_id))
 
     def _start_released(self) -> None:
         for task in self._gate.due(self._clock.monotonic()):

@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.runner.contact import ServerContact
 from leasecore.runner.poller import Poller
@@ -68,6 +69,7 @@ class InFlight:
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
+    masker: Masker | None = None  # its secret values (the type's and its runtime metadata's), once known
 
 
 class _Views(Protocol):

@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
@@ -29,6 +30,7 @@ from leasecore.conductor.client import ConductorClient
 from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.masking import Masker
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
@@ -39,6 +41,7 @@ from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
+from leasecore.runner.secretbook import SecretBook, installed, static_values
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
@@ -139,6 +142,7 @@ def plan_for(task: TaskSettings, *, check_queue_seconds: float = 0.0) -> TaskTyp
         worker_id=task.worker_id,
         make_policy=make_policy,
         kill_grace_seconds=task.kill_grace,
+        required_metadata=tuple(task.required_secrets),
     )
 
 
@@ -181,6 +185,15 @@ def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: 
     return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
 
 
+def _secret_values(config: ResolvedConfig, environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """Per task type, the values masked whatever the task (docs/secrets.md): the runner's
+    credentials (key, secret, token, a password in the URL) and the values of the variables of
+    ``environ`` and of the type's ``env`` table that are kept from its children."""
+    server = config.server
+    credentials = [server.auth_key, server.auth_secret, server.auth_token, urlsplit(server.url).password]
+    return {task.type: static_values(environ, task.env, task.secrets, credentials) for task in config.tasks}
+
+
 def check_server(client: ConductorClient) -> None:
     """At start: the server answers, and accepts our credentials when we have some.
 
@@ -199,6 +212,7 @@ def run_worker(
     *,
     environ: Mapping[str, str],
     on_snapshot: Callable[[RunnerSnapshot], None] | None = None,
+    mask_environ: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
 
@@ -211,10 +225,14 @@ def run_worker(
     (the second one forces); after it, cleanup (killing whatever the supervisor still holds) still
     runs to the end. The returned outcome carries the first signal, whenever it came.
     ``on_snapshot`` gets the runner's status snapshot in memory at every publish (a live view).
+    ``mask_environ``: the environment the configuration was resolved from, when it held more than
+    ``environ`` (the secrets a re-exec handed over): its secret variables' values are masked too.
     """
     relay = SignalRelay()
-    with capture_signals(relay):
-        outcome = _serve(config, environ, relay, on_snapshot)
+    secrets = _secret_values(config, {**environ, **(mask_environ or {})})
+    book = SecretBook(value for values in secrets.values() for value in values)
+    with capture_signals(relay), installed(book):
+        outcome = _serve(config, environ, relay, on_snapshot, (book, secrets))
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
     if outcome.refused is not None and outcome.signum is None:
@@ -229,6 +247,7 @@ def _serve(
     environ: Mapping[str, str],
     relay: SignalRelay,
     on_snapshot: Callable[[RunnerSnapshot], None] | None,
+    secrets: tuple[SecretBook, dict[str, list[str]]] | None = None,
 ) -> RunOutcome:
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
@@ -260,7 +279,7 @@ def _serve(
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
-                                  cgroup=setup.describe())
+                                  cgroup=setup.describe(), secrets=secrets)
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
@@ -350,6 +369,7 @@ def _make_runner(
     metrics: MetricsService | None = None,
     *,
     cgroup: str = "",
+    secrets: tuple[SecretBook, dict[str, list[str]]] | None = None,
 ) -> Runner:
     # The most leases this runner holds at once: every slot, plus the results that may wait to be
     # delivered (max(concurrency, 8) per type), each with at most one ownership check queued.
@@ -357,6 +377,9 @@ def _make_runner(
     most_leases = sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
     queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
+    book, values = secrets if secrets is not None else (SecretBook(), {})
+    plans = [dataclasses.replace(plan, masker=Masker.of(values.get(plan.poll.task_type, ())))
+             for plan in plans]  # fmt: skip
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,
@@ -397,6 +420,7 @@ def _make_runner(
         contact=contact,
         on_force=client.abort,
         metrics=observer,
+        secrets=book,
     )
     if metrics is not None:
         metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,

@@ -7,8 +7,10 @@ waits on its queue's condition (made on that lock), releasing it.
 from __future__ import annotations
 
 import copy
+import logging
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from leasecore.server.decider import StoreDecider
@@ -27,9 +29,41 @@ from leasecore.server.records import (
     validation_failed,
 )
 
+log = logging.getLogger("conductor_run.server")
+SECRET_PREFIX = "CONDUCTOR_SECRET_"
+ENV_PREFIX = "CONDUCTOR_ENV_"
+
 
 class StoreTasks(StoreDecider):
     """What workers call. Public methods take the lock."""
+
+    # Where a polled task's runtime metadata is resolved from, as the OSS server does from its own
+    # environment: CONDUCTOR_SECRET_<NAME> first, then CONDUCTOR_ENV_<NAME> (None: os.environ, read
+    # at each poll).
+    runtime_environ: Mapping[str, str] | None = None
+
+    def _polled_json(self, task: TaskRecord) -> JSON:
+        """A task as a poll hands it out: with ``runtimeMetadata``, the names its definition declares
+        resolved now (sent, never stored); a name that cannot be resolved is left out, with a warning."""
+        out = self._task_json(task)
+        names = task.task_def.get("runtimeMetadata")
+        if not isinstance(names, list) or not names:
+            return out
+        environ = os.environ if self.runtime_environ is None else self.runtime_environ
+        resolved: JSON = {}
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            value = environ.get(SECRET_PREFIX + name)
+            if value is None:
+                value = environ.get(ENV_PREFIX + name)
+            if value is None:
+                log.warning("task %s: declared secret/env %r not found in the environment",
+                            task.task_id, name)
+                continue
+            resolved[name] = value
+        out["runtimeMetadata"] = resolved
+        return out
 
     def poll(
         self,
@@ -72,7 +106,7 @@ class StoreTasks(StoreDecider):
                 if task is None or task.terminal:
                     continue
                 self._claim(task, worker_id, now)
-                out.append(self._task_json(task))
+                out.append(self._polled_json(task))
             if out or self._closed:
                 break
             remaining = deadline - time.monotonic()
