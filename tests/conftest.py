@@ -37,6 +37,7 @@ REAL_SERVER_MODULES = frozenset({
     "tests/integration/test_real_server_fleet.py",
     "tests/integration/test_real_server_protocol.py",
     "tests/integration/test_real_server_smoke.py",
+    "tests/integration/test_secrets_real_server.py",
     "tests/integration/test_stdio_real_server.py",
 })
 
