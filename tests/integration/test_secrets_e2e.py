@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,26 @@ def test_the_stdio_protocol_gets_the_same_variables_and_masking(world: World) ->
                        any("log" in line for line in got) and got, what="the task log")  # fmt: skip
     assert SECRET not in "\n".join(lines) and "log ***" in "\n".join(lines)
     assert SECRET not in json.dumps(task) and SECRET not in log
+
+
+def test_a_result_saved_to_the_outbox_holds_no_secret(world: World) -> None:
+    """The final update cannot get through (a blackholed proxy) and a second SIGTERM stops its
+    retries: the result stays on disk, in the outbox, masked as it would have been sent."""
+    define_with_metadata(world, ["CR_API_TOKEN"])
+    world.start_workflow()
+    gate = world.tmp / "gate"
+    with world.proxy() as proxy:
+        proc = world.run(url=proxy.url_for("/api"), command=child(world, str(gate)))
+        wait_until((world.tmp / "record.json").exists, what="the child's record")
+        proxy.set_mode("blackhole")
+        gate.touch()
+        wait_until(lambda: "reporting FAILED" in world.stderr(proc), what="the child to finish")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM" in world.stderr(proc), what="the first signal handled")
+        proc.send_signal(signal.SIGTERM)  # stop retrying: the result is kept on disk
+        _code, log = world.finish(proc)
+        proxy.set_mode("reset")
+    (outbox,) = world.state_dir.rglob("outbox")
+    saved = files_under(outbox)
+    assert '"reasonForIncompletion": "exit code 3: failing with ***"' in saved, log  # the result is there...
+    assert SECRET not in saved and SECRET not in files_under(world.state_dir)  # ...masked
