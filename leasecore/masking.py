@@ -57,10 +57,37 @@ def _runs(pattern: re.Pattern[Any], data: Any) -> list[tuple[int, int]]:
     return runs
 
 
+# Up to this many values, occurrences are found with one ``find`` per value (memchr-fast, ~1 GB/s);
+# beyond, with one regular expression over all of them (~70 MB/s, but one pass whatever their number).
+_FIND_VALUES = 16
+
+
+def _found_runs(values: tuple[Any, ...], data: Any) -> list[tuple[int, int]]:
+    """``_runs`` by ``find``: every occurrence of each value, sorted and merged."""
+    spans = []
+    for value in values:
+        find, size = data.find, len(value)
+        pos = find(value)
+        while pos != -1:
+            spans.append((pos, pos + size))
+            pos = find(value, pos + 1)
+    if not spans:
+        return []
+    spans.sort()
+    runs = [spans[0]]
+    for start, end in spans[1:]:
+        if start <= runs[-1][1]:
+            if end > runs[-1][1]:
+                runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+    return runs
+
+
 class Masker:
     """A set of secret values, and what masks them. Build with ``Masker.of(values)``."""
 
-    __slots__ = ("_longest", "_pattern", "_text_pattern", "_values")
+    __slots__ = ("_byte_list", "_longest", "_pattern", "_text_list", "_text_pattern", "_values")
 
     def __init__(self, values: frozenset[bytes]) -> None:
         self._values = values
@@ -73,6 +100,8 @@ class Masker:
                 continue
         ordered = sorted(texts, key=lambda v: (-len(v), v))
         self._text_pattern = re.compile("|".join(map(re.escape, ordered)), re.DOTALL) if ordered else None
+        self._byte_list = tuple(values)
+        self._text_list = tuple(ordered)
         self._longest = max(map(len, values), default=0)
 
     @classmethod
@@ -116,7 +145,7 @@ class Masker:
         pattern = self._text_pattern
         if pattern is None or not text:
             return text
-        runs = _runs(pattern, text)
+        runs = self._text_runs(text)
         if not runs:
             return text
         out = []
@@ -131,7 +160,7 @@ class Masker:
     def mask_bytes(self, data: bytes) -> bytes:
         if self._pattern is None or not data:
             return data
-        runs = _runs(self._pattern, data)
+        runs = self._byte_runs(data)
         return _masked(data, runs) if runs else data
 
     def mask_value(self, value: Any) -> Any:
@@ -163,6 +192,18 @@ class Masker:
             else:
                 dest[slot] = source
         return root[0]
+
+    def _byte_runs(self, data: bytes) -> list[tuple[int, int]]:
+        if len(self._byte_list) <= _FIND_VALUES:
+            return _found_runs(self._byte_list, data)
+        assert self._pattern is not None
+        return _runs(self._pattern, data)
+
+    def _text_runs(self, text: str) -> list[tuple[int, int]]:
+        if len(self._text_list) <= _FIND_VALUES:
+            return _found_runs(self._text_list, text)
+        assert self._text_pattern is not None
+        return _runs(self._text_pattern, text)
 
     def stream(self) -> StreamMasker:
         return StreamMasker(self)
@@ -218,8 +259,7 @@ class StreamMasker:
 
     def _runs(self, buf: bytes) -> tuple[list[tuple[int, int]], bool]:
         """The runs of ``buf`` (held bytes first), and whether the first continues one already sent."""
-        assert self._masker._pattern is not None
-        runs = _runs(self._masker._pattern, buf)
+        runs = self._masker._byte_runs(buf)
         continued = self._continued
         if continued:
             if runs and runs[0][0] <= continued:

@@ -20,7 +20,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 
-from leasecore.masking import Masker
+from leasecore.masking import Masker, masked_names
 from leasecore.process.spec import is_secret_name
 
 
@@ -46,6 +46,7 @@ class SecretBook:
         self._counts: Counter[bytes] = Counter()  # UTF-8 values, as a Masker keeps them
         self._lock = threading.Lock()
         self._masker = self._static
+        self._short_seen: set[tuple[str, str]] = set()  # (task type, name) warned of (bounded by the defs)
 
     def masker(self) -> Masker:
         return self._masker
@@ -53,6 +54,13 @@ class SecretBook:
     def for_task(self, base: Masker, metadata: Mapping[str, str]) -> Masker:
         """A task's masker: its type's ``base`` plus its runtime metadata's values."""
         return base.with_values(metadata.values()) if metadata else base
+
+    def too_short(self, task_type: str, metadata: Mapping[str, str]) -> list[str]:
+        """The names of ``metadata`` whose value is too short to mask, not reported before for
+        ``task_type`` (for one warning each, by name; the value is never shown)."""
+        new = [name for name in masked_names(metadata) if (task_type, name) not in self._short_seen]
+        self._short_seen.update((task_type, name) for name in new)
+        return new
 
     def enter(self, values: Iterable[str]) -> None:
         """A task's values are masked in the runner's log from now on (until its ``leave``)."""

@@ -22,6 +22,7 @@ from typing import Any
 from leasecore.errors import ProcessError
 from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
+from leasecore.masking import MIN_MASKED_CHARS
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.secretenv import missing_metadata, missing_reason
 from leasecore.runner.chain import hand_back
@@ -128,6 +129,10 @@ class TaskStarts(TaskEnds):
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
         entry.masker = self._secrets.for_task(plan.masker, task.runtime_metadata)
         self._secrets.enter(task.runtime_metadata.values())  # (left in _forget)
+        if short := self._secrets.too_short(task.task_type, task.runtime_metadata):
+            log.warning("task type %s: the runtime metadata value of %s is shorter than %d characters and "
+                        "is not masked in what the runner writes", task.task_type, ", ".join(short),
+                        MIN_MASKED_CHARS)
         self._tasks[task.task_id] = entry
         self._statuses.append(None)
         if policy is not None:  # tracked at poll time

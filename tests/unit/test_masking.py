@@ -103,20 +103,24 @@ def test_a_very_long_line_is_masked_with_bounded_holding() -> None:
     assert len(masked) == len(line) - 20 * (len(secret) - len(MASK))
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["by-find", "by-regex"])
 @pytest.mark.parametrize("seed", [*range(40), 2516])
-def test_streaming_masks_exactly_as_the_whole_text_would(seed: int) -> None:
-    """Any split of any stream gives what masking the whole gives (small alphabet: many overlaps)."""
+def test_streaming_masks_exactly_as_the_whole_text_would(seed: int, many: bool) -> None:
+    """Any split of any stream gives what masking the whole gives (small alphabet: many overlaps),
+    with a few values (found one by one) and with many (one regular expression)."""
     rng = random.Random(seed)
-    alphabet = "abc"
-    values = ["".join(rng.choice(alphabet) for _ in range(rng.randint(4, 9)))
-              for _ in range(rng.randint(1, 4))]
+    alphabet = "abcd" if many else "abc"
+    count = rng.randint(20, 30) if many else rng.randint(1, 4)
+    values = ["".join(rng.choice(alphabet) for _ in range(rng.randint(4, 9))) for _ in range(count)]
     masker = Masker.of(values)
+    assert (len(set(values)) > 16) == many  # the two ways of finding values are both exercised
     text = "".join(rng.choice(alphabet + "\n") for _ in range(rng.randint(0, 300)))
     data = text.encode()
     cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randint(0, 12))))
     pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
     expected = masker.mask(text).encode()
     assert stream_all(masker, pieces) == expected
+    assert masker.mask_bytes(data) == expected
     for value in values:
         assert value not in expected.decode()
 

@@ -118,3 +118,10 @@ def test_the_runners_log_is_masked_while_a_task_is_here_and_stays_whole() -> Non
     assert "gone: task-secret" in out  # no task holds it any more: it is not the runner's to mask
     assert "uninstalled: static-cred" in out  # the filter is gone with the block
     assert isinstance(LogMasking(book), logging.Filter)
+
+
+def test_a_value_too_short_to_mask_is_named_once_per_task_type() -> None:
+    book = SecretBook()
+    assert book.too_short("t", {"PIN": "123", "OK": "long-enough", "EMPTY": ""}) == ["PIN"]
+    assert book.too_short("t", {"PIN": "456"}) == []  # said once
+    assert book.too_short("other", {"PIN": "456"}) == ["PIN"]
