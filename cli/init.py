@@ -32,6 +32,7 @@ _EXAMPLES: dict[str, Any] = {
     "in_progress_exit_code": 75,
     "env": {"LANG": "C.UTF-8"},
     "secrets": ["DATABASE_PASSWORD"],
+    "required_secrets": ["STRIPE_API_KEY"],
     "terminal_exit_codes": [2],
     "cwd": ".",
     "auth_secret_file": "/run/credentials/conductor-run.service/conductor-secret",

@@ -6,6 +6,10 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
+
+from leasecore.config.loader import parse_toml, resolve
+from leasecore.errors import ConfigError
 from leasecore.masking import MASK, Masker, mask_result
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
 from leasecore.process.secretenv import (
@@ -125,3 +129,13 @@ def test_a_value_too_short_to_mask_is_named_once_per_task_type() -> None:
     assert book.too_short("t", {"PIN": "123", "OK": "long-enough", "EMPTY": ""}) == ["PIN"]
     assert book.too_short("t", {"PIN": "456"}) == []  # said once
     assert book.too_short("other", {"PIN": "456"}) == ["PIN"]
+
+
+def test_required_secrets_is_a_list_of_names_and_a_bad_value_names_the_key() -> None:
+    ok = resolve(parse_toml('[worker]\nrequired_secrets = ["A", "B", "A"]\n[[task]]\ntype = "t"\n'
+                            'command = ["true"]\n', "c.toml"), {}, {}, cwd="/", hostname="h")
+    assert ok.tasks[0].required_secrets == ("A", "B")
+    with pytest.raises(ConfigError) as caught:
+        resolve(parse_toml('[worker]\nrequired_secrets = "A"\n[[task]]\ntype = "t"\ncommand = ["true"]\n',
+                           "c.toml"), {}, {}, cwd="/", hostname="h")
+    assert "required_secrets" in str(caught.value) and "runtime metadata names" in str(caught.value)
