@@ -5,7 +5,7 @@ Owns ``TaskFiles``: each task's own directory (0700, named by the tree's marker 
 holding ``input.json`` (0600, ``inputData`` as JSON) and an empty ``output.json``
 (0600) for the child to fill, under the stdio protocol ``task.json`` (0600, the whole task: the
 child's stdin then), and for a task with runtime metadata ``secrets.json`` (0600, ``secretenv``).
-With ``run_as`` the files are the user's and the directory stays root's.
+With ``run_as`` the input, output and secrets files are the user's; the directory stays root's.
 Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT_BYTES`` and
 ``OUTPUT_MAX_DEPTH``, and never follows a symlink or blocks on a FIFO the child may have put there;
 the directory is removed once the child is done (``remove``; a filled one through the chores thread).
