@@ -27,6 +27,7 @@ from typing import Any
 
 from leasecore.errors import SpawnError
 from leasecore.limits import Limits
+from leasecore.masking import Masker
 from leasecore.models import Task
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.runas import RunAs
@@ -95,6 +96,9 @@ class CommandSpec:
     protocol: str = NATIVE
     run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
     limits: Limits = field(default_factory=Limits)  # per tree where cgroups allow, else rlimits
+    # Secret values masked in the child's output before any line, tail or sink sees it (masking.py;
+    # the runner sets one per task: its type's values plus the task's runtime metadata's).
+    masker: Masker | None = field(default=None, repr=False, compare=False)
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""

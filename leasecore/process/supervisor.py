@@ -32,7 +32,6 @@ from typing import Any
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError, SpawnError
-from leasecore.masking import Masker
 from leasecore.models import Task
 from leasecore.process import cgroups, leftovers
 from leasecore.process.child import (
@@ -177,7 +176,6 @@ class Supervisor:
         on_lines: LinesSink | None = None,
         on_done: DoneSink | None = None,
         on_started: StartedSink | None = None,
-        masker: Masker | None = None,
     ) -> Child:
         """Ask the fork server to start ``spec``'s command for ``task``, and return without waiting
         for the exec: the caller's thread is free for the next task while the fork server starts
@@ -190,10 +188,8 @@ class Supervisor:
         a ``ChildExit`` with ``start_error`` saying why (and ``on_started`` is never called). The child
         can be signalled at once: the fork server takes requests in order, so a signal sent now
         reaches the tree it is about to start. Callbacks run on the reader thread, as for ``spawn``.
-        ``masker``: secret values masked in the child's output before any sink or tail sees it.
         """
-        return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, notify=True,
-                           masker=masker)
+        return self._start(task, spec, worker_id, on_line, on_lines, on_done, on_started, notify=True)
 
     def spawn(
         self,
@@ -204,7 +200,6 @@ class Supervisor:
         on_line: LineSink | None = None,
         on_lines: LinesSink | None = None,
         on_done: DoneSink | None = None,
-        masker: Masker | None = None,
     ) -> Child:
         """Start ``spec``'s command for ``task``; SpawnError if it cannot be started.
 
@@ -222,8 +217,7 @@ class Supervisor:
         call ``spawn`` or ``start``: that thread also reads the fork server's answers, which they may
         wait for.
         """
-        child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, notify=False,
-                            masker=masker)
+        child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, notify=False)
         if not child._settled.wait(self._reply_timeout_seconds):
             self._give_up_starts(lambda pending: pending.child is child)
             child._settled.wait(self._reply_timeout_seconds)  # given up above, or its answer is being handled
@@ -244,7 +238,6 @@ class Supervisor:
         on_started: StartedSink | None,
         *,
         notify: bool,
-        masker: Masker | None = None,
     ) -> Child:
         argv = spec.command_argv()
         if any("\0" in arg for arg in argv):
@@ -261,7 +254,7 @@ class Supervisor:
                         executables=self._executables, cgroup_setup=self._cgroups)  # fmt: skip
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
-        child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done, masker)
+        child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done, spec.masker)
         child._stdout_is_document = spec.protocol == STDIO
         child.cgroup = group
         if spec.limits.memory_max is not None:

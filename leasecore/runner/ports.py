@@ -145,7 +145,6 @@ class SupervisorPort(Protocol):
         on_lines: Callable[[str, list[str]], None] | None = None,
         on_done: Callable[[Any], None] | None = None,
         on_started: Callable[[Any], None] | None = None,
-        masker: Masker | None = None,
     ) -> ChildPort: ...
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from leasecore.errors import ProcessError
 from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
-from leasecore.masking import MIN_MASKED_CHARS
+from leasecore.masking import MIN_MASKED_CHARS, Masker
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.secretenv import missing_metadata, missing_reason
 from leasecore.runner.chain import hand_back
@@ -197,7 +197,6 @@ class TaskStarts(TaskEnds):
         if missing:  # fail closed: without its secrets the command is not run, and a retry would not help
             self._refuse_unresolved(entry, missing)
             return
-        masker = entry.masker
 
         def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
@@ -206,10 +205,9 @@ class TaskStarts(TaskEnds):
         self._metrics.on_task_started(task.task_type)
         try:  # returns without waiting for the exec: the next event is handled meanwhile
             entry.child = self._supervisor.start(
-                task, _spawn_spec(plan.spec, entry.policy), worker_id=plan.worker_id,
+                task, _spawn_spec(plan.spec, entry.policy, entry.masker), worker_id=plan.worker_id,
                 on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
-                **({"masker": masker} if masker else {}),  # (a port without secrets needs no masker)
             )  # fmt: skip
         except ProcessError as exc:  # known before asking the fork server (no such command, say)
             self._metrics.on_task_exited(task.task_type, exc, None, None)
@@ -289,11 +287,16 @@ class TaskStarts(TaskEnds):
         return on_lines
 
 
-def _spawn_spec(spec: Any, policy: LeasePolicy | None) -> Any:
+def _spawn_spec(spec: Any, policy: LeasePolicy | None, masker: Masker | None = None) -> Any:
     """``spec`` with the policy's effective (capped) kill grace: the fork server's own TERM -> KILL of
-    a tree's escapees, after its leader exits, follows the cap the lease's fences do."""
+    a tree's escapees, after its leader exits, follows the cap the lease's fences do; and with the
+    task's ``masker`` (its secret values masked in the child's output)."""
+    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        return spec
+    if masker and hasattr(spec, "masker"):
+        spec = dataclasses.replace(spec, masker=masker)
     grace = getattr(spec, "kill_grace_seconds", None)
-    if policy is None or grace is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+    if policy is None or grace is None:
         return spec
     capped = min(grace, policy.effective_kill_grace_seconds)
     return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)

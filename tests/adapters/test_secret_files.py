@@ -47,8 +47,8 @@ def test_a_real_child_reads_its_secrets_and_its_output_is_masked() -> None:
     masker = Masker.of(task.runtime_metadata.values())
     lines: list[str] = []
     with Supervisor(None, environ={"PATH": os.environ["PATH"]}) as supervisor:
-        child = supervisor.spawn(task, spec(sys.executable, "-c", READ_SECRETS), worker_id="w",
-                                 on_line=lambda _stream, line: lines.append(line), masker=masker)  # fmt: skip
+        child = supervisor.spawn(task, spec(sys.executable, "-c", READ_SECRETS, masker=masker), worker_id="w",
+                                 on_line=lambda _stream, line: lines.append(line))  # fmt: skip
         exit_ = child.wait(30)
     assert exit_ is not None and exit_.exit_code == 0, exit_
     seen = json.loads(exit_.stdout_tail.splitlines()[0].replace("***", "tok-123456"))
