@@ -70,6 +70,7 @@ TEST_ENV_NAME = "CR_TEST_ENV"
 TEST_ENV_VALUE = "cr-test-env-b83e"
 SESSION_SERVER_ENV = {
     f"CONDUCTOR_SECRET_{TEST_SECRET_NAME}": TEST_SECRET_VALUE,
+    f"CONDUCTOR_ENV_{TEST_SECRET_NAME}": "cr-test-env-value-that-loses",  # a secret wins over it
     f"CONDUCTOR_ENV_{TEST_ENV_NAME}": TEST_ENV_VALUE,
 }
 
