@@ -228,7 +228,7 @@ class TaskEnds(RunnerCore):
         self._release_slot(entry)
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
-        self._secrets.leave(entry.task.runtime_metadata.values())  # (entered when its entry was made)
+        self._secrets.leave(entry.task.task_id)  # (entered when its entry was made)
         self._statuses[entry.index] = status
         if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
             # (its lease may have ended with this run's: _on_task tracks it again then)

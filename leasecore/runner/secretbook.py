@@ -44,6 +44,7 @@ class SecretBook:
     def __init__(self, static: Iterable[str] = ()) -> None:
         self._static = Masker.of(static)
         self._counts: Counter[bytes] = Counter()  # UTF-8 values, as a Masker keeps them
+        self._owners: dict[str, tuple[bytes, ...]] = {}  # the tasks held, and the values each entered
         self._lock = threading.Lock()
         self._masker = self._static
         self._short_seen: set[tuple[str, str]] = set()  # (task type, name) warned of (bounded by the defs)
@@ -62,15 +63,23 @@ class SecretBook:
         self._short_seen.update((task_type, name) for name in new)
         return new
 
-    def enter(self, values: Iterable[str]) -> None:
-        """A task's values are masked in the runner's log from now on (until its ``leave``)."""
-        self._change(values, 1)
+    def enter(self, owner: str, values: Iterable[str]) -> None:
+        """``owner``'s values (a task's) are masked in the runner's log from now on, until its
+        ``leave``: the values it entered with, whatever its task holds by then."""
+        kept = tuple(Masker.of(values)._values)  # only what a masker would keep counts
+        with self._lock:
+            earlier = self._owners.pop(owner, ())
+            if kept:
+                self._owners[owner] = kept
+        self._change(earlier, -1)
+        self._change(kept, 1)
 
-    def leave(self, values: Iterable[str]) -> None:
+    def leave(self, owner: str) -> None:
+        with self._lock:
+            values = self._owners.pop(owner, ())
         self._change(values, -1)
 
-    def _change(self, values: Iterable[str], step: int) -> None:
-        kept = list(Masker.of(values)._values)  # only what a masker would keep counts
+    def _change(self, kept: Iterable[bytes], step: int) -> None:
         if not kept:
             return
         with self._lock:

@@ -128,7 +128,7 @@ class TaskStarts(TaskEnds):
             return
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
         entry.masker = self._secrets.for_task(plan.masker, task.runtime_metadata)
-        self._secrets.enter(task.runtime_metadata.values())  # (left in _forget)
+        self._secrets.enter(task.task_id, task.runtime_metadata.values())  # (left in _forget)
         if short := self._secrets.too_short(task.task_type, task.runtime_metadata):
             log.warning("task type %s: the runtime metadata value of %s is shorter than %d characters and "
                         "is not masked in what the runner writes", task.task_type, ", ".join(short),

@@ -103,22 +103,25 @@ def test_the_runners_log_is_masked_while_a_task_is_here_and_stays_whole() -> Non
     logger.propagate = False
     try:
         with installed(book, ["conductor_run.test_secretbook"]):
-            book.enter(["task-secret"])
-            book.enter(["task-secret"])  # a second task brings the same value
+            book.enter("t1", ["task-secret"])
+            book.enter("t2", ["task-secret"])  # a second task brings the same value
             logger.warning("reason: %s and %s", "task-secret", "static-cred")
             try:
                 raise ValueError("boom task-secret")
             except ValueError:
                 logger.exception("failed")
-            book.leave(["task-secret"])
+            book.leave("t1")
             logger.warning("still here: %s", "task-secret")  # the second task has it still
-            book.leave(["task-secret"])
+            book.enter("t2", ["rotated-secret"])  # entered again (a new delivery): its new values
+            logger.warning("rotated: %s %s", "task-secret", "rotated-secret")
+            book.leave("t2")
             logger.warning("gone: %s", "task-secret")
         logger.warning("uninstalled: %s", "static-cred")
     finally:
         logger.removeHandler(handler)
     out = stream.getvalue()
     assert "reason: *** and ***" in out and "ValueError: boom ***" in out and "still here: ***" in out
+    assert "rotated: task-secret ***" in out
     assert "gone: task-secret" in out  # no task holds it any more: it is not the runner's to mask
     assert "uninstalled: static-cred" in out  # the filter is gone with the block
     assert isinstance(LogMasking(book), logging.Filter)
