@@ -72,8 +72,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
-            body["error"] = self.formatException(record.exc_info)
+        if record.exc_info:  # the text a filter left (masked secrets, docs/secrets.md), else made here
+            body["error"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(body, ensure_ascii=False)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 
 import pytest
 
@@ -142,3 +143,17 @@ def test_required_secrets_is_a_list_of_names_and_a_bad_value_names_the_key() -> 
         resolve(parse_toml('[worker]\nrequired_secrets = "A"\n[[task]]\ntype = "t"\ncommand = ["true"]\n',
                            "c.toml"), {}, {}, cwd="/", hostname="h")
     assert "required_secrets" in str(caught.value) and "runtime metadata names" in str(caught.value)
+
+
+def test_json_log_lines_carry_the_masked_traceback() -> None:
+    from cli.run import JsonFormatter
+
+    book = SecretBook(["static-cred"])
+    try:
+        raise RuntimeError("boom static-cred")
+    except RuntimeError:
+        record = logging.LogRecord("conductor_run.x", logging.ERROR, __file__, 1, "failed %s",
+                                   ("static-cred",), sys.exc_info())  # fmt: skip
+    assert LogMasking(book).filter(record)
+    line = JsonFormatter().format(record)
+    assert "static-cred" not in line and "RuntimeError: boom ***" in line and "failed ***" in line
