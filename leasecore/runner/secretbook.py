@@ -66,7 +66,9 @@ class SecretBook:
     def enter(self, owner: str, values: Iterable[str]) -> None:
         """``owner``'s values (a task's) are masked in the runner's log from now on, until its
         ``leave``: the values it entered with, whatever its task holds by then."""
-        kept = tuple(Masker.of(values)._values)  # only what a masker would keep counts
+        kept = tuple(Masker.of(values)._values) if values else ()  # what a masker would keep counts
+        if not kept and owner not in self._owners:  # the usual task: nothing to count
+            return
         with self._lock:
             earlier = self._owners.pop(owner, ())
             if kept:

@@ -293,7 +293,7 @@ def _spawn_spec(spec: Any, policy: LeasePolicy | None, masker: Masker | None = N
     task's ``masker`` (its secret values masked in the child's output)."""
     if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
         return spec
-    if masker and hasattr(spec, "masker"):
+    if masker and hasattr(spec, "masker") and spec.masker is not masker:  # the task's own values
         spec = dataclasses.replace(spec, masker=masker)
     grace = getattr(spec, "kill_grace_seconds", None)
     if policy is None or grace is None:

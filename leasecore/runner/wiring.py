@@ -185,6 +185,14 @@ def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: 
     return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
 
 
+def _with_masker(plan: TaskTypePlan, masker: Masker) -> TaskTypePlan:
+    """``plan`` masking ``masker``'s values, its spec too: a task without runtime metadata then runs
+    the plan's own spec object (the supervisor keeps its inherited environment per spec object)."""
+    if not masker:
+        return plan
+    return dataclasses.replace(plan, masker=masker, spec=dataclasses.replace(plan.spec, masker=masker))
+
+
 def _secret_values(config: ResolvedConfig, environ: Mapping[str, str]) -> dict[str, list[str]]:
     """Per task type, the values masked whatever the task (docs/secrets.md): the runner's
     credentials (key, secret, token, a password in the URL) and the values of the variables of
@@ -378,8 +386,7 @@ def _make_runner(
     queue_seconds = max_queue_seconds(most_leases, config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds) for task in config.tasks]
     book, values = secrets if secrets is not None else (SecretBook(), {})
-    plans = [dataclasses.replace(plan, masker=Masker.of(values.get(plan.poll.task_type, ())))
-             for plan in plans]  # fmt: skip
+    plans = [_with_masker(plan, Masker.of(values.get(plan.poll.task_type, ()))) for plan in plans]
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,

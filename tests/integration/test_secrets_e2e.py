@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import exitcodes
-from tests.integration.helpers import World
+from tests.integration.helpers import AUTH_KEY, AUTH_SECRET, World
 from tests.support import wait_until
 
 SECRET = "pa55-e2e-" + os.urandom(6).hex()  # the value the server resolves for CR_API_TOKEN
@@ -181,3 +181,19 @@ def test_a_result_saved_to_the_outbox_holds_no_secret(world: World) -> None:
     saved = files_under(outbox)
     assert '"reasonForIncompletion": "exit code 3: failing with ***"' in saved, log  # the result is there...
     assert SECRET not in saved and SECRET not in files_under(world.state_dir)  # ...masked
+
+
+def test_the_runners_own_credential_is_masked_wherever_a_child_prints_it(auth_world: World) -> None:
+    """The child never gets the runner's credentials, but one that learns a value some other way
+    (here: on its command line) cannot show it either: the runner's key secret is always masked."""
+    world = auth_world
+    world.define(response_timeout=30)
+    wf = world.start_workflow()
+    script = "import sys; print('cred ' + sys.argv[1]); sys.exit(4)"
+    env = {"CONDUCTOR_AUTH_KEY": AUTH_KEY, "CONDUCTOR_AUTH_SECRET": AUTH_SECRET}
+    proc = world.run("--once", command=[sys.executable, "-c", script, AUTH_SECRET], env=env)
+    code, log = world.finish(proc)
+    assert code == exitcodes.TASK_FAILED, log
+    task = world.task_of(wf)
+    assert "cred ***" in task["outputData"]["stdoutTail"] and AUTH_SECRET not in json.dumps(task)
+    assert AUTH_SECRET not in log
