@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 SECRETS_FILE_ENV = "CONDUCTOR_SECRETS_FILE"
 SECRETS_FILE_NAME = "secrets.json"
 
+REASON_LIMIT_CHARS = 500  # as every reason's (process.reasons, which this pure module does not import)
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # A value bigger than this stays in the file only: Linux refuses one environment string over
 # 128 KiB, and the input variables share the rest of exec's budget.
@@ -80,5 +81,8 @@ def missing_reason(missing: list[str], declared: Iterable[str]) -> str:
         parts.append("declared by the task definition: " + ", ".join(by_def))
     if by_us:
         parts.append("required by this worker's configuration (required_secrets): " + ", ".join(by_us))
-    return ("runtime metadata not resolved by the server, so the command was not run ("
-            + "; ".join(parts) + "); define CONDUCTOR_SECRET_<NAME> or CONDUCTOR_ENV_<NAME> on the server")
+    reason = ("runtime metadata not resolved by the server, so the command was not run ("
+              + "; ".join(parts) + "); give the server the value (Conductor OSS: CONDUCTOR_SECRET_<NAME> "
+              "or CONDUCTOR_ENV_<NAME> in its environment)")
+    # Bounded like every reason (a definition may declare any number of names of any length).
+    return reason if len(reason) <= REASON_LIMIT_CHARS else reason[: REASON_LIMIT_CHARS - 3] + "..."

@@ -59,6 +59,8 @@ def test_missing_names_are_the_declared_and_required_ones_not_resolved() -> None
     assert missing_metadata([], [], {}) == []
     reason = missing_reason(["B", "C"], ["A", "B"])
     assert "declared by the task definition: B" in reason and "required_secrets" in reason and "C" in reason
+    many = missing_reason([f"NAME_{i}" for i in range(500)], [])
+    assert len(many) == 500 and many.endswith("...")  # bounded like every reason
 
 
 def test_the_task_parses_runtime_metadata_and_the_declared_names_and_hides_the_values() -> None:
