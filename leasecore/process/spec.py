@@ -80,7 +80,8 @@ class CommandSpec:
     (conductor-cli's contract, ``stdio_protocol.py``). ``run_as``: the user the child runs as (HOME,
     USER and LOGNAME then name it; its task files are its own). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
-    (FenceReason.EXEC_TIMEOUT); here it only words the reason.
+    (FenceReason.EXEC_TIMEOUT); here it only words the reason. ``masker``: secret values masked in
+    the child's output (docs/secrets.md).
     """
 
     argv: tuple[str, ...] | None = None
