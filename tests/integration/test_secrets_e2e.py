@@ -184,16 +184,20 @@ def test_a_result_saved_to_the_outbox_holds_no_secret(world: World) -> None:
 
 
 def test_the_runners_own_credential_is_masked_wherever_a_child_prints_it(auth_world: World) -> None:
-    """The child never gets the runner's credentials, but one that learns a value some other way
-    (here: on its command line) cannot show it either: the runner's key secret is always masked."""
+    """The child never gets the runner's credentials nor the variables named in ``secrets``, but one
+    that learns such a value some other way (here: on its command line) cannot show it either."""
     world = auth_world
     world.define(response_timeout=30)
     wf = world.start_workflow()
     script = "import sys; print('cred ' + sys.argv[1]); sys.exit(4)"
     env = {"CONDUCTOR_AUTH_KEY": AUTH_KEY, "CONDUCTOR_AUTH_SECRET": AUTH_SECRET}
-    proc = world.run("--once", command=[sys.executable, "-c", script, AUTH_SECRET], env=env)
+    (world.tmp / "conductor.toml").write_text('[worker]\nsecrets = ["DB_PASSWORD"]\n')
+    env["DB_PASSWORD"] = db_password = "db-" + os.urandom(6).hex()  # kept from the child: masked too
+    command = [sys.executable, "-c", script, AUTH_SECRET + " " + db_password]
+    proc = world.run("--once", command=command, env=env)
     code, log = world.finish(proc)
     assert code == exitcodes.TASK_FAILED, log
     task = world.task_of(wf)
-    assert "cred ***" in task["outputData"]["stdoutTail"] and AUTH_SECRET not in json.dumps(task)
-    assert AUTH_SECRET not in log
+    assert "cred *** ***" in task["outputData"]["stdoutTail"]
+    assert AUTH_SECRET not in json.dumps(task) and db_password not in json.dumps(task)
+    assert AUTH_SECRET not in log and db_password not in log
