@@ -7,13 +7,14 @@ waits on its queue's condition (made on that lock), releasing it.
 from __future__ import annotations
 
 import copy
+import json
 import logging
-import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from leasecore.server.decider import StoreDecider
+from leasecore.server.decider import ENV_PREFIX, SECRET_PREFIX, StoreDecider
+from leasecore.server.definitions import SECRET_REF, resolve_secret_refs
 from leasecore.server.queues import DelayQueue
 from leasecore.server.records import (
     JSON,
@@ -30,26 +31,24 @@ from leasecore.server.records import (
 )
 
 log = logging.getLogger("conductor_run.server")
-SECRET_PREFIX = "CONDUCTOR_SECRET_"
-ENV_PREFIX = "CONDUCTOR_ENV_"
 
 
 class StoreTasks(StoreDecider):
     """What workers call. Public methods take the lock."""
 
-    # Where a polled task's runtime metadata is resolved from, as the OSS server does from its own
-    # environment: CONDUCTOR_SECRET_<NAME> first, then CONDUCTOR_ENV_<NAME> (None: os.environ, read
-    # at each poll).
-    runtime_environ: Mapping[str, str] | None = None
-
     def _polled_json(self, task: TaskRecord) -> JSON:
-        """A task as a poll hands it out: with ``runtimeMetadata``, the names its definition declares
-        resolved now (sent, never stored); a name that cannot be resolved is left out, with a warning."""
+        """A task as a poll hands it out, resolved now from the server's environment (sent, never
+        stored; ``runtime_environ``): ``${workflow.secrets.X}`` in its input, and ``runtimeMetadata``,
+        the names its definition declares, secret first (CONDUCTOR_SECRET_<NAME>, then
+        CONDUCTOR_ENV_<NAME>); a name that cannot be resolved is left out, with a warning."""
         out = self._task_json(task)
+        environ = self._environ()
+        if SECRET_REF in json.dumps(task.workflow_task.get("inputParameters") or {}):  # (the template: small)
+            out["inputData"] = resolve_secret_refs(out["inputData"],
+                                                   lambda name: environ.get(SECRET_PREFIX + name))
         names = task.task_def.get("runtimeMetadata")
         if not isinstance(names, list) or not names:
             return out
-        environ = os.environ if self.runtime_environ is None else self.runtime_environ
         resolved: JSON = {}
         for name in names:
             if not isinstance(name, str):
