@@ -70,19 +70,3 @@ def test_a_declared_name_the_real_server_cannot_resolve_fails_terminally_unrun(r
     assert real_world.workflow_status(wf) == "FAILED"
     assert len(real_world.admin.get_workflow(wf)["tasks"]) == 1
 
-
-def test_workflow_secret_references_are_resolved_only_in_the_polled_input(real_world: RealWorld) -> None:
-    """What the jar does with ``${workflow.secrets.X}`` / ``${workflow.env.X}`` in inputParameters
-    (docs/real-server-notes.md): the secret only in the polled copy, the environment value stored."""
-    admin, task_type = real_world.admin, real_world.task_type
-    admin.register_task_defs([{"name": task_type, "responseTimeoutSeconds": 30, "retryCount": 0}])
-    admin.register_workflow({"name": f"wf_{task_type}", "version": 1, "schemaVersion": 2, "tasks": [{
-        "name": task_type, "taskReferenceName": "step", "type": "SIMPLE",
-        "inputParameters": {"s": f"${{workflow.secrets.{TEST_SECRET_NAME}}}",
-                            "e": f"${{workflow.env.{TEST_ENV_NAME}}}"}}]})  # fmt: skip
-    real_world.start_workflow()
-    (polled,) = wait_until(lambda: real_world.client.poll(task_type, count=1, timeout_ms=500, worker_id="w"),
-                           what="the task")  # fmt: skip
-    assert polled.input_data == {"s": TEST_SECRET_VALUE, "e": TEST_ENV_VALUE}
-    stored = real_world.client.get_task(polled.task_id)["inputData"]
-    assert stored == {"s": f"${{workflow.secrets.{TEST_SECRET_NAME}}}", "e": TEST_ENV_VALUE}
