@@ -32,6 +32,7 @@ _EXAMPLES: dict[str, Any] = {
     "in_progress_exit_code": 75,
     "env": {"LANG": "C.UTF-8"},
     "secrets": ["DATABASE_PASSWORD"],
+    "required_secrets": ["STRIPE_API_KEY"],
     "terminal_exit_codes": [2],
     "exit_codes": {"3": "FAILED_WITH_TERMINAL_ERROR", "75": "IN_PROGRESS:30"},  # the exit-code policy
     "cwd": ".",

@@ -75,8 +75,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
-            body["error"] = self.formatException(record.exc_info)
+        if record.exc_info:  # the text a filter left (masked secrets, docs/secrets.md), else made here
+            body["error"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(body, ensure_ascii=False)
 
 
@@ -181,7 +181,8 @@ def run(overrides: dict[str, Any]) -> None:
     configure_logging(resolved.runner.log_format, view.console if view is not None else None)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
-    raise SystemExit(serve(resolved, view, load_again=loader_for(overrides, environ, resolved, view)))
+    raise SystemExit(serve(resolved, view, load_again=loader_for(overrides, environ, resolved, view),
+                           mask_environ=environ))
 
 
 Reloading = tuple[Callable[[], "ResolvedConfig"], Callable[["ResolvedConfig"], None]]
@@ -243,12 +244,14 @@ def serve(
     load_again: Reloading | None = None,
     decide: Callable[[RunOutcome, ResolvedConfig], int] | None = None,
     echo_result: Callable[[Task, TaskResult], None] | None = None,
+    mask_environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run the worker for ``resolved``; every error of the tree becomes a message and an exit code.
 
     ``load_again``: what a reload loads and how it applies the logging (``loader_for``); None:
     reloads are refused. ``decide(outcome, resolved)``: the exit code of a finished run (default:
-    ``run``'s, docs/cli.md "Exit codes"); ``echo_result``: see ``leasecore.runner.wiring.run_worker``."""
+    ``run``'s, docs/cli.md "Exit codes"); ``echo_result``: see ``leasecore.runner.wiring.run_worker``.
+    ``mask_environ``: the environment whose secret values are masked (the re-exec'd one included)."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
@@ -257,11 +260,12 @@ def serve(
         load, on_reloaded = load_again if load_again is not None else (None, None)
         if view is None:
             outcome = run_worker(resolved, environ=os.environ, load_again=load, on_reloaded=on_reloaded,
-                                 echo_result=echo_result)
+                                 echo_result=echo_result, mask_environ=mask_environ)
         else:
             with view.showing():
                 outcome = run_worker(resolved, environ=os.environ, on_snapshot=view.update, load_again=load,
-                                     on_reloaded=on_reloaded, echo_result=echo_result)
+                                     on_reloaded=on_reloaded, echo_result=echo_result,
+                                     mask_environ=mask_environ)
     except ConfigError as exc:
         raise _fail(f"configuration error: {exc}", exitcodes.CONFIG, log_format) from None
     except ConductorAuthError as exc:

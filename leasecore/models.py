@@ -53,6 +53,21 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
+def _metadata_values(value: Any) -> dict[str, str]:
+    """``Task.runtimeMetadata``: names to values (a non-string value as its JSON text)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(name): item if isinstance(item, str) else json.dumps(item)
+            for name, item in value.items() if item is not None}  # fmt: skip
+
+
+def _metadata_names(value: Any) -> tuple[str, ...]:
+    """``TaskDef.runtimeMetadata``: the declared names, in order, once each."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(dict.fromkeys(name for name in value if isinstance(name, str) and name))
+
+
 @dataclass(frozen=True)
 class Task:
     """A task as handed to this worker by a poll.
@@ -82,6 +97,11 @@ class Task:
     # outputData.checkpoint (after a yield), or, for a retry, its earlier attempt's (the runner fills
     # it in at poll time). None: none.
     checkpoint: Any = field(default=None, repr=False, compare=False)
+    # Secrets and environment values the task definition declares (``taskDefinition.runtimeMetadata``,
+    # a list of names) and what the server resolved at the poll (``runtimeMetadata``, name -> value;
+    # a name it could not resolve is left out). Sent on the wire only, never stored by the server.
+    runtime_metadata: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    declared_metadata: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Task:
@@ -108,6 +128,8 @@ class Task:
             update_time_ms=_int(data.get("updateTime")),
             start_delay_seconds=_int(data.get("startDelayInSeconds")),
             checkpoint=_checkpoint_of(data.get("outputData")),
+            runtime_metadata=_metadata_values(data.get("runtimeMetadata")),
+            declared_metadata=_metadata_names(task_def.get("runtimeMetadata")),
         )
 
     @property

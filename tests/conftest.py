@@ -39,6 +39,7 @@ REAL_SERVER_MODULES = frozenset({
     "tests/integration/test_real_server_protocol.py",
     "tests/integration/test_real_server_resume.py",
     "tests/integration/test_real_server_smoke.py",
+    "tests/integration/test_secrets_real_server.py",
     "tests/integration/test_stdio_real_server.py",
 })
 

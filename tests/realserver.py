@@ -60,6 +60,20 @@ _ENVIRON_AT_IMPORT: dict[str, str] = dict(os.environ)
 # credentials) could change the server's configuration through Spring's relaxed binding, or leak.
 _JVM_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER")
 
+# The session server's one addition to that environment: a fixed test secret and a test environment
+# value, which the server resolves into a polled task's runtimeMetadata when its task definition
+# declares their names (docs/secrets.md; tests/integration/test_secrets_real_server.py). Nothing
+# else reads them, and they are not credentials of anything.
+TEST_SECRET_NAME = "CR_TEST_SECRET"
+TEST_SECRET_VALUE = "cr-test-secret-4f1d9a7c"
+TEST_ENV_NAME = "CR_TEST_ENV"
+TEST_ENV_VALUE = "cr-test-env-b83e"
+SESSION_SERVER_ENV = {
+    f"CONDUCTOR_SECRET_{TEST_SECRET_NAME}": TEST_SECRET_VALUE,
+    f"CONDUCTOR_ENV_{TEST_SECRET_NAME}": "cr-test-env-value-that-loses",  # a secret wins over it
+    f"CONDUCTOR_ENV_{TEST_ENV_NAME}": TEST_ENV_VALUE,
+}
+
 
 class RealServerUnavailable(Exception):
     """The real server cannot be had here: no Java 21+, no jar, or it failed to start."""
@@ -305,8 +319,11 @@ class RealConductorServer:
         stop_grace_seconds: float = STOP_GRACE_SECONDS,
         extra_properties: Mapping[str, str] | None = None,
         keep_dir: bool = False,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``extra_env``: variables added to the JVM's otherwise minimal environment."""
         self.jar = jar
+        self.extra_env = dict(extra_env or {})
         self.java = java
         self.health_timeout_seconds = health_timeout_seconds
         self.stop_grace_seconds = stop_grace_seconds
@@ -411,6 +428,7 @@ class RealConductorServer:
             f"--spring.config.additional-location=file:{props_file}",
         ]
         env = {key: _ENVIRON_AT_IMPORT[key] for key in _JVM_ENV_KEEP if key in _ENVIRON_AT_IMPORT}
+        env.update(self.extra_env)
         self._launched_at = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -513,7 +531,7 @@ def real_server() -> Iterator[RealConductorServer]:
     try:
         java = find_java()
         jar = ensure_jar()
-        server = RealConductorServer(jar, java)
+        server = RealConductorServer(jar, java, extra_env=SESSION_SERVER_ENV)  # a test secret: see there
         server.start()
     except RealServerUnavailable as exc:
         pytest.fail(f"real Conductor server unavailable: {exc}", pytrace=False)

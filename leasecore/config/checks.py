@@ -211,6 +211,13 @@ def env_names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def metadata_names(value: Any) -> tuple[str, ...]:
+    """Runtime metadata names (``TaskDef.runtimeMetadata``): non-empty strings, any characters."""
+    if not isinstance(value, list | tuple) or not all(isinstance(n, str) and n.strip() for n in value):
+        raise ValueError("a list of runtime metadata names (non-empty strings)")
+    return tuple(dict.fromkeys(value))
+
+
 def env_table(value: Any) -> dict[str, str]:
     allowed = 'a table of NAME = "string value" pairs'
     if not isinstance(value, Mapping):

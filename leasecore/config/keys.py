@@ -35,6 +35,7 @@ from leasecore.config.checks import (
     int_range,
     invalid_value,
     ip_literal,
+    metadata_names,
     nonempty_str,
     optional_str,
     rate_per_second,
@@ -390,6 +391,14 @@ KEYS: dict[str, KeySpec] = {
             "task",
             env_names,
             "names of runner environment variables never passed to the child ([worker] + [[task]])",
+        ),
+        # --- secrets the Conductor way: runtime metadata this worker requires (docs/secrets.md) ------
+        _key(
+            "required_secrets",
+            "task",
+            metadata_names,
+            "runtime metadata names every task must carry resolved (else FAILED_WITH_TERMINAL_ERROR, "
+            "the command not run), on top of those its task definition declares",
         ),
         # --- #24: privilege drop (task) --------------------------------------------------------
         _key(

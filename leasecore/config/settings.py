@@ -108,6 +108,7 @@ class TaskSettings:
     paused: bool = False
     ownership_check_interval: float = 5.0  # seconds
     secrets: tuple[str, ...] = ()
+    required_secrets: tuple[str, ...] = ()  # runtime metadata names every task must carry (docs/secrets.md)
     protocol: str = "native"  # "stdio": conductor-cli's worker stdio contract (issue #21)
     user: str | None = None  # run the child as this user (#24; the runner must be root)
     group: str | None = None  # ... with this group instead of the user's primary one

@@ -27,6 +27,7 @@ from typing import Any
 
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
+from leasecore.masking import Masker
 from leasecore.process import _cgroupfs, _procfs, leftovers
 from leasecore.process.checkpoint import NAME as CHECKPOINT_NAME
 from leasecore.process.checkpoint import CheckpointRead, read_checkpoint_file
@@ -107,8 +108,10 @@ class Child:
         clock: Clock,
         on_lines: LinesSink | None = None,
         on_done: DoneSink | None = None,
+        masker: Masker | None = None,
     ) -> None:
         self.key = key
+        self._masker = masker if masker else None  # secret values masked in the output (masking.py)
         self.pid = 0
         self.started_at = clock.monotonic()  # monotonic seconds (the Supervisor's clock)
         self._links = links
@@ -215,8 +218,9 @@ class Child:
 
     def _capture(self, stream: str) -> StreamCapture:
         batch = self._on_lines
+        mask = self._masker.stream() if self._masker is not None else None
         if batch is None:
-            return StreamCapture(self._emitter(stream))
+            return StreamCapture(self._emitter(stream), mask=mask)
 
         def emit_lines(lines: list[str]) -> None:
             try:
@@ -224,7 +228,7 @@ class Child:
             except Exception:  # a broken sink must not stop the reader (the child would block)
                 log.exception("on_lines sink failed for task %s", self.key)
 
-        return StreamCapture(emit_lines=emit_lines)
+        return StreamCapture(emit_lines=emit_lines, mask=mask)
 
     def _emitter(self, stream: str) -> Callable[[str], None]:
         sink = self._on_line

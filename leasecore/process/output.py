@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from leasecore.masking import StreamMasker
+
 MAX_LINE_BYTES = 64 * 1024
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
@@ -39,7 +41,11 @@ class StreamCapture:
         max_line_bytes: int = MAX_LINE_BYTES,
         tail_lines: int = TAIL_LINES,
         tail_bytes: int = TAIL_BYTES,
+        mask: StreamMasker | None = None,
     ) -> None:
+        """``mask``: secret values are masked in the bytes before anything else sees them (lines,
+        tail): a value split across two reads, or longer than a line piece, is masked all the same."""
+        self._mask = mask
         self._emit = emit
         self._emit_lines = emit_lines
         self._max_line_bytes = max_line_bytes
@@ -51,6 +57,10 @@ class StreamCapture:
     def feed(self, data: bytes) -> None:
         """Take the next chunk of the stream."""
         self.total_bytes += len(data)
+        if self._mask is not None:
+            data = self._mask.feed(data)
+            if not data:
+                return
         if self._partial:
             data = self._partial + data  # the partial line is shorter than max_line_bytes
         end = data.rfind(b"\n") + 1
@@ -73,6 +83,12 @@ class StreamCapture:
 
     def close(self) -> None:
         """End of stream: a last line without a newline still counts."""
+        if self._mask is not None:
+            rest = self._mask.flush()
+            if rest:
+                total, self._mask = self.total_bytes, None
+                self.feed(rest)
+                self.total_bytes = total
         if self._partial:
             line, self._partial = self._partial, b""
             self._lines([line], None)

@@ -88,15 +88,17 @@ def prepare(
     try:
         whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
         owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
+        # The task's runtime metadata, in a file of its own when the task has any (secretenv).
+        metadata = task.runtime_metadata if task.runtime_metadata or task.declared_metadata else None
         files = TaskFiles.create_in(task_dirs, task, memory_limited=spec.limits.memory_max is not None,
                                     unique=token, stdin=whole_task, owner=owner,
-                                    checkpoint=seed_of(task.checkpoint))
+                                    checkpoint=seed_of(task.checkpoint), secrets=metadata)
     except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
         raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
     env = build_child_env(
         environ, spec, task, worker_id=worker_id, input_file=files.input_path,
         output_file=files.output_path, tree_token=token, inherited=inherited,
-        checkpoint_file=files.checkpoint_path, deadline=deadline,
+        checkpoint_file=files.checkpoint_path, deadline=deadline, secrets_file=files.secrets_path,
     )  # fmt: skip
     try:
         path = executables.find(argv[0], env.get("PATH", os.defpath), cwd)

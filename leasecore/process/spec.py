@@ -27,9 +27,11 @@ from typing import Any, NamedTuple
 
 from leasecore.errors import SpawnError
 from leasecore.limits import Limits
+from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process._procfs import TREE_MARKER
 from leasecore.process.runas import RunAs
+from leasecore.process.secretenv import SECRETS_FILE_ENV, metadata_env
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only
@@ -88,7 +90,8 @@ class CommandSpec:
     (conductor-cli's contract, ``stdio_protocol.py``). ``run_as``: the user the child runs as (HOME,
     USER and LOGNAME then name it; its task files are its own). ``kill_grace_seconds`` is the
     TERM -> KILL grace for this task's tree. ``exec_timeout_seconds`` is enforced by the lease engine
-    (FenceReason.EXEC_TIMEOUT); here it only words the reason.
+    (FenceReason.EXEC_TIMEOUT); here it only words the reason. ``masker``: secret values masked in
+    the child's output (docs/secrets.md).
     """
 
     argv: tuple[str, ...] | None = None
@@ -109,6 +112,9 @@ class CommandSpec:
     # credentials when pass_credentials asks for them (``leasecore.runner.childenv``). Their values
     # are secrets to mask in whatever the child prints: ``childenv.credential_values``.
     handed_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Secret values masked in the child's output before any line, tail or sink sees it (masking.py;
+    # the runner sets one per task: its type's values plus the task's runtime metadata's).
+    masker: Masker | None = field(default=None, repr=False, compare=False)
 
     def command_argv(self) -> list[str]:
         """The argv to exec (``/bin/sh -c`` for a shell string); SpawnError when ill-formed."""
@@ -213,6 +219,7 @@ def build_child_env(
     inherited: Mapping[str, str] | None = None,
     checkpoint_file: str = "",
     deadline: float | None = None,
+    secrets_file: str | None = None,
 ) -> dict[str, str]:
     """The child's whole environment: ``base`` + ``spec.env``, minus secrets, plus the task's variables.
 
@@ -223,6 +230,8 @@ def build_child_env(
     ``inherited``: ``inherited_env(base, spec)`` computed earlier (it filters every variable).
     ``checkpoint_file``: CONDUCTOR_CHECKPOINT_FILE; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds,
     the earliest time the runner will end the tree for a reason known now; None: no such time).
+    ``secrets_file``: the task's runtime metadata file (``secretenv``): named by
+    ``CONDUCTOR_SECRETS_FILE``, its names added as variables where ``secretenv.metadata_env`` allows.
     """
     env = dict(inherited_env(base, spec) if inherited is None else inherited)
     for name in _PER_TASK_NAMES:
@@ -271,5 +280,9 @@ def build_child_env(
     if spec.protocol == STDIO:  # conductor-cli's names, beside ours (no stale POLL_DOMAIN inherited)
         env.pop("POLL_DOMAIN", None)
         env.update((name, value) for name, value in stdio_env(task).items() if _exec_safe(value))
+    if secrets_file is not None:  # the task's runtime metadata: last, so it never overrides the above
+        env.update(metadata_env(task.runtime_metadata, env,
+                                lambda name: is_secret_name(name, spec.secret_env_names)))
+        env[SECRETS_FILE_ENV] = secrets_file
     env[TREE_MARKER] = tree_token
     return env

@@ -250,7 +250,7 @@ class Supervisor:
                         executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
-        child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done)
+        child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done, spec.masker)
         child._stdout_is_document = spec.protocol == STDIO
         child.cgroup = group
         if spec.limits.memory_max is not None:

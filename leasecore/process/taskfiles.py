@@ -4,8 +4,9 @@ Owns ``TaskFiles``: each task's own directory (0700, named by the tree's marker 
 ``TaskDirs`` picks: a tmpfs such as ``/dev/shm`` where one is usable, else the system temp dir)
 holding ``input.json`` (0600, ``inputData`` as JSON), an empty ``output.json``
 (0600) for the child to fill, ``checkpoint.json`` (0600: the task's last checkpoint, or empty;
-``leasecore.process.checkpoint``), and under the stdio protocol ``task.json`` (0600, the whole task: the
-child's stdin then). With ``run_as`` the two files are the user's and the directory stays root's.
+``leasecore.process.checkpoint``), under the stdio protocol ``task.json`` (0600, the whole task: the
+child's stdin then), and for a task with runtime metadata ``secrets.json`` (0600, ``secretenv``).
+With ``run_as`` the input, output, checkpoint and secrets files are the user's; the directory stays root's.
 Reading the output file (``read_output_file``) is bounded by ``OUTPUT_FILE_LIMIT_BYTES`` and
 ``OUTPUT_MAX_DEPTH``, and never follows a symlink or blocks on a FIFO the child may have put there;
 the directory is removed once the child is done (``remove``; a filled one through the chores thread).
@@ -34,6 +35,7 @@ from leasecore.models import Task
 from leasecore.process._procfs import fstype_of
 from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
 from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
+from leasecore.process.secretenv import SECRETS_FILE_NAME
 
 STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
 
@@ -96,28 +98,31 @@ class TaskFiles:
     output_path: str
     stdin_path: str | None = None  # a file of its own for stdin (else the input file is stdin)
     checkpoint_path: str = ""  # CONDUCTOR_CHECKPOINT_FILE
+    secrets_path: str | None = None  # the task's runtime metadata (secretenv), when it has any
 
     @classmethod
     def create_in(
         cls, dirs: TaskDirs, task: Task, *, memory_limited: bool, unique: str | None = None,
         stdin: bytes | None = None, owner: tuple[int, int] | None = None, checkpoint: bytes = b"",
+        secrets: Mapping[str, str] | None = None,
     ) -> TaskFiles:
         """``create`` in ``dirs.parent(memory_limited)``; if that is the tmpfs and it is full, in
         ``dirs.disk`` instead (a small /dev/shm, as a container's 64 MB one, fails no task)."""
         parent = dirs.parent(memory_limited)
         try:
             return cls.create(task, parent=parent, unique=unique, stdin=stdin, owner=owner,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint, secrets=secrets)
         except OSError as exc:
             if parent == dirs.disk or exc.errno not in _FULL:
                 raise
         return cls.create(task, parent=dirs.disk, unique=unique, stdin=stdin, owner=owner,
-                          checkpoint=checkpoint)
+                          checkpoint=checkpoint, secrets=secrets)
 
     @classmethod
     def create(
         cls, task: Task, *, parent: str | None = None, unique: str | None = None, stdin: bytes | None = None,
         owner: tuple[int, int] | None = None, checkpoint: bytes = b"",
+        secrets: Mapping[str, str] | None = None,
     ) -> TaskFiles:
         """Make the directory and the files; the input file holds ``task.input_data`` as JSON, the
         checkpoint file ``checkpoint`` (the task's last checkpoint, or nothing).
@@ -129,7 +134,9 @@ class TaskFiles:
         owns both files (it reads the input, writes the output); the directory stays the runner's
         (mode 0710, group ``gid``: the child can reach the files but not rename, replace or add
         any): the runner, as root, later reads ``output.json`` and deletes the directory, which a
-        directory of the child's own could have turned into a symbolic link elsewhere."""
+        directory of the child's own could have turned into a symbolic link elsewhere.
+        ``secrets``: the task's runtime metadata, written as a JSON object to ``SECRETS_FILE_NAME``
+        (0600, the child's user's like the others; None: no such file)."""
         directory = None
         if unique:
             path = os.path.join(os.path.abspath(parent or tempfile.gettempdir()), TMP_PREFIX + unique[:16])
@@ -142,8 +149,9 @@ class TaskFiles:
             directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
         input_name, output_name, checkpoint_name = TASK_FILE_NAMES
         stdin_path = None if stdin is None else os.path.join(directory, STDIN_FILE_NAME)
+        secrets_path = None if secrets is None else os.path.join(directory, SECRETS_FILE_NAME)
         files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
-                    stdin_path, os.path.join(directory, checkpoint_name))  # fmt: skip
+                    stdin_path, os.path.join(directory, checkpoint_name), secrets_path)  # fmt: skip
         try:
             body = dump_json(task.input_data, "the task's input")
             _write_private(files.input_path, body)
@@ -151,6 +159,8 @@ class TaskFiles:
             _write_private(files.checkpoint_path, checkpoint)
             if stdin_path is not None and stdin is not None:
                 _write_private(stdin_path, stdin)  # opened by the runner for the child, never by path
+            if secrets_path is not None and secrets is not None:
+                _write_private(secrets_path, dump_json(secrets, "the task's runtime metadata"))
             if owner is not None:
                 _hand_over(files, *owner)
         except BaseException:
@@ -168,9 +178,10 @@ class TaskFiles:
 
     def remove(self, rmtree: Callable[[str], None] | None = None) -> None:
         """Remove the directory; ``rmtree``: what removes it when the child put more there."""
-        if self.stdin_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.stdin_path)
+        for path in (self.stdin_path, self.secrets_path):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         remove_tmpdir(self.directory, rmtree)
 
 
@@ -188,8 +199,9 @@ def dump_json(value: Mapping[str, Any], what: str) -> bytes:
 
 
 def _hand_over(files: TaskFiles, uid: int, gid: int) -> None:
-    for path in (files.input_path, files.output_path, files.checkpoint_path):
-        os.chown(path, uid, gid)
+    for path in (files.input_path, files.output_path, files.checkpoint_path, files.secrets_path):
+        if path is not None:
+            os.chown(path, uid, gid)
     os.chown(files.directory, -1, gid)
     os.chmod(files.directory, 0o710)
 

@@ -25,6 +25,7 @@ from leasecore.runner.logsink import LogStreamer
 from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import EnginePort, RunOptions, SupervisorPort, TaskTypePlan
 from leasecore.runner.reporter import Reporter
+from leasecore.runner.secretbook import SecretBook
 from leasecore.runner.status import InFlight, NextRun
 from leasecore.snapshot import TaskSnapshot
 
@@ -65,6 +66,7 @@ class RunnerCore:
     _stopping_since: float | None
     _forced: bool
     _chaining: bool  # the conductor port has update_v2 (leasecore.runner.chain)
+    _secrets: SecretBook  # values masked in the runner's log (leasecore.runner.secretbook)
 
     def _on_task(
         self, task: Task, polled_at: float, policy: LeasePolicy | None = None, *, surplus: bool = False,

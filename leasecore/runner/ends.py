@@ -21,6 +21,7 @@ from leasecore.clock import SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.masking import mask_result
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.reasons import exit_rule
 from leasecore.process.spec import CommandSpec
@@ -98,7 +99,7 @@ class TaskEnds(RunnerCore):
                         "its tree was killed and nothing is reported", task_id)
             self._forget(entry, None)
             return
-        result = self._stream_result_logs(entry, self._result_for(entry, exit_))
+        result = self._stream_result_logs(entry, _masked(entry, self._result_for(entry, exit_)))
         self._take_final_checkpoint(entry, exit_)
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
@@ -169,14 +170,15 @@ class TaskEnds(RunnerCore):
         if entry.checkpoint is None or read is None:
             return
         line = entry.checkpoint.take(read)
-        if line is not None and entry.log_lines is not None:
-            entry.log_lines("stdout", [line])
+        if line is not None and entry.log_lines is not None:  # masked: the checkpoint is the child's data
+            entry.log_lines("stdout", [entry.masker.mask(line) if entry.masker else line])
 
     def _report(self, entry: InFlight, result: TaskResult) -> None:
         if result.task_id == entry.task.task_id:  # every update for it carries its last checkpoint
             watch = entry.checkpoint
             result = with_checkpoint(result, watch.value if watch is not None and watch.text is not None
                                      else entry.task.checkpoint)
+        result = _masked(entry, result)  # whatever made it: no known secret goes out or to the outbox
         chain: OnChained | None = None
         if entry.slot_held:  # the child is gone: another may start while this one reports
             entry.slot_held = False
@@ -245,6 +247,7 @@ class TaskEnds(RunnerCore):
         self._release_slot(entry)
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
         del self._tasks[entry.task.task_id]
+        self._secrets.leave(entry.task.task_id)  # (entered when its entry was made)
         self._statuses[entry.index] = status
         if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
             # (its lease may have ended with this run's: _on_task tracks it again then)
@@ -272,6 +275,12 @@ def _success_code(spec: Any, exit_: Any) -> int | None:
         if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
             return code
     return getattr(spec, "in_progress_exit_code", None)
+def _masked(entry: InFlight, result: TaskResult) -> TaskResult:
+    """``result`` with the task's secret values masked: output values (keys too), reason, logs."""
+    masker = entry.masker
+    if not masker:
+        return result
+    return mask_result(masker, result)
 
 
 def _tree_gone(child: Any) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.masking import Masker
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot
 
@@ -186,6 +187,10 @@ class TaskTypePlan:
     worker_id: str
     make_policy: Callable[[Task], LeasePolicy]
     kill_grace_seconds: float = 10.0
+    # Secrets (docs/secrets.md): the values every task of the type masks (credentials, the values of
+    # the variables kept from the child), and runtime metadata names this worker requires.
+    masker: Masker = field(default_factory=lambda: Masker.of(()))
+    required_metadata: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

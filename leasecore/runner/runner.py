@@ -34,6 +34,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import DyingTrees, StartGate, YieldHold
 from leasecore.lease import FenceAction
+from leasecore.masking import Masker
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.runner.checkpoints import CheckpointScan, resume_port
 from leasecore.runner.contact import RecordedCalls, ServerContact
@@ -68,6 +69,7 @@ from leasecore.runner.ports import (
     UpdatePort,
 )
 from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.secretbook import SecretBook
 from leasecore.runner.signals import capture_signals
 from leasecore.runner.starts import TaskStarts
 from leasecore.runner.status import Phase, progress_of_entry, server_health, task_snapshot
@@ -105,6 +107,7 @@ class Runner(LiveControl, TaskStarts):
         on_force: Callable[[], None] | None = None,
         metrics: Observer = NO_METRICS,
         reload: Callable[[], LiveChange] | None = None,
+        secrets: SecretBook | None = None,
     ) -> None:
         """``reporter(updates, on_done)`` builds the reporter around ``updates``: the conductor's
         ``update`` guarded by the engine (``FinalUpdates``: no heartbeat overlaps or follows a final
@@ -115,10 +118,12 @@ class Runner(LiveControl, TaskStarts):
         in flight there (``ConductorClient.abort``). ``metrics``: the hooks of ``leasecore.metrics``
         (the runner's own, and its pollers' and default reporter's). ``reload()``: the configuration
         loaded again, as a ``LiveChange``, or a ``ConfigError`` refusing it (``leasecore.runner.operate``);
-        None: this runner cannot reload."""
+        None: this runner cannot reload. ``secrets``: the values masked in the runner's own log (each
+        task's runtime metadata is added while the task is here)."""
         self._on_force = on_force
         self._reload = reload
         self._closed = False
+        self._secrets = secrets or SecretBook()
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self._metrics = metrics
@@ -254,7 +259,7 @@ class Runner(LiveControl, TaskStarts):
         if not self._checkpoint_scan.due(self._clock.monotonic()):
             return
         CheckpointScan.look(
-            (e.checkpoint, functools.partial(_send_line, e.log_lines))
+            (e.checkpoint, functools.partial(_send_line, e.log_lines, e.masker))
             for e in self._tasks.values()
             if e.checkpoint is not None and e.log_lines is not None and e.phase is not Phase.REPORTING
         )
@@ -447,5 +452,7 @@ class Runner(LiveControl, TaskStarts):
                              paused=self.paused_types(), stopping=self._stopping_since is not None)
 
 
-def _send_line(send: Callable[[str, list[str]], None], line: str) -> None:
-    send("stdout", [line])  # unprefixed: a marked line must start the log line
+def _send_line(send: Callable[[str, list[str]], None], masker: Masker | None, line: str) -> None:
+    # Unprefixed: a marked line must start the log line. A checkpoint is the child's data, masked
+    # like its output (it does not pass the output's stream masker).
+    send("stdout", [masker.mask(line) if masker else line])

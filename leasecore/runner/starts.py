@@ -22,7 +22,9 @@ from typing import Any
 from leasecore.errors import ProcessError
 from leasecore.handover import may_run_elsewhere
 from leasecore.lease import FenceReason, LeasePolicy
+from leasecore.masking import MIN_MASKED_CHARS, Masker
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.secretenv import missing_metadata, missing_reason
 from leasecore.runner.chain import hand_back
 from leasecore.runner.checkpoints import child_deadline, open_watch, resume_retry, start_line
 from leasecore.runner.ends import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
@@ -128,6 +130,12 @@ class TaskStarts(TaskEnds):
             self._hand_back(task, plan)
             return
         entry = InFlight(task, plan, index=len(self._statuses), started_at=self._clock.now())
+        entry.masker = self._secrets.for_task(plan.masker, task.runtime_metadata)
+        self._secrets.enter(task.task_id, task.runtime_metadata.values())  # (left in _forget)
+        if short := self._secrets.too_short(task.task_type, task.runtime_metadata):
+            log.warning("task type %s: the runtime metadata value of %s is shorter than %d characters and "
+                        "is not masked in what the runner writes", task.task_type, ", ".join(short),
+                        MIN_MASKED_CHARS)
         self._tasks[task.task_id] = entry
         self._statuses.append(None)
         if policy is not None:  # tracked at poll time
@@ -188,6 +196,10 @@ class TaskStarts(TaskEnds):
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan
         task_id = task.task_id
+        missing = missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+        if missing:  # fail closed: without its secrets the command is not run, and a retry would not help
+            self._refuse_unresolved(entry, missing)
+            return
 
         def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
@@ -196,7 +208,7 @@ class TaskStarts(TaskEnds):
         self._metrics.on_task_started(task.task_type)
         try:  # returns without waiting for the exec: the next event is handled meanwhile
             entry.child = self._supervisor.start(
-                task, _spawn_spec(plan.spec, entry.policy), worker_id=plan.worker_id,
+                task, _spawn_spec(plan.spec, entry.policy, entry.masker), worker_id=plan.worker_id,
                 on_lines=self._lines_sink(entry),
                 on_done=lambda exit_: self._events.put(ChildExited(task_id, exit_)), on_started=on_started,
                 deadline=self._child_deadline(entry),
@@ -210,7 +222,8 @@ class TaskStarts(TaskEnds):
         self._engine.child_started(task.task_id)
         entry.checkpoint = open_watch(task, entry.child)
         if (line := start_line(entry.checkpoint)) is not None and entry.log_lines is not None:
-            entry.log_lines("stdout", [line])  # this run's log names what it resumed from
+            # this run's log names what it resumed from (masked: the checkpoint is the child's data)
+            entry.log_lines("stdout", [entry.masker.mask(line) if entry.masker else line])
 
     def _child_deadline(self, entry: InFlight) -> float | None:
         """CONDUCTOR_DEADLINE for a child started now: the earliest fence known in advance (the exec
@@ -225,6 +238,18 @@ class TaskStarts(TaskEnds):
             except KeyError:  # (forgotten meanwhile: no deadline to tell)
                 hard = None
         return child_deadline(entry.policy, hard, self._clock.monotonic(), self._clock.now().timestamp())
+
+    def _refuse_unresolved(self, entry: InFlight, missing: list[str]) -> None:
+        """A task whose declared (or required) runtime metadata the server did not resolve: its
+        command is not run; it ends FAILED_WITH_TERMINAL_ERROR naming what is missing (no value)."""
+        task = entry.task
+        reason = missing_reason(missing, task.declared_metadata)
+        log.error("task %s (%s): %s", task.task_id, task.task_type, reason)
+        if entry.tracked:
+            self._engine.child_exited(task.task_id)
+        self._logs.close(task.task_id)
+        self._report(entry, TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED_WITH_TERMINAL_ERROR,
+                                       reason_for_incompletion=reason, worker_id=entry.plan.worker_id))
 
     def _start_released(self) -> None:
         for task in self._gate.due(self._clock.monotonic()):
@@ -284,11 +309,16 @@ class TaskStarts(TaskEnds):
         return on_lines
 
 
-def _spawn_spec(spec: Any, policy: LeasePolicy | None) -> Any:
+def _spawn_spec(spec: Any, policy: LeasePolicy | None, masker: Masker | None = None) -> Any:
     """``spec`` with the policy's effective (capped) kill grace: the fork server's own TERM -> KILL of
-    a tree's escapees, after its leader exits, follows the cap the lease's fences do."""
+    a tree's escapees, after its leader exits, follows the cap the lease's fences do; and with the
+    task's ``masker`` (its secret values masked in the child's output)."""
+    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+        return spec
+    if masker and hasattr(spec, "masker") and spec.masker is not masker:  # the task's own values
+        spec = dataclasses.replace(spec, masker=masker)
     grace = getattr(spec, "kill_grace_seconds", None)
-    if policy is None or grace is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+    if policy is None or grace is None:
         return spec
     capped = min(grace, policy.effective_kill_grace_seconds)
     return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)

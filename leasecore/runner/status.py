@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process.checkpoint import CheckpointWatch, progress_of
 from leasecore.runner.contact import ServerContact
@@ -70,6 +71,7 @@ class InFlight:
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
     checkpoint: CheckpointWatch | None = None  # its CONDUCTOR_CHECKPOINT_FILE, once its child started
+    masker: Masker | None = None  # its secret values (the type's and its runtime metadata's), once known
 
 
 class _Views(Protocol):

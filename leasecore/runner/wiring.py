@@ -20,8 +20,9 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
@@ -31,6 +32,7 @@ from leasecore.config.live import reload_changes
 from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
 from leasecore.errors import ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.masking import Masker, mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
@@ -50,6 +52,7 @@ from leasecore.runner.ports import (
 )
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
+from leasecore.runner.secretbook import SecretBook, installed, static_values
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
@@ -156,6 +159,7 @@ def plan_for(
         worker_id=task.worker_id,
         make_policy=make_policy,
         kill_grace_seconds=task.kill_grace,
+        required_metadata=tuple(task.required_secrets),
     )
 
 
@@ -203,13 +207,48 @@ def _echoing(echo: Callable[[Task, TaskResult], None]) -> Callable[..., TaskResu
         task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
     ) -> TaskResult:
         result = _to_result(task, exit_, spec, worker_id, timed_out=timed_out)
+        masker = getattr(spec, "masker", None)  # what is printed is masked like what is sent
         try:
-            echo(task, result)
+            if masker:
+                echo(dataclasses.replace(task, raw=masker.mask_value(task.raw)), mask_result(masker, result))
+            else:
+                echo(task, result)
         except Exception:  # printing must never lose a result
             log.exception("task %s: echoing its result failed", task.task_id)
         return result
 
     return to_result
+
+
+def _with_masker(plan: TaskTypePlan, masker: Masker) -> TaskTypePlan:
+    """``plan`` masking ``masker``'s values, its spec too: a task without runtime metadata then runs
+    the plan's own spec object (the supervisor keeps its inherited environment per spec object)."""
+    if not masker:
+        return plan
+    return dataclasses.replace(plan, masker=masker, spec=dataclasses.replace(plan.spec, masker=masker))
+
+
+class Masking:
+    """The secret values of a runner: the runner's own log's (``book``) and each task type's plans'.
+    A reload builds the plans again with the values of the configuration it loaded."""
+
+    def __init__(self, config: ResolvedConfig, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        values = _secret_values(config, environ)
+        self.book = SecretBook(value for per_type in values.values() for value in per_type)
+
+    def plans(self, config: ResolvedConfig, plans: Iterable[TaskTypePlan]) -> list[TaskTypePlan]:
+        values = _secret_values(config, self._environ)
+        return [_with_masker(plan, Masker.of(values.get(plan.poll.task_type, ()))) for plan in plans]
+
+
+def _secret_values(config: ResolvedConfig, environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """Per task type, the values masked whatever the task (docs/secrets.md): the runner's
+    credentials (key, secret, token, a password in the URL) and the values of the variables of
+    ``environ`` and of the type's ``env`` table that are kept from its children."""
+    server = config.server
+    credentials = [server.auth_key, server.auth_secret, server.auth_token, urlsplit(server.url).password]
+    return {task.type: static_values(environ, task.env, task.secrets, credentials) for task in config.tasks}
 
 
 def check_server(client: ConductorClient) -> None:
@@ -233,6 +272,7 @@ def run_worker(
     load_again: Callable[[], ResolvedConfig] | None = None,
     on_reloaded: Callable[[ResolvedConfig], None] | None = None,
     echo_result: Callable[[Task, TaskResult], None] | None = None,
+    mask_environ: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Check the server, sweep leftovers, deliver saved results, then serve until stopped.
 
@@ -251,10 +291,13 @@ def run_worker(
     While the runner serves, its control socket (``leasecore.state.control``) is in the state dir.
     ``echo_result(task, result)``: called on the main thread with each result made from a child's
     exit (``worker stdio --verbose`` prints them).
+    ``mask_environ``: the environment the configuration was resolved from, when it held more than
+    ``environ`` (the secrets a re-exec handed over): its secret variables' values are masked too.
     """
     relay = SignalRelay()
-    with capture_signals(relay, on_reload=relay.reload):
-        outcome = _serve(config, environ, relay, on_snapshot, load_again, on_reloaded, echo_result)
+    masking = Masking(config, {**environ, **(mask_environ or {})})
+    with capture_signals(relay, on_reload=relay.reload), installed(masking.book):
+        outcome = _serve(config, environ, relay, on_snapshot, load_again, on_reloaded, echo_result, masking)
     if outcome.signum is None and relay.first is not None:
         outcome = dataclasses.replace(outcome, signum=relay.first)
     if relay.count > 1 and not outcome.forced:  # the second signal came during setup or cleanup
@@ -274,6 +317,7 @@ def _serve(
     load_again: Callable[[], ResolvedConfig] | None = None,
     on_reloaded: Callable[[ResolvedConfig], None] | None = None,
     echo_result: Callable[[Task, TaskResult], None] | None = None,
+    masking: Masking | None = None,
 ) -> RunOutcome:
     server = config.server
     # Local things first (the config and the commands were checked by load_config): a bad state
@@ -304,9 +348,11 @@ def _serve(
             # then every saved result out: a retry must never start while its old tree may still run.
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
             _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
-            reloader = None if load_again is None else Reloader(config, load_again, metrics, on_reloaded)
+            reloader = None if load_again is None else Reloader(config, load_again, metrics, on_reloaded,
+                                                                  masking)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
-                                  cgroup=setup.describe(), reload=reloader, echo_result=echo_result)
+                                  cgroup=setup.describe(), reload=reloader, echo_result=echo_result,
+                                  masking=masking)
             relay.target = runner.handle_signal
             relay.reload_target = runner.handle_reload_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
@@ -358,8 +404,10 @@ class Reloader:
     def __init__(
         self, config: ResolvedConfig, load_again: Callable[[], ResolvedConfig],
         metrics: MetricsService | None, on_reloaded: Callable[[ResolvedConfig], None] | None,
+        masking: Masking | None = None,
     ) -> None:
         self.config = config
+        self._masking = masking
         self._load = load_again
         self._metrics = metrics
         self._on_reloaded = on_reloaded
@@ -373,6 +421,8 @@ class Reloader:
         plans = tuple(
             plan_for(task, check_queue_seconds=queue_seconds, server=new.server) for task in new.tasks
         )
+        if self._masking is not None:
+            plans = tuple(self._masking.plans(new, plans))
         if self._metrics is not None:
             self._metrics.reconfigure(new)  # a new port is listened on before anything changes
         old, self.config = self.config, new
@@ -456,10 +506,13 @@ def _make_runner(
     cgroup: str = "",
     reload: Callable[[], LiveChange] | None = None,
     echo_result: Callable[[Task, TaskResult], None] | None = None,
+    masking: Masking | None = None,
 ) -> Runner:
     options = options_for(config)
     queue_seconds = max_queue_seconds(_most_leases(config), config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds, server=config.server) for task in config.tasks]
+    if masking is not None:
+        plans = masking.plans(config, plans)
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,
@@ -501,6 +554,7 @@ def _make_runner(
         on_force=client.abort,
         metrics=observer,
         reload=reload,
+        secrets=masking.book if masking is not None else None,
     )
     if metrics is not None:
         metrics.attach(runner=runner, engine=engines[0], supervisor=supervisor, contact=contact,

@@ -7,6 +7,8 @@ timer thread. Only SIMPLE tasks, in sequence.
 from __future__ import annotations
 
 import copy
+import os
+from collections.abc import Mapping
 
 from leasecore.server.definitions import resolve_expressions, retry_delay
 from leasecore.server.records import (
@@ -21,6 +23,9 @@ from leasecore.server.records import (
     queue_name,
 )
 from leasecore.server.timers import StoreTimers
+
+SECRET_PREFIX = "CONDUCTOR_SECRET_"
+ENV_PREFIX = "CONDUCTOR_ENV_"
 
 
 class StoreDecider(StoreTimers):
@@ -70,6 +75,18 @@ class StoreDecider(StoreTimers):
             return None
         return candidates[-1]
 
+    # Where the server's own secrets and environment values are read from, as the OSS server reads
+    # its environment: CONDUCTOR_SECRET_<NAME>, CONDUCTOR_ENV_<NAME> (None: os.environ, read at use).
+    runtime_environ: Mapping[str, str] | None = None
+
+    def _environ(self) -> Mapping[str, str]:
+        return os.environ if self.runtime_environ is None else self.runtime_environ
+
+    def _env_values(self) -> JSON:
+        environ = self._environ()
+        prefix = len(ENV_PREFIX)
+        return {name[prefix:]: value for name, value in environ.items() if name.startswith(ENV_PREFIX)}
+
     def _ctx(self, wf: WorkflowRecord) -> JSON:
         ctx: JSON = {}
         for t in wf.tasks:  # later attempts overwrite earlier ones
@@ -90,6 +107,7 @@ class StoreDecider(StoreTimers):
             "workflowType": wf.name,
             "version": wf.version,
             "status": wf.status,
+            "env": self._env_values(),  # ${workflow.env.X}: CONDUCTOR_ENV_X, resolved when scheduled
         }
         return ctx
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from leasecore.server.records import (
@@ -21,6 +22,7 @@ from leasecore.server.records import (
 )
 
 _EXPR = re.compile(r"\$\{([^}]*)\}")
+SECRET_REF = "workflow.secrets."  # resolved at the poll only (resolve_secret_refs), never stored
 
 
 def _lookup(ctx: JSON, path: str) -> Any:
@@ -41,18 +43,52 @@ def _text(value: Any) -> str:
     return json.dumps(value)
 
 
+def _is_secret_ref(path: str) -> bool:
+    return path.strip().startswith(SECRET_REF)
+
+
+def resolve_secret_refs(value: Any, secret: Callable[[str], str | None]) -> Any:
+    """``value`` (a task's input) with each ``${workflow.secrets.X}`` replaced by ``secret(X)``: a
+    whole-string reference takes the value (null when unknown, as the OSS server), one inside a
+    longer string its text (an unknown one is left as written)."""
+    if isinstance(value, str):
+        if "${" not in value:
+            return value
+        whole = _EXPR.fullmatch(value)
+        if whole and _is_secret_ref(whole.group(1)):
+            return secret(whole.group(1).strip()[len(SECRET_REF):])
+
+        def one(m: re.Match[str]) -> str:
+            if not _is_secret_ref(m.group(1)):
+                return m.group(0)
+            found = secret(m.group(1).strip()[len(SECRET_REF):])
+            return m.group(0) if found is None else found
+
+        return _EXPR.sub(one, value)
+    if isinstance(value, dict):
+        return {k: resolve_secret_refs(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_secret_refs(v, secret) for v in value]
+    return value
+
+
 def resolve_expressions(value: Any, ctx: JSON) -> Any:
     """Resolve ``${workflow.input.x}`` / ``${ref.output.y}`` (dotted paths) in a parameter template.
 
     A string that is exactly one expression takes the referenced value with its JSON type; an
     expression inside a longer string is replaced by its text. Unknown paths resolve to null.
+    ``${workflow.secrets.X}`` stays as written: it is resolved only into a polled copy of the task
+    (``resolve_secret_refs``), so that no secret is stored.
     """
     if isinstance(value, str):
         whole = _EXPR.fullmatch(value)
         if whole:
+            if _is_secret_ref(whole.group(1)):
+                return value
             return copy.deepcopy(_lookup(ctx, whole.group(1)))
         if "${" in value:
-            return _EXPR.sub(lambda m: _text(_lookup(ctx, m.group(1))), value)
+            return _EXPR.sub(lambda m: m.group(0) if _is_secret_ref(m.group(1))
+                             else _text(_lookup(ctx, m.group(1))), value)  # fmt: skip
         return value
     if isinstance(value, dict):
         return {k: resolve_expressions(v, ctx) for k, v in value.items()}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from leasecore.clock import Clock
@@ -51,7 +51,10 @@ class EmbeddedServer:
         max_finished_workflows: int = DEFAULT_MAX_FINISHED_WORKFLOWS,
         max_logs_per_task: int = DEFAULT_MAX_LOGS_PER_TASK,
         store: Store | None = None,
+        runtime_environ: Mapping[str, str] | None = None,
     ) -> None:
+        """``runtime_environ``: where polled tasks' runtimeMetadata is resolved from
+        (``CONDUCTOR_SECRET_<NAME>``, then ``CONDUCTOR_ENV_<NAME>``; default: this process's environment)."""
         self.host = host
         self._requested_port = port
         self.store = (
@@ -64,6 +67,8 @@ class EmbeddedServer:
                 max_logs_per_task=max_logs_per_task,
             )
         )
+        if runtime_environ is not None:
+            self.store.runtime_environ = dict(runtime_environ)
         self.api = Api(
             self.store, auth_key=auth_key, auth_secret=auth_secret, token_ttl_seconds=token_ttl_seconds
         )

@@ -7,11 +7,14 @@ waits on its queue's condition (made on that lock), releasing it.
 from __future__ import annotations
 
 import copy
+import json
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from leasecore.server.decider import StoreDecider
+from leasecore.server.decider import ENV_PREFIX, SECRET_PREFIX, StoreDecider
+from leasecore.server.definitions import SECRET_REF, resolve_secret_refs
 from leasecore.server.queues import DelayQueue
 from leasecore.server.records import (
     JSON,
@@ -27,9 +30,39 @@ from leasecore.server.records import (
     validation_failed,
 )
 
+log = logging.getLogger("conductor_run.server")
+
 
 class StoreTasks(StoreDecider):
     """What workers call. Public methods take the lock."""
+
+    def _polled_json(self, task: TaskRecord) -> JSON:
+        """A task as a poll hands it out, resolved now from the server's environment (sent, never
+        stored; ``runtime_environ``): ``${workflow.secrets.X}`` in its input, and ``runtimeMetadata``,
+        the names its definition declares, secret first (CONDUCTOR_SECRET_<NAME>, then
+        CONDUCTOR_ENV_<NAME>); a name that cannot be resolved is left out, with a warning."""
+        out = self._task_json(task)
+        environ = self._environ()
+        if SECRET_REF in json.dumps(task.workflow_task.get("inputParameters") or {}):  # (the template: small)
+            out["inputData"] = resolve_secret_refs(out["inputData"],
+                                                   lambda name: environ.get(SECRET_PREFIX + name))
+        names = task.task_def.get("runtimeMetadata")
+        if not isinstance(names, list) or not names:
+            return out
+        resolved: JSON = {}
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            value = environ.get(SECRET_PREFIX + name)
+            if value is None:
+                value = environ.get(ENV_PREFIX + name)
+            if value is None:
+                log.warning("task %s: declared secret/env %r not found in the environment",
+                            task.task_id, name)
+                continue
+            resolved[name] = value
+        out["runtimeMetadata"] = resolved
+        return out
 
     def poll(
         self,
@@ -72,7 +105,7 @@ class StoreTasks(StoreDecider):
                 if task is None or task.terminal:
                     continue
                 self._claim(task, worker_id, now)
-                out.append(self._task_json(task))
+                out.append(self._polled_json(task))
             if out or self._closed:
                 break
             remaining = deadline - time.monotonic()

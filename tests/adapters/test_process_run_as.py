@@ -63,6 +63,19 @@ def test_task_files_belong_to_the_user_and_the_directory_to_the_runner(tmp_path:
         files.remove()
 
 
+def test_the_secrets_file_belongs_to_the_user_who_alone_can_read_it(supervisor: Supervisor) -> None:
+    lines = Lines()
+    script = ('stat -c "%u %g %a" "$CONDUCTOR_SECRETS_FILE"; cat "$CONDUCTOR_SECRETS_FILE"; echo; '
+              'echo "$API_TOKEN"')
+    task = make_task(runtime_metadata={"API_TOKEN": "tok-run-as"})
+    child = supervisor.spawn(task, spec("/bin/sh", "-c", script, cwd="/", run_as=NOBODY), worker_id="w",
+                             on_line=lines)  # fmt: skip
+    result = child.wait(timeout=30)
+    assert result is not None and result.exit_code == 0, result
+    out = [line for stream, line in lines.items if stream == "stdout"]
+    assert out == [f"{NOBODY.uid} {NOBODY.gid} 600", '{"API_TOKEN": "tok-run-as"}', "tok-run-as"]
+
+
 def test_an_exec_the_user_may_not_do_is_a_spawn_error_naming_the_step(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:

@@ -8,11 +8,13 @@ import pytest
 
 from leasecore.server import EmbeddedServer
 from tests.conformance.harness import Harness
+from tests.realserver import SESSION_SERVER_ENV
 
 
 @pytest.fixture(scope="session")
 def embedded_conductor_url() -> Iterator[str]:
-    with EmbeddedServer() as srv:
+    # The same CONDUCTOR_SECRET_/CONDUCTOR_ENV_ pair as the session's real server (runtimeMetadata).
+    with EmbeddedServer(runtime_environ=SESSION_SERVER_ENV) as srv:
         yield srv.url
 
 

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from tests.conformance.harness import Harness
+from tests.realserver import TEST_ENV_NAME, TEST_ENV_VALUE, TEST_SECRET_NAME, TEST_SECRET_VALUE
 from tests.support import wait_until
 
 
@@ -148,3 +149,35 @@ def test_queue_size_counts_waiting_tasks(conductor: Harness) -> None:
     )
     conductor.poll_one(task_type)
     assert conductor.get("/tasks/queue/size", params={"taskType": task_type}).json() == 1
+
+
+def test_a_polled_task_carries_its_declared_runtime_metadata_never_stored(conductor: Harness) -> None:
+    """TaskDef.runtimeMetadata names resolved at the poll (the secret wins over an environment value
+    of the same name: SESSION_SERVER_ENV defines both for the test secret); a name the server cannot
+    resolve is left out of the map, still declared in taskDefinition."""
+    declared = [TEST_SECRET_NAME, TEST_ENV_NAME, "CR_NOT_DEFINED_ANYWHERE"]
+    task_type, wf = conductor.one_task_workflow(runtimeMetadata=declared)
+    conductor.start(wf)
+    (task,) = wait_until(lambda: conductor.poll_batch(task_type, timeout_ms=500, worker_id="w"),
+                         what="the task")  # fmt: skip
+    assert task["runtimeMetadata"] == {TEST_SECRET_NAME: TEST_SECRET_VALUE, TEST_ENV_NAME: TEST_ENV_VALUE}
+    assert task["taskDefinition"]["runtimeMetadata"] == declared
+    stored = conductor.task(task["taskId"])
+    assert stored.get("runtimeMetadata") is None and TEST_SECRET_VALUE not in str(stored)
+
+
+def test_workflow_secret_and_env_references_in_task_input(conductor: Harness) -> None:
+    """``${workflow.secrets.X}`` is resolved into the polled copy of inputData only (the stored one
+    keeps the reference); ``${workflow.env.X}`` when the task is scheduled, and stored."""
+    task_type = conductor.task_def()
+    secret_ref, env_ref = f"${{workflow.secrets.{TEST_SECRET_NAME}}}", f"${{workflow.env.{TEST_ENV_NAME}}}"
+    params = {"s": secret_ref, "e": env_ref, "inside": f"Bearer {secret_ref}",
+              "unknown": "${workflow.secrets.CR_NOT_DEFINED_ANYWHERE}"}  # fmt: skip
+    wf = conductor.workflow_def({"name": task_type, "taskReferenceName": "t0", "inputParameters": params})
+    conductor.start(wf)
+    (task,) = wait_until(lambda: conductor.poll_batch(task_type, timeout_ms=500, worker_id="w"),
+                         what="the task")  # fmt: skip
+    assert task["inputData"] == {"s": TEST_SECRET_VALUE, "e": TEST_ENV_VALUE, "unknown": None,
+                                 "inside": f"Bearer {TEST_SECRET_VALUE}"}  # fmt: skip
+    stored = conductor.task(task["taskId"])["inputData"]
+    assert stored == {**params, "e": TEST_ENV_VALUE}

@@ -26,7 +26,7 @@ PURE = frozenset({
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.config.live",
     "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
-    "leasecore.runner.leasebook",
+    "leasecore.runner.leasebook", "leasecore.masking", "leasecore.process.secretenv",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
     "leasecore.lease.policy",
     # the packages' own __init__ modules are docstrings only
