@@ -38,7 +38,7 @@ def test_the_secrets_file_is_private_holds_the_object_and_goes_with_the_task(tmp
     assert not os.path.exists(files.directory)
     without = TaskFiles.create(make_task(), parent=str(tmp_path))
     assert without.secrets_path is None
-    assert sorted(os.listdir(without.directory)) == ["input.json", "output.json"]
+    assert sorted(os.listdir(without.directory)) == ["checkpoint.json", "input.json", "output.json"]
     without.remove()
 
 

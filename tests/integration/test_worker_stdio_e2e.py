@@ -12,6 +12,7 @@ log entry per ``logs`` item.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -245,15 +246,19 @@ def test_credential_flags_leave_the_runners_command_line_and_still_authenticate(
 
 def test_run_too_hands_the_child_its_server_url_and_no_credential(auth_world: World) -> None:
     """The native protocol under ``run``: CONDUCTOR_SERVER_URL is the runner's (from --server), the
-    credentials of the runner's environment stay out, and --pass-credentials brings them in."""
+    credentials of the runner's environment stay out, and --pass-credentials brings them in. The
+    child reports a digest of each value (what it really got) and the value itself, which the runner
+    masks in the output like every credential it knows (docs/secrets.md)."""
     world = auth_world
     world.define(response_timeout=30)
-    write_env = ("import json, os; names = ('CONDUCTOR_SERVER_URL', 'CONDUCTOR_AUTH_KEY', "
+    write_env = ("import hashlib, json, os; names = ('CONDUCTOR_SERVER_URL', 'CONDUCTOR_AUTH_KEY', "
                  "'CONDUCTOR_AUTH_SECRET', 'CONDUCTOR_ACCESS_KEY_ID', 'CONDUCTOR_ACCESS_KEY_SECRET'); "
-                 "open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w').write(json.dumps("
-                 "{n: os.environ[n] for n in names if n in os.environ}))")  # fmt: skip
+                 "got = {n: os.environ[n] for n in names if n in os.environ}; "
+                 "got.update({'sha256 ' + n: hashlib.sha256(v.encode()).hexdigest() "
+                 "for n, v in got.items()}); "
+                 "open(os.environ['CONDUCTOR_OUTPUT_FILE'], 'w').write(json.dumps(got))")  # fmt: skip
     credentials = {"CONDUCTOR_AUTH_KEY": AUTH_KEY, "CONDUCTOR_AUTH_SECRET": AUTH_SECRET}
-    seen = {}
+    seen, digests = {}, {}
     for extra in ([], ["--pass-credentials"]):
         wf = world.start_workflow()
         proc = world.run("--once", *extra, command=[sys.executable, "-c", write_env], env=credentials)
@@ -261,6 +266,10 @@ def test_run_too_hands_the_child_its_server_url_and_no_credential(auth_world: Wo
         assert code == exitcodes.OK, log
         output = world.task_of(wf)["outputData"]
         seen[bool(extra)] = {name: output[name] for name in output if name.startswith("CONDUCTOR_")}
+        digests[bool(extra)] = {name[7:]: output[name] for name in output if name.startswith("sha256 ")}
     assert seen[False] == {"CONDUCTOR_SERVER_URL": world.server.url}
-    assert seen[True] == {"CONDUCTOR_SERVER_URL": world.server.url, **credentials,
-                          "CONDUCTOR_ACCESS_KEY_ID": AUTH_KEY, "CONDUCTOR_ACCESS_KEY_SECRET": AUTH_SECRET}
+    handed = {**credentials, "CONDUCTOR_ACCESS_KEY_ID": AUTH_KEY, "CONDUCTOR_ACCESS_KEY_SECRET": AUTH_SECRET}
+    assert digests[True] == {name: hashlib.sha256(value.encode()).hexdigest()
+                             for name, value in {"CONDUCTOR_SERVER_URL": world.server.url, **handed}.items()}
+    # What the child printed of them is masked on its way to the server.
+    assert seen[True] == {"CONDUCTOR_SERVER_URL": world.server.url, **dict.fromkeys(handed, "***")}
