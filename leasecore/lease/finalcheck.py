@@ -13,7 +13,8 @@ server after the runner gave up on it. These rules bound that and decide what to
 * **How a final update goes out** (``plan_final_update``): with no such beat, at once (the common
   path: nothing is read or waited for). Otherwise a terminal result is first *parked*: an IN_PROGRESS
   update with a long callback, which a late beat may undo harmlessly (the workflow cannot end while
-  the task is not terminal), and the result itself goes out once the beat can no longer land. A
+  the task is not terminal), and the result itself goes out once the beat can no longer land and
+  the park has settled (``parked_send_at``: a beat released together with the park is handled). A
   yield (IN_PROGRESS with a callback) goes out at once: undone, it can still be sent again.
 * **When to read back** (``read_back_at``): after an acknowledged update that such a beat may have
   followed (it may land at or after the update's send time), once it can no longer land.
@@ -39,11 +40,14 @@ __all__ = [
     "MAX_READS",
     "MAX_RESENDS",
     "PARK_CALLBACK_SECONDS",
+    "PARK_SETTLE_SECONDS",
     "READ_RETRY_SECONDS",
     "FinalPlan",
+    "LateBeats",
     "ReadBack",
     "ReadStep",
     "beat_may_land_until",
+    "parked_send_at",
     "plan_final_update",
     "read_back_at",
     "undone",
@@ -56,6 +60,9 @@ LATE_BEAT_MARGIN_SECONDS = 2.0
 # The park update's callbackAfterSeconds: if the runner dies between the park and the result, the
 # task is polled again after this (as after a yield), never left IN_PROGRESS.
 PARK_CALLBACK_SECONDS = 60
+# After a park was acknowledged, the result waits at least this much more: a heartbeat the network
+# let through together with the park (a healing partition) is handled by the server meanwhile.
+PARK_SETTLE_SECONDS = 1.0
 MAX_READS = 4  # read-backs of one final update, failed reads included
 MAX_RESENDS = 2  # final results sent again after one final update
 READ_RETRY_SECONDS = 1.0  # a failed read is tried again this much later
@@ -75,6 +82,16 @@ def beat_may_land_until(gave_up_at: float) -> float:
 
 
 @dataclass(frozen=True)
+class LateBeats:
+    """A task's heartbeats of unknown fate, as its lease engine knows them: the latest time one may
+    still land (monotonic seconds), and the pollCount the lease holds (what a read-back compares)."""
+
+    until: float
+    poll_count: int
+    task_type: str = ""  # for the metrics
+
+
+@dataclass(frozen=True)
 class FinalPlan:
     """How one final update goes out: ``park`` first (IN_PROGRESS with ``PARK_CALLBACK_SECONDS``),
     then the result itself at ``send_at`` (monotonic seconds)."""
@@ -89,6 +106,11 @@ def plan_final_update(status: TaskStatus, late_until: float | None, now: float) 
     if late_until is None or late_until <= now or not status.is_terminal:
         return FinalPlan(park=False, send_at=now)
     return FinalPlan(park=True, send_at=late_until)
+
+
+def parked_send_at(plan: FinalPlan, park_acked_at: float) -> float:
+    """When a parked result goes out: once the late beat can no longer land, and the park has settled."""
+    return max(plan.send_at, park_acked_at + PARK_SETTLE_SECONDS)
 
 
 def read_back_at(late_until: float | None, update_sent_at: float) -> float | None:

@@ -17,15 +17,16 @@ import functools
 import logging
 from typing import Any
 
-from leasecore.clock import SystemClock
+from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.finalupdates import FinalUpdates
-from leasecore.runner.ports import ChainPort, EnginePort, TaskTypePlan
+from leasecore.runner.ports import ChainPort, EnginePort, TaskReader, TaskTypePlan
 from leasecore.runner.reporter import OnChained, ReportOutcome
 from leasecore.runner.status import InFlight, Phase, undelivered_snapshot
 
@@ -40,13 +41,14 @@ class ChainUpdates(FinalUpdates):
     """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
     follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
 
-    def __init__(self, port: ChainPort, engine: EnginePort) -> None:
-        super().__init__(port, engine)
+    def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
+                 clock: Clock | None = None, observer: Observer = NO_METRICS) -> None:  # fmt: skip
+        super().__init__(port, engine, reader=reader, clock=clock, observer=observer)
         self._v2_port = port
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        return self.guarded(result.task_id,
-                            lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds))
+        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
+                            timeout_seconds=timeout_seconds)  # fmt: skip
 
 
 class TaskEnds(RunnerCore):

@@ -27,6 +27,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
+from typing import cast
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
@@ -57,6 +58,7 @@ from leasecore.runner.ports import (
     RunOutcome,
     StatusPort,
     SupervisorPort,
+    TaskReader,
     TaskTypePlan,
     UpdatePort,
 )
@@ -122,10 +124,15 @@ class Runner(TaskStarts):
         # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
         # small fakes may not)
         self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
+        # A final update's read-back after a late heartbeat (docs/final-results.md) reads the task with
+        # the client's own call; a small fake without it is never read back.
+        reader = cast(TaskReader, conductor) if callable(getattr(conductor, "get_task_ownership", None)) else None
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
-        updates: UpdatePort = (ChainUpdates(conductor, self._engine) if self._chaining
-                               else FinalUpdates(conductor, self._engine))
+        updates: UpdatePort = (
+            ChainUpdates(conductor, self._engine, reader=reader, clock=self._clock, observer=metrics)
+            if self._chaining else
+            FinalUpdates(conductor, self._engine, reader=reader, clock=self._clock, observer=metrics))
         make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock,
                                                                  observer=metrics))
         self._reporter = make_reporter(updates, lambda outcome: self._events.put(ReportDone(outcome)))

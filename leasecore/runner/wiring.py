@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle fo
     from leasecore.metrics.service import MetricsService
 
 log = logging.getLogger("conductor_run.worker")
+_MAX_REPORT_SENDERS = 64  # the reporter's threads at most, whatever the concurrency
 
 STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
 # A lease's first heartbeat (and ownership check) is drawn uniformly over its interval: a batch of
@@ -383,7 +384,10 @@ def _make_runner(
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
         # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
-        return Reporter(updates, done, outbox=outbox, observer=observer)
+        # One sender per running task (up to a bound): a result parked after a heartbeat of unknown
+        # fate waits a moment on its sender (docs/final-results.md) and must not hold up the others'.
+        senders = min(_MAX_REPORT_SENDERS, max(4, sum(plan.poll.concurrency for plan in plans)))
+        return Reporter(updates, done, outbox=outbox, observer=observer, senders=senders)
 
     runner = Runner(
         plans,

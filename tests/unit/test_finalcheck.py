@@ -12,10 +12,12 @@ from leasecore.lease.finalcheck import (
     LATE_BEAT_MARGIN_SECONDS,
     MAX_READS,
     MAX_RESENDS,
+    PARK_SETTLE_SECONDS,
     READ_RETRY_SECONDS,
     ReadBack,
     ReadStep,
     beat_may_land_until,
+    parked_send_at,
     plan_final_update,
     read_back_at,
     undone,
@@ -56,6 +58,12 @@ def test_a_terminal_result_is_parked_until_the_beat_can_no_longer_land(status: T
     assert plan.park and plan.send_at == 52.0
     # sent at 52.0, the beat cannot land after it: no read-back
     assert read_back_at(52.0, update_sent_at=52.0 + 0.001) is None
+
+
+def test_a_parked_result_waits_for_the_park_to_settle_too() -> None:
+    plan = plan_final_update(TaskStatus.COMPLETED, late_until=52.0, now=50.0)
+    assert parked_send_at(plan, park_acked_at=50.1) == 52.0  # the late beat's bound is later
+    assert parked_send_at(plan, park_acked_at=51.5) == pytest.approx(51.5 + PARK_SETTLE_SECONDS)
 
 
 def test_a_yield_goes_out_at_once_and_is_read_back_once_the_beat_can_no_longer_land() -> None:

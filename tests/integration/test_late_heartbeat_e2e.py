@@ -1,0 +1,51 @@
+"""A late heartbeat must not undo a final result: the embedded server, made to lose the update as the
+real one does (``Store.lease_write_back_seconds``: extendLease writes its whole stale copy back a
+moment after reading it), behind a proxy that holds each task's first heartbeat and lets it through
+together with that task's next update (``tests/integration/latebeat_scenario.py``).
+
+Every workflow must end with its task's record agreeing with it and keeping its output (the server's
+records, read back at the end). The runner reads a task back only when one of its heartbeats had an
+unknown fate: a run with no held heartbeat makes no such read (the server's request log says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli import exitcodes
+from leasecore.server import EmbeddedServer
+from tests.integration.helpers import World
+from tests.integration.latebeat_scenario import run_late_beat_scenario
+
+pytestmark = pytest.mark.slow
+
+TASKS = 8
+R_SECONDS = 4
+CHILD_SECONDS = 2.0  # the first heartbeat (spread over its interval, 2.1 s) goes out before most exits
+KILL_GRACE = 1.0
+
+
+@pytest.fixture
+def lossy_world(tmp_path: Path) -> Iterator[World]:
+    """An embedded server whose extendLease writes its copy back 0.3 s after reading it."""
+    with EmbeddedServer() as server:
+        server.store.lease_write_back_seconds = 0.3
+        world = World(tmp_path, server)
+        try:
+            yield world
+        finally:
+            world.close()
+
+
+def test_a_heartbeat_released_with_the_final_update_does_not_undo_it(lossy_world: World) -> None:
+    outcome = run_late_beat_scenario(lossy_world, tasks=TASKS, seconds=CHILD_SECONDS,
+                                     response_timeout=R_SECONDS, kill_grace=KILL_GRACE)  # fmt: skip
+    assert outcome.exit_code == exitcodes.OK, outcome.stderr
+    assert outcome.released >= 1, f"no held heartbeat met its final update (held {outcome.held})"
+    assert outcome.undone() == [], (
+        f"{len(outcome.undone())} of {TASKS} task records disagree with their workflow: "
+        f"{outcome.summary(outcome.undone())}\n{outcome.stderr}"
+    )
