@@ -265,7 +265,8 @@ class FaultProxy:
             self._stopping.wait(gap)
         return None
 
-    def _forward_held(self, task_id: str, data: bytes, client: socket.socket, upstream: socket.socket) -> None:
+    def _forward_held(self, task_id: str, data: bytes, client: socket.socket,
+                      upstream: socket.socket) -> None:
         """Wait for the release, send the held request upstream, and pass its answer back if the
         client is still there (the server handles it either way)."""
         with self._lock:

@@ -17,7 +17,7 @@ server after the runner gave up on it. These rules bound that and decide what to
   the park has settled (``parked_send_at``: a beat released together with the park is handled). A
   yield (IN_PROGRESS with a callback) goes out at once: undone, it can still be sent again.
 * **When to read back** (``read_back_at``): after an acknowledged update that such a beat may have
-  followed (it may land at or after the update's send time), once it can no longer land.
+  followed (it may land after the update's send time), once it can no longer land.
 * **What the read says** (``undone``) and **what follows** (``ReadBack``, a step machine): a task
   IN_PROGRESS again under this runner (same workerId, same pollCount) although its final update was
   acknowledged has been undone: the result is sent again, then read back once more, a bounded
@@ -116,7 +116,7 @@ def parked_send_at(plan: FinalPlan, park_acked_at: float) -> float:
 def read_back_at(late_until: float | None, update_sent_at: float) -> float | None:
     """When to read the task back after its final update sent at ``update_sent_at`` was acknowledged
     (None: no need; a heartbeat that can no longer land by then cannot undo it)."""
-    if late_until is None or late_until < update_sent_at:
+    if late_until is None or late_until <= update_sent_at:
         return None
     return late_until
 

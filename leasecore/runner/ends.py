@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from leasecore.clock import Clock, SystemClock
@@ -42,8 +44,9 @@ class ChainUpdates(FinalUpdates):
     follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
 
     def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
-                 clock: Clock | None = None, observer: Observer = NO_METRICS) -> None:  # fmt: skip
-        super().__init__(port, engine, reader=reader, clock=clock, observer=observer)
+                 clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
+        super().__init__(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
         self._v2_port = port
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:

@@ -72,7 +72,8 @@ class FinalUpdates:
 
     def __init__(self, port: UpdatePort, engine: FinalUpdateGuard | None = None, *,
                  reader: TaskReader | None = None, clock: Clock | None = None,
-                 sleep: Callable[[float], None] = time.sleep, observer: Observer = NO_METRICS) -> None:  # fmt: skip
+                 sleep: Callable[[float], None] = time.sleep,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
         self._port = port
         self._engine = engine
         self._reader = reader

@@ -54,7 +54,8 @@ def extend_lease(port: LeasePort, task_id: str, workflow_id: str, *, timeout_sec
         log.warning("task %s: the server no longer knows it (404 on a heartbeat)", task_id)
         return Answer(Lease.on_heartbeat_not_found)
     except ConductorError as exc:
-        return Answer(Lease.on_heartbeat_failed, beat_error=str(exc), unknown_fate=unknown_fate(exc.status_code))
+        return Answer(Lease.on_heartbeat_failed, beat_error=str(exc),
+                      unknown_fate=unknown_fate(exc.status_code))
     except Exception:  # a bug in the port must not leave the lease waiting forever
         log.exception("task %s: heartbeat raised unexpectedly", task_id)
         return Answer(Lease.on_heartbeat_failed, unknown_fate=True)

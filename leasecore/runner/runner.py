@@ -126,7 +126,8 @@ class Runner(TaskStarts):
         self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
         # A final update's read-back after a late heartbeat (docs/final-results.md) reads the task with
         # the client's own call; a small fake without it is never read back.
-        reader = cast(TaskReader, conductor) if callable(getattr(conductor, "get_task_ownership", None)) else None
+        readable = callable(getattr(conductor, "get_task_ownership", None))
+        reader = cast(TaskReader, conductor) if readable else None
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates: UpdatePort = (

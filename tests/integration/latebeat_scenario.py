@@ -28,15 +28,19 @@ class LateBeatOutcome:
 
     def summary(self, workflow_ids: list[str]) -> list[str]:
         """One line per workflow: its status, its task's status and output, for an assertion's message."""
-        return [f"{wf}: workflow {self.records[wf]['workflow']}, task {self.records[wf]['task'].get('status')} "
-                f"{self.records[wf]['task'].get('taskId')} output {self.records[wf]['task'].get('outputData')}"
-                for wf in workflow_ids]
+        lines = []
+        for wf in workflow_ids:
+            task = self.records[wf]["task"]
+            lines.append(f"{wf}: workflow {self.records[wf]['workflow']}, task {task.get('taskId')} "
+                         f"{task.get('status')}, output {task.get('outputData')}")
+        return lines
 
     def undone(self) -> list[str]:
         """Workflows whose task record disagrees with them (a RUNNING workflow whose only task is
-    IN_PROGRESS counts) or lost its output."""
+        IN_PROGRESS counts) or lost its output."""
         return [wf for wf, r in self.records.items()
-                if r["task"].get("status") != r["workflow"] or "slept" not in (r["task"].get("outputData") or {})]
+                if r["task"].get("status") != r["workflow"]
+                or "slept" not in (r["task"].get("outputData") or {})]
 
 
 def run_late_beat_scenario(world: World, *, tasks: int, seconds: float, response_timeout: int,

@@ -57,7 +57,7 @@ def test_a_terminal_result_is_parked_until_the_beat_can_no_longer_land(status: T
     plan = plan_final_update(status, late_until=52.0, now=50.0)
     assert plan.park and plan.send_at == 52.0
     # sent at 52.0, the beat cannot land after it: no read-back
-    assert read_back_at(52.0, update_sent_at=52.0 + 0.001) is None
+    assert read_back_at(52.0, update_sent_at=52.0) is None
 
 
 def test_a_parked_result_waits_for_the_park_to_settle_too() -> None:
