@@ -45,7 +45,7 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.runner.ports import FinalUpdateGuard, TaskReader, UpdatePort
 
-__all__ = ["FinalUpdates"]
+__all__ = ["FinalUpdates", "make_result_stick"]
 
 log = logging.getLogger("conductor_run.report")
 
@@ -132,34 +132,11 @@ class FinalUpdates:
 
     def _read_back(self, result: TaskResult, late: LateBeats, read_at: float) -> None:
         """Read the task back once the late beat can no longer land; send the result again while the
-        server shows it undone (``finalcheck.ReadBack``: bounded reads and re-sends)."""
-        reader = self._reader
-        if reader is None:
-            return
-        check = ReadBack(read_at, poll_count=late.poll_count, worker_id=result.worker_id)
-        reads, read_seconds = 0, 0.0
-        while (at := check.next_at) is not None:
-            self._wait_until(at)
-            reads += 1
-            started = self._clock.monotonic()
-            try:
-                ownership = reader.get_task_ownership(result.task_id, timeout_seconds=_READ_TIMEOUT_SECONDS)
-            except ConductorError:
-                check.on_read_failed(self._clock.monotonic())
-                continue
-            finally:
-                read_seconds += self._clock.monotonic() - started
-            if check.on_read(self._clock.monotonic(), ownership) is ReadStep.RESEND:
-                if check.resent == 0:
-                    log.warning("task %s: a heartbeat that reached the server after the final update "
-                                "undid it (the server shows it IN_PROGRESS again, pollCount %d, this "
-                                "worker); sending %s again", result.task_id, late.poll_count,
-                                result.status.value)  # fmt: skip
-                self._observer.on_final_result_resent(late.task_type)
-                check.on_resent(self._clock.monotonic(), self._resend(result))
-        log.info("task %s: read back after a heartbeat of unknown fate: %s (%d read(s) in %.1f ms, %d "
-                 "re-send(s))", result.task_id, check.outcome, reads, read_seconds * 1000,
-                 check.resent)  # fmt: skip
+        server shows it undone (``make_result_stick``)."""
+        if self._reader is not None:
+            make_result_stick(result, read_at=read_at, poll_count=late.poll_count, reader=self._reader,
+                              resend=self._resend, clock=self._clock, sleep=self._sleep,
+                              on_resent=lambda: self._observer.on_final_result_resent(late.task_type))
 
     def _resend(self, result: TaskResult) -> bool:
         """The result once more, through v1 (update-v2 would claim another task)."""
@@ -171,6 +148,41 @@ class FinalUpdates:
         return True
 
     def _wait_until(self, at: float) -> None:
-        left = at - self._clock.monotonic()
-        if left > 0:
-            self._sleep(left)
+        _wait_until(self._clock, self._sleep, at)
+
+
+def make_result_stick(result: TaskResult, *, read_at: float, poll_count: int, reader: TaskReader,
+                      resend: Callable[[TaskResult], bool], clock: Clock,
+                      sleep: Callable[[float], None] = time.sleep,
+                      on_resent: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    """Read ``result``'s task back at ``read_at`` (monotonic) and send the result again (``resend``:
+    True once acknowledged) while the server shows it undone (``finalcheck.ReadBack``: bounded reads
+    and re-sends; ``on_resent`` counts each). Logs once when it re-sends, and once at the end."""
+    check = ReadBack(read_at, poll_count=poll_count, worker_id=result.worker_id)
+    reads, read_seconds = 0, 0.0
+    while (at := check.next_at) is not None:
+        _wait_until(clock, sleep, at)
+        reads += 1
+        started = clock.monotonic()
+        try:
+            ownership = reader.get_task_ownership(result.task_id, timeout_seconds=_READ_TIMEOUT_SECONDS)
+        except ConductorError:
+            check.on_read_failed(clock.monotonic())
+            continue
+        finally:
+            read_seconds += clock.monotonic() - started
+        if check.on_read(clock.monotonic(), ownership) is ReadStep.RESEND:
+            if check.resent == 0:
+                log.warning("task %s: a heartbeat that reached the server after the final update undid it "
+                            "(the server shows it IN_PROGRESS again, pollCount %d, this worker); sending "
+                            "%s again", result.task_id, poll_count, result.status.value)  # fmt: skip
+            on_resent()
+            check.on_resent(clock.monotonic(), resend(result))
+    log.info("task %s: read back after a heartbeat of unknown fate: %s (%d read(s) in %.1f ms, %d "
+             "re-send(s))", result.task_id, check.outcome, reads, read_seconds * 1000, check.resent)
+
+
+def _wait_until(clock: Clock, sleep: Callable[[float], None], at: float) -> None:
+    left = at - clock.monotonic()
+    if left > 0:
+        sleep(left)

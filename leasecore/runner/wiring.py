@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,9 @@ from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
 from leasecore.config.settings import ResolvedConfig, TaskSettings
-from leasecore.errors import ConductorUnavailable, ConfigError
+from leasecore.errors import ConductorError, ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import CommandSpec, Supervisor, to_task_result
@@ -36,6 +38,7 @@ from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
 from leasecore.runner import treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.finalupdates import make_result_stick
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, StatusPort, TaskTypePlan, UpdatePort
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
@@ -44,13 +47,14 @@ from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
 from leasecore.state.directory import StateDir
 from leasecore.state.orphans import take_over, tree_meta
-from leasecore.state.outbox import Outbox
+from leasecore.state.outbox import Outbox, OutboxEntry
 from leasecore.state.statefile import StatePublisher
 
 if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
     from leasecore.metrics.service import MetricsService
 
 log = logging.getLogger("conductor_run.worker")
+_REQUEST_TIMEOUT_SECONDS = 10.0  # the client's (and a heartbeat's) longest attempt
 _MAX_REPORT_SENDERS = 64  # the reporter's threads at most, whatever the concurrency
 
 STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
@@ -259,14 +263,15 @@ def _serve(
             # Dead trees first, then their tasks into the outbox (and their runner's snapshot out),
             # then every saved result out: a retry must never start while its old tree may still run.
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
-            _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
+            observer = metrics.observer if metrics is not None else NO_METRICS
+            _deliver_saved(outbox, client, stop=lambda: relay.first is not None, observer=observer)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
                                   cgroup=setup.describe())
             relay.target = runner.handle_signal
             if relay.first is not None:  # stopped during setup: nothing was polled yet
                 return RunOutcome(signum=relay.first)
             warn_if_root(config)
-            redelivery = Redelivery(outbox, client)
+            redelivery = Redelivery(outbox, client, observer=observer)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
             redelivery.start()
@@ -297,17 +302,41 @@ def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
 
 
 def _deliver_saved(
-    outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool], quiet: bool = False
+    outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool], quiet: bool = False,
+    observer: Observer = NO_METRICS,
 ) -> None:
     report = outbox.deliver(
         lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop,
         read_task=lambda task_id: client.get_task_ownership(task_id,
                                                             timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS),
-        quiet=quiet,
+        quiet=quiet, delivered=lambda entry: _read_back_saved(entry, client, observer),
     )
     if report.delivered or report.dropped:
         log.info("saved results: %d delivered, %d dropped, %d kept", report.delivered, report.dropped,
                  report.kept)
+
+
+def _read_back_saved(entry: OutboxEntry, client: ConductorClient, observer: Observer) -> None:
+    """A saved result delivered while a heartbeat of its task may still reach the server (one in
+    flight when it was saved: a request timeout + the margin after the save) is read back then, and
+    sent again if undone (docs/final-results.md); later deliveries, the usual case, read nothing."""
+    late_after_save = _REQUEST_TIMEOUT_SECONDS + LATE_BEAT_MARGIN_SECONDS
+    left = entry.saved_at + late_after_save - time.time()
+    if left <= 0:
+        return
+
+    def resend(result: TaskResult) -> bool:
+        try:
+            client.update(result, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS)
+        except ConductorError as exc:
+            log.warning("task %s: sending the saved result again failed: %s", result.task_id, exc)
+            return False
+        return True
+
+    clock = SystemClock()
+    make_result_stick(entry.result, read_at=clock.monotonic() + left, poll_count=entry.poll_count,
+                      reader=client, resend=resend, clock=clock,
+                      on_resent=lambda: observer.on_final_result_resent(""))
 
 
 class Redelivery:
@@ -316,9 +345,11 @@ class Redelivery:
     only while the task is still ours), instead of waiting for the next start, by which time the
     server may have retried the task and the finished work be done again."""
 
-    def __init__(self, outbox: Outbox, client: ConductorClient, *, interval_seconds: float = 10.0) -> None:
+    def __init__(self, outbox: Outbox, client: ConductorClient, *, interval_seconds: float = 10.0,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
         self._outbox = outbox
         self._client = client
+        self._observer = observer
         self._interval = interval_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outbox-redelivery", daemon=True)
@@ -336,7 +367,8 @@ class Redelivery:
             if not self._outbox.any_saved():
                 continue
             try:
-                _deliver_saved(self._outbox, self._client, stop=self._stop.is_set, quiet=True)
+                _deliver_saved(self._outbox, self._client, stop=self._stop.is_set, quiet=True,
+                               observer=self._observer)
             except Exception:  # a thread's top level: log it, look again later
                 log.exception("delivering saved results failed; will try again")
 

@@ -12,6 +12,7 @@ server shows it undone.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -28,8 +29,9 @@ from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.ends import ChainUpdates
 from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates
+from leasecore.runner.finalupdates import FinalUpdates, make_result_stick
 from leasecore.runner.senders import InlineSenders
+from leasecore.state.outbox import Outbox, OutboxEntry
 from tests.adapters.engine_support import T0, FakePort, Fences, step_until
 from tests.adapters.test_metrics_endpoint import value
 
@@ -208,3 +210,43 @@ def test_a_failed_park_is_a_failed_attempt_and_the_beats_resume(
         updates_of(server, engine, clock, observer).update(result())
     assert [r.status for _, r, _ in server.updates] == [TaskStatus.IN_PROGRESS]
     assert engine.view("t1").state.value != "done"  # still tracked: the reporter retries
+
+
+# ----- the outbox's deliveries -------------------------------------------------------------------
+
+
+def test_the_outbox_hands_each_delivered_entry_to_its_hook_and_a_failing_hook_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    outbox = Outbox(tmp_path, server="http://127.0.0.1:1/api")
+    outbox.save(result(), poll_count=3)
+    outbox.save(TaskResult("t2", "w2", TaskStatus.COMPLETED, worker_id="host"), poll_count=1)
+    shown = {"t1": undone(), "t2": TaskOwnership(TaskStatus.IN_PROGRESS, 2, "other")}  # t2: polled since
+    sent: list[TaskResult] = []
+    seen: list[str] = []
+
+    def hook(entry: OutboxEntry) -> None:
+        seen.append(entry.result.task_id)
+        raise RuntimeError("a bug in the read-back")
+
+    report = outbox.deliver(sent.append, read_task=shown.get, delivered=hook)
+    assert (report.delivered, report.dropped) == (1, 1)
+    assert seen == ["t1"] and [r.task_id for r in sent] == ["t1"]  # delivered once, hook once
+    assert not outbox.any_saved()
+
+
+def test_a_saved_result_delivered_while_a_beat_may_land_is_read_back_and_sent_again(
+    clock: FakeClock, server: Server, observer: PrometheusObserver
+) -> None:
+    # Given a saved yield delivered at once, and a server that shows it undone once
+    server.shown = [undone(), TaskOwnership(TaskStatus.SCHEDULED, 3, "host")]
+    sent: list[TaskResult] = []
+    read_at = clock.monotonic() + 12.0
+    # When it is made to stick (what the wiring's hook does for an outbox delivery)
+    make_result_stick(result(TaskStatus.IN_PROGRESS, 30), read_at=read_at, poll_count=3, reader=server,
+                      resend=lambda r: bool(sent.append(r)) or True, clock=clock, sleep=clock.advance,
+                      on_resent=lambda: observer.on_final_result_resent("demo"))  # fmt: skip
+    # Then it was read back at read_at, sent again once, and read back again
+    assert server.reads[0] == read_at and len(server.reads) == 2
+    assert sent == [result(TaskStatus.IN_PROGRESS, 30)]
+    assert value(observer, "conductor_run_final_results_resent_total", taskType="demo") == 1
