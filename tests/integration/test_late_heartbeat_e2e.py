@@ -45,7 +45,30 @@ def test_a_heartbeat_released_with_the_final_update_does_not_undo_it(lossy_world
                                      response_timeout=R_SECONDS, kill_grace=KILL_GRACE)  # fmt: skip
     assert outcome.exit_code == exitcodes.OK, outcome.stderr
     assert outcome.released >= 1, f"no held heartbeat met its final update (held {outcome.held})"
+    # each held heartbeat had no answer: its task was parked first, and that park released it
+    assert outcome.stderr.count("parking the task") >= outcome.released, outcome.stderr
     assert outcome.undone() == [], (
         f"{len(outcome.undone())} of {TASKS} task records disagree with their workflow: "
         f"{outcome.summary(outcome.undone())}\n{outcome.stderr}"
     )
+
+
+def test_a_yield_undone_by_a_late_heartbeat_is_read_back_and_sent_again(lossy_world: World) -> None:
+    # Children that yield (exit 3 = IN_PROGRESS with a 60 s callback): a yield is not parked; the held
+    # heartbeat, released with it, puts the task back IN_PROGRESS; the runner reads it back once the
+    # heartbeat can no longer land and sends the yield again.
+    command = ["/bin/sh", "-c", f"sleep {CHILD_SECONDS}; exit 3"]
+    config = lossy_world.tmp / "yield.toml"
+    config.write_text("[worker]\nin_progress_exit_code = 3\ncallback_after_seconds = 60\n")
+    outcome = run_late_beat_scenario(lossy_world, tasks=TASKS, seconds=CHILD_SECONDS,
+                                     response_timeout=R_SECONDS, kill_grace=KILL_GRACE,
+                                     args=("--config", str(config)), command=command)  # fmt: skip
+    assert outcome.exit_code == exitcodes.OK, outcome.stderr
+    assert outcome.released >= 1, f"no held heartbeat met its yield (held {outcome.held})"
+    not_yielded = [wf for wf, r in outcome.records.items() if r["task"].get("status") != "SCHEDULED"]
+    assert not_yielded == [], f"{outcome.summary(not_yielded)}\n{outcome.stderr}"
+    # The server undid yields (a released heartbeat's stale copy landed after them), and the runner
+    # sent each again, logged once per task, and read it back standing
+    resent = outcome.stderr.count("undid it")
+    assert 1 <= resent <= outcome.released, outcome.stderr
+    assert outcome.stderr.count("the record stands after a re-send") == resent, outcome.stderr
