@@ -180,7 +180,7 @@ class StoreTasks(StoreDecider):
             raise validation_failed(errors)
         task_id, workflow_id = str(raw_task_id), str(raw_wf_id)
 
-        if body.get("extendLease") is True and self.lease_write_back_seconds > 0:
+        if body.get("extendLease") is True and self.lease_write_back is not None:
             return self._extend_lease_by_copy(task_id), None
         with self._lock:
             now = self._now()
@@ -232,10 +232,11 @@ class StoreTasks(StoreDecider):
 
     def _extend_lease_by_copy(self, task_id: str) -> str:
         """extendLease as the real server does it (CONDUCTOR_PROTOCOL.md §3, ``EDF.extendLease``): load
-        the task, check "not terminal" on that copy, then write the whole copy back with a new
-        updateTime, ``lease_write_back_seconds`` later. A final update handled in between is undone
-        (status IN_PROGRESS again, its output gone) while its workflow went on: the real server's lost
-        update, made certain here so that a test can show what a worker does about it. Test-only."""
+        the task, check "not terminal" on that copy, call ``lease_write_back()`` (the store unlocked),
+        then write the whole copy back with a new updateTime. A final update handled in between is
+        undone (status IN_PROGRESS again, its output gone) while its workflow went on: the real
+        server's lost update, made certain here so that a test can show what a worker does about it.
+        Test-only."""
         with self._lock:
             task = self._tasks.get(task_id)
             if task is None:
@@ -243,7 +244,9 @@ class StoreTasks(StoreDecider):
             if task.terminal:
                 return task_id
             loaded = copy.deepcopy(vars(task))
-        time.sleep(self.lease_write_back_seconds)  # the window between the load and the write
+            between = self.lease_write_back
+        if between is not None:
+            between()  # the window between the load and the write
         with self._lock:
             if self._tasks.get(task_id) is task:  # (not forgotten meanwhile)
                 vars(task).update(loaded)

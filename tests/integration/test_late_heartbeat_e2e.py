@@ -1,6 +1,6 @@
 """A late heartbeat must not undo a final result: the embedded server, made to lose the update as the
-real one does (``Store.lease_write_back_seconds``: extendLease writes its whole stale copy back a
-moment after reading it), behind a proxy that holds each task's first heartbeat and lets it through
+real one does (``Store.lease_write_back``: extendLease writes its whole stale copy back a moment
+after reading it), behind a proxy that holds each task's first heartbeat and lets it through
 together with that task's next update (``tests/integration/latebeat_scenario.py``).
 
 Every workflow must end with its task's record agreeing with it and keeping its output (the server's
@@ -10,6 +10,8 @@ unknown fate: a run with no held heartbeat makes no such read (the server's requ
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +34,7 @@ KILL_GRACE = 1.0
 def lossy_world(tmp_path: Path) -> Iterator[World]:
     """An embedded server whose extendLease writes its copy back 0.3 s after reading it."""
     with EmbeddedServer() as server:
-        server.store.lease_write_back_seconds = 0.3
+        server.store.lease_write_back = functools.partial(time.sleep, 0.3)
         world = World(tmp_path, server)
         try:
             yield world
