@@ -80,8 +80,6 @@ class FaultProxy:
         self._holding = False  # hold_heartbeats() is on
         self._held: dict[str, threading.Event] = {}  # task id -> released (one held beat per task)
         self._forwarded: dict[str, threading.Event] = {}  # task id -> its held beat went upstream
-        self._hold_gap_seconds = 0.0
-        self._final_first = False
         self.held: list[str] = []  # task ids whose heartbeat was held, in order
         self.released: list[str] = []  # task ids whose held heartbeat went on with their final update
         self._acceptor = threading.Thread(target=self._accept_loop, name="faultproxy-accept", daemon=True)
@@ -107,15 +105,12 @@ class FaultProxy:
             self._latency_seconds = latency_seconds
             self._changed.notify_all()
 
-    def hold_heartbeats(self, *, gap_seconds: float = 0.0, final_first: bool = False) -> None:
+    def hold_heartbeats(self) -> None:
         """Hold each task's first heartbeat until that task's next other update (``POST /tasks`` or
         update-v2 without extendLease) comes through; then send the held heartbeat on and, once its
-        bytes are out, the update (``gap_seconds`` later; ``final_first``: the update first, then the
-        heartbeat after the gap)."""
+        bytes are out, the update."""
         with self._lock:
             self._holding = True
-            self._hold_gap_seconds = gap_seconds
-            self._final_first = final_first
 
     def open_connections(self) -> int:
         """Connection threads still alive."""
@@ -255,14 +250,8 @@ class FaultProxy:
             if release is None or forwarded is None or release.is_set():
                 return None
             self.released.append(task_id)
-            gap, final_first = self._hold_gap_seconds, self._final_first
-        if final_first:
-            threading.Timer(gap, release.set).start()
-            return None
         release.set()
         forwarded.wait(5.0)
-        if gap > 0:
-            self._stopping.wait(gap)
         return None
 
     def _forward_held(self, task_id: str, data: bytes, client: socket.socket,

@@ -44,24 +44,20 @@ class LateBeatOutcome:
 
 
 def run_late_beat_scenario(world: World, *, tasks: int, seconds: float, response_timeout: int,
-                           kill_grace: float, gap_seconds: float = 0.0, final_first: bool = False,
-                           settle: Any = None, args: tuple[str, ...] = (),
+                           kill_grace: float, args: tuple[str, ...] = (),
                            command: list[str] | None = None) -> LateBeatOutcome:  # fmt: skip
     """``tasks`` one-task workflows whose children sleep ``seconds``, run at once by one runner behind a
     proxy that holds each task's first heartbeat until its next update; returns the server's records
-    once the runner has ended (``--max-tasks``). ``settle(world, workflow_ids)``: called before the
-    records are read (the real server: a decide of each). ``args`` / ``command``: the runner's extra
+    once the runner has ended (``--max-tasks``). ``args`` / ``command``: the runner's extra
     options and the command (default: the sleeper, which writes ``{"slept": seconds}``)."""
     world.define(response_timeout=response_timeout)
     workflows = [world.start_workflow(seconds=seconds) for _ in range(tasks)]
     with world.proxy() as proxy:
-        proxy.hold_heartbeats(gap_seconds=gap_seconds, final_first=final_first)
+        proxy.hold_heartbeats()
         proc = world.run("--concurrency", str(tasks), "--max-tasks", str(tasks), "--kill-grace",
                          str(kill_grace), *args, url=proxy.url_for("/api"), command=command)  # fmt: skip
         code, err = world.finish(proc, timeout=seconds * 4 + response_timeout * 4 + 60)
         held, released = len(proxy.held), len(proxy.released)
-    if settle is not None:
-        settle(world, workflows)
 
     # Every final update was acknowledged before the runner ended, and the server decides the workflow
     # inside the update: what it holds now is final (a RUNNING workflow is an undone task's).

@@ -28,6 +28,7 @@ def test_a_heartbeat_released_with_the_final_update_does_not_undo_it(real_world:
                                      response_timeout=R_SECONDS, kill_grace=KILL_GRACE)  # fmt: skip
     assert outcome.exit_code == exitcodes.OK, outcome.stderr
     assert outcome.released >= TASKS // 2, f"only {outcome.released} held heartbeats met their update"
+    assert outcome.stderr.count("parking the task") >= outcome.released, outcome.stderr
     assert outcome.undone() == [], (
         f"{len(outcome.undone())} of {TASKS} task records disagree with their workflow: "
         f"{outcome.summary(outcome.undone())}\n{outcome.stderr}"
