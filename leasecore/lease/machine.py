@@ -347,7 +347,8 @@ class Lease:
         return self._advance(now)
 
     def on_child_exited(self, now: float) -> list[Action]:
-        """The child is gone: no more fencing; keep beating until the result is reported."""
+        """The child is gone: no more fencing; no beat until the final update starts, unless the lease
+        would run out first (see the class docstring)."""
         now = self._enter(now)
         actions = self._advance(now)
         self._child_exited = True

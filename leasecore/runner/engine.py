@@ -95,7 +95,7 @@ class LeaseEngine:
         child = supervisor.spawn(task, spec, worker_id=worker_id)
         engine.child_started(task.task_id)            # the exec timeout counts from here
         ...                                           # TerminateTree/KillTree arrive through on_fence
-        engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
+        engine.child_exited(task.task_id)             # no more fencing; beats wait for the update
         if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
             FinalUpdates(client, engine).update(result)  # begin_final_update, update, reported
         engine.reported(task.task_id, poll_count=task.poll_count)  # the runner forgets the run
@@ -230,7 +230,8 @@ class LeaseEngine:
         self._event(task_id, lambda lease, now: lease.on_child_started(now))
 
     def child_exited(self, task_id: str) -> None:
-        """The child is dead: no more fencing, but heartbeats go on until ``reported``."""
+        """The child is dead: no more fencing; no heartbeat before the final update unless the lease
+        needs one, then heartbeats between its failed attempts until ``reported``."""
         self._event(task_id, lambda lease, now: lease.on_child_exited(now))
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
