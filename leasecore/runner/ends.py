@@ -50,8 +50,14 @@ class ChainUpdates(FinalUpdates):
         self._v2_port = port
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
+        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
+        # lease from before the attempt, and the park's wait would come off that lease.
         return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
-                            timeout_seconds=timeout_seconds)  # fmt: skip
+                            timeout_seconds=timeout_seconds,
+                            send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
+        self._v2_port.update(result, timeout_seconds=timeout_seconds)
 
 
 class TaskEnds(RunnerCore):

@@ -91,10 +91,12 @@ class FinalUpdates:
                      timeout_seconds=timeout_seconds)  # fmt: skip
 
     def guarded(self, result: TaskResult, send: Callable[[], _Sent], *,
-                timeout_seconds: float | None = None) -> _Sent:  # fmt: skip
+                timeout_seconds: float | None = None,
+                send_parked: Callable[[], _Sent] | None = None) -> _Sent:  # fmt: skip
         """``send()`` (one attempt of ``result``'s final update, whichever endpoint carries it) with the
         task's heartbeats excluded: ``reported`` when it returns, ``final_update_failed`` when it
-        raises. After a heartbeat of unknown fate: parked first, or read back after (see the module)."""
+        raises. After a heartbeat of unknown fate: parked first (then ``send_parked()`` instead, if
+        given), or read back after (see the module)."""
         engine = self._engine
         if engine is None:
             raise RuntimeError("FinalUpdates.update before attach(): no lease engine to exclude")
@@ -102,10 +104,9 @@ class FinalUpdates:
         engine.begin_final_update(task_id)
         try:
             late = engine.late_beats(task_id)
-            if late is not None:
-                self._park(result, late, timeout_seconds)
+            parked = late is not None and self._park(result, late, timeout_seconds)
             sent_at = self._clock.monotonic()
-            sent = send()
+            sent = send_parked() if parked and send_parked is not None else send()
         except BaseException:
             engine.final_update_failed(task_id)
             raise
@@ -114,13 +115,13 @@ class FinalUpdates:
             self._read_back(result, late, at)
         return sent
 
-    def _park(self, result: TaskResult, late: LateBeats, timeout_seconds: float | None) -> None:
+    def _park(self, result: TaskResult, late: LateBeats, timeout_seconds: float | None) -> bool:
         """A terminal result that a late beat could still undo: park the task (IN_PROGRESS with a long
         callback; a late beat landing now undoes only that, and the workflow cannot end meanwhile),
-        then wait until the beat can no longer land. Raises what the park's update raises."""
+        then wait until the beat can no longer land; True once parked. Raises what the park raises."""
         plan = plan_final_update(result.status, late.until, self._clock.monotonic())
         if not plan.park:
-            return
+            return False
         log.info("task %s: a heartbeat of unknown fate may still reach the server; parking the task "
                  "until %.1f s from now, then reporting %s", result.task_id,
                  plan.send_at - self._clock.monotonic(), result.status.value)  # fmt: skip
@@ -129,6 +130,7 @@ class FinalUpdates:
                           worker_id=result.worker_id)  # fmt: skip
         self._port.update(park, timeout_seconds=timeout_seconds)
         self._wait_until(parked_send_at(plan, self._clock.monotonic()))
+        return True
 
     def _read_back(self, result: TaskResult, late: LateBeats, read_at: float) -> None:
         """Read the task back once the late beat can no longer land; send the result again while the

@@ -31,9 +31,15 @@ KILL_GRACE = 1.0
 
 
 @pytest.fixture
-def lossy_world(tmp_path: Path) -> Iterator[World]:
+def requests_seen() -> list[str]:
+    """The lossy server's request lines ("POST /api/tasks/update-v2 200 1.2ms")."""
+    return []
+
+
+@pytest.fixture
+def lossy_world(tmp_path: Path, requests_seen: list[str]) -> Iterator[World]:
     """An embedded server whose extendLease writes its copy back 0.3 s after reading it."""
-    with EmbeddedServer() as server:
+    with EmbeddedServer(log=requests_seen.append) as server:
         server.store.lease_write_back = functools.partial(time.sleep, 0.3)
         world = World(tmp_path, server)
         try:
@@ -74,3 +80,18 @@ def test_a_yield_undone_by_a_late_heartbeat_is_read_back_and_sent_again(lossy_wo
     resent = outcome.stderr.count("undid it")
     assert 1 <= resent <= outcome.released, outcome.stderr
     assert outcome.stderr.count("the record stands after a re-send") == resent, outcome.stderr
+
+
+def test_with_update_v2_claiming_every_result_sticks_too(
+    lossy_world: World, requests_seen: list[str]
+) -> None:
+    # Half the concurrency: final updates go out as update-v2 and claim the rest (a parked one goes
+    # through v1 and claims nothing). R is 5 s here: a claimed task's child starts a little after its
+    # lease does, and must still end before its held heartbeat times out at the TERM point
+    outcome = run_late_beat_scenario(lossy_world, tasks=TASKS, seconds=CHILD_SECONDS, response_timeout=5,
+                                     kill_grace=KILL_GRACE, concurrency=TASKS // 2)  # fmt: skip
+    assert outcome.exit_code == exitcodes.OK, outcome.stderr
+    assert outcome.released >= 1, f"no held heartbeat met its final update (held {outcome.held})"
+    v2 = [line for line in requests_seen if line.startswith("POST /api/tasks/update-v2 ")]
+    assert v2, [line for line in requests_seen if "/tasks" in line]
+    assert outcome.undone() == [], f"{outcome.summary(outcome.undone())}\n{outcome.stderr}"
