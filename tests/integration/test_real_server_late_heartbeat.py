@@ -33,3 +33,19 @@ def test_a_heartbeat_released_with_the_final_update_does_not_undo_it(real_world:
         f"{len(outcome.undone())} of {TASKS} task records disagree with their workflow: "
         f"{outcome.summary(outcome.undone())}\n{outcome.stderr}"
     )
+
+
+def test_a_yield_undone_by_a_late_heartbeat_is_sent_again(real_world: RealWorld) -> None:
+    # Children that yield (exit 3 = IN_PROGRESS with a 60 s callback): a yield is sent at once, read
+    # back once the held heartbeat can no longer land, and sent again if the server shows it undone
+    command = ["/bin/sh", "-c", f"sleep {CHILD_SECONDS}; exit 3"]
+    config = real_world.tmp / "yield.toml"
+    config.write_text("[worker]\nin_progress_exit_code = 3\ncallback_after_seconds = 60\n")
+    outcome = run_late_beat_scenario(real_world, tasks=TASKS, seconds=CHILD_SECONDS,
+                                     response_timeout=R_SECONDS, kill_grace=KILL_GRACE,
+                                     args=("--config", str(config)), command=command)  # fmt: skip
+    assert outcome.exit_code == exitcodes.OK, outcome.stderr
+    assert outcome.released >= TASKS // 2, f"only {outcome.released} held heartbeats met their yield"
+    assert outcome.stderr.count("read back after a heartbeat of unknown fate") >= outcome.released
+    not_yielded = [wf for wf, r in outcome.records.items() if r["task"].get("status") != "SCHEDULED"]
+    assert not_yielded == [], f"{outcome.summary(not_yielded)}\n{outcome.stderr}"
