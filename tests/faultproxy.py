@@ -78,6 +78,8 @@ class FaultProxy:
         self._sockets: set[socket.socket] = set()
         self.accepted = 0  # connections accepted since start, for assertions
         self._holding = False  # hold_heartbeats() is on
+        self._hold_every = 1
+        self._beating: set[str] = set()  # tasks whose first heartbeat was seen (held or not)
         self._held: dict[str, threading.Event] = {}  # task id -> released (one held beat per task)
         self._forwarded: dict[str, threading.Event] = {}  # task id -> its held beat went upstream
         self.held: list[str] = []  # task ids whose heartbeat was held, in order
@@ -105,12 +107,14 @@ class FaultProxy:
             self._latency_seconds = latency_seconds
             self._changed.notify_all()
 
-    def hold_heartbeats(self) -> None:
+    def hold_heartbeats(self, *, every: int = 1) -> None:
         """Hold each task's first heartbeat until that task's next other update (``POST /tasks`` or
         update-v2 without extendLease) comes through; then send the held heartbeat on and, once its
-        bytes are out, the update."""
+        bytes are out, the update. ``every``: only every n-th task whose first heartbeat passes (the
+        others' heartbeats go through)."""
         with self._lock:
             self._holding = True
+            self._hold_every = every
 
     def open_connections(self) -> int:
         """Connection threads still alive."""
@@ -239,8 +243,11 @@ class FaultProxy:
         task_id = found.group(1).decode()
         with self._lock:
             if _LEASE_RE.search(data):
-                if task_id in self._held:
+                if task_id in self._beating:
                     return None  # one held beat per task; the later ones pass
+                self._beating.add(task_id)
+                if len(self._beating) % self._hold_every:
+                    return None
                 self._held[task_id] = threading.Event()
                 self._forwarded[task_id] = threading.Event()
                 self.held.append(task_id)

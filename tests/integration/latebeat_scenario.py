@@ -46,16 +46,17 @@ class LateBeatOutcome:
 def run_late_beat_scenario(world: World, *, tasks: int, seconds: float, response_timeout: int,
                            kill_grace: float, args: tuple[str, ...] = (),
                            command: list[str] | None = None, concurrency: int | None = None,
-                           ) -> LateBeatOutcome:  # fmt: skip
+                           hold_every: int = 1) -> LateBeatOutcome:  # fmt: skip
     """``tasks`` one-task workflows whose children sleep ``seconds``, run at once by one runner behind a
     proxy that holds each task's first heartbeat until its next update; returns the server's records
     once the runner has ended (``--max-tasks``). ``args`` / ``command``: the runner's extra
     options and the command (default: the sleeper, which writes ``{"slept": seconds}``);
-    ``concurrency`` below ``tasks``: the first tasks' final updates claim the next (update-v2)."""
+    ``concurrency`` below ``tasks``: the first tasks' final updates claim the next (update-v2);
+    ``hold_every``: hold the first heartbeat of every n-th task only."""
     world.define(response_timeout=response_timeout)
     workflows = [world.start_workflow(seconds=seconds) for _ in range(tasks)]
     with world.proxy() as proxy:
-        proxy.hold_heartbeats()
+        proxy.hold_heartbeats(every=hold_every)
         proc = world.run("--concurrency", str(concurrency or tasks), "--max-tasks", str(tasks),
                          "--kill-grace", str(kill_grace), *args, url=proxy.url_for("/api"),
                          command=command)  # fmt: skip

@@ -86,10 +86,12 @@ def test_with_update_v2_claiming_every_result_sticks_too(
     lossy_world: World, requests_seen: list[str]
 ) -> None:
     # Half the concurrency: final updates go out as update-v2 and claim the rest (a parked one goes
-    # through v1 and claims nothing). R is 5 s here: a claimed task's child starts a little after its
-    # lease does, and must still end before its held heartbeat times out at the TERM point
+    # through v1 and claims nothing; every other task's heartbeat goes through, so some are not
+    # parked). R is 5 s here: a claimed task's child starts a little after its lease does, and must
+    # still end before its held heartbeat times out at the TERM point
     outcome = run_late_beat_scenario(lossy_world, tasks=TASKS, seconds=CHILD_SECONDS, response_timeout=5,
-                                     kill_grace=KILL_GRACE, concurrency=TASKS // 2)  # fmt: skip
+                                     kill_grace=KILL_GRACE, concurrency=TASKS // 2,
+                                     hold_every=2)  # fmt: skip
     assert outcome.exit_code == exitcodes.OK, outcome.stderr
     assert outcome.released >= 1, f"no held heartbeat met its final update (held {outcome.held})"
     v2 = [line for line in requests_seen if line.startswith("POST /api/tasks/update-v2 ")]
