@@ -14,6 +14,11 @@ Modes:
                (nothing is read or written) until the mode changes.
     LATENCY    forward, delaying every chunk by ``latency_seconds``.
 
+Beside the modes, ``hold_heartbeats()`` holds the first heartbeat (an extendLease request) of each
+task and lets it through together with that task's next other update (its final update): the held
+request goes on to the server even after the client gave up on it and closed its connection, as a
+congested network or a healing partition delivers what it already took (``held`` / ``released``).
+
 One thread accepts; one thread per connection pumps both directions with ``select``. Connections
 are bounded (``max_connections``; extra ones are reset). Leaving the ``with`` block (or ``stop()``)
 closes every socket and joins every thread.
@@ -22,6 +27,7 @@ closes every socket and joins every thread.
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import socket
 import struct
@@ -31,6 +37,11 @@ from types import TracebackType
 
 _TICK_SECONDS = 0.02  # how often idle threads notice a mode change or stop()
 _CHUNK_BYTES = 64 * 1024
+
+
+_LEASE_RE = re.compile(rb'"extendLease"\s*:\s*true')
+_TASK_ID_RE = re.compile(rb'"taskId"\s*:\s*"([^"]+)"')
+_UPDATE_RE = re.compile(rb"^POST [^ ]*/tasks(/update-v2)?(\?[^ ]*)? HTTP/1\.1\r\n")
 
 
 class Mode(StrEnum):
@@ -66,6 +77,13 @@ class FaultProxy:
         self._threads: set[threading.Thread] = set()
         self._sockets: set[socket.socket] = set()
         self.accepted = 0  # connections accepted since start, for assertions
+        self._holding = False  # hold_heartbeats() is on
+        self._hold_every = 1
+        self._beating: set[str] = set()  # tasks whose first heartbeat was seen (held or not)
+        self._held: dict[str, threading.Event] = {}  # task id -> released (one held beat per task)
+        self._forwarded: dict[str, threading.Event] = {}  # task id -> its held beat went upstream
+        self.held: list[str] = []  # task ids whose heartbeat was held, in order
+        self.released: list[str] = []  # task ids whose held heartbeat went on with their final update
         self._acceptor = threading.Thread(target=self._accept_loop, name="faultproxy-accept", daemon=True)
         self._acceptor.start()
 
@@ -89,6 +107,15 @@ class FaultProxy:
             self._latency_seconds = latency_seconds
             self._changed.notify_all()
 
+    def hold_heartbeats(self, *, every: int = 1) -> None:
+        """Hold each task's first heartbeat until that task's next other update (``POST /tasks`` or
+        update-v2 without extendLease) comes through; then send the held heartbeat on and, once its
+        bytes are out, the update. ``every``: only every n-th task whose first heartbeat passes (the
+        others' heartbeats go through)."""
+        with self._lock:
+            self._holding = True
+            self._hold_every = every
+
     def open_connections(self) -> int:
         """Connection threads still alive."""
         with self._lock:
@@ -97,6 +124,9 @@ class FaultProxy:
     def stop(self, timeout_seconds: float = 5.0) -> None:
         """Close every socket and join every thread."""
         self._stopping.set()
+        with self._lock:
+            for event in self._held.values():
+                event.set()
         with self._changed:
             self._changed.notify_all()
         self._listener.close()
@@ -193,10 +223,62 @@ class FaultProxy:
                     break  # the loop top aborts both sides (or stop() closes them)
                 if self._mode is Mode.LATENCY and self._stopping.wait(self._latency_seconds):
                     return
+                if source is client and self._holding:
+                    held = self._hold_or_release(data)
+                    if held is not None:  # a held heartbeat: on now, whatever became of its client
+                        self._forward_held(held, data, client, upstream)
+                        return
                 try:
                     peers[source].sendall(data)
                 except OSError:
                     return
+
+    def _hold_or_release(self, data: bytes) -> str | None:
+        """A heartbeat to hold: its task id (the caller waits for the release). A final update of a
+        task whose beat is held: release that beat, wait for it to go out, and return None (the
+        update is then sent by the caller)."""
+        found = _TASK_ID_RE.search(data)
+        if found is None or _UPDATE_RE.match(data) is None:
+            return None
+        task_id = found.group(1).decode()
+        with self._lock:
+            if _LEASE_RE.search(data):
+                if task_id in self._beating:
+                    return None  # one held beat per task; the later ones pass
+                self._beating.add(task_id)
+                if len(self._beating) % self._hold_every:
+                    return None
+                self._held[task_id] = threading.Event()
+                self._forwarded[task_id] = threading.Event()
+                self.held.append(task_id)
+                return task_id
+            release = self._held.get(task_id)
+            forwarded = self._forwarded.get(task_id)
+            if release is None or forwarded is None or release.is_set():
+                return None
+            self.released.append(task_id)
+        release.set()
+        forwarded.wait(5.0)
+        return None
+
+    def _forward_held(self, task_id: str, data: bytes, client: socket.socket,
+                      upstream: socket.socket) -> None:
+        """Wait for the release, send the held request upstream, and pass its answer back if the
+        client is still there (the server handles it either way)."""
+        with self._lock:
+            release, forwarded = self._held[task_id], self._forwarded[task_id]
+        release.wait()
+        try:
+            if not self._stopping.is_set():
+                upstream.sendall(data)
+        except OSError:
+            return
+        finally:
+            forwarded.set()
+        upstream.settimeout(5.0)
+        with contextlib.suppress(OSError):
+            answer = upstream.recv(_CHUNK_BYTES)  # the server's answer: the request was handled
+            client.sendall(answer)
 
     def _close_pair(self, client: socket.socket, upstream: socket.socket | None) -> None:
         with self._lock:

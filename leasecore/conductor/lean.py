@@ -21,6 +21,7 @@ import contextlib
 import logging
 import re
 import socket
+import struct
 import threading
 from collections.abc import Callable, Mapping
 
@@ -147,6 +148,9 @@ class LeanTransport:
                 raise
             if not idempotent:
                 raise StaleConnection(f"a kept-alive connection died under the request ({exc!r})") from exc
+        except TimeoutError:
+            _reset(sock)
+            raise
         except BaseException:
             sock.close()
             raise
@@ -160,6 +164,9 @@ class LeanTransport:
         self._track(sock, generation)
         try:
             return self._exchange(sock, method, request, body, deadline, max_body_bytes)
+        except TimeoutError:
+            _reset(sock)
+            raise
         except BaseException:
             sock.close()
             raise
@@ -288,6 +295,15 @@ class LeanTransport:
                 self._idle.append(sock)
                 return
         sock.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close a connection whose request was given up on with a TCP reset, not a FIN: a server that has
+    not read the request yet drops it rather than handle it late (a late heartbeat can undo a final
+    update: docs/final-results.md). Bytes a middlebox already took may still go on."""
+    with contextlib.suppress(OSError):  # already closed or cut: a plain close is all that is left
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
 
 def _cut(sock: socket.socket) -> None:

@@ -38,6 +38,9 @@ from leasecore.models import TaskOwnership
 __all__ = ["Lease"]
 
 _NEVER = math.inf
+# After the child exited, a beat waits for the final update; if none starts, the beat goes this long
+# before the last moment an attempt may start (room for it and a retry: MIN_RETRY_GAP_SECONDS).
+EXITED_BEAT_ROOM_SECONDS = 1.0
 
 
 def _finite(value: float) -> float | None:
@@ -73,8 +76,10 @@ class Lease:
     * **Ownership** is checked every ``ownership_check_interval_seconds`` and right after the first
       failed beat of a streak; what an answer means is ``leasecore.lease.ownership``'s. A lost task is
       fenced with OWNERSHIP_LOST (report nothing); a failed check changes nothing.
-    * After ``on_child_exited`` nothing is terminated or killed any more, but heartbeats go on until
-      ``on_reported``. From ``on_final_update_started`` no beat or check starts (a check answered
+    * After ``on_child_exited`` nothing is terminated or killed any more, and no heartbeat starts
+      before the first final update does, unless the lease would run out first (then one goes as late
+      as the lease allows: ``EXITED_BEAT_ROOM_SECONDS`` before the last moment an attempt may start).
+      From ``on_final_update_started`` no beat or check starts (a check answered
       meanwhile is ignored: our own update changes the status); ``on_final_update_failed`` resumes them
       (an overdue beat goes out at once) so the lease outlives a slow report. After ``on_reported`` no
       action is ever returned.
@@ -94,6 +99,7 @@ class Lease:
         self._unconfirmed_poll_count: int | None = None  # a higher pollCount seen once, to be confirmed
         self._lost_reason: str | None = None
         self._final_update = False  # a final update is in flight: no heartbeat or check may start
+        self._final_tried = False  # a final update was started once (its retries may need beats)
         self._interval = policy.heartbeat_interval_seconds
         self._polled_at = self._now = polled_at
         self._acked_sent_at = polled_at  # send time of the newest ack, or the poll
@@ -157,7 +163,14 @@ class Lease:
         return planned if start <= self.term_point - self.policy.min_attempt_seconds else None
 
     def _beat_due_at(self) -> float | None:
-        return self._attempt_due_at(self._next_beat_at, self._beat_in_flight)
+        planned = self._next_beat_at
+        if self._child_exited and not self._final_tried and planned != _NEVER:
+            # The final update follows the exit at once: a beat started now would be in flight beside
+            # it, and one whose answer is lost can undo the result (docs/final-results.md). Only a
+            # lease that would run out before that update starts gets a beat, as late as it allows.
+            last_start = self.term_point - self.policy.min_attempt_seconds
+            planned = max(planned, last_start - EXITED_BEAT_ROOM_SECONDS)
+        return self._attempt_due_at(planned, self._beat_in_flight)
 
     def _check_due_at(self) -> float | None:
         if self._child_exited:
@@ -334,7 +347,8 @@ class Lease:
         return self._advance(now)
 
     def on_child_exited(self, now: float) -> list[Action]:
-        """The child is gone: no more fencing; keep beating until the result is reported."""
+        """The child is gone: no more fencing; no beat until the final update starts, unless the lease
+        would run out first (see the class docstring)."""
         now = self._enter(now)
         actions = self._advance(now)
         self._child_exited = True
@@ -346,7 +360,7 @@ class Lease:
         (A beat already in flight is the caller's to wait for; see ``LeaseEngine.begin_final_update``.)
         """
         now = self._enter(now)
-        self._final_update = True
+        self._final_update = self._final_tried = True
         return self._advance(now)  # a fence may come due; no beat or check can
 
     def on_final_update_failed(self, now: float) -> list[Action]:

@@ -47,6 +47,9 @@ class Observer:
     def on_heartbeat(self, task_type: str, ok: bool, lateness_seconds: float | None) -> None:
         """One heartbeat: acknowledged or not; ``lateness_seconds`` = sent - due (None: never sent)."""
 
+    def on_final_result_resent(self, task_type: str) -> None:
+        """A final result was sent again: a late heartbeat had undone it on the server."""
+
     def on_ownership_check(self, task_type: str, result: str) -> None:
         """One ownership check: ``ok`` (still ours), ``lost`` (not ours any more) or ``failed``."""
 

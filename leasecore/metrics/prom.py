@@ -107,6 +107,9 @@ class PrometheusObserver(Observer):
                                  "reason").values
         self._checks = t.counter("conductor_run_ownership_checks", "Ownership checks (GET /tasks/{id}): "
                                  "ok, lost or failed.", tt, "result").values
+        self._resent = t.counter("conductor_run_final_results_resent",
+                                 "Final results sent again: a heartbeat that reached the server after "
+                                 "the final update had undone it (docs/final-results.md).", tt).values
         self.registry.register(t)
         self.running_by_type: dict[str, int] = {name: 0 for name in task_types}
         # held before their start
@@ -114,6 +117,7 @@ class PrometheusObserver(Observer):
         for task_type in self.running_by_type:  # zero, not absent, until the first event
             self._poll[(task_type,)] = 0
             self._started[(task_type,)] = 0
+            self._resent[(task_type,)] = 0
 
     def watch(self, source: GaugeSource) -> None:
         """Serve the scrape-time gauges from ``source`` (once the runner exists)."""
@@ -153,6 +157,10 @@ class PrometheusObserver(Observer):
     def on_ownership_check(self, task_type: str, result: str) -> None:
         with self._lock:
             _add(self._checks, (task_type, result))
+
+    def on_final_result_resent(self, task_type: str) -> None:
+        with self._lock:
+            _add(self._resent, (task_type,))
 
     def on_task_held(self, task_type: str, held: bool, fence: FenceReason | None = None) -> None:
         with self._lock:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-from leasecore.clock import SystemClock
+from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
 from leasecore.masking import mask_result
+from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.reasons import exit_rule
 from leasecore.process.spec import CommandSpec
@@ -29,7 +32,7 @@ from leasecore.runner.chain import may_chain
 from leasecore.runner.core import RunnerCore
 from leasecore.runner.finalupdates import FinalUpdates
 from leasecore.runner.logsink import ENTRY_STREAM
-from leasecore.runner.ports import ChainPort, EnginePort, TaskTypePlan
+from leasecore.runner.ports import ChainPort, EnginePort, TaskReader, TaskTypePlan
 from leasecore.runner.reporter import OnChained, ReportOutcome
 from leasecore.runner.status import InFlight, Phase, undelivered_snapshot
 
@@ -44,13 +47,21 @@ class ChainUpdates(FinalUpdates):
     """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
     follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
 
-    def __init__(self, port: ChainPort, engine: EnginePort) -> None:
-        super().__init__(port, engine)
+    def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
+                 clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
+        super().__init__(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
         self._v2_port = port
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        return self.guarded(result.task_id,
-                            lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds))
+        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
+        # lease from before the attempt, and the park's wait would come off that lease.
+        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
+                            timeout_seconds=timeout_seconds,
+                            send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
+        self._v2_port.update(result, timeout_seconds=timeout_seconds)
 
 
 class TaskEnds(RunnerCore):

@@ -40,6 +40,7 @@ from leasecore.lease import (
     LeaseView,
     SendHeartbeat,
 )
+from leasecore.lease.finalcheck import LateBeats
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.leasebook import LeaseBook, LeaseEntry
@@ -94,7 +95,7 @@ class LeaseEngine:
         child = supervisor.spawn(task, spec, worker_id=worker_id)
         engine.child_started(task.task_id)            # the exec timeout counts from here
         ...                                           # TerminateTree/KillTree arrive through on_fence
-        engine.child_exited(task.task_id)             # no more fencing; heartbeats go on
+        engine.child_exited(task.task_id)             # no more fencing; beats wait for the update
         if engine.fence_reason(task.task_id) is not FenceReason.OWNERSHIP_LOST:
             FinalUpdates(client, engine).update(result)  # begin_final_update, update, reported
         engine.reported(task.task_id, poll_count=task.poll_count)  # the runner forgets the run
@@ -229,7 +230,8 @@ class LeaseEngine:
         self._event(task_id, lambda lease, now: lease.on_child_started(now))
 
     def child_exited(self, task_id: str) -> None:
-        """The child is dead: no more fencing, but heartbeats go on until ``reported``."""
+        """The child is dead: no more fencing; no heartbeat before the final update unless the lease
+        needs one, then heartbeats between its failed attempts until ``reported``."""
         self._event(task_id, lambda lease, now: lease.on_child_exited(now))
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
@@ -259,9 +261,20 @@ class LeaseEngine:
                 timeout_seconds = max(0.0, until - self._clock.monotonic())
             if self._beat_done_cv.wait_for(lambda: entry.beat_calling_until is None, timeout_seconds):
                 return True
+            if entry.beat_calling_until is not None:  # it may be handled after the update: unknown fate
+                entry.note_unknown_beat(entry.beat_calling_until)
         log.warning("task %s: a heartbeat call is still in flight past its timeout; sending the final "
                     "update anyway", task_id)  # fmt: skip
         return False
+
+    def late_beats(self, task_id: str) -> LateBeats | None:
+        """Until when a beat of ``task_id`` with no answer may still reach the server, and the lease's
+        pollCount (None: no such beat, the common path); between begin_final_update and reported."""
+        with self._lock:
+            entry = self._leases.in_final_update(task_id)
+            if entry is None or entry.late_until is None:
+                return None
+            return LateBeats(entry.late_until, entry.lease.poll_count, entry.task.task_type)
 
     def final_update_failed(self, task_id: str) -> None:
         """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now).
@@ -416,11 +429,14 @@ class LeaseEngine:
     # ----- threads -------------------------------------------------------------------------------
 
     def _run_beat(self, entry: LeaseEntry, job: Job, action: SendHeartbeat) -> None:
+        unknown = True  # (until the answer says otherwise)
         try:
-            fences = self._send_heartbeat(job, action)
+            fences, unknown = self._send_heartbeat(job, action)
         finally:
             with self._lock:
                 entry.beat_calling_until = None
+                if unknown:
+                    entry.note_unknown_beat(self._clock.monotonic())
                 self._beat_done_cv.notify_all()
         self._deliver(fences)
 
@@ -433,12 +449,13 @@ class LeaseEngine:
                     self._senders.notify_locked()
         self._deliver(fences)
 
-    def _send_heartbeat(self, job: Job, action: SendHeartbeat) -> Fences:
+    def _send_heartbeat(self, job: Job, action: SendHeartbeat) -> tuple[Fences, bool]:
+        """Send one beat: (the fences its answer brings, whether its fate is unknown)."""
         sent_at = self._clock.monotonic()
         timeout = min(action.timeout_seconds, action.expires_at - sent_at)
         if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
             self._observer.on_heartbeat(job.task_type, False, None)
-            return self._outcome(job.task_id, Answer(Lease.on_heartbeat_failed))
+            return self._outcome(job.task_id, Answer(Lease.on_heartbeat_failed)), False
         late = sent_at - action.due_at  # for the metrics
         with self._lock:
             self._heartbeats_sent += 1
@@ -446,7 +463,7 @@ class LeaseEngine:
         answer = extend_lease(self._port, job.task_id, job.workflow_id, timeout_seconds=timeout,
                               sent_at=sent_at)  # fmt: skip
         self._observer.on_heartbeat(job.task_type, answer.ok, late)
-        return self._outcome(job.task_id, answer)
+        return self._outcome(job.task_id, answer), answer.unknown_fate
 
     def _check_ownership(self, job: Job, action: CheckOwnership, expires_at: float) -> Fences:
         timeout = min(action.timeout_seconds, expires_at - self._clock.monotonic())

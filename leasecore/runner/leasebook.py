@@ -20,6 +20,7 @@ from collections.abc import Callable, ItemsView
 from dataclasses import dataclass
 
 from leasecore.lease import Action, Lease, LeasePolicy
+from leasecore.lease.finalcheck import beat_may_land_until
 from leasecore.models import Task
 
 __all__ = ["LeaseBook", "LeaseEntry"]
@@ -33,6 +34,12 @@ class LeaseEntry:
     lease: Lease
     beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
     since_poll: int = 0  # the pollCount of the delivery that started this lease
+    late_until: float | None = None  # a beat of unknown fate may reach the server until then (finalcheck)
+
+    def note_unknown_beat(self, gave_up_at: float) -> None:
+        """A beat got no answer by ``gave_up_at``: it may still reach the server for a while."""
+        until = beat_may_land_until(gave_up_at)
+        self.late_until = until if self.late_until is None else max(self.late_until, until)
 
 
 class LeaseBook:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from leasecore.errors import ConductorError, ConductorNotFound
 from leasecore.lease import Action, Lease
+from leasecore.lease.finalcheck import unknown_fate
 from leasecore.runner.ports import LeasePort
 
 __all__ = ["Answer", "LeaseEvent", "extend_lease", "log_outcome", "read_ownership"]
@@ -41,6 +42,7 @@ class Answer:
     event: LeaseEvent
     ok: bool = False
     beat_error: str | None = None
+    unknown_fate: bool = False  # no answer came: the request may still reach the server (finalcheck)
 
 
 def extend_lease(port: LeasePort, task_id: str, workflow_id: str, *, timeout_seconds: float,
@@ -52,10 +54,11 @@ def extend_lease(port: LeasePort, task_id: str, workflow_id: str, *, timeout_sec
         log.warning("task %s: the server no longer knows it (404 on a heartbeat)", task_id)
         return Answer(Lease.on_heartbeat_not_found)
     except ConductorError as exc:
-        return Answer(Lease.on_heartbeat_failed, beat_error=str(exc))
+        return Answer(Lease.on_heartbeat_failed, beat_error=str(exc),
+                      unknown_fate=unknown_fate(exc.status_code))
     except Exception:  # a bug in the port must not leave the lease waiting forever
         log.exception("task %s: heartbeat raised unexpectedly", task_id)
-        return Answer(Lease.on_heartbeat_failed)
+        return Answer(Lease.on_heartbeat_failed, unknown_fate=True)
     return Answer(functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at), ok=True)
 
 

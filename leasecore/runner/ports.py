@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
+from leasecore.lease.finalcheck import LateBeats
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot
@@ -96,8 +97,15 @@ class FinalUpdateGuard(Protocol):
     """The engine calls ``FinalUpdates`` makes (``LeaseEngine`` and the runner's ``EnginePort``)."""
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
+    def late_beats(self, task_id: str) -> LateBeats | None: ...
     def final_update_failed(self, task_id: str) -> None: ...
     def reported(self, task_id: str) -> None: ...
+
+
+class TaskReader(Protocol):
+    """Reads a task back (``ConductorClient``): a final update's read-back after a late heartbeat."""
+
+    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None: ...
 
 
 class EnginePort(Protocol):
@@ -112,6 +120,7 @@ class EnginePort(Protocol):
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None: ...
     # The final update's guard (``finalupdates.FinalUpdates``, which the runner wraps around every update).
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
+    def late_beats(self, task_id: str) -> LateBeats | None: ...
     def final_update_failed(self, task_id: str) -> None: ...
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False

@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -30,8 +31,9 @@ from leasecore.conductor.client import ConductorClient
 from leasecore.config.checks import exit_rule_of
 from leasecore.config.live import reload_changes
 from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
-from leasecore.errors import ConductorUnavailable, ConfigError
+from leasecore.errors import ConductorError, ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.masking import Masker, mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
@@ -41,6 +43,7 @@ from leasecore.process.spec import ExitRule
 from leasecore.runner import childenv, treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.finalupdates import make_result_stick
 from leasecore.runner.ports import (
     LiveChange,
     PollSettings,
@@ -59,13 +62,15 @@ from leasecore.snapshot import RunnerSnapshot, redact_url
 from leasecore.state.control import ControlServer
 from leasecore.state.directory import StateDir
 from leasecore.state.orphans import take_over, tree_meta
-from leasecore.state.outbox import Outbox
+from leasecore.state.outbox import Outbox, OutboxEntry
 from leasecore.state.statefile import StatePublisher
 
 if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
     from leasecore.metrics.service import MetricsService
 
 log = logging.getLogger("conductor_run.worker")
+_REQUEST_TIMEOUT_SECONDS = 10.0  # the client's (and a heartbeat's) longest attempt
+_MAX_REPORT_SENDERS = 64  # the reporter's threads at most, whatever the concurrency
 
 STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
 # A lease's first heartbeat (and ownership check) is drawn uniformly over its interval: a batch of
@@ -347,7 +352,8 @@ def _serve(
             # Dead trees first, then their tasks into the outbox (and their runner's snapshot out),
             # then every saved result out: a retry must never start while its old tree may still run.
             supervisor.sweep_leftovers(lambda runner_pid, trees: take_over(state, runner_pid, trees))
-            _deliver_saved(outbox, client, stop=lambda: relay.first is not None)
+            observer = metrics.observer if metrics is not None else NO_METRICS
+            _deliver_saved(outbox, client, stop=lambda: relay.first is not None, observer=observer)
             reloader = None if load_again is None else Reloader(config, load_again, metrics, on_reloaded,
                                                                   masking)
             runner = _make_runner(config, client, supervisor, outbox, state, on_snapshot, metrics,
@@ -360,7 +366,7 @@ def _serve(
             warn_if_root(config)
             if (handing := childenv.warning_for(server)) is not None:
                 log.warning("%s", handing)
-            redelivery = Redelivery(outbox, client)
+            redelivery = Redelivery(outbox, client, observer=observer)
             control = _start_control(state, runner)
             log.info("serving %s on %s as %s", ", ".join(t.type for t in config.tasks),
                      redact_url(server.url), config.tasks[0].worker_id)
@@ -450,17 +456,41 @@ def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
 
 
 def _deliver_saved(
-    outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool], quiet: bool = False
+    outbox: Outbox, client: ConductorClient, *, stop: Callable[[], bool], quiet: bool = False,
+    observer: Observer = NO_METRICS,
 ) -> None:
     report = outbox.deliver(
         lambda r: client.update(r, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS), stop=stop,
         read_task=lambda task_id: client.get_task_ownership(task_id,
                                                             timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS),
-        quiet=quiet,
+        quiet=quiet, delivered=lambda entry: _read_back_saved(entry, client, observer),
     )
     if report.delivered or report.dropped:
         log.info("saved results: %d delivered, %d dropped, %d kept", report.delivered, report.dropped,
                  report.kept)
+
+
+def _read_back_saved(entry: OutboxEntry, client: ConductorClient, observer: Observer) -> None:
+    """A saved result delivered while a heartbeat of its task may still reach the server (one in
+    flight when it was saved: a request timeout + the margin after the save) is read back then, and
+    sent again if undone (docs/final-results.md); later deliveries, the usual case, read nothing."""
+    late_after_save = _REQUEST_TIMEOUT_SECONDS + LATE_BEAT_MARGIN_SECONDS
+    left = entry.saved_at + late_after_save - time.time()
+    if left <= 0:
+        return
+
+    def resend(result: TaskResult) -> bool:
+        try:
+            client.update(result, timeout_seconds=STARTUP_CHECK_TIMEOUT_SECONDS)
+        except ConductorError as exc:
+            log.warning("task %s: sending the saved result again failed: %s", result.task_id, exc)
+            return False
+        return True
+
+    clock = SystemClock()
+    make_result_stick(entry.result, read_at=clock.monotonic() + left, poll_count=entry.poll_count,
+                      reader=client, resend=resend, clock=clock,
+                      on_resent=lambda: observer.on_final_result_resent(""))
 
 
 class Redelivery:
@@ -469,9 +499,11 @@ class Redelivery:
     only while the task is still ours), instead of waiting for the next start, by which time the
     server may have retried the task and the finished work be done again."""
 
-    def __init__(self, outbox: Outbox, client: ConductorClient, *, interval_seconds: float = 10.0) -> None:
+    def __init__(self, outbox: Outbox, client: ConductorClient, *, interval_seconds: float = 10.0,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
         self._outbox = outbox
         self._client = client
+        self._observer = observer
         self._interval = interval_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outbox-redelivery", daemon=True)
@@ -489,7 +521,8 @@ class Redelivery:
             if not self._outbox.any_saved():
                 continue
             try:
-                _deliver_saved(self._outbox, self._client, stop=self._stop.is_set, quiet=True)
+                _deliver_saved(self._outbox, self._client, stop=self._stop.is_set, quiet=True,
+                               observer=self._observer)
             except Exception:  # a thread's top level: log it, look again later
                 log.exception("delivering saved results failed; will try again")
 
@@ -539,7 +572,10 @@ def _make_runner(
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:
         # ``updates``: the runner's guarded update (no heartbeat overlaps or follows a final update)
-        return Reporter(updates, done, outbox=outbox, observer=observer)
+        # One sender per running task (up to a bound): a result parked after a heartbeat of unknown
+        # fate waits a moment on its sender (docs/final-results.md) and must not hold up the others'.
+        senders = min(_MAX_REPORT_SENDERS, max(4, sum(plan.poll.concurrency for plan in plans)))
+        return Reporter(updates, done, outbox=outbox, observer=observer, senders=senders)
 
     runner = Runner(
         plans,

@@ -51,6 +51,9 @@ class StoreState:
         self._mono0 = self.clock.monotonic()
         self._wall0_ms = self.clock.now().timestamp() * 1000.0
         self._closed = False
+        # Test-only: set, extendLease is a read-modify-write of the whole task as on the real server,
+        # this called between its read and its write (tasks.py, _extend_lease_by_copy); None: atomic.
+        self.lease_write_back: Callable[[], None] | None = None
 
         self._task_defs: dict[str, JSON] = {}
         self._workflow_defs: dict[str, dict[int, JSON]] = {}

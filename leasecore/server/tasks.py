@@ -213,6 +213,8 @@ class StoreTasks(StoreDecider):
             raise validation_failed(errors)
         task_id, workflow_id = str(raw_task_id), str(raw_wf_id)
 
+        if body.get("extendLease") is True and self.lease_write_back is not None:
+            return self._extend_lease_by_copy(task_id), None
         with self._lock:
             now = self._now()
             if body.get("extendLease") is True:
@@ -260,6 +262,29 @@ class StoreTasks(StoreDecider):
                 self._store_logs(task.task_id, logs[:TASK_EXEC_LOG_SIZE_LIMIT], now)
             self._decide(wf, now)
             return task_id, task
+
+    def _extend_lease_by_copy(self, task_id: str) -> str:
+        """extendLease as the real server does it (CONDUCTOR_PROTOCOL.md §3, ``EDF.extendLease``): load
+        the task, check "not terminal" on that copy, call ``lease_write_back()`` (the store unlocked),
+        then write the whole copy back with a new updateTime. A final update handled in between is
+        undone (status IN_PROGRESS again, its output gone) while its workflow went on: the real
+        server's lost update, made certain here so that a test can show what a worker does about it.
+        Test-only."""
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                raise ApiError(404, f"No such task found by id: {task_id}")
+            if task.terminal:
+                return task_id
+            loaded = copy.deepcopy(vars(task))
+            between = self.lease_write_back
+        if between is not None:
+            between()  # the window between the load and the write
+        with self._lock:
+            if self._tasks.get(task_id) is task:  # (not forgotten meanwhile)
+                vars(task).update(loaded)
+                task.update_time = self._now()
+        return task_id
 
     def _store_logs(self, task_id: str, logs: Iterable[Any], now: float) -> None:
         entries = self._log_entries(task_id)

@@ -279,6 +279,7 @@ class Outbox:
         stop: Callable[[], bool] = lambda: False,
         read_task: Callable[[str], TaskOwnership | None] | None = None,
         quiet: bool = False,
+        delivered: Callable[[OutboxEntry], None] | None = None,
     ) -> DeliveryReport:
         """Send every saved result with ``update``; keeps them only while the server is unreachable.
 
@@ -286,8 +287,11 @@ class Outbox:
         ``read_task(task_id)`` (``ConductorClient.get_task_ownership``; None: 404) is asked before
         each delivery: a task no longer ours is dropped with one log line saying why. None: no check.
         ``quiet``: a server still unreachable is logged at debug level (a retry every few seconds).
+        ``delivered(entry)``: called after each delivery (the runner reads it back if a late heartbeat
+        may still undo it: docs/final-results.md); what it raises is logged, never lost results.
         """
-        delivered = dropped = kept = 0
+        sent = dropped = kept = 0
+        after = delivered
         now = self._clock.now().timestamp()
         self._recover_claims()
         pending = self.entries()
@@ -344,5 +348,10 @@ class Outbox:
             if claimed is not None:
                 claimed.unlink(missing_ok=True)
             log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)
-            delivered += 1
-        return DeliveryReport(delivered, dropped, kept)
+            sent += 1
+            if after is not None:
+                try:
+                    after(entry)
+                except Exception:  # it was delivered: a failed read-back loses nothing
+                    log.exception("task %s: reading the delivered result back failed", task_id)
+        return DeliveryReport(sent, dropped, kept)

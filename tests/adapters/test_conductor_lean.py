@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import cast
@@ -322,3 +323,46 @@ def test_a_bad_chunk_size_is_refused(
     expected = ConductorProtocolError if connect.kind == "lean" else ConductorUnavailable
     with pytest.raises(expected):
         client.poll("shell", count=1, timeout_ms=0)
+
+
+class SilentServer(ThreadedSocketServer):
+    """Reads a request and never answers; records how its connection then ended: "reset" (RST) or
+    "closed" (FIN)."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.done = threading.Event()
+        super().__init__()
+
+    def serve(self, conn: socket.socket, number: int) -> None:
+        conn.settimeout(10)
+        try:
+            conn.recv(65536)  # the request; no answer ever
+            try:
+                how = "closed" if conn.recv(65536) == b"" else "more bytes"
+            except ConnectionResetError:
+                how = "reset"
+            with self.lock:
+                self.ended.append(how)
+        except OSError as exc:
+            with self.lock:
+                self.ended.append(repr(exc))
+        finally:
+            conn.close()
+            self.done.set()
+
+
+def test_a_request_given_up_on_has_its_connection_reset_not_closed() -> None:
+    # A request that timed out may still be handled if its bytes reach a server later: the lean
+    # transport resets the connection, so a server that has not handled it drops it
+    # (docs/final-results.md: a late heartbeat can undo a final update).
+    server = SilentServer()
+    client = ConductorClient(f"http://127.0.0.1:{server.port}/api", timeout_seconds=5)
+    try:
+        with pytest.raises(ConductorUnavailable):
+            client.extend_lease("t1", "w1", timeout_seconds=0.2)
+        assert server.done.wait(10)
+        assert server.ended == ["reset"]
+    finally:
+        client.close()
+        server.close()

@@ -150,6 +150,9 @@ class FakeEngine:
         self.calls.append(("begin_final_update", task_id))
         return True
 
+    def late_beats(self, task_id: str) -> None:
+        return None  # its beats never go out: none has an unknown fate
+
     def final_update_failed(self, task_id: str) -> None:
         self.calls.append(("final_update_failed", task_id))
 

@@ -28,7 +28,7 @@ PURE = frozenset({
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     "leasecore.runner.leasebook", "leasecore.masking", "leasecore.process.secretenv",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
-    "leasecore.lease.policy",
+    "leasecore.lease.policy", "leasecore.lease.finalcheck",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",

@@ -694,18 +694,21 @@ def test_when_two_deadlines_coincide_the_lease_expiry_wins() -> None:
 
 
 def test_shutdown_terminates_now_and_heartbeats_continue_until_reported() -> None:
-    # Given a running task (R=10, grace 2: beats every 6.4 s) and a shutdown at poll+3
+    # Given a running task (R=10, grace 2: beats every 6.4 s, TERM point 8 s after an ack) and a
+    # shutdown at poll+3
     h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
     h.at(3)
     assert h.record(h.lease.on_shutdown(h.now)) == [TerminateTree(FenceReason.SHUTDOWN)]
-    # When the child takes a while to die, exits within its grace, and the report needs a while
+    # When the child takes a while to die, exits within its grace, and the report does not start
     h.at(4.5)
     h.lease.on_child_exited(h.now)
-    h.at(6.4)
-    h.record(h.lease.on_heartbeat_ok(h.now, h.now))
+    h.at(7.0)
+    (sent_at, _), = h.beats()
+    h.record(h.lease.on_heartbeat_ok(h.now, sent_at))
     h.at(16)
-    # Then beats kept the lease alive through it all, and no KILL followed the exit
-    assert [round(t - T0, 3) for t, _ in h.beats()] == [6.4, 12.8]
+    # Then beats kept the lease alive through it all, each as late as the lease allows (the TERM
+    # point - 0.1 s, the last start, - 1 s of room), and no KILL followed the exit
+    assert [round(t - T0, 3) for t, _ in h.beats()] == [6.9, 13.8]
     assert h.fences() == [(T0 + 3, TerminateTree(FenceReason.SHUTDOWN))]
     assert h.lease.state is LeaseState.REPORTING
 
@@ -737,6 +740,23 @@ def test_a_forced_shutdown_kills_at_once() -> None:
 
 
 # ----- end of life -------------------------------------------------------------------------------
+
+
+def test_no_beat_starts_between_the_exit_and_the_final_update_and_beats_resume_if_it_fails() -> None:
+    # Given a task (R=10, grace 2: a beat due at 6.4 s, TERM point 7.6 s) whose child exits at 6.0 s
+    h = Harness(policy(r=10.0, kill_grace_seconds=2.0))
+    h.at(6.0)
+    h.lease.on_child_exited(h.now)
+    # When its final update starts at 6.45 s (the beat due at 6.4 s held back: it would be in flight
+    # beside the update)
+    h.at(6.45)
+    assert h.beats() == []
+    h.record(h.lease.on_final_update_started(h.now))
+    h.at(7.0)
+    assert h.beats() == []
+    # and fails at 7.0 s: the overdue beat goes out at once, so the lease outlives the retries
+    h.record(h.lease.on_final_update_failed(h.now))
+    assert [round(t - T0, 3) for t, _ in h.beats()] == [7.0]
 
 
 def test_after_the_child_exits_nothing_is_terminated_or_killed() -> None:

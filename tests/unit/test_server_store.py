@@ -79,6 +79,39 @@ def test_extend_lease_moves_the_deadline_and_nothing_else() -> None:
     assert after["updateTime"] == task["updateTime"] + 8000
 
 
+def test_the_lost_update_switch_lets_a_heartbeat_undo_a_final_update_handled_between_its_read_and_write(
+) -> None:
+    # Given the real server's extendLease (read the task, write the whole copy back), and a final
+    # COMPLETED update handled between that heartbeat's read and its write
+    store, clock = _store()
+    wf_id = _setup(store)
+    task = _poll(store)
+    done = {"taskId": task["taskId"], "workflowInstanceId": wf_id, "status": "COMPLETED",
+            "outputData": {"answer": 42}, "workerId": "w1"}
+    store.lease_write_back = lambda: store.update_task(done)
+    clock.advance(1)
+    _lease(store, task)
+    # Then the workflow completed, but the task's record is IN_PROGRESS again, its output gone
+    assert store.get_workflow(wf_id)["status"] == "COMPLETED"
+    undone = store.get_task(task["taskId"])
+    assert (undone["status"], undone["outputData"], undone["pollCount"]) == ("IN_PROGRESS", {}, 1)
+    # and sending the result again is ignored: the workflow is terminal (CONDUCTOR_PROTOCOL.md §3)
+    store.lease_write_back = None
+    store.update_task(done)
+    assert _status(store, task["taskId"]) == "IN_PROGRESS"
+
+
+def test_without_the_switch_extend_lease_never_undoes_a_result() -> None:
+    store, _clock = _store()
+    wf_id = _setup(store)
+    task = _poll(store)
+    store.update_task({"taskId": task["taskId"], "workflowInstanceId": wf_id, "status": "COMPLETED",
+                       "outputData": {"answer": 42}})
+    _lease(store, task)
+    assert store.get_task(task["taskId"])["outputData"] == {"answer": 42}
+    assert _status(store, task["taskId"]) == "COMPLETED"
+
+
 def test_epoch_fields_follow_the_injected_clock() -> None:
     store, clock = _store()
     _setup(store)
