@@ -113,8 +113,9 @@ class StoreViews:
         out = self.task_json(task)
         environ = self._state.environ()
         if SECRET_REF in json.dumps(task.workflow_task.get("inputParameters") or {}):  # (the template: small)
-            out["inputData"] = resolve_secret_refs(out["inputData"],
-                                                   lambda name: environ.get(SECRET_PREFIX + name))
+            out["inputData"] = resolve_secret_refs(
+                out["inputData"], lambda name: environ.get(SECRET_PREFIX + name)
+            )
         names = task.task_def.get("runtimeMetadata")
         if not isinstance(names, list) or not names:
             return out
@@ -126,8 +127,9 @@ class StoreViews:
             if value is None:
                 value = environ.get(ENV_PREFIX + name)
             if value is None:
-                log.warning("task %s: declared secret/env %r not found in the environment",
-                            task.task_id, name)
+                log.warning(
+                    "task %s: declared secret/env %r not found in the environment", task.task_id, name
+                )
                 continue
             resolved[name] = value
         out["runtimeMetadata"] = resolved
