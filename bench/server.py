@@ -170,13 +170,11 @@ class RecordingStore(Store):
         """How many of ``task_ids`` got a final update, or are terminal on the server (timed out...)."""
         with self._marks_lock:
             pending = [t for t in task_ids if not any(u[1] != "IN_PROGRESS" for u in self.updates.get(t, ()))]
-        # The status straight from the store's records: get_task builds a whole JSON task (a deep
-        # copy) under the store's lock, and the bench asks every second while up to 1000 tasks are
-        # pending: ~0.2 s of that lock each time, which every heartbeat then waited behind (the
-        # late gaps of the 1000-lease run were these waits, 140-216 ms, not the worker's).
-        with self._lock:
-            ended = sum(1 for t in pending if (task := self._tasks.get(t)) is not None and task.terminal)
-        return len(task_ids) - len(pending) + ended
+        # The status straight from the store's records (count_terminal): get_task builds a whole
+        # JSON task (a deep copy) under the store's lock, and the bench asks every second while up to
+        # 1000 tasks are pending: ~0.2 s of that lock each time, which every heartbeat then waited
+        # behind (the late gaps of the 1000-lease run were these waits, 140-216 ms, not the worker's).
+        return len(task_ids) - len(pending) + self.count_terminal(pending)
 
     def marks(self, task_ids: list[str] | None) -> dict[str, Any]:
         """Everything recorded for ``task_ids`` (every claimed task when None), with current statuses."""

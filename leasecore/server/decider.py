@@ -1,14 +1,13 @@
 """The decider of the embedded server: schedules, times out, retries and ends workflows (§5-§7).
 
-Runs with ``_lock`` held, synchronously from start / update / terminate / decide calls and from the
-timer thread. Only SIMPLE tasks, in sequence.
+Owns: every change of a workflow's course. Handed the store's state and its due schedule (re-armed
+after each decision). Runs with the store's lock held, synchronously from start / update / terminate /
+decide calls and from the timer thread. Only SIMPLE tasks, in sequence.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Mapping
 
 from leasecore.server.definitions import resolve_expressions, retry_delay
 from leasecore.server.records import (
@@ -22,20 +21,22 @@ from leasecore.server.records import (
     as_int,
     queue_name,
 )
-from leasecore.server.timers import StoreTimers
-
-SECRET_PREFIX = "CONDUCTOR_SECRET_"
-ENV_PREFIX = "CONDUCTOR_ENV_"
+from leasecore.server.storestate import StoreState
+from leasecore.server.timers import DueSchedule
 
 
-class StoreDecider(StoreTimers):
-    """Brings workflows up to date (``_lock`` held)."""
+class Decider:
+    """Brings workflows up to date (the store's lock held)."""
+
+    def __init__(self, state: StoreState, schedule: DueSchedule) -> None:
+        self._state = state
+        self._due = schedule
 
     def _schedule(self, wf: WorkflowRecord, index: int, now: float) -> None:
         wt = wf.definition["tasks"][index]
         td = wt["taskDefinition"]
         task = TaskRecord(
-            task_id=self._new_id(),
+            task_id=self._state.new_id(),
             workflow_id=wf.workflow_id,
             workflow_type=wf.name,
             correlation_id=wf.correlation_id,
@@ -56,9 +57,9 @@ class StoreDecider(StoreTimers):
     def _enqueue(self, wf: WorkflowRecord, task: TaskRecord, now: float) -> None:
         task.queue_name = queue_name(task.task_type, task.domain)
         wf.tasks.append(task)
-        self._tasks[task.task_id] = task
-        self._queue(task.queue_name).push(task.task_id, now + task.start_delay_seconds)
-        self._notify_queue(task.queue_name)
+        self._state.tasks[task.task_id] = task
+        self._state.queue(task.queue_name).push(task.task_id, now + task.start_delay_seconds)
+        self._state.notify_queue(task.queue_name)
 
     def _resolve_domain(self, wf: WorkflowRecord, task_type: str, now: float) -> str | None:
         spec = wf.task_to_domain.get(task_type) or wf.task_to_domain.get("*")
@@ -68,24 +69,12 @@ class StoreDecider(StoreTimers):
         for d in candidates:
             if d == "NO_DOMAIN":
                 return None
-            last = self._poll_mono.get((task_type, d))
+            last = self._state.poll_mono.get((task_type, d))
             if last is not None and now - last <= ACTIVE_WORKER_LAST_POLL_SECONDS:
                 return d
         if not candidates or candidates[-1] == "NO_DOMAIN":
             return None
         return candidates[-1]
-
-    # Where the server's own secrets and environment values are read from, as the OSS server reads
-    # its environment: CONDUCTOR_SECRET_<NAME>, CONDUCTOR_ENV_<NAME> (None: os.environ, read at use).
-    runtime_environ: Mapping[str, str] | None = None
-
-    def _environ(self) -> Mapping[str, str]:
-        return os.environ if self.runtime_environ is None else self.runtime_environ
-
-    def _env_values(self) -> JSON:
-        environ = self._environ()
-        prefix = len(ENV_PREFIX)
-        return {name[prefix:]: value for name, value in environ.items() if name.startswith(ENV_PREFIX)}
 
     def _ctx(self, wf: WorkflowRecord) -> JSON:
         ctx: JSON = {}
@@ -107,18 +96,18 @@ class StoreDecider(StoreTimers):
             "workflowType": wf.name,
             "version": wf.version,
             "status": wf.status,
-            "env": self._env_values(),  # ${workflow.env.X}: CONDUCTOR_ENV_X, resolved when scheduled
+            "env": self._state.env_values(),  # ${workflow.env.X}: CONDUCTOR_ENV_X, resolved when scheduled
         }
         return ctx
 
-    def _decide(self, wf: WorkflowRecord, now: float) -> None:
+    def decide(self, wf: WorkflowRecord, now: float) -> None:
         """Bring one workflow up to date: timeouts, retries, next task, outcome; then re-arm its timer."""
         while not wf.terminal:
             wd = wf.definition
             wf_timeout = as_int(wd.get("timeoutSeconds"), 0)
             if wf_timeout > 0 and now - wf.create_time >= wf_timeout:
                 if wd.get("timeoutPolicy") == "TIME_OUT_WF":
-                    self._end_workflow(
+                    self.end_workflow(
                         wf,
                         "TIMED_OUT",
                         f"Workflow timed out after {int(now - wf.create_time)} seconds. Timeout "
@@ -146,7 +135,7 @@ class StoreDecider(StoreTimers):
                 self._complete_workflow(wf, now)
                 break
             self._retry_or_fail(wf, last, now)
-        self._reschedule(wf, now)
+        self._due.reschedule(wf)
 
     def _check_timeouts(self, wf: WorkflowRecord, task: TaskRecord, now: float) -> None:
         td = task.task_def
@@ -203,7 +192,7 @@ class StoreDecider(StoreTimers):
             )
             task.end_time = now
             task.update_time = now
-            self._dequeue(task.queue_name, task.task_id)
+            self._state.dequeue(task.queue_name, task.task_id)
 
     def _apply_timeout_policy(
         self, wf: WorkflowRecord, task: TaskRecord, policy: str, reason: str, kind: str, now: float
@@ -215,7 +204,7 @@ class StoreDecider(StoreTimers):
         task.reason = reason
         task.end_time = now
         task.update_time = now
-        self._dequeue(task.queue_name, task.task_id)
+        self._state.dequeue(task.queue_name, task.task_id)
         if policy == "TIME_OUT_WF":
             self._fail_workflow(wf, task, "TIMED_OUT", reason, now)
 
@@ -226,7 +215,7 @@ class StoreDecider(StoreTimers):
             delay = retry_delay(task.task_def, task.retry_count)
             task.retried = True
             retry = TaskRecord(
-                task_id=self._new_id(),
+                task_id=self._state.new_id(),
                 workflow_id=task.workflow_id,
                 workflow_type=task.workflow_type,
                 correlation_id=task.correlation_id,
@@ -264,7 +253,7 @@ class StoreDecider(StoreTimers):
             if task.task_type not in wf.failed_task_names:
                 wf.failed_task_names.append(task.task_type)
         wf.output = copy.deepcopy(task.output_data)
-        self._end_workflow(wf, status, reason, now)
+        self.end_workflow(wf, status, reason, now)
 
     def _complete_workflow(self, wf: WorkflowRecord, now: float) -> None:
         params = wf.definition.get("outputParameters") or {}
@@ -275,18 +264,23 @@ class StoreDecider(StoreTimers):
         wf.status = "COMPLETED"
         wf.end_time = now
         wf.update_time = now
-        self._finished_workflow(wf)
+        self._finish(wf)
 
-    def _end_workflow(self, wf: WorkflowRecord, status: str, reason: str | None, now: float) -> None:
+    def end_workflow(self, wf: WorkflowRecord, status: str, reason: str | None, now: float) -> None:
         for t in wf.tasks:
             if not t.terminal:
                 t.status = "CANCELED"
                 t.end_time = now
                 t.update_time = now
-                self._dequeue(t.queue_name, t.task_id)
+                self._state.dequeue(t.queue_name, t.task_id)
         wf.status = status
         wf.reason = reason
         wf.end_time = now
         wf.update_time = now
-        self._reschedule(wf, now)
-        self._finished_workflow(wf)
+        self._due.reschedule(wf)
+        self._finish(wf)
+
+    def _finish(self, wf: WorkflowRecord) -> None:
+        """Count ``wf`` among the finished workflows; those the bound forgets leave the schedule too."""
+        for forgotten in self._state.finished_workflow(wf):
+            self._due.forget(forgotten)

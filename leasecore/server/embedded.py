@@ -27,8 +27,8 @@ from leasecore.clock import Clock
 from leasecore.errors import ConfigError
 from leasecore.server.api import Api
 from leasecore.server.httpd import ApiHTTPServer
-from leasecore.server.state import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 from leasecore.server.store import Store, SweepMode
+from leasecore.server.storestate import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 
 # A wildcard bind address, and the loopback address a client on this host reaches it through.
 _WILDCARD_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}

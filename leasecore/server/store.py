@@ -8,7 +8,7 @@ that queue. Time comes from an injected :class:`~leasecore.clock.Clock`: every d
 
 Timer-driven checks (response timeout, task timeout, poll timeout, total and workflow timeouts) are
 kept as one due time per running workflow in a heap; :meth:`Store.run_due` evaluates the workflows whose
-time has come and :meth:`Store.wait_for_due` is what the server's single timer thread blocks on (woken
+time has come and :meth:`Store.timer_loop` is what the server's single timer thread runs (woken
 when an earlier due time appears). Unit tests drive :meth:`Store.run_due` with a ``FakeClock``.
 
 ``sweep_mode="coarse"`` imitates the SQLite-backed real server: the first timer-driven check of a
@@ -16,10 +16,16 @@ workflow fires on time, every later one only at the first 60 s "unack sweep" tic
 60 s past the requested time (so 60-120 s late). Synchronous decides (start, update, terminate,
 ``PUT /api/workflow/decide``) are immediate in both modes, as on the real server.
 
-The store is split along its seams: ``records`` (records, constants, error helpers), ``definitions``
-(validation, defaults, expressions), ``queues`` (the delay queue), ``state`` (lock, clock, tables),
-``views`` (JSON), ``timers`` (due heap, timer loop), ``decider``, ``tasks`` (polls, updates, logs) and
-this module (metadata, workflows, bounds), which assembles :class:`Store` from them.
+:class:`Store` is a thin facade over parts with one job each, every one handed what it needs:
+``storestate`` (:class:`StoreState`: the lock, the clock, the tables and their bounds), ``views``
+(JSON), ``timers`` (:class:`DueSchedule`, the due heap and sweep modes; :class:`Sweeper`, the timer
+loop), ``decider`` (:class:`Decider`), ``tasks`` (:class:`TaskCalls`: polls, updates, extendLease,
+logs), ``metadata`` (:class:`MetadataCalls`) and ``workflows`` (:class:`WorkflowCalls`), over
+``records`` (records, constants, error helpers), ``definitions`` (validation, defaults, expressions)
+and ``queues`` (the delay queue). The facade only forwards, so that a recording subclass (the
+``store=`` hook of :class:`~leasecore.server.embedded.EmbeddedServer`) sees every call through its
+public methods; ``update_task_v2`` claims its next task through :meth:`Store.poll`, and
+``start_workflow_request`` starts through :meth:`Store.start_workflow`, for the same reason.
 
 Known simplifications (documented in docs/embedded-server.md): only SIMPLE tasks, run in sequence; no rate or
 concurrency limits; no external payload storage; no workflow pause/resume/restart/retry; a batch poll
@@ -29,15 +35,13 @@ or the timeout).
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from leasecore.server.definitions import (
-    resolve_expressions,
-    validate_task_def,
-    validate_workflow_def,
-    with_defaults,
-)
+from leasecore.clock import Clock
+from leasecore.server.decider import Decider
+from leasecore.server.definitions import resolve_expressions
+from leasecore.server.metadata import MetadataCalls
 from leasecore.server.records import (
     JSON,
     TERMINAL_TASK,
@@ -47,11 +51,13 @@ from leasecore.server.records import (
     WorkflowRecord,
     as_int,
     as_obj,
-    binding_error,
     queue_name,
-    validation_failed,
 )
-from leasecore.server.tasks import StoreTasks
+from leasecore.server.storestate import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK, StoreState
+from leasecore.server.tasks import TaskCalls
+from leasecore.server.timers import DueSchedule, Sweeper
+from leasecore.server.views import StoreViews
+from leasecore.server.workflows import WorkflowCalls
 
 __all__ = [
     "JSON",
@@ -66,89 +72,141 @@ __all__ = [
 ]
 
 
-class Store(StoreTasks):
+class Store:
     """The whole server state. Every public method is thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        sweep_mode: SweepMode = "ideal",
+        id_factory: Callable[[], str] | None = None,
+        max_finished_workflows: int = DEFAULT_MAX_FINISHED_WORKFLOWS,
+        max_logs_per_task: int = DEFAULT_MAX_LOGS_PER_TASK,
+    ) -> None:
+        state = StoreState(
+            clock=clock,
+            sweep_mode=sweep_mode,
+            id_factory=id_factory,
+            max_finished_workflows=max_finished_workflows,
+            max_logs_per_task=max_logs_per_task,
+        )
+        schedule = DueSchedule(state.sweep_mode, state.mono0, state.timer_cond.notify_all)
+        views = StoreViews(state)
+        decider = Decider(state, schedule)
+        metadata = MetadataCalls(state)
+        self._state = state
+        self._due = schedule
+        self._sweeper = Sweeper(state, schedule, decider.decide)
+        self._task_calls = TaskCalls(state, views, decider, schedule)
+        self._metadata = metadata
+        self._workflow_calls = WorkflowCalls(state, views, decider, metadata)
+
+    # ------------------------------------------------------------------------------------ facts
+
+    @property
+    def clock(self) -> Clock:
+        return self._state.clock
+
+    @property
+    def sweep_mode(self) -> SweepMode:
+        return self._state.sweep_mode
+
+    @property
+    def max_finished_workflows(self) -> int:
+        return self._state.max_finished_workflows
+
+    @property
+    def max_logs_per_task(self) -> int:
+        return self._state.max_logs_per_task
+
+    @property
+    def evicted_workflows(self) -> int:
+        """Finished workflows forgotten so far (beyond ``max_finished_workflows``)."""
+        return self._state.evicted_workflows
+
+    @property
+    def runtime_environ(self) -> Mapping[str, str] | None:
+        """Where secrets and environment values are read from (CONDUCTOR_SECRET_<NAME>,
+        CONDUCTOR_ENV_<NAME>); None: this process's environment, read at each use."""
+        return self._state.runtime_environ
+
+    @runtime_environ.setter
+    def runtime_environ(self, environ: Mapping[str, str] | None) -> None:
+        with self._state.lock:
+            self._state.runtime_environ = environ
+
+    @property
+    def lease_write_back(self) -> Callable[[], None] | None:
+        """Test-only: the real server's lost update in extendLease (``TaskCalls._extend_lease_by_copy``)."""
+        return self._state.lease_write_back
+
+    @lease_write_back.setter
+    def lease_write_back(self, between: Callable[[], None] | None) -> None:
+        with self._state.lock:
+            self._state.lease_write_back = between
+
+    def epoch_ms(self, t: float | None) -> int:
+        """Epoch milliseconds for a store time (``clock.monotonic()``); 0 for None."""
+        return self._state.epoch_ms(t)
+
+    def count_terminal(self, task_ids: list[str]) -> int:
+        """How many of ``task_ids`` are tasks here that have ended: a cheap look, no JSON built."""
+        with self._state.lock:
+            tasks = self._state.tasks
+            return sum(1 for t in task_ids if (task := tasks.get(t)) is not None and task.terminal)
+
+    # ------------------------------------------------------------------------------------ timers
+
+    def next_due(self) -> float | None:
+        """The store time of the next timer-driven check, or None."""
+        with self._state.lock:
+            return self._due.earliest()
+
+    def run_due(self) -> int:
+        """Evaluate every workflow whose check time has come; return how many were evaluated."""
+        with self._state.lock:
+            return self._sweeper.run_due()
+
+    def timer_loop(self) -> None:
+        """Body of the server's timer thread: sleep until the next due check, run it; until closed."""
+        self._sweeper.loop()
+
+    def wake(self) -> None:
+        """Wake the timer thread and every long poll (after a fake clock moved, or to shut down)."""
+        with self._state.lock:
+            self._state.wake_all()
+
+    def close(self) -> None:
+        with self._state.lock:
+            self._state.closed = True
+        self.wake()
 
     # ------------------------------------------------------------------------------------ metadata
 
     def register_task_defs(self, body: Any) -> None:
-        if not isinstance(body, list):
-            raise binding_error("Cannot deserialize the task definitions: expected a JSON array")
-        if not body:
-            raise validation_failed(
-                [{"path": "registerTaskDef.taskDefinitions", "message": "TaskDefList cannot be empty"}]
-            )
-        errors: list[JSON] = []
-        for i, td in enumerate(body):
-            errors.extend(validate_task_def(td, f"registerTaskDef.taskDefinitions[{i}]"))
-        if errors:
-            raise validation_failed(errors)
-        now = self._now()
-        with self._lock:
-            for td in body:
-                stored = with_defaults(td)
-                stored.setdefault("createTime", self.epoch_ms(now))
-                self._task_defs[str(td["name"])] = stored
+        self._metadata.register_task_defs(body)
 
     def update_task_def(self, body: Any) -> None:
-        errors = validate_task_def(body, "updateTaskDef.taskDefinition")
-        if errors:
-            raise validation_failed(errors)
-        with self._lock:
-            name = str(body["name"])
-            if name not in self._task_defs:
-                raise ApiError(404, f"No such taskType found by name: {name}")
-            stored = with_defaults(body)
-            stored["updateTime"] = self.epoch_ms(self._now())
-            self._task_defs[name] = stored
+        self._metadata.update_task_def(body)
 
     def get_task_def(self, name: str) -> JSON:
-        with self._lock:
-            td = self._task_defs.get(name)
-            if td is None:
-                raise ApiError(404, f"No such taskType found by name: {name}")
-            return copy.deepcopy(td)
+        return self._metadata.get_task_def(name)
 
     def list_task_defs(self) -> list[JSON]:
-        with self._lock:
-            return [copy.deepcopy(td) for td in self._task_defs.values()]
+        return self._metadata.list_task_defs()
 
     def delete_task_def(self, name: str) -> None:
-        with self._lock:
-            if self._task_defs.pop(name, None) is None:
-                raise ApiError(404, f"No such taskType found by name: {name}")
+        self._metadata.delete_task_def(name)
 
     def register_workflow_def(self, body: Any, *, overwrite: bool = False) -> None:
-        wd = validate_workflow_def(body, "registerWorkflowDef.workflowDef")
-        with self._lock:
-            versions = self._workflow_defs.setdefault(wd["name"], {})
-            if wd["version"] in versions and not overwrite:
-                raise ApiError(409, f"Workflow with {wd['name']}.{wd['version']} already exists!")
-            wd.setdefault("createTime", self.epoch_ms(self._now()))
-            versions[wd["version"]] = wd
+        self._metadata.register_workflow_def(body, overwrite=overwrite)
 
     def update_workflow_defs(self, body: Any) -> None:
-        if not isinstance(body, list):
-            raise binding_error("Cannot deserialize the workflow definitions: expected a JSON array")
-        defs = [validate_workflow_def(wd, f"update.workflowDefs[{i}]") for i, wd in enumerate(body)]
-        with self._lock:
-            for wd in defs:
-                self._workflow_defs.setdefault(wd["name"], {})[wd["version"]] = wd
+        self._metadata.update_workflow_defs(body)
 
     def get_workflow_def(self, name: str, version: int | None = None) -> JSON:
-        with self._lock:
-            return copy.deepcopy(self._find_workflow_def(name, version))
-
-    def _find_workflow_def(self, name: str, version: int | None) -> JSON:
-        versions = self._workflow_defs.get(name) or {}
-        if version is None and versions:
-            return versions[max(versions)]
-        if version is not None and version in versions:
-            return versions[version]
-        raise ApiError(
-            404,
-            f"No such workflow found by name: {name}, version: {'latest' if version is None else version}",
-        )
+        return self._metadata.get_workflow_def(name, version)
 
     # ------------------------------------------------------------------------------------ workflows
 
@@ -164,50 +222,15 @@ class Store(StoreTasks):
         priority: int = 0,
     ) -> str:
         """Start a workflow (registered by name, or the inline ``workflow_def``); return its id."""
-        inputs = as_obj(input_data, "the workflow input")
-        domains = as_obj(task_to_domain, "taskToDomain")
-        inline = None
-        if workflow_def is not None:
-            inline = validate_workflow_def(workflow_def, "startWorkflow.workflowDef")
-        with self._lock:
-            if inline is not None:
-                definition = inline
-            else:
-                if not name:
-                    raise validation_failed(
-                        [
-                            {
-                                "path": "startWorkflow.request.name",
-                                "message": "Workflow name cannot be null or empty",
-                            }
-                        ]
-                    )
-                definition = copy.deepcopy(self._find_workflow_def(name, version))
-            for wt in definition["tasks"]:
-                inline_td = wt.get("taskDefinition")
-                if isinstance(inline_td, dict):
-                    wt["taskDefinition"] = with_defaults(inline_td)
-                else:
-                    registered = self._task_defs.get(wt["name"])
-                    wt["taskDefinition"] = (
-                        copy.deepcopy(registered) if registered else with_defaults({"name": wt["name"]})
-                    )
-            now = self._now()
-            wf = WorkflowRecord(
-                workflow_id=self._new_id(),
-                name=definition["name"],
-                version=definition["version"],
-                definition=definition,
-                input=copy.deepcopy(inputs),
-                correlation_id=correlation_id,
-                task_to_domain={str(k): str(v) for k, v in domains.items()},
-                priority=priority,
-                create_time=now,
-                update_time=now,
-            )
-            self._workflows[wf.workflow_id] = wf
-            self._decide(wf, now)
-            return wf.workflow_id
+        return self._workflow_calls.start_workflow(
+            name,
+            input_data,
+            version=version,
+            correlation_id=correlation_id,
+            task_to_domain=task_to_domain,
+            workflow_def=workflow_def,
+            priority=priority,
+        )
 
     def start_workflow_request(self, body: Any) -> str:
         req = as_obj(body, "the StartWorkflowRequest")
@@ -222,39 +245,72 @@ class Store(StoreTasks):
             priority=as_int(req.get("priority"), 0),
         )
 
-    def _workflow(self, workflow_id: str) -> WorkflowRecord:
-        wf = self._workflows.get(workflow_id)
-        if wf is None:
-            raise ApiError(404, f"No such workflow found by id: {workflow_id}")
-        return wf
-
     def get_workflow(self, workflow_id: str, *, include_tasks: bool = True) -> JSON:
-        with self._lock:
-            return self._workflow_json(self._workflow(workflow_id), include_tasks=include_tasks)
+        return self._workflow_calls.get_workflow(workflow_id, include_tasks=include_tasks)
 
     def get_workflow_status(self, workflow_id: str) -> JSON:
-        with self._lock:
-            wf = self._workflow(workflow_id)
-            out: JSON = {
-                "workflowId": wf.workflow_id,
-                "output": copy.deepcopy(wf.output),
-                "variables": {},
-                "status": wf.status,
-            }
-            if wf.correlation_id is not None:
-                out["correlationId"] = wf.correlation_id
-            return out
+        return self._workflow_calls.get_workflow_status(workflow_id)
 
     def terminate_workflow(self, workflow_id: str, reason: str | None) -> None:
-        with self._lock:
-            wf = self._workflow(workflow_id)
-            if wf.status == "COMPLETED":
-                raise ApiError(409, f"Workflow is in terminal state. Status: {wf.status}")
-            if wf.status == "TERMINATED":
-                return
-            now = self._now()
-            self._end_workflow(wf, "TERMINATED", reason, now)
+        self._workflow_calls.terminate_workflow(workflow_id, reason)
 
     def decide(self, workflow_id: str) -> None:
-        with self._lock:
-            self._decide(self._workflow(workflow_id), self._now())
+        self._workflow_calls.decide(workflow_id)
+
+    # ------------------------------------------------------------------------------------ tasks
+
+    def poll(
+        self,
+        task_type: str,
+        *,
+        count: int = 1,
+        timeout_ms: int = 100,
+        worker_id: str | None = None,
+        domain: str | None = None,
+    ) -> list[JSON]:
+        """Batch poll, a real long poll: returns once a task is ready, or ``[]`` at the timeout."""
+        return self._task_calls.poll(
+            task_type, count=count, timeout_ms=timeout_ms, worker_id=worker_id, domain=domain
+        )
+
+    def poll_data(self, task_type: str | None) -> list[JSON]:
+        return self._task_calls.poll_data(task_type)
+
+    def queue_size(self, task_type: str, domain: str | None = None) -> int:
+        return self._task_calls.queue_size(task_type, domain)
+
+    def queue_sizes(self) -> dict[str, int]:
+        return self._task_calls.queue_sizes()
+
+    def listed_queue_sizes(self) -> dict[str, int]:
+        """``GET /api/tasks/queue/all``: only queues something was ever queued in."""
+        return self._task_calls.listed_queue_sizes()
+
+    def update_task(self, body: Any) -> str:
+        """``POST /api/tasks``: every rule of CONDUCTOR_PROTOCOL.md §3, in order; returns the taskId."""
+        task_id, _task = self._task_calls.apply_update(body)
+        return task_id
+
+    def update_task_v2(self, body: Any) -> JSON | None:
+        """``POST /api/tasks/update-v2``: the update, then (terminal, non-lease) claim the next task."""
+        _task_id, task = self._task_calls.apply_update(body)
+        if task is None or not task.terminal:
+            return None
+        worker = body.get("workerId") if isinstance(body, dict) else None
+        got = self.poll(
+            task.task_type,
+            count=1,
+            timeout_ms=0,
+            worker_id=worker if isinstance(worker, str) else None,
+            domain=task.domain,
+        )
+        return got[0] if got else None
+
+    def get_task(self, task_id: str) -> JSON:
+        return self._task_calls.get_task(task_id)
+
+    def add_log(self, task_id: str, text: str) -> None:
+        self._task_calls.add_log(task_id, text)
+
+    def get_logs(self, task_id: str) -> list[JSON]:
+        return self._task_calls.get_logs(task_id)

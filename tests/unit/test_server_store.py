@@ -463,7 +463,7 @@ def test_a_task_keeps_only_its_latest_log_entries() -> None:
 
 
 def test_logs_for_ids_that_are_no_task_here_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import leasecore.server.state as state
+    import leasecore.server.storestate as state
 
     monkeypatch.setattr(state, "MAX_UNKNOWN_LOG_TASKS", 3)
     store = Store(clock=FakeClock())
@@ -473,7 +473,7 @@ def test_logs_for_ids_that_are_no_task_here_are_bounded(monkeypatch: pytest.Monk
 
 
 def test_poll_data_forgets_the_least_recently_polled_queues(monkeypatch: pytest.MonkeyPatch) -> None:
-    import leasecore.server.state as state
+    import leasecore.server.storestate as state
 
     monkeypatch.setattr(state, "MAX_POLL_DATA_ENTRIES", 2)
     store = Store(clock=FakeClock())
