@@ -16,46 +16,38 @@ runs one ``outbox-redelivery`` thread while the runner serves.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
-from leasecore.config.checks import exit_rule_of
-from leasecore.config.live import reload_changes
-from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
-from leasecore.errors import ConductorError, ConductorUnavailable, ConfigError
-from leasecore.lease import FenceAction, LeasePolicy
+from leasecore.config.settings import ResolvedConfig
+from leasecore.errors import ConductorError, ConductorUnavailable
+from leasecore.lease import FenceAction
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
-from leasecore.masking import Masker, mask_result
+from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
-from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
-from leasecore.process.spec import ExitRule
+from leasecore.models import Task, TaskResult
+from leasecore.process import Supervisor, to_task_result
 from leasecore.runner import childenv, treegroups
 from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
 from leasecore.runner.engine import LeaseEngine
 from leasecore.runner.finalupdates import make_result_stick
+from leasecore.runner.plans import Masking, Reloader, most_leases, options_for, plan_for
 from leasecore.runner.ports import (
     LiveChange,
-    PollSettings,
-    RunOptions,
     RunOutcome,
     StatusPort,
-    TaskTypePlan,
     UpdatePort,
 )
 from leasecore.runner.reporter import Reporter, ReportOutcome
 from leasecore.runner.runner import Runner
-from leasecore.runner.secretbook import SecretBook, installed, static_values
+from leasecore.runner.secretbook import installed
 from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
 from leasecore.runner.status import StatusTee
 from leasecore.snapshot import RunnerSnapshot, redact_url
@@ -73,111 +65,6 @@ _REQUEST_TIMEOUT_SECONDS = 10.0  # the client's (and a heartbeat's) longest atte
 _MAX_REPORT_SENDERS = 64  # the reporter's threads at most, whatever the concurrency
 
 STARTUP_CHECK_TIMEOUT_SECONDS = 5.0
-# A lease's first heartbeat (and ownership check) is drawn uniformly over its interval: a batch of
-# tasks polled together then beats at a steady rate, not in one burst at 0.8 R (#9: 1000 leases).
-FIRST_ATTEMPT_SPREAD = 1.0
-
-
-class WarnWhenCapped:
-    """``make_policy`` that warns once (per task type) when the lease caps a configured value.
-
-    A heartbeat timeout longer than the task's responseTimeoutSeconds would keep the tree running past
-    the moment the server may hand the task to another worker, so the lease caps it (``LeasePolicy``);
-    likewise a kill_grace longer than a quarter of the lease: the tree is TERMed kill_grace before the
-    deadline, so a longer grace would leave the lease hardly any time. The user asked for more, so say
-    so, once per value and task type, not per task. Called on the pollers' threads.
-    """
-
-    def __init__(self, task_type: str, make_policy: Callable[[Task], LeasePolicy]) -> None:
-        self._task_type = task_type
-        self._make_policy = make_policy
-        self._lock = threading.Lock()
-        self._warned: set[str] = set()
-
-    def __call__(self, task: Task) -> LeasePolicy:
-        policy = self._make_policy(task)
-        if policy.heartbeat_timeout_capped and self._first("heartbeat_timeout"):
-            log.warning("task type %s: heartbeat_timeout %gs is capped at the task's "
-                        "responseTimeoutSeconds %gs: past it the server may give the task to "
-                        "another worker", self._task_type, policy.heartbeat_timeout_seconds,
-                        policy.response_timeout_seconds)
-        if policy.kill_grace_capped and self._first("kill_grace"):
-            log.warning("task type %s: kill_grace %gs is capped at %gs, at most a quarter of the task's "
-                        "lease (responseTimeoutSeconds, or a shorter heartbeat_timeout or timeoutSeconds) "
-                        "and no more than leaves its heartbeats room: the tree is TERMed kill_grace before "
-                        "the deadline and must be dead by it", self._task_type, policy.kill_grace_seconds,
-                        policy.effective_kill_grace_seconds)  # fmt: skip
-        return policy
-
-    def _first(self, what: str) -> bool:
-        with self._lock:
-            first = what not in self._warned
-            self._warned.add(what)
-        return first
-
-
-def plan_for(
-    task: TaskSettings, *, check_queue_seconds: float = 0.0, server: ServerSettings | None = None
-) -> TaskTypePlan:
-    """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
-    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23).
-    ``server``: what the child is told about the server (``childenv.handed_env``); None: nothing."""
-    spec = CommandSpec(
-        argv=tuple(task.command) if task.command is not None else None,
-        shell=task.shell,
-        cwd=task.cwd,
-        env=dict(task.env),
-        terminal_exit_codes=frozenset(task.terminal_exit_codes),
-        in_progress_exit_code=task.in_progress_exit_code,
-        callback_after_seconds=task.callback_after_seconds,
-        exit_codes=exit_rules(task.exit_codes),
-        exec_timeout_seconds=task.exec_timeout,
-        kill_grace_seconds=task.kill_grace,
-        secret_env_names=tuple(task.secrets),  # stripped from the child's environment
-        protocol=task.protocol,
-        run_as=run_as_for(task),
-        limits=treegroups.limits_of(task),  # issue 19
-        handed_env=childenv.handed_env(server) if server is not None else {},
-    )
-    make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
-        LeasePolicy.from_task,
-        heartbeat_timeout_seconds=task.heartbeat_timeout,
-        lease_extend_enabled=task.lease_extend_enabled,
-        kill_grace_seconds=task.kill_grace,
-        exec_timeout_seconds=task.exec_timeout,
-        ownership_check_interval_seconds=task.ownership_check_interval,
-        first_attempt_spread=FIRST_ATTEMPT_SPREAD,
-        check_queue_seconds=check_queue_seconds,
-    ))
-    poll = PollSettings(
-        task_type=task.type,
-        concurrency=task.concurrency,
-        timeout_ms=task.poll_timeout,
-        worker_id=task.worker_id,
-        domain=task.domain,
-        paused=task.paused,
-        interval_seconds=task.poll_interval / 1000.0,
-    )
-    return TaskTypePlan(
-        poll=poll,
-        spec=spec,
-        worker_id=task.worker_id,
-        make_policy=make_policy,
-        kill_grace_seconds=task.kill_grace,
-        required_metadata=tuple(task.required_secrets),
-    )
-
-
-def run_as_for(task: TaskSettings) -> RunAs | None:
-    """The user ``task``'s children run as: None without ``user``, or when this runner already is
-    that user (not root: load_config refused any other user). ConfigError if it cannot be found."""
-    if task.user is None or os.geteuid() != 0:
-        return None
-    try:
-        return resolve_run_as(task.user, task.group)
-    except RunAsError as exc:
-        source = str(task.sources.get(exc.key))
-        raise ConfigError(f"task {task.type!r}: {exc} (from {source})", key=exc.key, source=source) from None
 
 
 def warn_if_root(config: ResolvedConfig) -> None:
@@ -189,18 +76,6 @@ def warn_if_root(config: ResolvedConfig) -> None:
         log.warning("running as root with no user set: the children of %s run as root too, and root can "
                     "read this runner's memory (its credentials); set --user NAME or [worker] user",
                     ", ".join(as_root))
-
-
-def options_for(config: ResolvedConfig) -> RunOptions:
-    r = config.runner
-    return RunOptions(
-        once=r.once,
-        max_tasks=r.max_tasks,
-        drain=r.drain,
-        drain_timeout_seconds=r.drain_timeout,
-        once_wait_seconds=r.once_wait,
-        update_v2=r.update_v2,
-    )
 
 
 def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False) -> TaskResult:
@@ -223,37 +98,6 @@ def _echoing(echo: Callable[[Task, TaskResult], None]) -> Callable[..., TaskResu
         return result
 
     return to_result
-
-
-def _with_masker(plan: TaskTypePlan, masker: Masker) -> TaskTypePlan:
-    """``plan`` masking ``masker``'s values, its spec too: a task without runtime metadata then runs
-    the plan's own spec object (the supervisor keeps its inherited environment per spec object)."""
-    if not masker:
-        return plan
-    return dataclasses.replace(plan, masker=masker, spec=dataclasses.replace(plan.spec, masker=masker))
-
-
-class Masking:
-    """The secret values of a runner: the runner's own log's (``book``) and each task type's plans'.
-    A reload builds the plans again with the values of the configuration it loaded."""
-
-    def __init__(self, config: ResolvedConfig, environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        values = _secret_values(config, environ)
-        self.book = SecretBook(value for per_type in values.values() for value in per_type)
-
-    def plans(self, config: ResolvedConfig, plans: Iterable[TaskTypePlan]) -> list[TaskTypePlan]:
-        values = _secret_values(config, self._environ)
-        return [_with_masker(plan, Masker.of(values.get(plan.poll.task_type, ()))) for plan in plans]
-
-
-def _secret_values(config: ResolvedConfig, environ: Mapping[str, str]) -> dict[str, list[str]]:
-    """Per task type, the values masked whatever the task (docs/secrets.md): the runner's
-    credentials (key, secret, token, a password in the URL) and the values of the variables of
-    ``environ`` and of the type's ``env`` table that are kept from its children."""
-    server = config.server
-    credentials = [server.auth_key, server.auth_secret, server.auth_token, urlsplit(server.url).password]
-    return {task.type: static_values(environ, task.env, task.secrets, credentials) for task in config.tasks}
 
 
 def check_server(client: ConductorClient) -> None:
@@ -402,48 +246,6 @@ def _start_control(state: StateDir, runner: Runner) -> ControlServer | None:
     return control
 
 
-class Reloader:
-    """``conductor-run reload`` and SIGHUP, the wiring's part: load the configuration again, refuse it
-    whole (``ConfigError``: it does not load, or a restart-only value changed, ``config.live``), or
-    build every task type's plan again and hand the runner a ``LiveChange``. Main thread."""
-
-    def __init__(
-        self, config: ResolvedConfig, load_again: Callable[[], ResolvedConfig],
-        metrics: MetricsService | None, on_reloaded: Callable[[ResolvedConfig], None] | None,
-        masking: Masking | None = None,
-    ) -> None:
-        self.config = config
-        self._masking = masking
-        self._load = load_again
-        self._metrics = metrics
-        self._on_reloaded = on_reloaded
-
-    def __call__(self) -> LiveChange:
-        new = self._load()
-        changes = reload_changes(self.config, new)
-        if not changes.accepted:
-            raise ConfigError("; ".join(changes.refused))
-        queue_seconds = max_queue_seconds(_most_leases(new), new.runner.ownership_check_rate)
-        plans = tuple(
-            plan_for(task, check_queue_seconds=queue_seconds, server=new.server) for task in new.tasks
-        )
-        if self._masking is not None:
-            plans = tuple(self._masking.plans(new, plans))
-        if self._metrics is not None:
-            self._metrics.reconfigure(new)  # a new port is listened on before anything changes
-        old, self.config = self.config, new
-        if self._on_reloaded is not None:
-            self._on_reloaded(new)
-        return LiveChange(plans, options_for(new), paused=changes.paused, changes=changes.changed,
-                          warnings=tuple(w for w in new.warnings if w not in old.warnings))
-
-
-def _most_leases(config: ResolvedConfig) -> int:
-    """The most leases a runner holds at once: every slot, plus the results that may wait to be
-    delivered (max(concurrency, 8) per type), each with at most one ownership check queued."""
-    return sum(t.concurrency + max(t.concurrency, 8) for t in config.tasks)
-
-
 def _start_metrics(config: ResolvedConfig) -> MetricsService | None:
     """The metrics endpoint, listening, when ``metrics_port`` is set (else None, nothing imported)."""
     if config.runner.metrics_port is None:
@@ -542,7 +344,7 @@ def _make_runner(
     masking: Masking | None = None,
 ) -> Runner:
     options = options_for(config)
-    queue_seconds = max_queue_seconds(_most_leases(config), config.runner.ownership_check_rate)
+    queue_seconds = max_queue_seconds(most_leases(config), config.runner.ownership_check_rate)
     plans = [plan_for(task, check_queue_seconds=queue_seconds, server=config.server) for task in config.tasks]
     if masking is not None:
         plans = masking.plans(config, plans)
@@ -598,10 +400,3 @@ def _make_runner(
     return runner
 
 
-def exit_rules(policy: Mapping[str, str]) -> dict[int, ExitRule]:
-    """The checked ``exit_codes`` setting ({"3": "IN_PROGRESS:30"}) as the spec's rules."""
-    rules = {}
-    for code, rule in policy.items():
-        status, seconds = exit_rule_of(rule)
-        rules[int(code)] = ExitRule(TaskStatus(status), seconds)
-    return rules

@@ -17,7 +17,7 @@ import pytest
 from leasecore.config.loader import load_config
 from leasecore.process import Supervisor
 from leasecore.runner.childenv import credential_values, warning_for
-from leasecore.runner.wiring import plan_for
+from leasecore.runner.plans import plan_for
 
 from .process_support import make_task
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from leasecore.config.loader import load_config
 from leasecore.process import Supervisor
-from leasecore.runner.wiring import plan_for
+from leasecore.runner.plans import plan_for
 
 from .process_support import make_task
 

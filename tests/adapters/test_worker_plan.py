@@ -10,7 +10,7 @@ import pytest
 
 from leasecore.config.loader import TaskSettings
 from leasecore.models import Task
-from leasecore.runner.wiring import plan_for
+from leasecore.runner.plans import plan_for
 
 
 def task(r: int, task_id: str = "t1") -> Task:

@@ -9,7 +9,7 @@ import pytest
 
 from leasecore.config.loader import ResolvedConfig, parse_toml, resolve
 from leasecore.errors import ConfigError
-from leasecore.runner.wiring import plan_for
+from leasecore.runner.plans import plan_for
 
 BASE = '[[task]]\ntype = "encode"\ncommand = ["./encode.sh"]\n'
 

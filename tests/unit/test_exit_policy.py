@@ -12,7 +12,7 @@ from leasecore.errors import ConfigError
 from leasecore.models import Task, TaskStatus
 from leasecore.process.result import to_task_result
 from leasecore.process.spec import ChildExit, CommandSpec, ExitRule
-from leasecore.runner.wiring import exit_rules
+from leasecore.runner.plans import exit_rules
 
 BASE = '[[task]]\ntype = "encode"\ncommand = ["./encode.sh"]\n'
 TASK = Task("t1", "wf1", "encode")
