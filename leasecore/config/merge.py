@@ -41,12 +41,11 @@ from leasecore.errors import ConfigError
 
 __all__ = ["OVERRIDE_KEYS", "PRECEDENCE", "no_command", "resolve"]
 
-# CLI overrides: key -> the setting it sets. None (or an empty list) means "flag not given".
+# CLI overrides: override name -> the setting it sets (a key's ``dest``: ``--server`` sets url).
+# None (or an empty list) means "flag not given"; ``config`` names the file, no setting.
 OVERRIDE_KEYS: dict[str, str] = {
     "config": "",
-    "server": "url",
-    "task_type": "type",
-    **{spec.name: spec.name for spec in KEYS.values() if spec.flag and spec.name not in ("url", "type")},
+    **{spec.override: spec.name for spec in KEYS.values() if spec.flag},
 }
 
 # The layers of each scope, highest first; a key none of them gives keeps its default (the settings
