@@ -375,8 +375,8 @@ class TaskSettings:
     )
     user: str | None = option(
         None, check=nonempty_str, help="run each child as this user (name or uid; the runner must be root)",
-        flag="--user", metavar="NAME", unset="the runner's own", example="nobody",
-        doc="As root with none set: a warning. With its groups. An unknown name, or a uid above "
+        flag="--user", metavar="NAME", unset="the runner's own; as root, a warning", example="nobody",
+        doc="With its groups. An unknown name, or a uid above "
         "4294967294, is exit 3; not root: exit 3 (unless it names the runner's own user and group).",
         restart=_RUN_AS,
     )
