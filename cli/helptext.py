@@ -18,7 +18,10 @@ __all__ = ["STATE_DIR_DEFAULT", "config_file_help", "default_of", "flag_help", "
            "sources_of"]
 
 SECTIONS = {"server": "[server]", "runner": "[worker]", "task": "[[task]]/[worker]"}
-_UNITS = {"s": " s", "ms": " ms", "": ""}
+
+
+def _unit(unit: str) -> str:
+    return f" {unit}" if unit else ""
 
 
 def default_of(name: str) -> Any:
@@ -37,7 +40,7 @@ def show_default(name: str, unit: str | None = None, *, zero: str | None = None)
         return "on" if value else "off"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    text = f"{value}{_UNITS[spec.unit if unit is None else unit]}"
+    text = f"{value}{_unit(spec.unit if unit is None else unit)}"
     zero = spec.zero if zero is None else zero
     return f"{text} ({zero})" if zero is not None and value == 0 else text
 

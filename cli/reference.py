@@ -22,7 +22,6 @@ from leasecore.config.keys import KEYS, KeySpec, keys_of
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 _REGION = re.compile(r"(<!-- generated: (\w+)[^>]*-->\n)(.*?)(<!-- end generated: \2 -->)", re.DOTALL)
-_UNITS = {"s": " s", "ms": " ms", "": ""}
 _TABLES = (
     ("server", "`[server]`: how to reach the server"),
     ("runner", "`[worker]`: the runner as a whole"),
@@ -95,7 +94,8 @@ def _default(spec: KeySpec) -> str:
         if spec.unset is None and isinstance(value, tuple | dict):
             return "`[]`" if isinstance(value, tuple) else "`{}`"
         return _escape(spec.unset or "none")
-    return f"`{_show(value)}`{_UNITS[spec.unit]}" + (f" ({spec.zero})" if spec.zero and value == 0 else "")
+    unit = f" {spec.unit}" if spec.unit else ""
+    return f"`{_show(value)}`{unit}" + (f" ({spec.zero})" if spec.zero and value == 0 else "")
 
 
 def _show(value: Any) -> str:

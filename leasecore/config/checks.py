@@ -314,7 +314,7 @@ class KeySpec:
     dest: str = ""  # the CLI override's name (``--server`` sets ``url``); "" when it is the key's name
     metavar: str | None = None  # the flag's value in --help
     flag_help: str | None = None  # the flag's own words when they differ from ``help``
-    unit: str = ""  # "s" or "ms": shown after the default
+    unit: str = ""  # shown after the default: "s", "ms", "checks/s"
     unset: str | None = None  # what the default None/empty means ("the hostname"); "": say nothing
     zero: str | None = None  # what 0 means, when it is the default ("none")
     example: Any = None  # shown (commented out) in ``init``'s file when the default is unset

@@ -227,7 +227,7 @@ class RunnerSettings:
         20.0, check=rate_per_second,
         help="ownership checks per second at most, shared by every task of the runner (0: no limit); each "
         "task is checked every max(ownership_check_interval, tasks / rate) s",
-        env=("CONDUCTOR_RUN_OWNERSHIP_CHECK_RATE",),
+        env=("CONDUCTOR_RUN_OWNERSHIP_CHECK_RATE",), unit="checks/s",
         restart="the ownership-check budget is made once, at start",
     )
     update_v2: bool = option(  # leasecore.runner.chain
