@@ -69,6 +69,8 @@ def _row(spec: KeySpec) -> str:
     key = f"`{spec.name}`" + "".join(f" (alias `{alias}`)" for alias in spec.aliases)
     if spec.scope == "task":
         where = "`[[task]]`, `[worker]`" if spec.in_worker else "`[[task]]`"
+        if spec.combined:
+            where = "`[worker]` + `[[task]]`, combined"
         env = f"`{spec.worker_prop}`" if spec.worker_prop else ""
         cells = [key, _default(spec), where, env]
     else:
@@ -118,6 +120,9 @@ def _flag(spec: KeySpec) -> str:
 def _what(spec: KeySpec) -> str:
     text = _escape(spec.help)
     text = f"{text[:1].upper()}{text[1:]}."
+    if spec.path:
+        text += (" Relative: to the config file that gives it (given by a flag or the environment: to the "
+                 "current directory); `~/` is the home directory.")
     return f"{text} {spec.doc}" if spec.doc else text
 
 

@@ -321,6 +321,8 @@ class KeySpec:
     doc: str = ""  # more for the configuration reference (Markdown)
     restart: str | None = None  # why a reload may not change it; None: a reload may
     aliases: tuple[str, ...] = ()  # other spellings accepted in the file
+    path: bool = False  # a path: relative to the config file that gave it, else to the cwd; ~/ expanded
+    combined: bool = False  # task keys from the file only: [worker]'s and [[task]]'s values together
 
     @property
     def override(self) -> str:

@@ -82,7 +82,8 @@ def option(
     """One option: a dataclass field whose metadata holds the rest of its declaration.
 
     ``declared`` takes the :class:`~leasecore.config.checks.KeySpec` fields (``env``, ``worker_prop``,
-    ``flag``, ``metavar``, ``kind``, ``unit``, ``unset``, ``example``, ``doc``, ``restart``...); name,
+    ``flag``, ``metavar``, ``kind``, ``unit``, ``unset``, ``example``, ``doc``, ``restart``, ``path``,
+    ``combined``...) and ``file``/``worker`` (may the file set it; may ``[worker]``); name,
     scope and default come from the field itself (``config.keys``).
     """
     metadata = {OPTION: {"check": check, "help": help, **declared}}
@@ -140,17 +141,17 @@ class ServerSettings:
         None, check=nonempty_str,
         help="file holding the key secret (mode 0600 or stricter: systemd/Kubernetes credentials)",
         env=("CONDUCTOR_AUTH_SECRET_FILE",), unset="none",
-        example="/run/credentials/conductor-run.service/conductor-secret",
+        example="/run/credentials/conductor-run.service/conductor-secret", path=True,
         doc="Mode 0600 or 0400 (group- or world-accessible is refused); surrounding whitespace is dropped; "
-        "`auth_secret` wins when both are set, with a warning. Relative: to the config file.",
+        "`auth_secret` wins when both are set, with a warning.",
         restart=_CREDENTIALS,
     )
     ca_bundle: str | None = option(  # absolute after resolve; None: certifi's CAs
         None, check=nonempty_str, help="PEM file of the CA certificates to trust for https:// (a private CA)",
         # the Python ssl module's variable, then requests', then curl's
         env=("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"), flag="--ca-bundle", metavar="FILE",
-        unset="certifi's CA bundle", example="/etc/ssl/private-ca.pem",
-        doc="A file (or directory) of CAs; missing or unreadable: exit 3. Relative: to the config file.",
+        unset="certifi's CA bundle", example="/etc/ssl/private-ca.pem", path=True,
+        doc="A file (or directory) of CAs; missing or unreadable: exit 3.",
         restart="the TLS trust is set up once, at start",
     )
     pass_credentials: bool = option(  # read by leasecore.runner.childenv
@@ -172,8 +173,7 @@ class RunnerSettings:
     state_dir: str | None = option(  # None: state.directory.default_state_dir(environ)
         None, check=nonempty_str, help="directory of the status snapshots read by `conductor-run status`",
         env=("CONDUCTOR_RUN_STATE_DIR",), flag="--state-dir", metavar="DIR", unset=STATE_DIR_DEFAULT,
-        example="/run/user/1000/conductor-run",
-        doc="Relative: to the config file; `~/` is the home directory.",
+        example="/run/user/1000/conductor-run", path=True,
         restart="the state directory holds this runner's records, outbox and control socket",
     )
     log_format: str = option(
@@ -264,11 +264,11 @@ class TaskSettings:
     )
     cwd: str = option(  # absolute after resolve
         ".", check=nonempty_str, help="working directory (relative: to the config file's directory)",
-        doc="Default: the directory conductor-run is started in; `~/` is the home directory.",
+        path=True, doc="Default: the directory conductor-run is started in.",
     )
     env: Mapping[str, str] = option(  # values may be credentials
         check=env_table, help="extra environment variables for the child ([worker] + [[task]])",
-        factory=dict, repr=False, example={"LANG": "C.UTF-8"},
+        factory=dict, repr=False, example={"LANG": "C.UTF-8"}, combined=True,
     )
     concurrency: int = option(
         1, check=int_range(1, 1000), help="children run at once (SDK: thread_count)",
@@ -357,7 +357,7 @@ class TaskSettings:
     secrets: tuple[str, ...] = option(
         (), check=env_names,
         help="names of runner environment variables never passed to the child ([worker] + [[task]])",
-        example=["DATABASE_PASSWORD"], doc="Glob patterns such as `AWS_*` too.",
+        example=["DATABASE_PASSWORD"], doc="Glob patterns such as `AWS_*` too.", combined=True,
         restart="secrets are removed from the runner's own environment at start",
     )
     required_secrets: tuple[str, ...] = option(
