@@ -19,7 +19,7 @@ from cli.workerstdio import REPLACED
 from leasecore.config import keys
 from leasecore.config.checks import bool_from_text, float_from_text, int_from_text, int_range, nonempty_str
 from leasecore.config.keys import CLI_KEYS, KEYS, RESTART_ONLY, SCOPES, KeySpec, keys_of
-from leasecore.config.loader import OVERRIDE_KEYS, resolve
+from leasecore.config.loader import OVERRIDE_KEYS, parse_toml, resolve
 from leasecore.config.settings import OPTION, TaskSettings, option
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,3 +146,24 @@ def test_task_settings_defaults_are_the_declared_ones() -> None:
     for spec in keys_of("task"):
         if spec.name != "type":
             assert getattr(task, spec.name) == spec.default, spec.name
+
+
+@pytest.mark.parametrize("spec", [s for s in KEYS.values() if s.path], ids=lambda s: s.name)
+def test_every_key_declared_a_path_is_relative_to_the_file_that_gave_it(spec: KeySpec) -> None:
+    section = {"server": "[server]\n", "runner": "[worker]\n", "task": ""}[spec.scope]
+    extra = 'auth_key = "k"\n' if spec.name == "auth_secret_file" else ""
+    task = '[[task]]\ntype = "t"\ncommand = ["x"]\n'
+    line = f'{spec.name} = "rel"\n'
+    text = task + line if spec.scope == "task" else section + line + extra + task
+    config = resolve(parse_toml(text, "conf/c.toml"), {"HOME": "/home/u"}, {}, cwd="/w", hostname="h")
+    settings = {"server": config.server, "runner": config.runner, "task": config.tasks[0]}[spec.scope]
+    assert getattr(settings, spec.name) == "/w/conf/rel"
+
+
+@pytest.mark.parametrize("spec", [s for s in KEYS.values() if s.combined], ids=lambda s: s.name)
+def test_every_key_declared_combined_takes_worker_and_task_together(spec: KeySpec) -> None:
+    table = isinstance(spec.default, dict)
+    low, high = ('{ A = "1", B = "1" }', '{ B = "2" }') if table else ('["A", "B"]', '["B"]')
+    text = f'[worker]\n{spec.name} = {low}\n[[task]]\ntype = "t"\ncommand = ["x"]\n{spec.name} = {high}\n'
+    value = getattr(resolve(parse_toml(text, "c.toml"), {}, {}, cwd="/", hostname="h").tasks[0], spec.name)
+    assert value == ({"A": "1", "B": "2"} if table else ("A", "B"))
