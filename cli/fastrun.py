@@ -1,4 +1,4 @@
-"""``conductor-run run ...`` without typer: the runner's start path loads no CLI framework (#23).
+"""``conductor-run run ...`` without typer: the runner's start path loads no CLI framework.
 
 typer (with its vendored click) and the pydantic it builds every parameter's converter with are
 about 12 MB of an idle runner's RSS, and a runner lives for weeks. So :func:`main` reads a ``run``
