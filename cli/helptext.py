@@ -8,25 +8,17 @@ given"): the merge owns the defaults.
 
 from __future__ import annotations
 
-from typing import Any
-
 from leasecore.config.keys import KEYS, KeySpec
 from leasecore.config.loader import CONFIG_ENV, DEFAULT_CONFIG_NAME
 from leasecore.config.settings import STATE_DIR_DEFAULT
 
-__all__ = ["STATE_DIR_DEFAULT", "config_file_help", "default_of", "flag_help", "key_help", "show_default",
-           "sources_of"]
+__all__ = ["STATE_DIR_DEFAULT", "config_file_help", "flag_help", "key_help", "show_default", "sources_of"]
 
 SECTIONS = {"server": "[server]", "runner": "[worker]", "task": "[[task]]/[worker]"}
 
 
 def _unit(unit: str) -> str:
     return f" {unit}" if unit else ""
-
-
-def default_of(name: str) -> Any:
-    """The built-in default of configuration key ``name`` (its settings field's)."""
-    return KEYS[name].default
 
 
 def show_default(name: str, unit: str | None = None, *, zero: str | None = None) -> str:
