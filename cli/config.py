@@ -1,8 +1,9 @@
 """``conductor-run config``: print the effective configuration and where each value came from.
 
-Secrets never reach the output: ``auth_key`` / ``auth_secret``, a password in the server URL, and the
-values of ``env`` entries named in a task's ``secrets`` or named like a credential (``*TOKEN*``,
-``*PASSWORD*``, ``*SECRET*``, ``*API_KEY*``, ...) are masked. ``effective_view`` is pure.
+Secrets never reach the output: the keys declared sensitive (``auth_key``, ``auth_secret``,
+``auth_token``), a password in the server URL, and the values of ``env`` entries named in a task's
+``secrets`` or named like a credential (``*TOKEN*``, ``*PASSWORD*``, ``*SECRET*``, ``*API_KEY*``,
+...) are masked. ``effective_view`` is pure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 
 from cli import exitcodes
 from cli.runoptions import with_run_options
+from leasecore.config.keys import keys_of
 from leasecore.config.loader import ResolvedConfig, Source, TaskSettings, load_config
 from leasecore.errors import ConfigError
 from leasecore.lease import KILL_GRACE_SHARE
@@ -37,15 +39,11 @@ Entry = dict[str, Any]  # {"value": ..., "source": "..."}
 def effective_view(config: ResolvedConfig) -> dict[str, Any]:
     """The resolved configuration as plain data (JSON-ready), secrets masked."""
     server = config.server
-    server_values = {
-        "url": _mask_url(server.url),
-        "auth_key": MASK if server.auth_key else None,
-        "auth_secret": MASK if server.auth_secret else None,
-        "auth_token": MASK if server.auth_token else None,
-        "auth_secret_file": server.auth_secret_file,  # a path, not the secret
-        "ca_bundle": server.ca_bundle,
-        "pass_credentials": server.pass_credentials,
-    }
+    server_values = {name: getattr(server, name) for name in (spec.name for spec in keys_of("server"))}
+    for spec in keys_of("server"):
+        if spec.sensitive:  # a credential is only ever shown as set or not
+            server_values[spec.name] = MASK if server_values[spec.name] else None
+    server_values["url"] = _mask_url(server.url)
     return {
         "config_file": config.config_file,
         "server": _entries(server_values, server.sources),

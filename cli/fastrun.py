@@ -1,11 +1,12 @@
-"""``conductor-run run ...`` without typer: the runner's start path loads no CLI framework (#23).
+"""``conductor-run run ...`` without typer: the runner's start path loads no CLI framework.
 
 typer (with its vendored click) and the pydantic it builds every parameter's converter with are
 about 12 MB of an idle runner's RSS, and a runner lives for weeks. So :func:`main` reads a ``run``
 command line itself when it is plain: only the options of ``run`` (``FLAGS``), each spelled in
 full, values that convert without doubt, then ``--`` and the command. It hands ``cli.run.run``
-exactly the overrides typer would (``tests/cli/test_fastrun.py`` compares the two on many command
-lines, and checks that ``FLAGS`` names every option of ``cli.runoptions.RUN_OPTIONS``).
+exactly the overrides typer would: both read their flags off the keys' declarations
+(``leasecore.config.keys.CLI_KEYS``), and ``tests/cli/test_fastrun.py`` compares the two on many
+command lines.
 
 Anything else goes to typer, which gives its usual answer: ``-h``/``--help``, completion, an unknown
 or misspelled option, a missing value, a value that needs converting (``--concurrency 0x10``,
@@ -19,42 +20,20 @@ import os
 import re
 from typing import Any
 
-# override key -> (flag, kind); kind: str, int, float, ints / strs (repeatable), flag, pair (--x/--no-x).
+from leasecore.config.keys import CLI_KEYS  # run loads it anyway: the merge reads the same table
+
+# override name -> (flag, kind), in RUN_OPTIONS' order, from the keys' declarations (as typer's options
+# are, ``cli.runoptions``); kind: str, int, float, ints / strs (repeatable), flag, pair (--x/--no-x).
 FLAGS: dict[str, tuple[str, str]] = {
     "config": ("--config", "str"),
-    "server": ("--server", "str"),
-    "ca_bundle": ("--ca-bundle", "str"),
-    "pass_credentials": ("--pass-credentials", "flag"),
-    "task_type": ("--task-type", "str"),
-    "shell": ("--shell", "str"),
-    "concurrency": ("--concurrency", "int"),
-    "worker_id": ("--worker-id", "str"),
-    "domain": ("--domain", "str"),
-    "lease_extend_enabled": ("--lease-extend", "pair"),
-    "heartbeat_timeout": ("--heartbeat-timeout", "float"),
-    "kill_grace": ("--kill-grace", "float"),
-    "exec_timeout": ("--exec-timeout", "float"),
-    "terminal_exit_codes": ("--terminal-exit-code", "ints"),
-    "exit_codes": ("--exit-code", "strs"),
-    "protocol": ("--protocol", "str"),
-    "once": ("--once", "flag"),
-    "once_wait": ("--once-wait", "float"),
-    "max_tasks": ("--max-tasks", "int"),
-    "drain": ("--drain", "flag"),
-    "drain_timeout": ("--drain-timeout", "float"),
-    "poll_timeout": ("--poll-timeout", "int"),
-    "user": ("--user", "str"),
-    "group": ("--group", "str"),
-    "state_dir": ("--state-dir", "str"),
-    "log_format": ("--log-format", "str"),
-    "metrics_port": ("--metrics-port", "int"),  # #20
-    "metrics_host": ("--metrics-host", "str"),
-    "metrics_task_type_label": ("--metrics-task-type-label", "str"),  # #20
-    "memory_max": ("--memory-max", "str"),  # #19
-    "pids_max": ("--pids-max", "int"),
-    "cpu_max": ("--cpu-max", "str"),
-    "nofile": ("--nofile", "int"),
-    "cgroup": ("--cgroup", "str"),
+    **{
+        spec.override: (
+            spec.flag.split("/")[0],
+            ("pair" if "/" in spec.flag else "flag") if spec.flag_kind == "bool" else spec.flag_kind,
+        )
+        for spec in CLI_KEYS
+        if spec.flag
+    },
 }
 
 _INT = re.compile(r"[0-9]{1,18}")

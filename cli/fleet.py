@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 import typer
 
 from cli import exitcodes
-from cli.helptext import config_file_help, key_help
+from cli.helptext import config_file_help
 from cli.run import _credentials_hint, _fail
+from cli.runoptions import typer_option
+from leasecore.config.keys import KEYS
 from leasecore.config.loader import ResolvedConfig, load_config
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorRunError, ConfigError
 from leasecore.fleet.view import ACTIVE_POLL_SECONDS, FleetRow, fleet_document, fleet_rows
@@ -42,8 +44,8 @@ def register(app: typer.Typer) -> None:
 
 def fleet(
     config: str | None = typer.Option(None, "--config", metavar="FILE", help=config_file_help()),
-    server: str | None = typer.Option(None, "--server", metavar="URL", help=key_help("url")),
-    ca_bundle: str | None = typer.Option(None, "--ca-bundle", metavar="FILE", help=key_help("ca_bundle")),
+    server: str | None = typer_option(KEYS["url"]),
+    ca_bundle: str | None = typer_option(KEYS["ca_bundle"]),
     task_types: list[str] | None = typer.Option(
         None, "--task-type", metavar="NAME",
         help="Show only this task type, in every domain (repeatable). Default: every type the server knows.",

@@ -1,7 +1,8 @@
 """``conductor-run init [PATH]``: write a commented starter conductor.toml.
 
-The text is composed here from the key table (``leasecore.config.keys``) and the defaults on the
-settings dataclasses, so it cannot drift from what ``resolve`` accepts; values are written by tomli-w.
+The text is composed here from the keys' declarations (``leasecore.config.settings``, through
+``leasecore.config.keys``: help, default, what unset means, an example value), so it cannot drift from
+what ``resolve`` accepts; values are written by tomli-w.
 ``conductor.toml.example`` in the repository is exactly this text (a test keeps them equal).
 """
 
@@ -18,55 +19,7 @@ import typer
 
 from cli import exitcodes
 from leasecore.config.keys import KeySpec, keys_of
-from leasecore.config.loader import DEFAULT_CONFIG_NAME, RunnerSettings, ServerSettings, TaskSettings
-
-# Shown (commented out) where the default is "unset".
-_EXAMPLES: dict[str, Any] = {
-    "auth_key": "<key id>",
-    "auth_secret": "<key secret>",
-    "auth_token": "<token>",
-    "state_dir": "/run/user/1000/conductor-run",
-    "domain": "",
-    "worker_id": "worker-1",
-    "heartbeat_timeout": 60.0,
-    "in_progress_exit_code": 75,
-    "env": {"LANG": "C.UTF-8"},
-    "secrets": ["DATABASE_PASSWORD"],
-    "required_secrets": ["STRIPE_API_KEY"],
-    "terminal_exit_codes": [2],
-    "exit_codes": {"3": "FAILED_WITH_TERMINAL_ERROR", "75": "IN_PROGRESS:30"},  # the exit-code policy
-    "cwd": ".",
-    "auth_secret_file": "/run/credentials/conductor-run.service/conductor-secret",
-    "ca_bundle": "/etc/ssl/private-ca.pem",
-    "user": "nobody",
-    "group": "nogroup",
-    "metrics_port": 9464,  # #20
-    # issue 19: per-tree limits
-    "memory_max": "2G",
-    "pids_max": 512,
-    "cpu_max": 2,
-    "nofile": 4096,
-}
-_UNSET_MEANS = {
-    "state_dir": "$XDG_RUNTIME_DIR/conductor-run, else ~/.local/state/conductor-run",
-    "heartbeat_timeout": "the task's responseTimeoutSeconds",
-    "in_progress_exit_code": "none",
-    "domain": "none",
-    "worker_id": "the hostname",
-    "cwd": "the directory conductor-run is started in",
-    "auth_key": "no auth",
-    "auth_secret": "no auth",
-    "auth_token": "no auth",
-    "auth_secret_file": "none",
-    "ca_bundle": "certifi's CA bundle",
-    "user": "the runner's own",
-    "group": "the user's primary group",
-    "metrics_port": "no metrics endpoint",  # #20
-    "memory_max": "no limit",
-    "pids_max": "no limit",
-    "cpu_max": "no limit",
-    "nofile": "inherited",
-}
+from leasecore.config.loader import DEFAULT_CONFIG_NAME
 
 _HEADER = """\
 # conductor-run configuration (see docs/configuration.md).
@@ -86,12 +39,11 @@ _HEADER = """\
 def starter_text() -> str:
     """The starter file: every key, commented, with its default and its environment variable(s)."""
     parts = [_HEADER, "\n[server]\n"]
-    parts += [_entry(spec, ServerSettings(), active=spec.name == "url") for spec in keys_of("server")]
+    parts += [_entry(spec, active=spec.name == "url") for spec in keys_of("server")]
     parts.append("\n[worker]\n# Runner-wide settings.\n")
-    parts += [_entry(spec, RunnerSettings()) for spec in keys_of("runner") if spec.in_file]
+    parts += [_entry(spec) for spec in keys_of("runner") if spec.in_file]
     parts.append("\n# Defaults for every [[task]] below (a [[task]] can set each of these too).\n")
-    defaults = TaskSettings(type="")
-    parts += [_entry(spec, defaults) for spec in keys_of("task") if spec.in_worker]
+    parts += [_entry(spec) for spec in keys_of("task") if spec.in_worker]
     parts.append(
         "\n# One [[task]] per task type; one `conductor-run run` serves them all.\n[[task]]\n"
         "# The Conductor task type to poll.\n"
@@ -103,11 +55,11 @@ def starter_text() -> str:
     return "".join(parts)
 
 
-def _entry(spec: KeySpec, defaults: Any, *, active: bool = False) -> str:
-    default = getattr(defaults, spec.name)
-    shown = _EXAMPLES.get(spec.name, default) if default in (None, "", (), {}) else default
-    unset = _UNSET_MEANS.get(spec.name)
-    default_text = f"unset ({unset})" if unset and default in (None, "", (), {}) else _toml_value(default)
+def _entry(spec: KeySpec, *, active: bool = False) -> str:
+    default = spec.default
+    unset = default in (None, "", (), {})
+    shown = spec.example if unset and spec.example is not None else default
+    default_text = f"unset ({spec.unset})" if unset and spec.unset else _toml_value(default)
     where = [f"default {default_text}", *(f"env {name}" for name in spec.env)]
     if spec.worker_prop:
         prop = spec.worker_prop.upper()

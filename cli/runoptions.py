@@ -1,9 +1,12 @@
-"""The options of ``run``, defined once and shared with ``config``.
+"""The options of ``run``, derived from the keys' declarations and shared with ``config``.
 
 ``config`` takes any ``run`` command line and shows what that run would use, so both must take the
-same options: a new one added here reaches both. Every option sets one key of the merge (its name is
-the key in ``leasecore.config.loader.OVERRIDE_KEYS``) and defaults to None, "not given": the merge owns the
-defaults, and ``--help`` says them (``cli.helptext``).
+same options; ``worker stdio`` takes most of them too. Every option is made from one key's
+declaration (``leasecore.config.settings``: flag, metavar, kind, help; :data:`CLI_KEYS` in
+``leasecore.config.keys`` says which and in what order), sets that key in the merge (its name is the
+key's ``override``, in ``leasecore.config.loader.OVERRIDE_KEYS``) and defaults to None, "not given":
+the merge owns the defaults, and ``--help`` says them (``cli.helptext``). The lean start path reads
+the same declarations (``cli.fastrun``).
 """
 
 from __future__ import annotations
@@ -15,117 +18,35 @@ from typing import Any
 
 import typer
 
-from cli.helptext import STATE_DIR_DEFAULT, config_file_help, key_help
+from cli.helptext import config_file_help, flag_help
+from leasecore.config.keys import CLI_KEYS, KEYS, KeySpec
 
-# (override key, the type typer converts the value to, the argument or option), in --help order.
-RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
-    ("command", list[str] | None, typer.Argument(None, metavar="-- CMD [ARGS]", hidden=True)),
-    ("config", str | None, typer.Option(None, "--config", metavar="FILE", help=config_file_help())),
-    ("server", str | None, typer.Option(None, "--server", metavar="URL", help=key_help("url"))),
-    ("ca_bundle", str | None, typer.Option(None, "--ca-bundle", metavar="FILE", help=key_help("ca_bundle"))),
-    ("pass_credentials", bool | None, typer.Option(
-        None, "--pass-credentials", help=key_help("pass_credentials")
-    )),
-    ("task_type", str | None, typer.Option(
-        None, "--task-type", metavar="NAME",
-        help=key_help("type", what="the task type to poll (with a config file: only this [[task]] runs)",
-                      default=""),
-    )),
-    ("shell", str | None, typer.Option(
-        None, "--shell", metavar="COMMAND",
-        help=key_help("shell", what="run this string with /bin/sh -c instead of -- CMD [ARGS] (task "
-                      "input never enters it)", default=""),
-    )),
-    ("concurrency", int | None, typer.Option(
-        None, "--concurrency", metavar="N", help=key_help("concurrency")
-    )),
-    ("worker_id", str | None, typer.Option(
-        None, "--worker-id", metavar="NAME", help=key_help("worker_id", default="the hostname")
-    )),
-    ("domain", str | None, typer.Option(None, "--domain", metavar="NAME", help=key_help("domain"))),
-    ("lease_extend_enabled", bool | None, typer.Option(
-        None, "--lease-extend/--no-lease-extend", help=key_help("lease_extend_enabled")
-    )),
-    ("heartbeat_timeout", float | None, typer.Option(
-        None, "--heartbeat-timeout", metavar="SECONDS",
-        help=key_help("heartbeat_timeout", "s", default="the task's responseTimeoutSeconds"),
-    )),
-    ("kill_grace", float | None, typer.Option(
-        None, "--kill-grace", metavar="SECONDS", help=key_help("kill_grace", "s")
-    )),
-    ("exec_timeout", float | None, typer.Option(
-        None, "--exec-timeout", metavar="SECONDS", help=key_help("exec_timeout", "s", zero="none")
-    )),
-    ("terminal_exit_codes", list[int] | None, typer.Option(
-        None, "--terminal-exit-code", metavar="CODE",
-        help=key_help("terminal_exit_codes", what="an exit code reported FAILED_WITH_TERMINAL_ERROR "
-                      "(repeatable; 1..255)", default="none"),
-    )),
-    ("exit_codes", list[str] | None, typer.Option(
-        None, "--exit-code", metavar="CODE=STATUS[:SECONDS]",
-        help=key_help("exit_codes", what="map an exit code to COMPLETED, FAILED, FAILED_WITH_TERMINAL_ERROR "
-                      "or IN_PROGRESS[:callbackAfterSeconds] (repeatable; 1..255)", default="none"),
-    )),
-    ("protocol", str | None, typer.Option(
-        None, "--protocol", metavar="native|stdio", help=key_help("protocol")
-    )),
-    ("once", bool | None, typer.Option(
-        None, "--once",
-        help=key_help("once", what="run one task, then exit (exit 6 when none came within --once-wait)"),
-    )),
-    ("once_wait", float | None, typer.Option(
-        None, "--once-wait", metavar="SECONDS", help=key_help("once_wait", "s")
-    )),
-    ("max_tasks", int | None, typer.Option(
-        None, "--max-tasks", metavar="N", help=key_help("max_tasks", default="no limit")
-    )),
-    ("drain", bool | None, typer.Option(None, "--drain", help=key_help("drain"))),
-    ("drain_timeout", float | None, typer.Option(
-        None, "--drain-timeout", metavar="SECONDS", help=key_help("drain_timeout", "s")
-    )),
-    ("poll_timeout", int | None, typer.Option(
-        None, "--poll-timeout", metavar="MS", help=key_help("poll_timeout", "ms")
-    )),
-    ("user", str | None, typer.Option(
-        None, "--user", metavar="NAME", help=key_help("user", default="the runner's own (as root: warned)")
-    )),
-    ("group", str | None, typer.Option(
-        None, "--group", metavar="NAME", help=key_help("group", default="the user's primary group")
-    )),
-    ("state_dir", str | None, typer.Option(
-        None, "--state-dir", metavar="DIR", help=key_help("state_dir", default=STATE_DIR_DEFAULT)
-    )),
-    ("log_format", str | None, typer.Option(
-        None, "--log-format", metavar="text|json", help=key_help("log_format")
-    )),
-    # #20 metrics endpoint
-    ("metrics_port", int | None, typer.Option(
-        None, "--metrics-port", metavar="PORT", help=key_help("metrics_port", default="off")
-    )),
-    ("metrics_host", str | None, typer.Option(
-        None, "--metrics-host", metavar="ADDR", help=key_help("metrics_host")
-    )),
-    ("metrics_task_type_label", str | None, typer.Option(
-        None, "--metrics-task-type-label", metavar="taskType|task_type",
-        help=key_help("metrics_task_type_label"),
-    )),
-    # issue 19: resource limits per task tree, and the cgroup mechanism
-    ("memory_max", str | None, typer.Option(
-        None, "--memory-max", metavar="SIZE", help=key_help("memory_max", default="none")
-    )),
-    ("pids_max", int | None, typer.Option(
-        None, "--pids-max", metavar="N", help=key_help("pids_max", default="none")
-    )),
-    ("cpu_max", str | None, typer.Option(
-        None, "--cpu-max", metavar="CORES", help=key_help("cpu_max", default="none")
-    )),
-    ("nofile", int | None, typer.Option(
-        None, "--nofile", metavar="N", help=key_help("nofile", default="inherited")
-    )),
-    ("cgroup", str | None, typer.Option(
-        None, "--cgroup", metavar="auto|v2|v1|off", help=key_help("cgroup")
-    )),
-)  # fmt: skip
+# A key's kind -> the type typer converts its flag's value to.
+_TYPER_TYPES: dict[str, Any] = {
+    "str": str | None, "int": int | None, "float": float | None, "bool": bool | None,
+    "ints": list[int] | None, "strs": list[str] | None,
+}  # fmt: skip
+
+
+def typer_option(spec: KeySpec) -> Any:
+    """The typer option of key ``spec``'s flag: its spelling(s), metavar and help."""
+    assert spec.flag is not None, spec.name  # only keys with a flag (CLI_KEYS) get an option
+    if spec.flag_kind == "bool":
+        return typer.Option(None, spec.flag, help=flag_help(spec))
+    return typer.Option(None, spec.flag, metavar=spec.metavar, help=flag_help(spec))
+
+
+def _run_options() -> tuple[tuple[str, Any, Any], ...]:
+    command = KEYS["command"]
+    return (
+        (command.name, list[str] | None, typer.Argument(None, metavar=command.metavar, hidden=True)),
+        ("config", str | None, typer.Option(None, "--config", metavar="FILE", help=config_file_help())),
+        *((spec.override, _TYPER_TYPES[spec.flag_kind], typer_option(spec)) for spec in CLI_KEYS),
+    )
+
+
+# (override name, the type typer converts the value to, the argument or option), in --help order.
+RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = _run_options()
 
 
 def with_run_options(command: Callable[..., None]) -> Callable[..., None]:

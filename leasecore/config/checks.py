@@ -4,8 +4,10 @@ Owns: what each kind of value may be (a checker takes a value as the file or a f
 typed, and returns the clean value or raises ``ValueError`` saying what is allowed), how an
 environment string becomes a typed value (``*_from_text``), and :func:`check_value` /
 :func:`invalid_value`, which turn that ``ValueError`` into a ``ConfigError`` naming key, value and
-source, with credentials masked (a sensitive key's value is never shown, a bad URL's password is cut).
-The key table that names a checker for each key is ``config.keys``.
+source (a ``settings.Source``, or anything that prints as one: the settings declare their keys with
+these checkers, so this module does not import them back), with credentials masked (a sensitive
+key's value is never shown, a bad URL's password is cut).
+Each key's declaration names its checker (``config.settings``); the key table is ``config.keys``.
 
 Must not: know any key by name beyond masking (``url``, ``env``), read anything, hold defaults
 (``config.settings``). Pure. Threads: none.
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from leasecore.config.settings import Source
 from leasecore.errors import ConfigError
 
 TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
@@ -294,22 +295,42 @@ def cpu_count(value: Any) -> float:
 
 @dataclass(frozen=True)
 class KeySpec:
-    """One configuration key: its row in the table (``keys.KEYS``), with how its values are checked."""
+    """One configuration key as declared on its settings field (``settings.option``), with its name,
+    scope and default added (``keys.KEYS``): how it is checked, read, set and documented."""
 
     name: str
     scope: str  # "server" | "runner" | "task"
     check: Checker
     help: str
     from_text: Callable[[str], Any] = as_text
-    env: tuple[str, ...] = ()  # fixed environment variables (server and runner keys)
+    env: tuple[str, ...] = ()  # fixed environment variables, first set wins (server and runner keys)
     worker_prop: str | None = None  # SDK-style per-task/all variables: conductor_worker_<task>_<prop>
-    flag: str | None = None
+    flag: str | None = None  # "--x", "--x/--no-x" (a pair), "--" (the command); None: no flag
     in_file: bool = True  # False: command-line only
     in_worker: bool = True  # task keys: may [worker] give a default for every task?
     sensitive: bool = False  # never echoed in messages or output
+    default: Any = None  # the settings field's default (None too for a required key)
+    flag_kind: str = "str"  # what the flag's value is: str, int, float, bool, ints / strs (repeatable)
+    dest: str = ""  # the CLI override's name (``--server`` sets ``url``); "" when it is the key's name
+    metavar: str | None = None  # the flag's value in --help
+    flag_help: str | None = None  # the flag's own words when they differ from ``help``
+    unit: str = ""  # shown after the default: "s", "ms", "checks/s"
+    unset: str | None = None  # what the default None/empty means ("the hostname"); "": say nothing
+    zero: str | None = None  # what 0 means, when it is the default ("none")
+    example: Any = None  # shown (commented out) in ``init``'s file when the default is unset
+    doc: str = ""  # more for the configuration reference (Markdown)
+    restart: str | None = None  # why a reload may not change it; None: a reload may
+    aliases: tuple[str, ...] = ()  # other spellings accepted in the file
+    path: bool = False  # a path: relative to the config file that gave it, else to the cwd; ~/ expanded
+    combined: bool = False  # task keys from the file only: [worker]'s and [[task]]'s values together
+
+    @property
+    def override(self) -> str:
+        """The name of the ``run`` CLI override that sets this key."""
+        return self.dest or self.name
 
 
-def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
+def check_value(spec: KeySpec, value: Any, source: object) -> Any:
     """Check a typed value; a ValueError becomes a ConfigError naming key, value and source."""
     try:
         return spec.check(value)
@@ -317,7 +338,7 @@ def check_value(spec: KeySpec, value: Any, source: Source) -> Any:
         raise invalid_value(spec, value, source, str(exc)) from None
 
 
-def invalid_value(spec: KeySpec, value: Any, source: Source, allowed: str) -> ConfigError:
+def invalid_value(spec: KeySpec, value: Any, source: object, allowed: str) -> ConfigError:
     if spec.name == "url" and isinstance(value, str):
         value = _mask_invalid_url(value)
     shown = "" if spec.sensitive or spec.name == "env" else f" = {_short(value)}"

@@ -2,14 +2,15 @@
 
 Owns: :func:`reload_changes`, the comparison of the configuration a runner runs with and the one a
 reload just loaded (same flags, same environment, the file read again): one line per changed value,
-and one refusal per value that only a restart can change (:data:`RESTART_ONLY`), each naming the
-key and where its new value came from. A reload with any refusal changes nothing.
+and one refusal per value that only a restart can change (:data:`RESTART_ONLY`, derived from the keys'
+declarations: ``restart=`` on a settings field says why), each naming the key and where its new value
+came from. A reload with any refusal changes nothing.
 
 Everything not listed in :data:`RESTART_ONLY` is live: per task type, every key (concurrency,
 paused, limits, exit-code policies, timeouts, command...) takes effect for the tasks started after
 the reload, because the runner builds that type's plan again from the new settings; for the runner,
 ``log_format``, ``drain``/``drain_timeout`` and, while metrics stay on, ``metrics_host``/``metrics_port``.
-A key added later to ``TaskSettings`` is live unless it is added here.
+A key added later is live unless its declaration says ``restart=``; a server key is never live.
 
 Must not: read files, build plans or touch the runner (``leasecore.runner.wiring`` does). Pure.
 Threads: any.
@@ -20,37 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from leasecore.config.keys import RESTART_ONLY
 from leasecore.config.settings import DEFAULT, ResolvedConfig, RunnerSettings, ServerSettings, TaskSettings
 
 __all__ = ["RESTART_ONLY", "ReloadChanges", "reload_changes"]
-
-# scope -> key -> why it cannot change in a running runner
-RESTART_ONLY: dict[str, dict[str, str]] = {
-    "server": {
-        "url": "the server's address is fixed for the runner's connections and leases",
-        "auth_key": "credentials are read once, at start",
-        "auth_secret": "credentials are read once, at start",
-        "auth_token": "credentials are read once, at start",
-        "auth_secret_file": "credentials are read once, at start",
-        "ca_bundle": "the TLS trust is set up once, at start",
-    },
-    "runner": {
-        "state_dir": "the state directory holds this runner's records, outbox and control socket",
-        "once": "the task budget is fixed at start",
-        "once_wait": "the task budget is fixed at start",
-        "max_tasks": "the task budget is fixed at start",
-        "cgroup": "the cgroup mechanism is detected once, at start",
-        "ownership_check_rate": "the ownership-check budget is made once, at start",
-        "update_v2": "update chaining is chosen once, at start",
-        "metrics_task_type_label": "the metrics' label names are fixed when they are registered",
-    },
-    "task": {
-        "user": "the runner's user switching is checked at start",
-        "group": "the runner's user switching is checked at start",
-        "secrets": "secrets are removed from the runner's own environment at start",
-        "worker_id": "the runner's identity (status, fleet, the server's poll data) is fixed at start",
-    },
-}
 
 
 @dataclass(frozen=True)

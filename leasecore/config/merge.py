@@ -41,12 +41,11 @@ from leasecore.errors import ConfigError
 
 __all__ = ["OVERRIDE_KEYS", "PRECEDENCE", "no_command", "resolve"]
 
-# CLI overrides: key -> the setting it sets. None (or an empty list) means "flag not given".
+# CLI overrides: override name -> the setting it sets (a key's ``dest``: ``--server`` sets url).
+# None (or an empty list) means "flag not given"; ``config`` names the file, no setting.
 OVERRIDE_KEYS: dict[str, str] = {
     "config": "",
-    "server": "url",
-    "task_type": "type",
-    **{spec.name: spec.name for spec in KEYS.values() if spec.flag and spec.name not in ("url", "type")},
+    **{spec.override: spec.name for spec in KEYS.values() if spec.flag},
 }
 
 # The layers of each scope, highest first; a key none of them gives keeps its default (the settings
@@ -134,9 +133,7 @@ def _resolve_server(
                 )
         else:
             sources[spec.name] = DEFAULT
-    for name in ("auth_secret_file", "ca_bundle"):  # paths: relative to the file that gave them
-        if name in values:
-            values[name] = _absolute_dir(values[name], sources[name], file, environ, cwd)
+    _absolute_paths("server", values, sources, file, environ, cwd)
     if values.get("auth_secret") and values.get("auth_secret_file"):  # the value itself wins
         warnings.append(f"auth_secret (from {sources['auth_secret']}) is used; auth_secret_file (from "
                         f"{sources['auth_secret_file']}) is ignored: set only one")
@@ -174,9 +171,18 @@ def _resolve_runner(
             values[spec.name], sources[spec.name] = found
         else:
             sources[spec.name] = DEFAULT
-    if "state_dir" in values:
-        values["state_dir"] = _absolute_dir(values["state_dir"], sources["state_dir"], file, environ, cwd)
+    _absolute_paths("runner", values, sources, file, environ, cwd)
     return RunnerSettings(**values, sources=sources)
+
+
+def _absolute_paths(
+    scope: str, values: dict[str, Any], sources: Mapping[str, Source], file: FileView | None,
+    environ: Mapping[str, str], cwd: str,
+) -> None:
+    """The keys of ``scope`` declared ``path``, made absolute (:func:`_absolute_dir`) where set."""
+    for spec in keys_of(scope):
+        if spec.path and spec.name in values:
+            values[spec.name] = _absolute_dir(values[spec.name], sources[spec.name], file, environ, cwd)
 
 
 def _absolute_dir(
@@ -249,7 +255,7 @@ def _resolve_task(
     sources: dict[str, Source] = {"type": type_source}
     layers = _layers("task", file, index, task_type, environ, flags)
     for spec in keys_of("task"):
-        if spec.name in ("type", "command", "shell", "env", "secrets"):
+        if spec.name in ("type", "command", "shell") or spec.combined:
             continue
         found = _first_hit(layers, spec)
         values[spec.name], sources[spec.name] = found or (default_of(TaskSettings, spec.name), DEFAULT)
@@ -386,17 +392,19 @@ def _resolve_command(
 def _resolve_tables(
     file: FileView | None, index: int | None, values: dict[str, Any], sources: dict[str, Source]
 ) -> None:
-    """env and secrets combine [worker] and [[task]]: a secret declared for all tasks stays secret."""
-    worker_env = _from_file(file, "worker", -1, "env")
-    task_env = _from_file(file, "task", index, "env")
-    env: dict[str, str] = {**(worker_env[0] if worker_env else {}), **(task_env[0] if task_env else {})}
-    values["env"] = env
-    sources["env"] = _combined_source(worker_env, task_env)
-    worker_secrets = _from_file(file, "worker", -1, "secrets")
-    task_secrets = _from_file(file, "task", index, "secrets")
-    names = [*(worker_secrets[0] if worker_secrets else ()), *(task_secrets[0] if task_secrets else ())]
-    values["secrets"] = tuple(dict.fromkeys(names))
-    sources["secrets"] = _combined_source(worker_secrets, task_secrets)
+    """The keys declared ``combined`` (env, secrets) take [worker]'s and [[task]]'s values together: a
+    table's entries, [[task]]'s winning a name both set; a list's items, each once (a secret declared
+    for all tasks stays secret)."""
+    for spec in keys_of("task"):
+        if not spec.combined:
+            continue
+        low = _from_file(file, "worker", -1, spec.name)
+        high = _from_file(file, "task", index, spec.name)
+        if isinstance(spec.default, dict):
+            values[spec.name] = {**(low[0] if low else {}), **(high[0] if high else {})}
+        else:
+            values[spec.name] = tuple(dict.fromkeys([*(low[0] if low else ()), *(high[0] if high else ())]))
+        sources[spec.name] = _combined_source(low, high)
 
 
 def _combined_source(low: Hit | None, high: Hit | None) -> Source:
@@ -415,7 +423,7 @@ def _resolve_paths(
     sources: dict[str, Source],
 ) -> None:
     # A relative cwd in the file means relative to the file, so the file works from any directory.
-    values["cwd"] = _absolute_dir(values["cwd"], sources["cwd"], file, environ, cwd)
+    _absolute_paths("task", values, sources, file, environ, cwd)
     if not values["worker_id"]:
         values["worker_id"] = hostname
         sources["worker_id"] = Source("default", "default (hostname)")

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from cli import fastrun
 from cli.runoptions import RUN_OPTIONS, with_run_options
+from leasecore.config.keys import CLI_KEYS, KeySpec
 
 PLAIN = [
     [],
@@ -73,21 +74,31 @@ def _typer_overrides(args: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def test_flags_name_every_run_option_with_its_kind() -> None:
-    kinds = {str: "str", int: "int", float: "float", bool: "bool", list[int]: "ints", list[str]: "strs"}
-    declared = {}
-    for key, annotation, info in RUN_OPTIONS:
-        if key == "command":
-            continue
-        (decls,) = info.param_decls
-        base = next(a for a in annotation.__args__ if a is not type(None))
-        declared[key] = (decls.split("/")[0], kinds[base])
-    mine = {key: (flag, "bool" if kind in ("flag", "pair") else kind)
-            for key, (flag, kind) in fastrun.FLAGS.items()}
-    assert mine == declared, "cli.fastrun.FLAGS must list every option of cli.runoptions.RUN_OPTIONS"
-    for key, _, info in RUN_OPTIONS:
-        if key in fastrun.FLAGS and fastrun.FLAGS[key][1] in ("flag", "pair"):
-            assert ("/" in info.param_decls[0]) == (fastrun.FLAGS[key][1] == "pair"), key
+_SAMPLES = {"str": "x1", "int": "7", "float": "2.5", "ints": "3", "strs": "3=FAILED"}
+
+
+def _every_flag_once(spec: KeySpec) -> list[list[str]]:
+    """Command lines giving ``spec``'s flag(s) a value of its kind, in both spellings where it has two."""
+    assert spec.flag is not None
+    if spec.flag_kind == "bool":
+        return [[flag] for flag in spec.flag.split("/")]
+    value = _SAMPLES[spec.flag_kind]
+    return [[spec.flag, value], [f"{spec.flag}={value}"], [spec.flag, value, spec.flag, value]]
+
+
+@pytest.mark.parametrize("spec", CLI_KEYS, ids=lambda spec: spec.name)
+def test_every_declared_flag_reads_the_same_on_both_paths(spec: KeySpec) -> None:
+    # Both paths read their flags off the same declarations; this holds them to one reading, for
+    # every flag a declaration adds (its kind decides the conversion on both).
+    for args in _every_flag_once(spec):
+        fast = fastrun.plain_run(["run", *args, "--", "true"], {})
+        assert fast is not None, args
+        assert fast == _typer_overrides([*args, "--", "true"]), args
+        assert fast[spec.override] is not None, args
+
+
+def test_the_lean_path_and_typer_take_the_same_options_in_the_same_order() -> None:
+    assert list(fastrun.FLAGS) == [name for name, _, _ in RUN_OPTIONS if name != "command"]
 
 
 @pytest.mark.parametrize("args", PLAIN, ids=lambda a: " ".join(a) or "(none)")
