@@ -25,7 +25,7 @@ PURE = frozenset({
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
-    "leasecore.runner.leasebook",
+    "leasecore.runner.leasebook", "leasecore.process.deadman",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
     "leasecore.lease.policy",
     # the packages' own __init__ modules are docstrings only
