@@ -38,6 +38,7 @@ from typing import Any
 from leasecore.process import _cgroupfs, _procfs
 from leasecore.process.frames import FrameBatch, recv_frame, send_frame
 from leasecore.process.grouppool import GroupPool
+from leasecore.process.switches import Switches
 from leasecore.process.trees import Tree, attribute, scan
 from leasecore.process.treestarts import TreeStarts
 
@@ -47,7 +48,7 @@ _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
 
 
-class ForkServer(TreeStarts):
+class ForkServer(TreeStarts, Switches):
     """The event loop; see the module docstring (how a tree is started: treestarts.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -78,6 +79,7 @@ class ForkServer(TreeStarts):
         self._selector = selectors.DefaultSelector()
         self._sigdef: list[int] = []
         self._init_starts()  # treestarts.py: spawner threads, ``_turn``
+        self._init_switches()  # switches.py: each tree's dead-man's switch
 
     def run(self) -> None:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
@@ -112,6 +114,7 @@ class ForkServer(TreeStarts):
         self._remove_orphaned_dirs()
 
     def _take_turn(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
+        self._fire_switches(time.monotonic())  # trees past their kill-by time die before anything else
         sigchld = False
         for key, _ in ready:
             if key.fileobj == self._wake_r:
@@ -174,6 +177,8 @@ class ForkServer(TreeStarts):
                              "what": "fork"})  # fmt: skip
         elif op == "signal":
             self._signal(message)
+        elif op == "kill_by":
+            self._renew_switch(message)
         elif op == "shutdown":
             self._begin_close(float(message.get("grace", 0.0)))
         elif op == "stats":
@@ -183,7 +188,7 @@ class ForkServer(TreeStarts):
                          "groups_reused": self._groups.reused, "groups_free": len(self._groups),
                          "spawner_threads": self._spawners.threads if self._spawners else 0,
                          "start_times_read": self._start_times.read,
-                         "start_times_off": self._start_times.off})  # fmt: skip
+                         "start_times_off": self._start_times.off, **self._switch_stats()})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True
@@ -219,6 +224,8 @@ class ForkServer(TreeStarts):
             return
         now = time.monotonic()
         sig = int(req["sig"])
+        if not self._runner_signalled(tree, sig, req.get("at")):
+            return  # the switch has TERMed it already: its KILL is due no later than the lease allows
         if sig == signal.SIGKILL:
             tree.kill_at = now
         else:
@@ -344,6 +351,7 @@ class ForkServer(TreeStarts):
                 "signal": result.si_status if killed else None,
                 "resources": usage,
                 "oom_kills": oom,
+                "switch": tree.switched,  # ended by its dead-man's switch: the runner was stalled
             }
         )
 
@@ -431,11 +439,12 @@ class ForkServer(TreeStarts):
         return True
 
     def _timeout_seconds(self) -> float | None:
+        timeout = None
         if any(t.exited or t.kill_at is not None for t in self._trees.values()):
-            return _TICK_SECONDS
-        if self._closing_kill_at is not None or self._strays or self._empty_groups:
-            return _TICK_SECONDS
-        return None
+            timeout = _TICK_SECONDS
+        elif self._closing_kill_at is not None or self._strays or self._empty_groups:
+            timeout = _TICK_SECONDS
+        return self._switch_timeout(time.monotonic(), timeout)
 
     def _done(self) -> bool:
         if self._closing_kill_at is None or self._inflight:  # (a start on a spawner thread: its tree next)

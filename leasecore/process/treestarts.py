@@ -70,6 +70,8 @@ class TreeStarts:
 
         def _signal(self, req: dict[str, Any]) -> None: ...
 
+        def _arm_switch(self, tree: Tree, req: dict[str, Any]) -> None: ...
+
     def _init_starts(self) -> None:
         # Every turn of the loop and every spawner's job holds ``_turn`` (but for the select and the
         # libc call): one at a time touches the fork server's state, as when it had one thread.
@@ -132,6 +134,7 @@ class TreeStarts:
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
+        self._arm_switch(tree, req)  # switches.py: its kill-by time, if its lease has a deadline
         self._watch_exit(tree)
         self._held(tree)
         return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}

@@ -1,0 +1,84 @@
+"""The runner's side of the dead-man's switches: each task's kill-by times, sent to its tree.
+
+Owns ``KillByTimes``: the latest (TERM at, KILL at) of each task's lease (``Lease.kill_by``, handed
+over by the lease engine's threads after every acknowledged heartbeat, ``None`` once the lease is
+over), which tree each task runs as, and the ``kill_by`` requests to the fork server
+(``switches.py`` holds and enforces them). A spawn carries the times known when it is sent;
+``attach`` then sends whatever moved meanwhile, so no renewal falls between the two.
+
+Must not touch: the decisions (the lease's and ``deadman.Switch``'s), the socket (the link's). The
+times are ``time.monotonic()`` seconds: the same clock in every process on Linux.
+Threads: ``renew`` from the engine's threads, ``spawning``/``attach`` from the thread that starts a
+task, ``gone`` from the reader thread; one lock, held while a request goes out so that each task's
+renewals leave in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from leasecore.errors import ProcessError
+
+KillBy = tuple[float, float]
+
+
+class KillByTimes:
+    """Each task's kill-by times and the tree they go to; see the module docstring."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._times: dict[str, KillBy] = {}  # task id -> its lease's latest kill-by times
+        self._keys: dict[str, str] = {}  # task id -> the key of the tree running it
+        self._tasks: dict[str, str] = {}  # tree key -> task id
+        self.renewals = 0  # kill_by requests sent (diagnostics)
+
+    def renew(self, task_id: str, times: KillBy | None) -> None:
+        """The lease of ``task_id`` now ends at ``times`` (None: the lease is over, forget it)."""
+        with self._lock:
+            if times is None:
+                self._times.pop(task_id, None)
+                key = self._keys.pop(task_id, None)
+                if key is not None:
+                    self._tasks.pop(key, None)
+                return
+            self._times[task_id] = times
+            key = self._keys.get(task_id)
+            if key is not None:
+                self._send_locked(key, times)
+
+    def spawning(self, task_id: str) -> list[float] | None:
+        """The times a spawn of ``task_id`` carries now (None: its lease has no deadline)."""
+        with self._lock:
+            times = self._times.get(task_id)
+            return None if times is None else list(times)
+
+    def attach(self, task_id: str, key: str, sent: list[float] | None) -> None:
+        """The spawn of ``task_id`` as tree ``key`` went out with ``sent``: renewals go to it from now
+        on, and one that came after ``spawning`` goes now."""
+        with self._lock:
+            if task_id not in self._times:  # the lease ended meanwhile
+                return
+            old = self._keys.get(task_id)
+            if old is not None:
+                self._tasks.pop(old, None)
+            self._keys[task_id] = key
+            self._tasks[key] = task_id
+            times = self._times[task_id]
+            if sent is None or tuple(sent) != times:
+                self._send_locked(key, times)
+
+    def gone(self, key: str) -> None:
+        """Tree ``key`` is gone: its task's renewals go nowhere until a next tree is attached."""
+        with self._lock:
+            task_id = self._tasks.pop(key, None)
+            if task_id is not None and self._keys.get(task_id) == key:
+                del self._keys[task_id]
+
+    def _send_locked(self, key: str, times: KillBy) -> None:
+        with contextlib.suppress(ProcessError):  # the fork server is gone: its trees die with it
+            self._send({"op": "kill_by", "key": key, "kill_by": list(times)})
+            self.renewals += 1

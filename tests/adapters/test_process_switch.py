@@ -1,0 +1,112 @@
+"""The fork server's dead-man's switch with real children: a tree whose kill-by time is not renewed
+dies on time with nobody's help; renewals keep it alive; a runner that fences first is not "stalled";
+a runner's TERM after the switch's is not sent again. Checked from the child's own record."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from leasecore.process import Supervisor
+from tests.support import wait_until
+
+from .process_support import REPO, make_task, running_supervisor, spec
+
+CHILD = str(REPO / "tests" / "integration" / "stall_child.py")
+MARGIN = 0.4  # the fence margin: the tree must be gone by kill_at + this (the server's deadline)
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    yield from running_supervisor(tmp_path)
+
+
+def record(path: Path) -> dict[str, list[float]]:
+    events: dict[str, list[float]] = {"start": [], "term": [], "tick": []}
+    for line in path.read_text().splitlines():
+        kind, at = line.split()[:2]
+        events[kind].append(float(at))
+    return events
+
+
+def start(supervisor: Supervisor, path: Path, task_id: str, term_in: float, kill_in: float) -> object:
+    now = time.monotonic()
+    supervisor.kill_by.renew(task_id, (now + term_in, now + kill_in))
+    child = supervisor.start(make_task(task_id=task_id), spec(sys.executable, CHILD, str(path)), worker_id="w")
+    assert wait_until(lambda: path.exists() and "tick" in path.read_text(), 10)
+    return child
+
+
+def test_a_tree_nobody_renews_dies_by_its_kill_point_alone(supervisor: Supervisor, tmp_path: Path) -> None:
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-alone", 0.8, 1.3)
+    term_at, kill_at = supervisor.kill_by._times["t-alone"]
+    assert child.wait_gone(15)  # type: ignore[attr-defined]
+    events = record(path)
+    assert events["tick"][-1] <= kill_at + MARGIN  # dead before the server's deadline
+    assert len(events["term"]) == 1 and events["term"][0] >= term_at  # one TERM, not before its point
+    exit_ = child.wait(5)  # type: ignore[attr-defined]
+    assert exit_ is not None and exit_.signal == signal.SIGKILL  # it ignored the TERM: the KILL ended it
+    assert child.ended_by_switch  # type: ignore[attr-defined]
+    assert supervisor.forkserver_stats()["switch_kills"] >= 1
+
+
+def test_renewals_keep_the_tree_alive_and_its_end_follows_the_last_one(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-renewed", 0.8, 1.3)
+    first_kill = supervisor.kill_by._times["t-renewed"][1]
+    until = time.monotonic() + 2.5
+    while time.monotonic() < until:  # a heartbeat acknowledged every 0.2 s
+        now = time.monotonic()
+        supervisor.kill_by.renew("t-renewed", (now + 0.8, now + 1.3))
+        wait_until(lambda: time.monotonic() >= now + 0.2, 1)
+    last_kill = supervisor.kill_by._times["t-renewed"][1]
+    assert not child.wait_gone(0)  # type: ignore[attr-defined]
+    assert record(path)["tick"][-1] > first_kill + MARGIN  # it lived past the first kill-by time
+    assert child.wait_gone(15)  # type: ignore[attr-defined]
+    events = record(path)
+    assert events["tick"][-1] <= last_kill + MARGIN
+    assert child.ended_by_switch  # type: ignore[attr-defined]
+
+
+def test_a_runner_that_fences_first_is_not_stalled_and_the_switch_still_bounds_the_kill(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-fenced", 0.8, 1.3)
+    _, kill_at = supervisor.kill_by._times["t-fenced"]
+    child.terminate_tree(grace_seconds=30.0)  # type: ignore[attr-defined]  # a grace past the kill point
+    assert child.wait_gone(15)  # type: ignore[attr-defined]
+    events = record(path)
+    assert len(events["term"]) == 1  # the runner's TERM; the switch sent none
+    assert events["tick"][-1] <= kill_at + MARGIN  # the switch's KILL point still held
+    assert not child.ended_by_switch  # type: ignore[attr-defined]
+
+
+def test_a_runners_term_after_the_switchs_is_not_sent_again(supervisor: Supervisor, tmp_path: Path) -> None:
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-late", 0.5, 2.5)
+    assert wait_until(lambda: record(path)["term"], 10)  # the switch's TERM
+    child.terminate_tree(grace_seconds=0.5)  # type: ignore[attr-defined]  # the runner, resuming late
+    assert child.wait_gone(15)  # type: ignore[attr-defined]
+    assert len(record(path)["term"]) == 1
+    assert child.ended_by_switch  # type: ignore[attr-defined]
+    assert supervisor.forkserver_stats()["switch_terms_withheld"] == 1
+
+
+def test_a_tree_without_kill_by_times_has_no_switch(supervisor: Supervisor, tmp_path: Path) -> None:
+    path = tmp_path / "rec"
+    child = supervisor.start(make_task(task_id="t-none"), spec(sys.executable, CHILD, str(path)), worker_id="w")
+    assert wait_until(lambda: path.exists() and "tick" in path.read_text(), 10)
+    assert not child.wait_gone(1.5)
+    child.kill_tree()
+    assert child.wait_gone(15)
+    assert not child.ended_by_switch
+    assert supervisor.forkserver_stats()["switch_terms"] == 0
