@@ -23,6 +23,7 @@ from typing import Any
 from leasecore.errors import ProcessError
 
 KillBy = tuple[float, float]
+_TASKS_MAX = 65536  # tasks whose times are kept: far above any runner's leases (a lost None leaks one)
 
 
 class KillByTimes:
@@ -46,6 +47,8 @@ class KillByTimes:
                     self._tasks.pop(key, None)
                 return
             self._times[task_id] = times
+            if len(self._times) > _TASKS_MAX:
+                del self._times[next(iter(self._times))]
             key = self._keys.get(task_id)
             if key is not None:
                 self._send_locked(key, times)

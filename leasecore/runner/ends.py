@@ -82,6 +82,11 @@ class TaskEnds(RunnerCore):
         if entry.child is not None:
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
+        entry.ended_by_switch = bool(getattr(entry.child, "ended_by_switch", False))
+        if entry.ended_by_switch:  # the fork server fenced it alone: this process did not run in time
+            log.warning("task %s: the lease ran out while the runner was stalled; the fork server's "
+                        "dead-man's switch ended the tree on time", task_id)
+            self._metrics.on_switch_fenced(entry.task.task_type, entry.fence)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      getattr(entry.plan.spec, "in_progress_exit_code", None))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
@@ -262,6 +267,11 @@ def fence_text(fence: FenceReason | None, task: Task, entry: InFlight) -> str | 
     if fence is FenceReason.EXEC_TIMEOUT:
         seconds = entry.policy.exec_timeout_seconds if entry.policy else 0
         return f"exec timeout after {seconds:g}s" if seconds else "exec timeout"
+    if entry.ended_by_switch:  # not the runner: its fork server, on its own (leasecore.process.deadman)
+        what = (f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
+                if fence is FenceReason.HARD_TIMEOUT else "lease expired")
+        return (f"{what} while the runner was stalled (its process did not run): the fork server's "
+                "dead-man's switch ended the tree by the lease's deadline")
     if fence is FenceReason.HARD_TIMEOUT:
         return f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
     if fence is FenceReason.LEASE_EXPIRED:

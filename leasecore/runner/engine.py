@@ -124,12 +124,14 @@ class LeaseEngine:
         random_source: Callable[[], float] = random.random,
         observer: Observer = NO_METRICS,
         check_budget: CheckBudget | None = None,
+        on_kill_by: Callable[[str, tuple[float, float] | None], None] | None = None,
     ) -> None:
         """``senders`` / ``max_senders``: the default executor's pool (``ThreadedSenders``); ``executor``
         replaces it (``InlineSenders``: requests carried out by ``run_due``'s caller).
         ``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
         ``check_budget``: how fast ownership checks may start, for every task together (None: no
-        limit, each goes when due)."""
+        limit, each goes when due). ``on_kill_by(task_id, Lease.kill_by() | None)``: when it moves (an
+        ack) and None once the lease ends, outside the lock (the fork server's dead-man's switch)."""
         self._observer = observer
         self._port = port
         self._on_fence = on_fence
@@ -145,6 +147,8 @@ class LeaseEngine:
         self._started = False
         self._heartbeats_sent = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+        self._on_kill_by = on_kill_by
+        self._kill_bys: list[tuple[str, tuple[float, float] | None]] = []  # to hand out (``_deliver``)
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -281,6 +285,9 @@ class LeaseEngine:
         with self._lock:
             if self._leases.end(task_id, self._clock.monotonic(), poll_count=poll_count):
                 self._timer.discard_locked(task_id)
+                if self._on_kill_by is not None:
+                    self._kill_bys.append((task_id, None))
+        self._deliver([])
 
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
@@ -372,6 +379,9 @@ class LeaseEngine:
             else:
                 fences.append((entry.task.task_id, action))
         self._timer.schedule_locked(entry.task.task_id, entry.lease.next_wakeup())
+        if self._on_kill_by is not None and (kill_by := entry.lease.kill_by()) != entry.kill_by_sent:
+            entry.kill_by_sent = kill_by
+            self._kill_bys.append((entry.task.task_id, kill_by))
         return fences
 
     def _enqueue_locked(self, entry: LeaseEntry, action: SendHeartbeat | CheckOwnership) -> None:
@@ -476,6 +486,11 @@ class LeaseEngine:
         return fences
 
     def _deliver(self, fences: Fences) -> None:
+        if self._on_kill_by is not None:
+            with self._lock:
+                kill_bys, self._kill_bys = self._kill_bys, []
+            for task_id, kill_by in kill_bys:  # (in any order across threads: the switch keeps the latest)
+                self._on_kill_by(task_id, kill_by)  # (KillByTimes.renew raises nothing)
         for task_id, action in fences:
             try:
                 self._on_fence(task_id, action)

@@ -33,6 +33,7 @@ class LeaseEntry:
     lease: Lease
     beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
     since_poll: int = 0  # the pollCount of the delivery that started this lease
+    kill_by_sent: tuple[float, float] | None = None  # the lease's kill-by times last handed to on_kill_by
 
 
 class LeaseBook:
