@@ -439,12 +439,9 @@ class ForkServer(TreeStarts, Switches):
         return True
 
     def _timeout_seconds(self) -> float | None:
-        timeout = None
-        if any(t.exited or t.kill_at is not None for t in self._trees.values()):
-            timeout = _TICK_SECONDS
-        elif self._closing_kill_at is not None or self._strays or self._empty_groups:
-            timeout = _TICK_SECONDS
-        return self._switch_timeout(time.monotonic(), timeout)
+        busy = any(t.exited or t.kill_at is not None for t in self._trees.values())
+        closing = self._closing_kill_at is not None or self._strays or self._empty_groups
+        return self._switch_timeout(time.monotonic(), _TICK_SECONDS if busy or closing else None)
 
     def _done(self) -> bool:
         if self._closing_kill_at is None or self._inflight:  # (a start on a spawner thread: its tree next)

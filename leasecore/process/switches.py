@@ -91,7 +91,8 @@ class Switches:
             return
         tree = self._trees.get(key)
         if tree is None:
-            if key in self._inflight and (key in self._early_kill_by or len(self._early_kill_by) < _EARLY_KILL_BY_MAX):
+            room = key in self._early_kill_by or len(self._early_kill_by) < _EARLY_KILL_BY_MAX
+            if key in self._inflight and room:
                 old = self._early_kill_by.get(key, times)
                 self._early_kill_by[key] = (max(old[0], times[0]), max(old[1], times[1]))
             return  # (else: the tree is gone, or its start failed: moot)
