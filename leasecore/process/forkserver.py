@@ -38,7 +38,7 @@ from typing import Any
 from leasecore.process import _cgroupfs, _procfs
 from leasecore.process.frames import FrameBatch, recv_frame, send_frame
 from leasecore.process.grouppool import GroupPool
-from leasecore.process.switches import Switches
+from leasecore.process.switches import Switches, raise_priority
 from leasecore.process.trees import Tree, attribute, scan
 from leasecore.process.treestarts import TreeStarts
 
@@ -84,6 +84,7 @@ class ForkServer(TreeStarts, Switches):
     def run(self) -> None:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
         _procfs.become_subreaper()
+        raise_priority()  # switches.py: the switches fire on time on a busy host (not the trees)
         for sig in _IGNORED:
             signal.signal(sig, signal.SIG_IGN)
         self._sigdef = [

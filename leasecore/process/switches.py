@@ -36,6 +36,27 @@ if TYPE_CHECKING:
     from leasecore.process.frames import FrameBatch
 
 _EARLY_KILL_BY_MAX = 1024  # renewals kept for starts still on a spawner thread (one per start)
+# The fork server's main thread (the one that fires the switches) runs at this nice value where it may
+# (root, CAP_SYS_NICE): on a busy host the switch then acts on time (docs/runner-stalls.md, measured).
+FORKSERVER_NICE = -10
+
+
+def raise_priority(nice: int = FORKSERVER_NICE) -> int:
+    """Give the calling thread ``nice`` where allowed, with SCHED_RESET_ON_FORK so that every process
+    and thread it creates (the task trees, the spawner threads) starts at nice 0 again: the trees never
+    inherit the boost. Returns the nice value in force (unchanged where not allowed)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if before <= nice:
+        return before
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:  # not allowed (no CAP_SYS_NICE): as it was
+        return before
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+    except (AttributeError, OSError):  # the trees would inherit the boost: none then
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def _times(value: Any) -> tuple[float, float] | None:
@@ -184,4 +205,5 @@ class Switches:
 
     def _switch_stats(self) -> dict[str, int]:
         return {"switch_terms": self._switch_terms, "switch_kills": self._switch_kills,
-                "switch_terms_withheld": self._switch_terms_withheld}  # fmt: skip
+                "switch_terms_withheld": self._switch_terms_withheld,
+                "nice": os.getpriority(os.PRIO_PROCESS, 0)}  # fmt: skip

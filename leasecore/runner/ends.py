@@ -61,6 +61,9 @@ class TaskEnds(RunnerCore):
         if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
             return
         self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
+        if getattr(entry.child, "ended_by_switch", False):  # resumed after a stall: the switch did it
+            entry.phase = Phase.STOPPING
+            return
         kill = isinstance(action, KillTree)
         log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
                     action.reason.value.replace("_", " "))

@@ -4,6 +4,7 @@ a runner's TERM after the switch's is not sent again. Checked from the child's o
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from leasecore.limits import Limits
 from leasecore.process import Supervisor
+from leasecore.process.switches import FORKSERVER_NICE
 from tests.support import wait_until
 
 from .process_support import REPO, make_task, running_supervisor, spec
@@ -115,3 +118,19 @@ def test_a_tree_without_kill_by_times_has_no_switch(supervisor: Supervisor, tmp_
     assert child.wait_gone(15)
     assert not child.ended_by_switch
     assert supervisor.forkserver_stats()["switch_terms"] == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a privileged fork server raises its priority")
+def test_the_fork_server_runs_boosted_and_the_trees_do_not_inherit_it(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    assert os.getpriority(os.PRIO_PROCESS, supervisor.forkserver_pid) == FORKSERVER_NICE
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-nice", 30.0, 31.0)
+    assert os.getpriority(os.PRIO_PROCESS, child.pid) == 0  # type: ignore[attr-defined]
+    limited = spec("/bin/sleep", "30", limits=Limits(nofile=256))
+    fork = supervisor.spawn(make_task(task_id="t-nice-fork"), limited, worker_id="w")
+    assert os.getpriority(os.PRIO_PROCESS, fork.pid) == 0  # started by forkexec (rlimits): reset too
+    for c in (child, fork):
+        c.kill_tree()  # type: ignore[attr-defined]
+        assert c.wait_gone(15)  # type: ignore[attr-defined]
