@@ -385,18 +385,22 @@ def _stall_rows(st: dict[str, Any] | None) -> list[str]:
     out = []
     for r in (st or {}).get("runner_stalled", []):
         out.append(
-            f"| tree gone before the server's lease deadline (runner stalled: SIGSTOP; {r['trees']} trees, "
+            f"| tree gone before the server's lease deadline (runner stalled: SIGSTOP; "
+            f"{r.get('measured_trees', r['trees'])} of {r['trees']} trees, "
             f"{r['busy']} CPU spinners, load {r['load_1min']}, {r.get('runnable')} runnable, fork server "
             f"nice {r['forkserver_nice']}: "
             f"worst, median) | {r['mode']} | {_f(r['before_deadline_seconds'])}, "
             f"{_f(r['before_deadline_median_seconds'])} |"
         )
     for r in (st or {}).get("thawed", []):
-        out.append(
-            f"| frozen host thawed (runner, fork server and trees SIGSTOPped {r['frozen_seconds']} s, trees "
-            f"thawed first; {r['trees']} trees): ran after the thaw, worst, median | {r['mode']} | "
-            f"{_f(r['ran_after_thaw_max_seconds'])}, {_f(r['ran_after_thaw_median_seconds'])} |"
-        )
+        if r.get("trees_frozen", True):
+            what = (f"frozen host thawed (runner, fork server and trees SIGSTOPped {r['frozen_seconds']} s, "
+                    f"trees thawed first; {r['trees']} trees): ran after the thaw")
+        else:
+            what = (f"runner and fork server SIGSTOPped {r['frozen_seconds']} s, trees running on "
+                    f"({r['trees']} trees): ran after the fork server's SIGCONT")
+        out.append(f"| {what}, worst, median | {r['mode']} | {_f(r['ran_after_thaw_max_seconds'])}, "
+                   f"{_f(r['ran_after_thaw_median_seconds'])} |")
     return out
 
 

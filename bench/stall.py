@@ -88,11 +88,17 @@ def runner_stalled(srv: BenchServer, workdir: Path, mode: str, kill_grace: float
         try:
             nice = os.getpriority(os.PRIO_PROCESS, _forkserver(worker).pid)
             watch = ExitWatch([p for tree in pids.values() for p in tree])
-            wait_until(lambda: all(srv.marks(task_ids)["leases"][t] for t in task_ids), 120, 0.05,
-                       what="a confirmed heartbeat per task")  # fmt: skip
+            all_started = time.monotonic()
+
+            def fresh() -> bool:  # every lease renewed since all trees run (or its tree already gone)
+                leases = srv.marks(task_ids)["leases"]
+                return all(any(m > all_started for m in leases[t]) or not _alive(pids[t]) for t in task_ids)
+
+            wait_until(fresh, 120, 0.1, what="a heartbeat confirmed per task since they all started")
             os.kill(worker.pid, signal.SIGSTOP)  # the runner stalls; its fork server goes on
             stopped = True
             stalled_at = time.monotonic()
+            running = {t for t in task_ids if _alive(pids[t])}  # (some leases may be lost already)
             runnable = _runnable()
             gone = watch.wait(R_SECONDS + kill_grace + 60)
             load = os.getloadavg()[0]
@@ -102,19 +108,40 @@ def runner_stalled(srv: BenchServer, workdir: Path, mode: str, kill_grace: float
             worker.stop()
     leases = srv.marks(task_ids)["leases"]
     last = {t: max(m for m in leases[t] if m < stalled_at + 0.5) for t in task_ids}  # (a beat in flight)
+    # Measured: the trees whose lease was still good at the stall. Under this load the runner may have
+    # lost a few leases before it (a heartbeat too late: it fenced the tree itself): counted apart.
+    measured = {t for t in running if last[t] + R_SECONDS > stalled_at}
     leads = []
     for t, tree in pids.items():
+        if t not in measured:
+            continue
         ends = [watch.exited_at.get(p) for p in tree]
         leads.append(None if gone is None or None in ends else
                      last[t] + R_SECONDS - max(e for e in ends if e is not None))  # fmt: skip
     known = sorted(x for x in leads if x is not None)
+    worst = None
+    if known and len(known) == len(leads):  # which tree, and which of its processes died last
+        t = [t for t in pids if t in measured][leads.index(known[0])]
+        ends = [watch.exited_at[p] for p in pids[t]]
+        worst = {"task_id": t, "last_member": ("shell", "grandchild", "escapee")[ends.index(max(ends))],
+                 "members_vs_deadline": [round(e - last[t] - R_SECONDS, 3) for e in ends],
+                 "stalled_at_vs_deadline": round(stalled_at - last[t] - R_SECONDS, 3)}  # fmt: skip
     return {
         "mode": mode, "trees": trees, "busy": busy, "load_1min": round(load, 1), "runnable": runnable,
-        "forkserver_nice": nice, "kill_grace_seconds": kill_grace,
+        "forkserver_nice": nice, "kill_grace_seconds": kill_grace, "measured_trees": len(measured),
+        "lost_before_stall": trees - len(measured),
         "before_deadline_seconds": known[0] if len(known) == len(leads) else None,  # the worst tree
         "before_deadline_median_seconds": known[len(known) // 2] if known else None,
-        "target_seconds": 0.0,
+        "target_seconds": 0.0, "worst": worst,
     }  # fmt: skip
+
+
+def _alive(pids: list[int]) -> bool:
+    """Every process of a tree still runs (not a zombie)."""
+    try:
+        return all(psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _runnable() -> int:
@@ -126,12 +153,14 @@ def _runnable() -> int:
 
 
 def thawed(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, trial: int, trees: int,
-           frozen_seconds: float = 2.0) -> dict[str, Any]:  # fmt: skip
-    name = f"th_{mode.replace('-', '_')}_{trees}_{trial}"
+           frozen_seconds: float = 2.0, *, freeze_trees: bool = True) -> dict[str, Any]:  # fmt: skip
+    """``freeze_trees`` False: only the runner and its fork server stop (the trees run on); the time
+    is then from the fork server's SIGCONT."""
+    name = f"th_{mode.replace('-', '_')}_{trees}_{'h' if freeze_trees else 'f'}_{trial}"
     worker, task_ids, pids = _start(srv, workdir, name, mode, trees, kill_grace)
     server = _forkserver(worker)
     members = [p for tree in pids.values() for p in tree]
-    frozen = [worker.pid, server.pid, *members]
+    frozen = [worker.pid, server.pid, *(members if freeze_trees else [])]
     try:
         wait_until(lambda: all(srv.marks(task_ids)["leases"][t] for t in task_ids), 120, 0.05,
                    what="a confirmed heartbeat per task")  # fmt: skip
@@ -142,7 +171,7 @@ def thawed(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, trial:
         # Past every tree's KILL point (its last ack + R - M, the last ack before the freeze) and more.
         wait_until(lambda: time.monotonic() >= frozen_at + R_SECONDS + frozen_seconds, 60, 0.05,
                    what="the freeze to outlast the lease")  # fmt: skip
-        for pid in members:  # trees first: they run before anyone can act
+        for pid in frozen[2:]:  # trees first: they run before anyone can act
             os.kill(pid, signal.SIGCONT)
         thawed_at = time.monotonic()
         os.kill(server.pid, signal.SIGCONT)
@@ -151,6 +180,7 @@ def thawed(srv: BenchServer, workdir: Path, mode: str, kill_grace: float, trial:
         ran = [watch.exited_at[p] - thawed_at for p in members if p in watch.exited_at]
         return {
             "mode": mode, "trees": trees, "frozen_seconds": round(thawed_at - frozen_at, 2),
+            "trees_frozen": freeze_trees,
             "ran_after_thaw_max_seconds": max(ran) if gone is not None else None,
             "ran_after_thaw_median_seconds": sorted(ran)[len(ran) // 2] if ran else None,
         }  # fmt: skip
@@ -169,13 +199,16 @@ def run(srv: BenchServer, workdir: Path, *, kill_grace: float, trials: int, tree
         for trial in range(trials):
             for boost in (True, False):
                 r = runner_stalled(srv, workdir, "ignore-term", kill_grace, trial, count, busy, boost=boost)
+                log(f"worst tree: {r['worst']}; {r['lost_before_stall']} lease(s) lost before the stall")
                 log(f"runner stalled ({count} trees, {busy} spinners, load {r['load_1min']}, fork server "
                     f"nice {r['forkserver_nice']}): worst tree gone {r['before_deadline_seconds']} s before "
                     f"the server's deadline, median {r['before_deadline_median_seconds']} s")  # fmt: skip
                 out["runner_stalled"].append(r)
-            r = thawed(srv, workdir, "ignore-term", kill_grace, trial, count)
-            log(f"thawed host ({count} trees, frozen {r['frozen_seconds']} s): trees ran "
-                f"{r['ran_after_thaw_max_seconds']} s at most after the thaw (median "
-                f"{r['ran_after_thaw_median_seconds']} s)")  # fmt: skip
-            out["thawed"].append(r)
+            for freeze_trees in (True, False):
+                r = thawed(srv, workdir, "ignore-term", kill_grace, trial, count, freeze_trees=freeze_trees)
+                what = "thawed host" if freeze_trees else "runner and fork server resumed"
+                log(f"{what} ({count} trees, stopped {r['frozen_seconds']} s): trees ran "
+                    f"{r['ran_after_thaw_max_seconds']} s at most after it (median "
+                    f"{r['ran_after_thaw_median_seconds']} s)")  # fmt: skip
+                out["thawed"].append(r)
     return out

@@ -355,6 +355,11 @@ def render_task(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> Re
         rows.insert(4, ("runner state", Text(_clean(f"STALE ({record.stale_reason})"), style="bold red")))
     if task.fence_reason is not None:
         rows.append(("fence reason", Text(_clean(task.fence_reason), style="red")))
+    if task.fenced_by == "switch":  # not the runner: its fork server, alone (docs/runner-stalls.md)
+        rows.append(("fenced by", Text("the fork server's dead-man's switch (the runner was stalled)",
+                                       style="bold red")))  # fmt: skip
+    elif task.fenced_by is not None:
+        rows.append(("fenced by", Text(_clean(task.fenced_by))))
     for key, value in rows:
         grid.add_row(key, value)
     output: list[RenderableType] = [Text(f"recent output ({len(task.recent_output)} lines):", style="bold")]

@@ -68,6 +68,7 @@ class ForkServer(TreeStarts, Switches):
         self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._answers = FrameBatch(sock)  # this turn's answers, sent together at its end
+        self._room_wanted = False  # the selector waits for room to send (answers wait: FrameBatch)
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
@@ -104,12 +105,13 @@ class ForkServer(TreeStarts, Switches):
                     if self._done():
                         break
                     timeout = self._timeout_seconds()
+                    self._want_room(self._answers.waiting)
                 ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
                 with self._turn:
                     self._take_turn(ready)
         finally:
             with self._turn:
-                self._answers.flush()
+                self._answers.flush(block=True)
         for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
             _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
@@ -117,13 +119,15 @@ class ForkServer(TreeStarts, Switches):
     def _take_turn(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
         self._fire_switches(time.monotonic())  # trees past their kill-by time die before anything else
         sigchld = False
-        for key, _ in ready:
+        for key, events in ready:
             if key.fileobj == self._wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
                 sigchld = True
             elif key.data is not None:  # a leader's pidfd: it exited
                 self._check_exit(key.data)
+            elif not events & selectors.EVENT_READ:
+                continue  # room to send what waited (the flush at the end of the turn)
             elif not self._serve_waiting():  # EOF without a shutdown: the runner died
                 self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
                 self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
@@ -133,6 +137,13 @@ class ForkServer(TreeStarts, Switches):
             self._reap()
         self._tick()
         self._answers.flush()  # before the loop sleeps
+
+    def _want_room(self, waiting: bool) -> None:
+        """Wake the loop when the socket can take more, while answers wait (the runner not reading)."""
+        if self._closing_kill_at is None and waiting != self._room_wanted:
+            self._room_wanted = waiting
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if waiting else 0)
+            self._selector.modify(self._sock, events)
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe

@@ -63,15 +63,15 @@ class KillByTimes:
         """The spawn of ``task_id`` as tree ``key`` went out with ``sent``: renewals go to it from now
         on, and one that came after ``spawning`` goes now."""
         with self._lock:
-            if task_id not in self._times:  # the lease ended meanwhile
-                return
             old = self._keys.get(task_id)
             if old is not None:
                 self._tasks.pop(old, None)
+            # Even with no times yet: the lease's first ones may still be on their way from another
+            # engine thread (each hands out what all the leases queued), and must reach this tree.
             self._keys[task_id] = key
             self._tasks[key] = task_id
-            times = self._times[task_id]
-            if sent is None or tuple(sent) != times:
+            times = self._times.get(task_id)
+            if times is not None and (sent is None or tuple(sent) != times):
                 self._send_locked(key, times)
 
     def gone(self, key: str) -> None:

@@ -142,8 +142,9 @@ class Switches:
         if when is None:
             return
         heapq.heappush(self._switch_heap, (when, tree.key))
-        if len(self._switch_heap) > 4 * len(self._trees) + 64:  # renewals leave stale entries: compact
-            self._switch_heap = [(t, k) for t, k in self._switch_heap if self._switch_due(k) == t]
+        if len(self._switch_heap) > 4 * len(self._trees) + 64:  # renewals leave stale entries: rebuild
+            heap = [(self._switch_due(key), key) for key in self._trees]
+            self._switch_heap = [(due, key) for due, key in heap if due is not None]
             heapq.heapify(self._switch_heap)
 
     def _switch_due(self, key: str) -> float | None:

@@ -6,6 +6,7 @@ embedded server; every overlap and death is read from the copies' own records (`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,21 @@ def started(record: Path, count: int) -> list[Copy]:
                       60, what=f"{count} cop(ies) of the task to start")  # fmt: skip
 
 
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGSTOP ``proc`` and wait until every thread of it has stopped (each stops on its way back to
+    user space: a thread in the middle of something can still act for a moment after the kill)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+
+    def all_stopped() -> bool:
+        states = []
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        return bool(states) and all(state in ("T", "t") for state in states)
+
+    wait_until(all_stopped, 10, what="the runner to stop")
+
+
 def forkserver_of(runner: subprocess.Popen[str]) -> psutil.Process:
     (server,) = [p for p in psutil.Process(runner.pid).children() if "forkserver" in " ".join(p.cmdline())]
     return server
@@ -49,7 +65,7 @@ def test_a_stalled_runners_copy_is_dead_before_the_retry_starts_on_another_runne
     a = world.run("--max-tasks", "1", "--worker-id", "host-a", command=command(record))
     wf = world.start_workflow()
     started(record, 1)
-    os.kill(a.pid, signal.SIGSTOP)  # A's main process stops; its fork server and the tree go on
+    stop(a)  # A's main process stops; its fork server and the tree go on
     try:
         b = world.run("--max-tasks", "1", "--worker-id", "host-b", command=command(record))
         first, second = started(record, 2)[:2]
@@ -83,7 +99,7 @@ def test_a_stalled_runner_that_resumes_reports_truthfully_and_keeps_its_result_i
         a = world.run("--worker-id", "host-a", url=proxy.url_for("/api"), command=command(record))
         wf = world.start_workflow()
         (copy,) = started(record, 1)
-        os.kill(a.pid, signal.SIGSTOP)
+        stop(a)
         try:
             wait_until(lambda: first_attempt(world, wf)["status"] == "TIMED_OUT", 30, what="the timeout")
             assert wait_until(lambda: gone(copy.pid), 10)
@@ -118,7 +134,7 @@ def test_a_fork_server_killed_while_the_runner_is_stalled_leaves_the_tree_until_
     wf = world.start_workflow()
     (copy,) = started(record, 1)
     server = forkserver_of(a)
-    os.kill(a.pid, signal.SIGSTOP)
+    stop(a)
     try:
         server.kill()
         wait_until(lambda: gone(server.pid), 10)  # (a zombie until the stopped runner reaps it)
