@@ -66,6 +66,7 @@ class InFlight:
     chain_slot: bool = False  # its update-v2 is in flight: its slot is kept for the task it claims
     fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
     ended_by_switch: bool = False  # the fork server's dead-man's switch ended it (the runner stalled)
+    stalled_seconds: float | None = None  # its server deadline's fence came this late: the runner stalled
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open

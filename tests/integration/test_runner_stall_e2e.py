@@ -149,6 +149,8 @@ def test_a_fork_server_killed_while_the_runner_is_stalled_leaves_the_tree_until_
     died_after = copies(record)[0].last - resumed
     assert died_after < SLACK, f"the tree lived {died_after:.2f} s after the runner resumed"
     wait_until(lambda: "the fork server died; killing every task tree it held" in world.stderr(a), 30)
+    # Its switch gone, the runner learns of the stall from its own lease: the deadline passed unfenced.
+    wait_until(lambda: "reporting FAILED (lease expired while the runner was stalled" in world.stderr(a), 30)
     a.send_signal(signal.SIGTERM)
     code, err = world.finish(a)
     assert code == exitcodes.SIGTERM, err

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from leasecore.clock import FakeClock
 from leasecore.lease import Lease, LeasePolicy
+from leasecore.models import Task
 from leasecore.process.deadman import KILL, SWITCH_LAG_SECONDS, TERM, Switch
 
 T0 = 1000.0
@@ -141,3 +142,47 @@ def test_a_redelivery_counts_like_an_ack() -> None:
     clock.advance(1.5)
     lease.on_redelivered(clock.monotonic(), polled_at=T0 + 1.5)
     assert lease.kill_by() == (T0 + 1.5 + 2.6, T0 + 1.5 + 3.6)
+
+
+# ----- the runner's words for a stalled lease -----------------------------------------------------
+
+
+def _entry(**fields: object) -> object:
+    from datetime import UTC, datetime
+
+    from leasecore.runner.ports import PollSettings, TaskTypePlan
+    from leasecore.runner.status import InFlight
+
+    plan = TaskTypePlan(poll=PollSettings("t", worker_id="w1"), spec=None, worker_id="w1",
+                        make_policy=lambda task: LeasePolicy(response_timeout_seconds=4))
+    entry = InFlight(task=Task(task_id="t1", workflow_id="w1", task_type="t", timeout_seconds=60), plan=plan,
+                     index=0, started_at=datetime(2026, 1, 1, tzinfo=UTC))  # fmt: skip
+    for name, value in fields.items():
+        setattr(entry, name, value)
+    return entry
+
+
+def test_a_tree_the_switch_ended_is_reported_as_a_stall_not_a_lost_heartbeat() -> None:
+    from leasecore.lease import FenceReason
+    from leasecore.runner.ends import fence_text
+
+    entry = _entry(ended_by_switch=True)
+    text = fence_text(FenceReason.LEASE_EXPIRED, entry.task, entry)  # type: ignore[attr-defined, arg-type]
+    assert text is not None and text.startswith("lease expired while the runner was stalled")
+    assert "dead-man's switch" in text
+    text = fence_text(FenceReason.HARD_TIMEOUT, entry.task, entry)  # type: ignore[attr-defined, arg-type]
+    assert text is not None and text.startswith("hard timeout: the task's timeoutSeconds (60s) passed while")
+
+
+def test_a_late_fence_without_the_switch_is_a_stall_too_and_otherwise_the_words_stay() -> None:
+    from leasecore.lease import FenceReason
+    from leasecore.runner.ends import fence_text
+
+    stalled = _entry(stalled_seconds=7.25)
+    text = fence_text(FenceReason.LEASE_EXPIRED, stalled.task, stalled)  # type: ignore[attr-defined, arg-type]
+    assert text == ("lease expired while the runner was stalled (its process did not run until 7.2s past the "
+                    "lease's TERM point); the tree was killed then")  # fmt: skip
+    plain = _entry()
+    text = fence_text(FenceReason.LEASE_EXPIRED, plain.task, plain)  # type: ignore[attr-defined, arg-type]
+    assert text == "lease expired: no heartbeat was acknowledged within the heartbeat timeout"
+    assert fence_text(FenceReason.SHUTDOWN, stalled.task, stalled) == "worker shutting down"  # type: ignore
