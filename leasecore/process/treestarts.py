@@ -61,6 +61,7 @@ class TreeStarts:
     _wake_w: int  # the loop's wake-up pipe (its SIGCHLD wake-up fd)
     _groups: GroupPool
     _trees: dict[str, Tree]
+    _early_kill_by: dict[str, tuple[float, float]]  # switches.py: renewals for starts on a spawner thread
 
     if TYPE_CHECKING:
 
@@ -200,8 +201,11 @@ class TreeStarts:
             finally:
                 self._inflight.pop(key, None)
                 self._early.pop(key, None)  # applied if its tree is held; moot if it never started
+                self._early_kill_by.pop(key, None)  # (switches.py) likewise
                 self._answers.flush()  # the loop may be asleep: the runner waits for this answer
-                if self._pending:  # a signal that waited for the tree: the loop sends it (one walk)
+                # A signal that waited for the tree (the loop sends it: one walk), or answers the socket
+                # did not take (the loop waits for room): wake the loop.
+                if self._pending or self._answers.waiting:
                     with contextlib.suppress(BlockingIOError):
                         os.write(self._wake_w, b"\0")
 
