@@ -20,6 +20,7 @@ import psutil
 from cli import exitcodes
 from tests.integration.copies import STALL_CHILD, Copy, copies
 from tests.integration.helpers import ROOT, World, gone
+from tests.integration.test_metrics_e2e import metrics_port, scrape, value
 from tests.support import wait_until
 
 SLACK = 2.5  # seconds of scheduling slack on a loaded 2-core machine
@@ -96,7 +97,8 @@ def test_a_stalled_runner_that_resumes_reports_truthfully_and_keeps_its_result_i
     world.define(response_timeout=R)
     record = world.tmp / "copies"
     with world.proxy() as proxy:
-        a = world.run("--worker-id", "host-a", url=proxy.url_for("/api"), command=command(record))
+        a = world.run("--worker-id", "host-a", "--metrics-port", "0", url=proxy.url_for("/api"),
+                      command=command(record))  # fmt: skip
         wf = world.start_workflow()
         (copy,) = started(record, 1)
         stop(a)
@@ -117,6 +119,9 @@ def test_a_stalled_runner_that_resumes_reports_truthfully_and_keeps_its_result_i
         assert task["fenced_by"] == "switch" and task["fence_reason"] == "lease_expired"
         err = world.stderr(a)
         assert "the lease ran out while the runner was stalled" in err
+        samples = scrape(metrics_port(world, a))  # /metrics says the switch ended it, not the runner
+        assert value(samples, "conductor_run_switch_fences_total", taskType=world.task_type,
+                     reason="lease_expired") == 1  # fmt: skip
         assert len(copies(record)) == 1 and copies(record)[0].term_rounds == 1  # no second start or kill
         a.send_signal(signal.SIGTERM)
         world.finish(a)
