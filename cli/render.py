@@ -266,7 +266,8 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         workflow.cells.append(Text(_short(_clean(task.workflow_id))))
         pid.cells.append(Text("-" if task.child_pid is None else str(task.child_pid)))
         state.cells.append(Text(str(task.state), style=_STATE_STYLES[task.state]))
-        lease.cells.append(Text(_HEALTH_LABELS[health], style=style))
+        switched = " (switch)" if task.fenced_by == "switch" else ""  # ended by the fork server's switch
+        lease.cells.append(Text(_HEALTH_LABELS[health] + switched, style=style))
         elapsed.cells.append(Text(format_duration((now - task.started_at).total_seconds())))
         last_beat.cells.append(Text(format_relative(task.last_ack_at, now)))
         next_beat.cells.append(Text(format_relative(task.next_heartbeat_at, now)))
