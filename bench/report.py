@@ -386,7 +386,8 @@ def _stall_rows(st: dict[str, Any] | None) -> list[str]:
     for r in (st or {}).get("runner_stalled", []):
         out.append(
             f"| tree gone before the server's lease deadline (runner stalled: SIGSTOP; "
-            f"{r.get('measured_trees', r['trees'])} of {r['trees']} trees, "
+            f"{r.get('measured_trees', r['trees'])} of {r['trees']} trees, the switch acting "
+            f"{r.get('switch_late_max_ms')} ms late at most, "
             f"{r['busy']} CPU spinners, load {r['load_1min']}, {r.get('runnable')} runnable, fork server "
             f"nice {r['forkserver_nice']}: "
             f"worst, median) | {r['mode']} | {_f(r['before_deadline_seconds'])}, "

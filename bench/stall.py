@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,8 @@ def runner_stalled(srv: BenchServer, workdir: Path, mode: str, kill_grace: float
         leads.append(None if gone is None or None in ends else
                      last[t] + R_SECONDS - max(e for e in ends if e is not None))  # fmt: skip
     known = sorted(x for x in leads if x is not None)
+    # The switch's own lateness, as the fork server measured it (the runner logs it once it resumes).
+    acted = [int(ms) for ms in re.findall(r"it acted (\d+) ms after its point", worker.log_path.read_text())]
     worst = None
     if known and len(known) == len(leads):  # which tree, and which of its processes died last
         t = [t for t in pids if t in measured][leads.index(known[0])]
@@ -132,7 +135,8 @@ def runner_stalled(srv: BenchServer, workdir: Path, mode: str, kill_grace: float
         "lost_before_stall": trees - len(measured),
         "before_deadline_seconds": known[0] if len(known) == len(leads) else None,  # the worst tree
         "before_deadline_median_seconds": known[len(known) // 2] if known else None,
-        "target_seconds": 0.0, "worst": worst,
+        "target_seconds": 0.0, "worst": worst, "switch_late_max_ms": max(acted, default=None),
+        "switched_trees": len(acted),
     }  # fmt: skip
 
 
@@ -199,7 +203,8 @@ def run(srv: BenchServer, workdir: Path, *, kill_grace: float, trials: int, tree
         for trial in range(trials):
             for boost in (True, False):
                 r = runner_stalled(srv, workdir, "ignore-term", kill_grace, trial, count, busy, boost=boost)
-                log(f"worst tree: {r['worst']}; {r['lost_before_stall']} lease(s) lost before the stall")
+                log(f"worst tree: {r['worst']}; {r['lost_before_stall']} lease(s) lost before the stall; "
+                    f"the switch ended {r['switched_trees']} trees, {r['switch_late_max_ms']} ms late at most")
                 log(f"runner stalled ({count} trees, {busy} spinners, load {r['load_1min']}, fork server "
                     f"nice {r['forkserver_nice']}): worst tree gone {r['before_deadline_seconds']} s before "
                     f"the server's deadline, median {r['before_deadline_median_seconds']} s")  # fmt: skip

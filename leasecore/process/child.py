@@ -122,6 +122,7 @@ class Child:
         self._usage: tuple[dict[str, float], int] = ({}, 0)  # resources and OOM kills, at the exit
         # Its fork server's dead-man's switch ended it, the runner being stalled (from the exit event).
         self.ended_by_switch = False
+        self.switch_late_seconds: float | None = None  # how late after its point the switch acted
         self._exited = Latch()
         self._done = Latch()
         self._gone = Latch()
@@ -182,6 +183,8 @@ class Child:
                 usage["max_rss_bytes"] = int(usage["max_rss_bytes"])
             self._usage = (usage, int(event.get("oom_kills") or 0))
             self.ended_by_switch = bool(event.get("switch"))
+            late = event.get("switch_late")
+            self.switch_late_seconds = float(late) if isinstance(late, int | float) else None
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()

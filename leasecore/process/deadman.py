@@ -39,7 +39,7 @@ KILL = "kill"
 class Switch:
     """One tree's kill-by times and what the switch has done; see the module docstring."""
 
-    __slots__ = ("kill_at", "killed", "lag", "term_at", "termed")
+    __slots__ = ("kill_at", "killed", "lag", "late", "term_at", "termed")
 
     def __init__(self, term_at: float, kill_at: float, lag_seconds: float = SWITCH_LAG_SECONDS) -> None:
         self.term_at = term_at
@@ -47,6 +47,7 @@ class Switch:
         self.lag = lag_seconds
         self.termed = False  # the switch sent the TERM
         self.killed = False  # the switch sent (or asked for) the KILL
+        self.late = 0.0  # how long after its point the switch's latest verdict came (its own lateness)
 
     @property
     def acted(self) -> bool:
@@ -84,8 +85,10 @@ class Switch:
             return None
         if now >= self.kill_at:
             self.killed = True
+            self.late = now - self.kill_at
             return KILL
         if not term_sent and not self.termed and now >= self.term_due_at():
             self.termed = True
+            self.late = now - self.term_due_at()
             return TERM
         return None

@@ -364,6 +364,7 @@ class ForkServer(TreeStarts, Switches):
                 "resources": usage,
                 "oom_kills": oom,
                 "switch": tree.switched,  # ended by its dead-man's switch: the runner was stalled
+                "switch_late": tree.switch.late if tree.switched and tree.switch else None,  # its lateness
             }
         )
 

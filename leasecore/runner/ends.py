@@ -102,8 +102,10 @@ class TaskEnds(RunnerCore):
             entry.stalled_seconds = late
         entry.ended_by_switch = bool(getattr(entry.child, "ended_by_switch", False))
         if entry.ended_by_switch:  # the fork server fenced it alone: this process did not run in time
+            late = getattr(entry.child, "switch_late_seconds", None)
             log.warning("task %s: the lease ran out while the runner was stalled; the fork server's "
-                        "dead-man's switch ended the tree on time", task_id)
+                        "dead-man's switch ended the tree on time%s", task_id,
+                        "" if late is None else f" (it acted {late * 1000:.0f} ms after its point)")
             self._metrics.on_switch_fenced(entry.task.task_type, entry.fence)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      getattr(entry.plan.spec, "in_progress_exit_code", None))

@@ -60,6 +60,7 @@ def test_a_tree_nobody_renews_dies_by_its_kill_point_alone(supervisor: Superviso
     exit_ = child.wait(5)  # type: ignore[attr-defined]
     assert exit_ is not None and exit_.signal == signal.SIGKILL  # it ignored the TERM: the KILL ended it
     assert child.ended_by_switch  # type: ignore[attr-defined]
+    assert 0 <= child.switch_late_seconds < MARGIN  # type: ignore[attr-defined]  # its KILL, on time
     assert supervisor.forkserver_stats()["switch_kills"] >= 1
 
 

@@ -31,7 +31,8 @@ def test_a_silent_runner_gets_term_then_kill_each_once() -> None:
     assert switch.step(T0 + 2.8, term_sent=False) is None  # once
     assert switch.next_at(term_sent=True) == T0 + 3.6
     assert switch.step(T0 + 3.59, term_sent=True) is None
-    assert switch.step(T0 + 3.6, term_sent=True) == KILL
+    assert switch.step(T0 + 3.65, term_sent=True) == KILL
+    assert switch.late == pytest.approx(0.05)  # its own lateness, for the log and the bench
     assert switch.step(T0 + 9.0, term_sent=True) is None  # once
     assert switch.next_at(term_sent=True) is None
 
@@ -47,6 +48,7 @@ def test_first_look_past_the_kill_point_kills_at_once_without_a_term() -> None:
     # a fork server that was stopped (or a thawed host): the grace is over
     switch = Switch(T0 + 2.6, T0 + 3.6)
     assert switch.step(T0 + 60.0, term_sent=False) == KILL
+    assert switch.late == pytest.approx(60.0 - 3.6)
     assert switch.step(T0 + 60.0, term_sent=False) is None
 
 
