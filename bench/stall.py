@@ -204,7 +204,7 @@ def run(srv: BenchServer, workdir: Path, *, kill_grace: float, trials: int, tree
             for boost in (True, False):
                 r = runner_stalled(srv, workdir, "ignore-term", kill_grace, trial, count, busy, boost=boost)
                 log(f"worst tree: {r['worst']}; {r['lost_before_stall']} lease(s) lost before the stall; "
-                    f"the switch ended {r['switched_trees']} trees, {r['switch_late_max_ms']} ms late at most")
+                    f"switch: {r['switched_trees']} trees, {r['switch_late_max_ms']} ms late at most")
                 log(f"runner stalled ({count} trees, {busy} spinners, load {r['load_1min']}, fork server "
                     f"nice {r['forkserver_nice']}): worst tree gone {r['before_deadline_seconds']} s before "
                     f"the server's deadline, median {r['before_deadline_median_seconds']} s")  # fmt: skip
