@@ -9,8 +9,9 @@ at default; is a child subreaper, so escapees (setsid, double fork) are re-paren
 each exit from ``waitid(WNOWAIT)`` (a pidfd per leader, else at each SIGCHLD) but keeps the leader a
 zombie until its whole tree is dead, so the group it signals is never a recycled pid's; kills a
 tree's leftovers when its leader exits (TERM, KILL after the grace); batches the signals asked for
-behind one /proc walk; and on EOF (the runner died or closed it) kills every tree and anything still
-below it, then exits.
+behind one /proc walk; ends a tree whose kill-by time the runner stopped renewing, on its own
+(``switches.py``: the dead-man's switch of a stalled runner), never blocking on a runner that does not
+read; and on EOF (the runner died or closed it) kills every tree and anything still below it, then exits.
 It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 
 Must not touch: processes that are not below it, the runner's state record (only the directories of
