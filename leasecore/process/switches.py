@@ -173,7 +173,10 @@ class Switches:
             _, key = heapq.heappop(self._switch_heap)
             tree = self._trees[key]
             assert tree.switch is not None
+            before = tree.switch.late
             verdict = tree.switch.step(now, tree.term_sent)
+            if verdict == KILL and tree.kill_sent:  # its tick KILLed it at the KILL point already
+                tree.switch.late = before
             if verdict is None:  # (not due after all: back in the heap if it has a later point)
                 later = tree.switch.next_at(tree.term_sent)
                 if later is not None and later > now:
