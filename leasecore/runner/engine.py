@@ -404,7 +404,7 @@ class LeaseEngine:
     def _fire_for_timer_locked(self) -> Callable[[], None] | None:
         """The timer thread's wake-up: ``run_due``'s first half under the lock; the hand-out after."""
         fences = self._fire_due_locked()
-        return functools.partial(self._deliver, fences) if fences else None
+        return functools.partial(self._deliver, fences) if fences or self._kill_bys else None
 
     def _take_locked(self) -> Callable[[], None] | None:
         """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""
@@ -486,7 +486,7 @@ class LeaseEngine:
         return fences
 
     def _deliver(self, fences: Fences) -> None:
-        if self._on_kill_by is not None:
+        if self._on_kill_by is not None and self._kill_bys:  # (whoever queued one delivers after: safe)
             with self._lock:
                 kill_bys, self._kill_bys = self._kill_bys, []
             for task_id, kill_by in kill_bys:  # (in any order across threads: the switch keeps the latest)
