@@ -191,7 +191,7 @@ class ForkServer(TreeStarts, Switches):
         elif op == "signal":
             self._signal(message)
         elif op == "kill_by":
-            self._renew_switch(message)
+            self._renew_switches(message)
         elif op == "shutdown":
             self._begin_close(float(message.get("grace", 0.0)))
         elif op == "stats":

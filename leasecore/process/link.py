@@ -7,7 +7,7 @@ messages, both ways:
 
 - requests: ``spawn`` (id, key, path, argv, env, cwd, token, grace, dir, cgroup, rlimits, run_as,
   kill_by; with 3 fds: stdin, stdout, stderr), ``signal`` (key, sig, grace, since, at), ``kill_by``
-  (key, kill_by: [TERM at, KILL at], the tree's dead-man's switch), ``shutdown`` (grace), ``stats`` (id);
+  (trees: [[key, TERM at, KILL at], ...]: the dead-man's switches), ``shutdown`` (grace), ``stats`` (id);
 - events: ``ready`` (pid), ``spawned`` (id, key, pid, start: its start time) / ``spawn_failed`` (id,
   errno, what: the step that failed), ``stats`` (id, walks, walked, waitids, trees, switch_*), ``exited``
   (key, pid, code, signal, resources, oom_kills, switch, switch_late), ``gone`` (key).

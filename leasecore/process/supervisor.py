@@ -350,6 +350,7 @@ class Supervisor:
             if self._closing:
                 return
             self._closing = True
+        self.kill_by.close()
         with contextlib.suppress(ProcessError):
             self._request({"op": "shutdown", "grace": grace_seconds})
         if not self._link.wait_exit(grace_seconds + 15.0):

@@ -104,10 +104,15 @@ class Switches:
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._wake_w, b"\0")
 
-    def _renew_switch(self, req: dict[str, Any]) -> None:
-        """A ``kill_by`` renewal: the lease was extended by an acknowledged heartbeat."""
-        key = str(req.get("key"))
-        times = _times(req.get("kill_by"))
+    def _renew_switches(self, req: dict[str, Any]) -> None:
+        """A ``kill_by`` request: ``trees``, each [key, TERM at, KILL at], the leases extended by
+        acknowledged heartbeats (the latest times of each, several trees in one request)."""
+        trees = req.get("trees")
+        for entry in trees if isinstance(trees, list) else ():
+            if isinstance(entry, list) and len(entry) == 3:
+                self._renew_switch(str(entry[0]), _times(entry[1:]))
+
+    def _renew_switch(self, key: str, times: tuple[float, float] | None) -> None:
         if times is None:
             return
         tree = self._trees.get(key)
