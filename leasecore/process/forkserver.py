@@ -118,21 +118,24 @@ class ForkServer(TreeStarts, Switches):
         self._remove_orphaned_dirs()
 
     def _take_turn(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
-        self._fire_switches(time.monotonic())  # trees past their kill-by time die before anything else
         sigchld = False
-        for key, events in ready:
+        for key, _ in ready:
             if key.fileobj == self._wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
                 sigchld = True
             elif key.data is not None:  # a leader's pidfd: it exited
                 self._check_exit(key.data)
-            elif not events & selectors.EVENT_READ:
-                continue  # room to send what waited (the flush at the end of the turn)
-            elif not self._serve_waiting():  # EOF without a shutdown: the runner died
-                self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
-                self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
-                self._begin_close(0.0)
+        # The socket: whatever waits on it now, whether the select said so or not (a process stopped in
+        # it wakes on its timeout with the runner's renewals waiting). Room to send: the flush below.
+        if self._closing_kill_at is None and self._waiting.poll(0) and not self._serve_waiting():
+            # EOF without a shutdown: the runner died
+            self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
+            self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
+            self._begin_close(0.0)
+        # Trees past their kill-by time, with the renewals that were waiting applied (one read late is
+        # still true: the server extended the lease), die first; a spawn fires them before it starts.
+        self._fire_switches(time.monotonic())
         self._flush_signals()
         if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
             self._reap()
@@ -181,6 +184,7 @@ class ForkServer(TreeStarts, Switches):
         message, fds = frame
         op = message.get("op")
         if op == "spawn":
+            self._fire_switches(time.monotonic())  # a tree past its kill-by time dies before any start
             if self._to_spawner(message, fds):
                 return True  # answered from its spawner thread
             try:

@@ -4,10 +4,11 @@ Owns ``Switches``, a part of ``ForkServer`` (its base class): arming a tree's sw
 request (``kill_by``: [TERM at, KILL at], monotonic seconds, the same clock in every process on Linux),
 the ``kill_by`` renewals the runner sends after each acknowledged heartbeat (one that arrives while
 the tree's start is on a spawner thread waits for it, as a signal does), the timer of the next switch
-point (a heap, lazily cleaned, bounded), and, first thing in every turn of the loop, the TERMs and
-KILLs that have come due because the runner did not fence the tree itself. Those go out before any
-request is served: a fork server that was stopped or starved, or a host that was frozen, ends the
-trees past their deadline before it starts anything new.
+point (a heap, lazily cleaned, bounded), and, in every turn of the loop once the requests waiting
+are read (their renewals applied: one read late is still true, the server extended the lease), the
+TERMs and KILLs that have come due because the runner did not fence the tree itself; a spawn fires
+them before it starts. So a fork server that was stopped or starved, or a host that was frozen, ends
+the trees past their deadline before it starts anything new, and never one whose runner kept renewing.
 
 A tree the switch signalled before the runner did (and before its leader exited) is *switched*: its
 ``exited`` event says so, and the runner reports that the lease ran out while it was stalled. A TERM

@@ -135,3 +135,29 @@ def test_the_fork_server_runs_boosted_and_the_trees_do_not_inherit_it(
     for c in (child, fork):
         c.kill_tree()  # type: ignore[attr-defined]
         assert c.wait_gone(15)  # type: ignore[attr-defined]
+
+
+def test_a_fork_server_stopped_while_the_runner_renews_kills_nothing_when_it_resumes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    # Only the fork server stops (the runner runs and its heartbeats are acknowledged): when it
+    # resumes, the renewals waiting on its socket are applied before any switch fires.
+    path = tmp_path / "rec"
+    child = start(supervisor, path, "t-fs-stopped", 2.0, 2.5)
+    first_kill = supervisor.kill_by._times["t-fs-stopped"][1]
+    os.kill(supervisor.forkserver_pid, signal.SIGSTOP)
+    try:
+        until = first_kill + 1.0  # stopped well past the first kill-by time
+        while time.monotonic() < until:
+            now = time.monotonic()
+            supervisor.kill_by.renew("t-fs-stopped", (now + 2.0, now + 2.5))
+            time.sleep(0.2)  # the heartbeat interval (a pace, not a wait for something to happen)
+    finally:
+        os.kill(supervisor.forkserver_pid, signal.SIGCONT)
+    assert supervisor.kill_by.wait_sent(10)
+    assert supervisor.forkserver_stats()["switch_terms"] == 0  # (served after the renewals)
+    assert not child.wait_gone(0.5)  # type: ignore[attr-defined]
+    assert record(path)["term"] == []
+    child.kill_tree()  # type: ignore[attr-defined]
+    assert child.wait_gone(15)  # type: ignore[attr-defined]
+    assert not child.ended_by_switch  # type: ignore[attr-defined]
