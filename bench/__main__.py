@@ -25,12 +25,23 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, harness, heartbeat, kill, neighbour, realjar, report, serverload, throughput
+from bench import (
+    footprint,
+    harness,
+    heartbeat,
+    kill,
+    neighbour,
+    realjar,
+    report,
+    serverload,
+    stall,
+    throughput,
+)
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 # kill-groups: only with --only
-SECTIONS = ("throughput", "throughput-busy", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real",
-            "kill-groups")
+SECTIONS = ("throughput", "throughput-busy", "heartbeat", "kill", "stall", "footprint", "serverload",
+            "heartbeat-real", "kill-groups")
 # Beside a busy process: the workers a user would choose between, and main before a change (an A/B).
 BUSY_KINDS = ("conductor-run", "conductor-run-base", "sdk", "floor")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,6 +93,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "(default 4,200; quick 4)")  # fmt: skip
     p.add_argument("--deadline-trees", type=_ints, help="kill: trees whose lease runs out at once, a comma "
                    "list (default 1,200; quick 1)")  # fmt: skip
+    p.add_argument("--stall-trees", type=_ints, help="stall: trees whose runner stalls, a comma list "
+                   "(default 200; quick 20)")  # fmt: skip
+    p.add_argument("--stall-busy", type=int, help="stall: CPU spinners beside them (default 12: load 10+)")
     p.add_argument("--idle-seconds", type=float, help="footprint: idle window (default 60; quick 10)")
     p.add_argument("--print-mb", type=int, help="footprint: MB the child prints (default 300; quick 50)")
     p.add_argument("--real-leases", type=_pairs,
@@ -106,6 +120,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.kill_trials = args.kill_trials or (1 if q else 2)
     args.shutdown_tasks = args.shutdown_tasks or ([4] if q else [4, 200])
     args.deadline_trees = args.deadline_trees or ([1] if q else [1, 200])
+    args.stall_trees = args.stall_trees or ([20] if q else [200])
+    args.stall_busy = 12 if args.stall_busy is None else args.stall_busy
     args.idle_seconds = args.idle_seconds or (10.0 if q else 60.0)
     args.print_mb = args.print_mb or (50 if q else 300)
     args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
@@ -244,6 +260,11 @@ def main(argv: list[str]) -> int:
                             warmup_seconds=10.0,
                             log=log,
                         )
+                    elif section == "stall":
+                        results[section] = stall.run(
+                            srv, workdir, kill_grace=args.kill_grace, trials=args.kill_trials,
+                            trees=tuple(args.stall_trees), busy=args.stall_busy, log=log,
+                        )  # fmt: skip
                     elif section == "kill-groups":
                         results[section] = kill.groups_vs_none(
                             srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),

@@ -227,6 +227,7 @@ class WorkerConfig:
     heartbeat_timeout_seconds: float | None = None
     poll_timeout_ms: int | None = None
     cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
+    prefix: Sequence[str] = ()  # conductor-run: a command it runs under (e.g. setpriv dropping a capability)
 
 
 CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
@@ -266,7 +267,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             cgroup = BASE_CGROUP
         if cgroup is not None:
             argv += ["--cgroup", cgroup]
-        return [*argv, "--", *cfg.command]
+        return [*cfg.prefix, *argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [
             *py,

@@ -57,6 +57,16 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(ok),
                 )
             )
+    for r in (results.get("stall") or {}).get("runner_stalled", []):
+        lead = r["before_deadline_seconds"]
+        rows.append(
+            (
+                f"tree gone before the lease deadline, runner stalled ({r['trees']} trees, load "
+                f"{r['load_1min']}, fork server nice {r['forkserver_nice']})",
+                f"{_f(lead)} s before it (worst tree)",
+                _verdict(None if lead is None else lead > r["target_seconds"]),
+            )
+        )
     kl = results.get("kill")
     if kl:
         for r in kl["lease_deadline"]:
@@ -138,7 +148,7 @@ def render(results: dict[str, Any]) -> str:
     out += _throughput(results.get("throughput"))
     out += _throughput_busy(results.get("throughput_busy"), results.get("throughput"))
     out += _heartbeat(results.get("heartbeat"))
-    out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
+    out += _kill(results.get("kill"), results.get("stall")) + _kill_groups(results.get("kill-groups"))
     out += _footprint(results.get("footprint"))
     out += _heartbeat_real(results.get("heartbeat_real")) + _serverload(results.get("serverload"))
     if results.get("errors"):
@@ -332,19 +342,23 @@ def _gap_table(
     return out
 
 
-def _kill(kl: dict[str, Any] | None) -> list[str]:
-    if not kl:
+def _kill(kl: dict[str, Any] | None, st: dict[str, Any] | None = None) -> list[str]:
+    if not kl and not st:
         return []
+    head = kl or st or {}
     out = [
         "",
         "## Kill and shutdown latency (conductor-run)",
         "",
         f"Task tree: shell + grandchild + setsid escapee. R = heartbeat timeout = "
-        f"{kl['heartbeat_timeout_seconds']} s, kill_grace = {kl['kill_grace_seconds']} s.",
+        f"{head['heartbeat_timeout_seconds']} s, kill_grace = {head['kill_grace_seconds']} s.",
         "",
         "| measure | tree | latency (s) |",
         "|---|---|---|",
     ]
+    out += _stall_rows(st)
+    if not kl:
+        return out
     for r in kl["lease_deadline"]:
         if "before_deadline_seconds" in r:
             out.append(
@@ -363,6 +377,31 @@ def _kill(kl: dict[str, Any] | None) -> list[str]:
             f"| SIGTERM -> runner exited ({r['reported_failed']}/{r['tasks']} reported FAILED) | "
             f"{r['mode']} | {_f(r['exit_seconds'])} |"
         )
+    return out
+
+
+def _stall_rows(st: dict[str, Any] | None) -> list[str]:
+    """The stalled-runner rows (bench/stall.py): the fork server's dead-man's switch alone."""
+    out = []
+    for r in (st or {}).get("runner_stalled", []):
+        out.append(
+            f"| tree gone before the server's lease deadline (runner stalled: SIGSTOP; "
+            f"{r.get('measured_trees', r['trees'])} of {r['trees']} trees, the switch acting "
+            f"{r.get('switch_late_max_ms')} ms late at most, "
+            f"{r['busy']} CPU spinners, load {r['load_1min']}, {r.get('runnable')} runnable, fork server "
+            f"nice {r['forkserver_nice']}: "
+            f"worst, median) | {r['mode']} | {_f(r['before_deadline_seconds'])}, "
+            f"{_f(r['before_deadline_median_seconds'])} |"
+        )
+    for r in (st or {}).get("thawed", []):
+        if r.get("trees_frozen", True):
+            what = (f"frozen host thawed (runner, fork server and trees SIGSTOPped {r['frozen_seconds']} s, "
+                    f"trees thawed first; {r['trees']} trees): ran after the thaw")
+        else:
+            what = (f"runner and fork server SIGSTOPped {r['frozen_seconds']} s, trees running on "
+                    f"({r['trees']} trees): ran after the fork server's SIGCONT")
+        out.append(f"| {what}, worst, median | {r['mode']} | {_f(r['ran_after_thaw_max_seconds'])}, "
+                   f"{_f(r['ran_after_thaw_median_seconds'])} |")
     return out
 
 

@@ -271,7 +271,8 @@ def _tasks_table(snap: RunnerSnapshot, stale: bool, now: datetime, labels: dict[
         workflow.cells.append(Text(_short(_clean(task.workflow_id))))
         pid.cells.append(Text("-" if task.child_pid is None else str(task.child_pid)))
         state.cells.append(Text(str(task.state), style=_STATE_STYLES[task.state]))
-        lease.cells.append(Text(_HEALTH_LABELS[health], style=style))
+        switched = " (switch)" if task.fenced_by == "switch" else ""  # ended by the fork server's switch
+        lease.cells.append(Text(_HEALTH_LABELS[health] + switched, style=style))
         elapsed.cells.append(Text(format_duration((now - task.started_at).total_seconds())))
         last_beat.cells.append(Text(format_relative(task.last_ack_at, now)))
         next_beat.cells.append(Text(format_relative(task.next_heartbeat_at, now)))
@@ -370,6 +371,11 @@ def render_task(record: SnapshotRecord, task: TaskSnapshot, now: datetime) -> Re
         rows.insert(4, ("runner state", Text(_clean(f"STALE ({record.stale_reason})"), style="bold red")))
     if task.fence_reason is not None:
         rows.append(("fence reason", Text(_clean(task.fence_reason), style="red")))
+    if task.fenced_by == "switch":  # not the runner: its fork server, alone (docs/runner-stalls.md)
+        rows.append(("fenced by", Text("the fork server's dead-man's switch (the runner was stalled)",
+                                       style="bold red")))  # fmt: skip
+    elif task.fenced_by is not None:
+        rows.append(("fenced by", Text(_clean(task.fenced_by))))
     for key, value in rows:
         grid.add_row(key, value)
     output: list[RenderableType] = [Text(f"recent output ({len(task.recent_output)} lines):", style="bold")]

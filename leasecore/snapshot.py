@@ -218,6 +218,9 @@ class TaskSnapshot:
     hard_deadline_at: datetime | None = None
     consecutive_failures: int = 0  # failed heartbeats since the last acknowledged one
     fence_reason: str | None = None
+    # Who ended a fenced tree: "runner", or "switch" (the fork server's dead-man's switch: the runner
+    # was stalled past the lease's TERM point); None while it runs or when it ended on its own.
+    fenced_by: str | None = None
     recent_output: tuple[str, ...] = ()  # oldest first; bounded when serialised
     memory_bytes: int | None = None  # the tree's memory now (its cgroup), else the child's RSS
     progress: float | None = None  # 0..1: its checkpoint's "progress" (leasecore.process.checkpoint)
@@ -242,6 +245,7 @@ class TaskSnapshot:
             "hard_deadline_at": iso_time(self.hard_deadline_at),
             "consecutive_failures": self.consecutive_failures,
             "fence_reason": self.fence_reason,
+            "fenced_by": self.fenced_by,
             "last_output_line": output[-1] if output else None,
             "recent_output": list(output),
             "memory_bytes": self.memory_bytes,
@@ -267,6 +271,7 @@ class TaskSnapshot:
             hard_deadline_at=_parse_time(data.get("hard_deadline_at")),
             consecutive_failures=int(data.get("consecutive_failures") or 0),
             fence_reason=None if fence is None else str(fence),
+            fenced_by=None if data.get("fenced_by") is None else str(data["fenced_by"]),
             recent_output=_bounded_lines(str(line) for line in data.get("recent_output") or ()),
             memory_bytes=None if data.get("memory_bytes") is None else int(data["memory_bytes"]),
             progress=_progress(data.get("progress")),

@@ -208,6 +208,16 @@ class Lease:
             return LeaseState.KILLING
         return LeaseState.RUNNING if self._fence_reason is None else LeaseState.TERMINATING
 
+    def kill_by(self) -> tuple[float, float] | None:
+        """(TERM at, KILL at) of the earliest server deadline (the lease's, the hard ceiling): what the
+        fork server's dead-man's switch enforces if the runner stalls (None: no server deadline). It
+        moves only with an ack (or a re-delivery) processed before the TERM point, never past the
+        lease's own fence points: TERM at deadline - grace - margin, KILL at deadline - margin."""
+        kill_at = self._server_kill_point()
+        if kill_at == _NEVER:
+            return None
+        return min(self.term_point, self._hard_deadline() - self.policy.fence_lead_seconds), kill_at
+
     def next_wakeup(self) -> float | None:
         """When ``on_tick`` must next be called (None: only events can change anything)."""
         if self._reported:

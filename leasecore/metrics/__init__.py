@@ -65,6 +65,10 @@ class Observer:
         """The task's command is gone (``exit_``: a ``ChildExit``, None if lost track of, or the
         exception that kept it from starting); ``fence``: why its tree was stopped, if it was."""
 
+    def on_switch_fenced(self, task_type: str, fence: FenceReason | None) -> None:
+        """The task's tree was ended by the fork server's dead-man's switch, not by the runner: the
+        runner was stalled past the lease's TERM point (``fence``: the deadline that passed)."""
+
     def on_result(self, task_type: str, result: TaskResult) -> None:
         """The runner hands ``result`` to the reporter (the first attempt is on its way)."""
 

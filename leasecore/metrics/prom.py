@@ -105,6 +105,9 @@ class PrometheusObserver(Observer):
                                      "its due time.", (), LATENESS_BUCKETS).observe
         self._fences = t.counter("conductor_run_fences", "Task trees stopped by a fence, by reason.", tt,
                                  "reason").values
+        self._switch_fences = t.counter("conductor_run_switch_fences", "Task trees ended by the fork "
+                                        "server's dead-man's switch while the runner was stalled, by the "
+                                        "deadline that passed.", tt, "reason").values
         self._checks = t.counter("conductor_run_ownership_checks", "Ownership checks (GET /tasks/{id}): "
                                  "ok, lost or failed.", tt, "result").values
         self._resent = t.counter("conductor_run_final_results_resent",
@@ -190,6 +193,10 @@ class PrometheusObserver(Observer):
                 _add(self._execute_error, (task_type, error))
             if fence is not None:
                 _add(self._fences, (task_type, fence.value))
+
+    def on_switch_fenced(self, task_type: str, fence: FenceReason | None) -> None:
+        with self._lock:
+            _add(self._switch_fences, (task_type, (fence or FenceReason.LEASE_EXPIRED).value))
 
     def on_result(self, task_type: str, result: TaskResult) -> None:
         size = len(result.output_json())  # the text the update sends, encoded once for both

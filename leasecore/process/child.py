@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,9 @@ class Child:
         self.cgroup: _cgroupfs.Group | None = None  # the tree's group, from spawn until it is gone
         self.memory_limit_by: str | None = None  # "cgroup" | "rlimit" | None: what enforces memory_max
         self._usage: tuple[dict[str, float], int] = ({}, 0)  # resources and OOM kills, at the exit
+        # Its fork server's dead-man's switch ended it, the runner being stalled (from the exit event).
+        self.ended_by_switch = False
+        self.switch_late_seconds: float | None = None  # how late after its point the switch acted
         self._exited = Latch()
         self._done = Latch()
         self._gone = Latch()
@@ -160,12 +164,13 @@ class Child:
         counted from ``since`` (a ``time.monotonic()`` value: when the caller decided to stop the
         tree; the same clock in every process on Linux) or else from when it gets the request."""
         self._links.request(
-            {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds, "since": since}
+            {"op": "signal", "key": self.key, "sig": signal.SIGTERM, "grace": grace_seconds, "since": since,
+             "at": time.monotonic()}  # (sent at: a runner that signals in time was not stalled)
         )
 
     def kill_tree(self) -> None:
         """KILL the whole tree now (the group and every escapee)."""
-        self._links.request({"op": "signal", "key": self.key, "sig": signal.SIGKILL})
+        self._links.request({"op": "signal", "key": self.key, "sig": signal.SIGKILL, "at": time.monotonic()})
 
     # called on the reader thread, for the fork server's messages -----------------------------------
 
@@ -187,6 +192,9 @@ class Child:
             if "max_rss_bytes" in usage:
                 usage["max_rss_bytes"] = int(usage["max_rss_bytes"])
             self._usage = (usage, int(event.get("oom_kills") or 0))
+            self.ended_by_switch = bool(event.get("switch"))
+            late = event.get("switch_late")
+            self.switch_late_seconds = float(late) if isinstance(late, int | float) else None
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()

@@ -9,8 +9,9 @@ at default; is a child subreaper, so escapees (setsid, double fork) are re-paren
 each exit from ``waitid(WNOWAIT)`` (a pidfd per leader, else at each SIGCHLD) but keeps the leader a
 zombie until its whole tree is dead, so the group it signals is never a recycled pid's; kills a
 tree's leftovers when its leader exits (TERM, KILL after the grace); batches the signals asked for
-behind one /proc walk; and on EOF (the runner died or closed it) kills every tree and anything still
-below it, then exits.
+behind one /proc walk; ends a tree whose kill-by time the runner stopped renewing, on its own
+(``switches.py``: the dead-man's switch of a stalled runner), never blocking on a runner that does not
+read; and on EOF (the runner died or closed it) kills every tree and anything still below it, then exits.
 It ignores SIGINT/SIGTERM/SIGHUP: how to stop is the runner's decision.
 
 Must not touch: processes that are not below it, the runner's state record (only the directories of
@@ -38,6 +39,7 @@ from typing import Any
 from leasecore.process import _cgroupfs, _procfs
 from leasecore.process.frames import FrameBatch, recv_frame, send_frame
 from leasecore.process.grouppool import GroupPool
+from leasecore.process.switches import Switches, raise_priority
 from leasecore.process.trees import Tree, attribute, scan
 from leasecore.process.treestarts import TreeStarts
 
@@ -47,7 +49,7 @@ _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
 
 
-class ForkServer(TreeStarts):
+class ForkServer(TreeStarts, Switches):
     """The event loop; see the module docstring (how a tree is started: treestarts.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -67,6 +69,7 @@ class ForkServer(TreeStarts):
         self._group_kills: list[dict[str, Any]] = []  # groups to KILL once this round's signals are sent
         self._orphaned_dirs: list[str] = []  # set when the runner dies (EOF): see _remove_orphaned_dirs
         self._answers = FrameBatch(sock)  # this turn's answers, sent together at its end
+        self._room_wanted = False  # the selector waits for room to send (answers wait: FrameBatch)
         self._walks = self._walked = 0  # walks of /proc done, processes they read (``stats``)
         self._waitids = 0  # exit checks (``stats``)
         self._use_pidfds = _procfs.IS_LINUX and hasattr(os, "pidfd_open")
@@ -78,10 +81,12 @@ class ForkServer(TreeStarts):
         self._selector = selectors.DefaultSelector()
         self._sigdef: list[int] = []
         self._init_starts()  # treestarts.py: spawner threads, ``_turn``
+        self._init_switches()  # switches.py: each tree's dead-man's switch
 
     def run(self) -> None:
         """Serve until EOF or shutdown, then kill and reap everything and return."""
         _procfs.become_subreaper()
+        raise_priority()  # switches.py: the switches fire on time on a busy host (not the trees)
         for sig in _IGNORED:
             signal.signal(sig, signal.SIG_IGN)
         self._sigdef = [
@@ -101,12 +106,13 @@ class ForkServer(TreeStarts):
                     if self._done():
                         break
                     timeout = self._timeout_seconds()
+                    self._want_room(self._answers.waiting)
                 ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
                 with self._turn:
                     self._take_turn(ready)
         finally:
             with self._turn:
-                self._answers.flush()
+                self._answers.flush(block=True)
         for group in self._empty_groups + self._groups.drain():  # a last try; a next start's sweep
             _cgroupfs.remove(group)  # removes the rest
         self._remove_orphaned_dirs()
@@ -120,15 +126,28 @@ class ForkServer(TreeStarts):
                 sigchld = True
             elif key.data is not None:  # a leader's pidfd: it exited
                 self._check_exit(key.data)
-            elif not self._serve_waiting():  # EOF without a shutdown: the runner died
-                self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
-                self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
-                self._begin_close(0.0)
+        # The socket: whatever waits on it now, whether the select said so or not (a process stopped in
+        # it wakes on its timeout with the runner's renewals waiting). Room to send: the flush below.
+        if self._closing_kill_at is None and self._waiting.poll(0) and not self._serve_waiting():
+            # EOF without a shutdown: the runner died
+            self._orphaned_dirs = [tree.directory for tree in self._trees.values()]
+            self._orphaned_dirs += [directory for directory in self._inflight.values() if directory]
+            self._begin_close(0.0)
+        # Trees past their kill-by time, with the renewals that were waiting applied (one read late is
+        # still true: the server extended the lease), die first; a spawn fires them before it starts.
+        self._fire_switches(time.monotonic())
         self._flush_signals()
         if sigchld:  # only a SIGCHLD means an exit: a spawn request need not waitid every tree
             self._reap()
         self._tick()
         self._answers.flush()  # before the loop sleeps
+
+    def _want_room(self, waiting: bool) -> None:
+        """Wake the loop when the socket can take more, while answers wait (the runner not reading)."""
+        if self._closing_kill_at is None and waiting != self._room_wanted:
+            self._room_wanted = waiting
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if waiting else 0)
+            self._selector.modify(self._sock, events)
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe
@@ -165,6 +184,7 @@ class ForkServer(TreeStarts):
         message, fds = frame
         op = message.get("op")
         if op == "spawn":
+            self._fire_switches(time.monotonic())  # a tree past its kill-by time dies before any start
             if self._to_spawner(message, fds):
                 return True  # answered from its spawner thread
             try:
@@ -174,6 +194,8 @@ class ForkServer(TreeStarts):
                              "what": "fork"})  # fmt: skip
         elif op == "signal":
             self._signal(message)
+        elif op == "kill_by":
+            self._renew_switches(message)
         elif op == "shutdown":
             self._begin_close(float(message.get("grace", 0.0)))
         elif op == "stats":
@@ -183,7 +205,7 @@ class ForkServer(TreeStarts):
                          "groups_reused": self._groups.reused, "groups_free": len(self._groups),
                          "spawner_threads": self._spawners.threads if self._spawners else 0,
                          "start_times_read": self._start_times.read,
-                         "start_times_off": self._start_times.off})  # fmt: skip
+                         "start_times_off": self._start_times.off, **self._switch_stats()})  # fmt: skip
         for fd in fds:
             os.close(fd)
         return True
@@ -219,6 +241,8 @@ class ForkServer(TreeStarts):
             return
         now = time.monotonic()
         sig = int(req["sig"])
+        if not self._runner_signalled(tree, sig, req.get("at")):
+            return  # the switch has TERMed it already: its KILL is due no later than the lease allows
         if sig == signal.SIGKILL:
             tree.kill_at = now
         else:
@@ -344,6 +368,8 @@ class ForkServer(TreeStarts):
                 "signal": result.si_status if killed else None,
                 "resources": usage,
                 "oom_kills": oom,
+                "switch": tree.switched,  # ended by its dead-man's switch: the runner was stalled
+                "switch_late": tree.switch.late if tree.switched and tree.switch else None,  # its lateness
             }
         )
 
@@ -431,11 +457,9 @@ class ForkServer(TreeStarts):
         return True
 
     def _timeout_seconds(self) -> float | None:
-        if any(t.exited or t.kill_at is not None for t in self._trees.values()):
-            return _TICK_SECONDS
-        if self._closing_kill_at is not None or self._strays or self._empty_groups:
-            return _TICK_SECONDS
-        return None
+        busy = any(t.exited or t.kill_at is not None for t in self._trees.values())
+        closing = self._closing_kill_at is not None or self._strays or self._empty_groups
+        return self._switch_timeout(time.monotonic(), _TICK_SECONDS if busy or closing else None)
 
     def _done(self) -> bool:
         if self._closing_kill_at is None or self._inflight:  # (a start on a spawner thread: its tree next)

@@ -47,13 +47,20 @@ class FrameBatch:
     """Frames queued to go out together in one write, in order: the fork server's answers of one
     turn of its loop (a task's "exited" and "gone", several "spawned") wake the runner's reader once,
     not once each. Past ``max_bytes`` queued they go at once. A send that fails is dropped (the
-    runner is gone or going: its reader sees the socket's end)."""
+    runner is gone or going: its reader sees the socket's end).
 
-    def __init__(self, sock: socket.socket, max_bytes: int = 1 << 18) -> None:
+    Never blocks while the runner does not read (stopped, deadlocked: its dead-man's switches must
+    still fire): what the socket does not take now waits in ``unsent`` (``waiting``), sent by the next
+    ``flush`` (the fork server's loop waits for the socket to be writable meanwhile), up to
+    ``max_unsent`` bytes (far above what its trees' events come to), past which a flush blocks."""
+
+    def __init__(self, sock: socket.socket, max_bytes: int = 1 << 18, max_unsent: int = 1 << 26) -> None:
         self._sock = sock
         self._max_bytes = max_bytes
+        self._max_unsent = max_unsent
         self._frames: list[bytes] = []
         self._bytes = 0
+        self.unsent = bytearray()
 
     def add(self, message: dict[str, Any]) -> None:
         frame = encode_frame(message)
@@ -62,15 +69,33 @@ class FrameBatch:
         if self._bytes > self._max_bytes:
             self.flush()
 
-    def flush(self) -> None:
-        if not self._frames:
+    @property
+    def waiting(self) -> bool:
+        """Bytes wait for the socket to take them."""
+        return bool(self.unsent)
+
+    def flush(self, *, block: bool = False) -> None:
+        """Send what is queued; ``block``: all of it, waiting for the socket (the fork server's last)."""
+        if self._frames:
+            self.unsent += b"".join(self._frames)
+            self._frames.clear()
+            self._bytes = 0
+        if not self.unsent:
             return
-        data = b"".join(self._frames)
-        self._frames.clear()
-        self._bytes = 0
-        if self._sock.fileno() >= 0:
-            with contextlib.suppress(OSError):
-                self._sock.sendall(data)
+        if self._sock.fileno() < 0:
+            self.unsent.clear()
+            return
+        try:
+            while self.unsent:
+                sent = self._sock.send(self.unsent, socket.MSG_DONTWAIT)
+                del self.unsent[:sent]
+        except BlockingIOError:  # the runner does not read now: later (the loop waits for room)
+            if block or len(self.unsent) > self._max_unsent:
+                with contextlib.suppress(OSError):
+                    self._sock.sendall(self.unsent)
+                self.unsent.clear()
+        except OSError:  # the runner is gone: its end of the socket is closed
+            self.unsent.clear()
 
 
 def recv_frame(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any], list[int]] | None:

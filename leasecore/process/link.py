@@ -5,12 +5,12 @@ socketpair), the lock that serialises sends, the calls waiting for an answer, th
 the ``ready`` handshake, the restart after a death and the stop. Frames are ``frames.py``'s; the
 messages, both ways:
 
-- requests: ``spawn`` (id, key, path, argv, env, cwd, token, grace, dir, cgroup, rlimits, run_as;
-  with 3 fds: stdin, stdout, stderr), ``signal`` (key, sig, grace, since), ``shutdown`` (grace),
-  ``stats`` (id);
+- requests: ``spawn`` (id, key, path, argv, env, cwd, token, grace, dir, cgroup, rlimits, run_as,
+  kill_by; with 3 fds: stdin, stdout, stderr), ``signal`` (key, sig, grace, since, at), ``kill_by``
+  (trees: [[key, TERM at, KILL at], ...]: the dead-man's switches), ``shutdown`` (grace), ``stats`` (id);
 - events: ``ready`` (pid), ``spawned`` (id, key, pid, start: its start time) / ``spawn_failed`` (id,
-  errno, what: the step that failed), ``stats`` (id, walks, walked, waitids, trees), ``exited`` (key,
-  pid, code, signal, resources, oom_kills), ``gone`` (key).
+  errno, what: the step that failed), ``stats`` (id, walks, walked, waitids, trees, switch_*), ``exited``
+  (key, pid, code, signal, resources, oom_kills, switch, switch_late), ``gone`` (key).
 
 Must not touch: the reading of events (the Supervisor's reader thread reads the socket), children,
 the state record. Threads: constructed with the Supervisor, restarted on the thread that starts a

@@ -45,6 +45,7 @@ from leasecore.process.child import (
 )
 from leasecore.process.chores import Chores
 from leasecore.process.hardening import protect_from_children, warn_if_not_linux
+from leasecore.process.killby import KillByTimes
 from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS, ForkServerLink, spawn_failure
 from leasecore.process.lookups import PATH_CACHE_SECONDS, ExecutablePaths, InheritedEnvs
 from leasecore.process.prepare import prepare, working_directory
@@ -123,6 +124,7 @@ class Supervisor:
         self._output = OutputReader(output_drain_seconds, housekeeping=self._expire_starts)
         self._child_links = ChildLinks(self._request, self._output.exited, self._chores.rmtree)
         self._link = ForkServerLink(forkserver_boot, reply_timeout_seconds)
+        self.kill_by = KillByTimes(self._request)  # each task's kill-by times, for its tree's switch
         self._record = leftovers.StateRecord(state_dir, self._link.pid)
         self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
                                                       self._on_forkserver_lost)  # fmt: skip
@@ -266,6 +268,7 @@ class Supervisor:
             self._children[key] = child
             self._starting[request_id] = pending
         request = ready.message(request_id, key, argv, spec)
+        request["kill_by"] = sent_kill_by = self.kill_by.spawning(task.task_id)  # its dead-man's switch
         if group is not None and cgroups.spawns_inside(self._cgroups, spec.limits, self._link.pid):
             request["inside"] = True  # posix_spawn from inside the group (_cgroupfs.spawn_inside)
         try:
@@ -277,6 +280,7 @@ class Supervisor:
                 self._request(request, [stdin, out_w, err_w])  # the fork server holds its own copies now
             finally:
                 os.close(stdin)
+            self.kill_by.attach(task.task_id, key, sent_kill_by)
         except ProcessError:
             if self._drop_start(pending):
                 raise
@@ -324,7 +328,7 @@ class Supervisor:
             cgroups.remove_group(group, spare=self._link.pid)  # the fork server may be inside
 
     def _give_up_starts(self, which: Callable[[PendingStart], bool]) -> None:
-        """Fail the spawns still unanswered that ``which`` picks; an answer that comes later kills it."""
+        """Fail the unanswered spawns ``which`` picks; an answer that comes later kills the tree."""
         with self._cond:
             given_up = [pending for pending in self._starting.values() if which(pending)]
             for pending in given_up:
@@ -334,8 +338,7 @@ class Supervisor:
             self._fail_start(pending, ProcessError("the fork server did not answer a spawn request"))
 
     def _expire_starts(self) -> float:
-        """The reader thread's periodic check: spawns unanswered for too long fail (a hung fork
-        server must not hold a task for ever). Returns when to be called again, in seconds."""
+        """The reader's periodic check: spawns unanswered too long fail; returns when to call again."""
         limit = self._reply_timeout_seconds
         now = time.monotonic()
         self._give_up_starts(lambda pending: now - pending.sent_at >= limit)
@@ -351,6 +354,7 @@ class Supervisor:
             if self._closing:
                 return
             self._closing = True
+        self.kill_by.close()
         with contextlib.suppress(ProcessError):
             self._request({"op": "shutdown", "grace": grace_seconds})
         if not self._link.wait_exit(grace_seconds + 15.0):
@@ -408,6 +412,7 @@ class Supervisor:
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
                 self._children.pop(child.key, None)
+                self.kill_by.gone(child.key)
                 try:
                     self._record.remove(child.key)
                 finally:  # an unwritable record must not leave wait_gone waiting for ever

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from leasecore.process import _cgroupfs, _procfs
+from leasecore.process.deadman import Switch
 
 
 class Tree:
@@ -31,7 +32,8 @@ class Tree:
     """
 
     __slots__ = ("cgroup", "directory", "exited", "grace_seconds", "key", "kill_at", "kill_sent", "known",
-                 "pid", "pidfd", "start_time", "term_sent", "termed", "token")  # fmt: skip
+                 "pid", "pidfd", "start_time", "switch", "switched", "term_sent", "termed",
+                 "token")  # fmt: skip
 
     def __init__(self, key: str, pid: int, token: str, grace_seconds: float, start_time: int = 0) -> None:
         self.directory = ""  # the task's temporary directory (removed here only if the runner died)
@@ -50,6 +52,8 @@ class Tree:
         # Members seen at the last scan (pid -> start time): one that leaves the group and wipes its
         # marker after being seen (e.g. on the TERM) is still recognised by its (pid, start time).
         self.known: dict[int, int] = {}
+        self.switch: Switch | None = None  # its dead-man's switch (deadman.py): None, no kill-by time
+        self.switched = False  # the switch signalled it before the runner did (the runner stalled)
 
 
 def attribute(

@@ -61,6 +61,7 @@ class TreeStarts:
     _wake_w: int  # the loop's wake-up pipe (its SIGCHLD wake-up fd)
     _groups: GroupPool
     _trees: dict[str, Tree]
+    _early_kill_by: dict[str, tuple[float, float]]  # switches.py: renewals for starts on a spawner thread
 
     if TYPE_CHECKING:
 
@@ -69,6 +70,8 @@ class TreeStarts:
         def _reply(self, message: dict[str, Any]) -> None: ...
 
         def _signal(self, req: dict[str, Any]) -> None: ...
+
+        def _arm_switch(self, tree: Tree, req: dict[str, Any]) -> None: ...
 
     def _init_starts(self) -> None:
         # Every turn of the loop and every spawner's job holds ``_turn`` (but for the select and the
@@ -132,6 +135,7 @@ class TreeStarts:
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
         self._trees[tree.key] = tree
+        self._arm_switch(tree, req)  # switches.py: its kill-by time, if its lease has a deadline
         self._watch_exit(tree)
         self._held(tree)
         return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}
@@ -197,8 +201,11 @@ class TreeStarts:
             finally:
                 self._inflight.pop(key, None)
                 self._early.pop(key, None)  # applied if its tree is held; moot if it never started
+                self._early_kill_by.pop(key, None)  # (switches.py) likewise
                 self._answers.flush()  # the loop may be asleep: the runner waits for this answer
-                if self._pending:  # a signal that waited for the tree: the loop sends it (one walk)
+                # A signal that waited for the tree (the loop sends it: one walk), or answers the socket
+                # did not take (the loop waits for room): wake the loop.
+                if self._pending or self._answers.waiting:
                     with contextlib.suppress(BlockingIOError):
                         os.write(self._wake_w, b"\0")
 

@@ -41,6 +41,10 @@ log = logging.getLogger("conductor_run.runner")
 SHUTDOWN_REASON = "worker shutting down"
 _UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
 _YIELD_SLACK_SECONDS = 1.0  # a yield's tree is waited for up to its grace + margin + this (YieldHold)
+# A server deadline's fence first decided this long past its TERM point: the runner did not run then
+# (its timer fences within milliseconds when it runs), it was stalled.
+_STALL_SECONDS = 1.0
+_SERVER_FENCES = (FenceReason.LEASE_EXPIRED, FenceReason.HARD_TIMEOUT)
 
 
 class ChainUpdates(FinalUpdates):
@@ -73,9 +77,18 @@ class TaskEnds(RunnerCore):
         if entry is not None and self._gate.drop(task_id):  # fenced before its command started: no tree
             self._end_unstarted(entry, (start_at or 0.0) - self._clock.monotonic())
             return
-        if entry is None or entry.child is None or entry.phase is Phase.REPORTING:
+        if entry is None or entry.child is None:
+            return
+        if isinstance(action, TerminateTree) and action.reason in _SERVER_FENCES and action.at is not None:
+            late = self._clock.monotonic() - action.at  # (its timer fences within milliseconds when it runs)
+            if late > _STALL_SECONDS and entry.stalled_seconds is None:
+                entry.stalled_seconds = late  # it did not run at the TERM point: it was stalled
+        if entry.phase is Phase.REPORTING:
             return
         self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
+        if getattr(entry.child, "ended_by_switch", False):  # resumed after a stall: the switch did it
+            entry.phase = Phase.STOPPING
+            return
         kill = isinstance(action, KillTree)
         log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
                     action.reason.value.replace("_", " "))
@@ -93,10 +106,22 @@ class TaskEnds(RunnerCore):
         entry = self._tasks.get(task_id)
         if entry is None:
             return
+        fenced_before = self._engine.fence_reason(task_id)
+        late = self._past_term_point(entry)
         self._engine.child_exited(task_id)
         if entry.child is not None:
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
         entry.fence = self._engine.fence_reason(task_id)
+        if fenced_before is None and entry.fence in _SERVER_FENCES and (late or 0.0) > _STALL_SECONDS:
+            # Its TERM point passed long ago and this process never fenced it: it did not run then.
+            entry.stalled_seconds = late
+        entry.ended_by_switch = bool(getattr(entry.child, "ended_by_switch", False))
+        if entry.ended_by_switch:  # the fork server fenced it alone: this process did not run in time
+            late = getattr(entry.child, "switch_late_seconds", None)
+            log.warning("task %s: the lease ran out while the runner was stalled; the fork server's "
+                        "dead-man's switch ended the tree on time%s", task_id,
+                        "" if late is None else f" (it acted {late * 1000:.0f} ms after its point)")
+            self._metrics.on_switch_fenced(entry.task.task_type, entry.fence)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      _success_code(entry.plan.spec, exit_))
         start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
@@ -119,6 +144,17 @@ class TaskEnds(RunnerCore):
             self._yield(entry, result)
             return
         self._report(entry, result)
+
+    def _past_term_point(self, entry: InFlight) -> float | None:
+        """How long ago the lease's earliest server deadline's TERM point passed (None: not known)."""
+        try:
+            view = self._engine.view(entry.task.task_id)
+        except KeyError:
+            return None
+        deadlines = [d for d in (view.lease_deadline, view.hard_deadline) if d is not None]
+        if not deadlines or entry.policy is None:
+            return None
+        return self._clock.monotonic() - (min(deadlines) - entry.policy.fence_lead_seconds)
 
     def _yield(self, entry: InFlight, result: TaskResult) -> None:
         """An IN_PROGRESS result is marked as our yield (its next holder starts at once) only once the
@@ -312,6 +348,14 @@ def fence_text(fence: FenceReason | None, task: Task, entry: InFlight) -> str | 
     if fence is FenceReason.EXEC_TIMEOUT:
         seconds = entry.policy.exec_timeout_seconds if entry.policy else 0
         return f"exec timeout after {seconds:g}s" if seconds else "exec timeout"
+    what = (f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
+            if fence is FenceReason.HARD_TIMEOUT else "lease expired")
+    if entry.ended_by_switch:  # not the runner: its fork server, on its own (leasecore.process.deadman)
+        return (f"{what} while the runner was stalled (its process did not run): the fork server's "
+                "dead-man's switch ended the tree by the lease's deadline")
+    if entry.stalled_seconds is not None:  # nor its switch (the fork server was gone or stopped too)
+        return (f"{what} while the runner was stalled (its process did not run until "
+                f"{entry.stalled_seconds:.1f}s past the lease's TERM point); the tree was killed then")
     if fence is FenceReason.HARD_TIMEOUT:
         return f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
     if fence is FenceReason.LEASE_EXPIRED:

@@ -26,7 +26,6 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
@@ -45,7 +44,7 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.leasebook import LeaseBook, LeaseEntry
 from leasecore.runner.leasecalls import Answer, extend_lease, log_outcome, read_ownership
-from leasecore.runner.ports import LeasePort
+from leasecore.runner.ports import EngineMetrics, LeasePort
 from leasecore.runner.senders import Job, SenderExecutor, SendQueue, SendSource, ThreadedSenders
 from leasecore.runner.timer import Timer
 
@@ -56,21 +55,6 @@ log = logging.getLogger(__name__)
 _LATENESS_SAMPLES = 10_000
 # begin_final_update waits for a beat in flight up to that call's own timeout plus this much.
 _FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class EngineMetrics:
-    """How the engine keeps up; ``queued`` > 0 for long means the sender pool is saturated."""
-
-    tracked: int
-    senders: int
-    busy_senders: int
-    queued: int
-    oldest_queued_seconds: float
-    saturated_waits: int  # requests that had to queue with every sender busy and the pool at max
-    heartbeats_sent: int
-    heartbeat_lateness_p99_seconds: float  # from due time to the port call, recent beats
-    heartbeat_lateness_max_seconds: float
 
 
 Fences = list[tuple[str, FenceAction]]
@@ -125,12 +109,14 @@ class LeaseEngine:
         random_source: Callable[[], float] = random.random,
         observer: Observer = NO_METRICS,
         check_budget: CheckBudget | None = None,
+        on_kill_by: Callable[[str, tuple[float, float] | None], None] | None = None,
     ) -> None:
         """``senders`` / ``max_senders``: the default executor's pool (``ThreadedSenders``); ``executor``
         replaces it (``InlineSenders``: requests carried out by ``run_due``'s caller).
         ``observer``: ``on_heartbeat`` / ``on_ownership_check`` per attempt (metrics).
         ``check_budget``: how fast ownership checks may start, for every task together (None: no
-        limit, each goes when due)."""
+        limit, each goes when due). ``on_kill_by(task_id, Lease.kill_by() | None)``: when it moves (an
+        ack) and None once the lease ends, outside the lock (the fork server's dead-man's switch)."""
         self._observer = observer
         self._port = port
         self._on_fence = on_fence
@@ -146,6 +132,8 @@ class LeaseEngine:
         self._started = False
         self._heartbeats_sent = 0
         self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+        self._on_kill_by = on_kill_by
+        self._kill_bys: list[tuple[str, tuple[float, float] | None]] = []  # to hand out (``_deliver``)
 
     # ----- lifecycle -----------------------------------------------------------------------------
 
@@ -294,6 +282,9 @@ class LeaseEngine:
         with self._lock:
             if self._leases.end(task_id, self._clock.monotonic(), poll_count=poll_count):
                 self._timer.discard_locked(task_id)
+                if self._on_kill_by is not None:
+                    self._kill_bys.append((task_id, None))
+        self._deliver([])
 
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
@@ -385,6 +376,9 @@ class LeaseEngine:
             else:
                 fences.append((entry.task.task_id, action))
         self._timer.schedule_locked(entry.task.task_id, entry.lease.next_wakeup())
+        if self._on_kill_by is not None and (kill_by := entry.lease.kill_by()) != entry.kill_by_sent:
+            entry.kill_by_sent = kill_by
+            self._kill_bys.append((entry.task.task_id, kill_by))
         return fences
 
     def _enqueue_locked(self, entry: LeaseEntry, action: SendHeartbeat | CheckOwnership) -> None:
@@ -407,7 +401,7 @@ class LeaseEngine:
     def _fire_for_timer_locked(self) -> Callable[[], None] | None:
         """The timer thread's wake-up: ``run_due``'s first half under the lock; the hand-out after."""
         fences = self._fire_due_locked()
-        return functools.partial(self._deliver, fences) if fences else None
+        return functools.partial(self._deliver, fences) if fences or self._kill_bys else None
 
     def _take_locked(self) -> Callable[[], None] | None:
         """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""
@@ -493,6 +487,11 @@ class LeaseEngine:
         return fences
 
     def _deliver(self, fences: Fences) -> None:
+        if self._on_kill_by is not None and self._kill_bys:  # (whoever queued one delivers after: safe)
+            with self._lock:
+                kill_bys, self._kill_bys = self._kill_bys, []
+            for task_id, kill_by in kill_bys:  # (in any order across threads: the switch keeps the latest)
+                self._on_kill_by(task_id, kill_by)  # (KillByTimes.renew raises nothing)
         for task_id, action in fences:
             try:
                 self._on_fence(task_id, action)

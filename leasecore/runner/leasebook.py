@@ -35,6 +35,7 @@ class LeaseEntry:
     beat_calling_until: float | None = None  # a sender is in extend_lease, bounded by this time
     since_poll: int = 0  # the pollCount of the delivery that started this lease
     late_until: float | None = None  # a beat of unknown fate may reach the server until then (finalcheck)
+    kill_by_sent: tuple[float, float] | None = None  # the lease's kill-by times last handed to on_kill_by
 
     def note_unknown_beat(self, gave_up_at: float) -> None:
         """A beat got no answer by ``gave_up_at``: it may still reach the server for a while."""

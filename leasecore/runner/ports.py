@@ -246,3 +246,18 @@ class RunOutcome:
     def all_completed(self) -> bool:
         ok = (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
         return bool(self.statuses) and all(s in ok for s in self.statuses)
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """How the engine keeps up; ``queued`` > 0 for long means the sender pool is saturated."""
+
+    tracked: int
+    senders: int
+    busy_senders: int
+    queued: int
+    oldest_queued_seconds: float
+    saturated_waits: int  # requests that had to queue with every sender busy and the pool at max
+    heartbeats_sent: int
+    heartbeat_lateness_p99_seconds: float  # from due time to the port call, recent beats
+    heartbeat_lateness_max_seconds: float

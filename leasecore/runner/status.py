@@ -67,6 +67,8 @@ class InFlight:
     report_held: bool = False  # its result is being reported: counts against the reports that may wait
     chain_slot: bool = False  # its update-v2 is in flight: its slot is kept for the task it claims
     fence: FenceReason | None = None  # why the tree was stopped, known once the child is dead
+    ended_by_switch: bool = False  # the fork server's dead-man's switch ended it (the runner stalled)
+    stalled_seconds: float | None = None  # its server deadline's fence came this late: the runner stalled
     result_status: TaskStatus | None = None  # what is being reported
     tail: OutputTail = field(default_factory=OutputTail)
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
@@ -105,6 +107,7 @@ def task_snapshot(entry: InFlight, engine: _Views, clock: Clock) -> TaskSnapshot
         hard_deadline_at=wall_time(view.hard_deadline, clock) if view else None,
         consecutive_failures=view.consecutive_failures if view else 0,
         fence_reason=fence.value if fence is not None else None,
+        fenced_by=_fenced_by(entry, fence),
         recent_output=entry.tail.lines(),
         memory_bytes=_memory_of(entry.child),
         progress=progress_of_entry(entry),
@@ -138,8 +141,15 @@ def undelivered_snapshot(entry: InFlight) -> TaskSnapshot:
         state=TaskState.UNDELIVERED,
         started_at=entry.started_at,
         fence_reason=fence.value if fence is not None else None,
+        fenced_by=_fenced_by(entry, fence),
         recent_output=entry.tail.lines(),
     )
+
+
+def _fenced_by(entry: InFlight, fence: FenceReason | None) -> str | None:
+    if entry.ended_by_switch:
+        return "switch"
+    return None if fence is None else "runner"
 
 
 def server_health(pollers: Iterable[Poller], contact: ServerContact, clock: Clock) -> ServerHealth:

@@ -369,7 +369,9 @@ def _make_runner(
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
         # Ownership checks share one budget per runner (#23, leasecore.checkbudget).
         budget = CheckBudget(config.runner.ownership_check_rate)
-        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer, check_budget=budget))
+        # Each lease's kill-by times go to its tree's dead-man's switch in the fork server.
+        engines.append(LeaseEngine(lease_calls, on_fence, observer=observer, check_budget=budget,
+                                   on_kill_by=supervisor.kill_by.renew))  # fmt: skip
         return engines[-1]
 
     def make_reporter(updates: UpdatePort, done: Callable[[ReportOutcome], None]) -> Reporter:

@@ -109,3 +109,32 @@ def test_answers_of_a_turn_that_fails_are_sent_before_the_fork_server_dies() -> 
         assert [m["op"] for m in take_frames(data)] == ["ready", "stats", "exited"]
     finally:
         ours.close()
+
+
+def test_answers_the_runner_does_not_read_wait_without_blocking_and_go_in_order(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    # A stalled runner reads nothing: the fork server must not block in a send (its dead-man's
+    # switches would stop firing); what the socket does not take waits, in order, for the next flush.
+    ours, theirs = pair
+    batch = FrameBatch(theirs, max_bytes=1 << 12)
+    sent = 0
+    while not batch.waiting:  # until the socket's buffer is full
+        batch.add({"op": "exited", "key": f"t{sent}", "pad": "x" * 500})
+        batch.flush()
+        sent += 1
+        assert sent < 100_000
+    batch.add({"op": "gone", "key": "last"})
+    batch.flush()  # returns at once: still waiting
+    assert batch.waiting
+    buffer = bytearray()
+    ours.setblocking(False)
+    messages: list[dict[str, object]] = []
+    while not messages or messages[-1].get("key") != "last":
+        try:
+            buffer += ours.recv(1 << 20)
+        except BlockingIOError:
+            batch.flush()  # the runner read some: room for more
+        messages += take_frames(buffer)
+    assert [m["key"] for m in messages] == [f"t{i}" for i in range(sent)] + ["last"]
+    assert not batch.waiting

@@ -652,3 +652,16 @@ def test_the_cgroup_mechanism_and_each_tasks_memory_are_shown() -> None:
     # And the snapshot keeps both through its JSON form.
     back = RunnerSnapshot.from_json_dict(record.snapshot.to_json_dict())
     assert back.runner.cgroup == runner.cgroup and back.tasks[0].memory_bytes == 3 * 1024**3 // 2
+
+
+def test_a_tree_ended_by_the_dead_mans_switch_says_so_in_both_views() -> None:
+    switched = a_task(state=TaskState.REPORTING, fence_reason="lease_expired", fenced_by="switch")
+    fenced = a_task(task_id="7c1e2f33-0000-4000-8000-000000000001", state=TaskState.REPORTING,
+                    fence_reason="lease_expired", fenced_by="runner")  # fmt: skip
+    host = to_text(render_status([a_record(switched, fenced)], NOW), width=200)
+    assert host.count("fencing (switch)") == 1  # the runner's own fence shows no marker
+    one = to_text(render_task(a_record(switched), switched, NOW), width=120)
+    assert "fenced by" in one and "the fork server's dead-man's switch (the runner was stalled)" in one
+    other = to_text(render_task(a_record(fenced), fenced, NOW), width=120)
+    assert re.search(r"fenced by\s+runner", other)
+    assert TaskSnapshot.from_json_dict(switched.to_json_dict()).fenced_by == "switch"  # status --json

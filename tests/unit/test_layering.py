@@ -27,6 +27,7 @@ PURE = frozenset({
     "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     "leasecore.runner.leasebook", "leasecore.masking", "leasecore.process.secretenv",
+    "leasecore.process.deadman",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
     "leasecore.lease.policy", "leasecore.lease.finalcheck",
     # the packages' own __init__ modules are docstrings only
