@@ -11,8 +11,8 @@ from typing import Any
 from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import FinalUpdates
 from leasecore.server import EmbeddedServer
 
 TASKS = 20_000

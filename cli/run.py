@@ -81,7 +81,8 @@ class JsonFormatter(logging.Formatter):
 
 
 # Every logger of the project lives under one of these: the runner's own (``conductor_run.*``) and the
-# adapters named after their module (``leasecore.runner.engine``, ``leasecore.process.supervisor``, ...).
+# adapters named after their module (``leasecore.runner.leasing.engine``,
+# ``leasecore.process.supervisor.supervisor``, ...).
 PROJECT_LOGGERS = ("conductor_run", "leasecore")
 
 

@@ -10,7 +10,7 @@ import typer
 
 from cli import exitcodes
 from leasecore.errors import ConfigError
-from leasecore.runner.signals import SHUTDOWN_SIGNALS, capture_signals
+from leasecore.runner.loop.signals import SHUTDOWN_SIGNALS, capture_signals
 
 HELP = (
     "Run the embedded, in-memory Conductor-compatible server (for trying things out and for tests).\n\n"

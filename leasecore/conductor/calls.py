@@ -12,8 +12,8 @@ Owns: the one translation of library errors and statuses into the project's tree
     a 2xx we cannot parse, an answer whose framing is refused (http_framing) -> ConductorProtocolError
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
-Must not: send anything, retry, or import requests (``conductor.session`` holds requests' classes and
-is consulted only once loaded, #23). Threads: any; pure functions and immutable values.
+Must not: send anything, retry, or import requests (``conductor.requests_transport`` holds requests' classes
+and is consulted only once loaded, #23). Threads: any; pure functions and immutable values.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _error_table() -> tuple[tuple[type[BaseException], type[ConductorError], str
         table = ((http_client.HTTPException, ConductorUnavailable, "connection broke mid-answer"), *table)
     if "requests" not in sys.modules:  # then no error raised inside can be one of requests'
         return table
-    from leasecore.conductor import session as conductor_requests
+    from leasecore.conductor import requests_transport as conductor_requests
     return (*conductor_requests.ERRORS, *table)
 
 

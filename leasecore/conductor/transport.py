@@ -5,7 +5,7 @@ Owns: the protocol (``send(method, target, body, headers, deadline, *, idempoten
 ``abort``, ``close``, ``connections_opened``, ``generation``) and the choice:
 :class:`~leasecore.conductor.lean.LeanTransport` for ``http://`` without a proxy for the host (the
 runner's hot path: the fewest system calls and the least CPU);
-:class:`~leasecore.conductor.session.RequestsTransport` for anything else (``https://``, a proxy
+:class:`~leasecore.conductor.requests_transport.RequestsTransport` for anything else (``https://``, a proxy
 from the environment, a caller's own session), imported only when chosen (#23). Both frame answers
 by the rules of :mod:`leasecore.http_framing`, bound a whole exchange by one deadline, and raise
 library errors only; the client translates them once (``conductor.calls.translate_errors``).
@@ -27,14 +27,14 @@ from leasecore.conductor.lean import LeanTransport
 if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
     import requests
 
-    from leasecore.conductor.session import RequestsTransport
+    from leasecore.conductor.requests_transport import RequestsTransport
 
 __all__ = ["RequestsTransport", "Transport", "open_transport"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "RequestsTransport":  # defined with the rest of the requests side, loaded on first use
-        from leasecore.conductor.session import RequestsTransport
+        from leasecore.conductor.requests_transport import RequestsTransport
 
         return RequestsTransport
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -105,7 +105,8 @@ def open_transport(
             monotonic=monotonic,
             max_body_bytes=max_body_bytes,
         )
-    from leasecore.conductor.session import RequestsTransport  # https, a proxy, a session: requests
+    # https, a proxy, a session: requests
+    from leasecore.conductor.requests_transport import RequestsTransport
 
     return RequestsTransport(
         f"{parts.scheme}://{parts.netloc}",
@@ -129,5 +130,5 @@ def _environ_proxies(url: str) -> bool:
         for name, value in os.environ.items()
     ):
         return False
-    from leasecore.conductor import session as conductor_requests
+    from leasecore.conductor import requests_transport as conductor_requests
     return bool(conductor_requests.environ_proxies(url))

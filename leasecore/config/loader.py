@@ -166,7 +166,7 @@ def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> R
 
 def run_as_problems(task: TaskSettings) -> list[str]:
     """Why ``task``'s children cannot run as its ``user`` / ``group`` here (#24); [] when they can."""
-    from leasecore.process.runas import RunAsError, resolve_run_as, switch_problem
+    from leasecore.process.linux.runas import RunAsError, resolve_run_as, switch_problem
 
     where = f"task {task.type!r}"
     if task.user is None:
@@ -191,7 +191,7 @@ def run_as_problems(task: TaskSettings) -> list[str]:
 def run_as_warnings(task: TaskSettings) -> list[str]:
     """A ``user`` that its task's cwd or program keeps out, by the permission bits (a warning: ACLs
     may allow what the bits do not); [] when none, or when ``run_as_problems`` has found worse."""
-    from leasecore.process.runas import access_problem, resolve_run_as
+    from leasecore.process.linux.runas import access_problem, resolve_run_as
 
     if task.user is None or os.geteuid() != 0:
         return []

@@ -217,7 +217,7 @@ class RunnerSettings:
         env=("CONDUCTOR_RUN_METRICS_TASK_TYPE_LABEL",), flag="--metrics-task-type-label",
         metavar="taskType|task_type", restart="the metrics' label names are fixed when they are registered",
     )
-    cgroup: str = option(  # leasecore.process.cgroups
+    cgroup: str = option(  # leasecore.process.linux.cgroups
         "auto", check=choice("auto", "v2", "v1", "off"),
         help="task trees in cgroups: auto (v2 if it can limit, else v1, else none), v2, v1 or off",
         env=("CONDUCTOR_RUN_CGROUP",), flag="--cgroup", metavar="auto|v2|v1|off",

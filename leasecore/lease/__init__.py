@@ -8,7 +8,7 @@
 * ``actions``: the values a lease returns and shows (``SendHeartbeat`` ... ``LeaseView``).
 
 Must not touch: a clock, I/O, threads, processes (``tests/unit/test_layering.py`` checks it). The
-lease engine (``leasecore.runner.engine``) carries the actions out.
+lease engine (``leasecore.runner.leasing.engine``) carries the actions out.
 
 Threads: none. A ``Lease`` is not thread-safe; its caller serialises the calls (the engine's lock).
 """

@@ -8,7 +8,7 @@ The numbers come from its ``LeasePolicy`` (``leasecore.lease.policy``), the mean
 answer from ``leasecore.lease.ownership``. The rules are in ``Lease``'s docstring.
 
 Must not touch: a clock (never read: every event carries ``now``), I/O, threads, processes, or the
-server. Carrying the actions out is the caller's: the lease engine (``leasecore.runner.engine``) in
+server. Carrying the actions out is the caller's: the lease engine (``leasecore.runner.leasing.engine``) in
 the product, a test with a ``FakeClock`` otherwise.
 
 Threads: none of its own, and not thread-safe: the lease engine calls a lease only under its one

@@ -24,7 +24,7 @@ from typing import Any
 
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 # A checkpoint rides on every update and, when it changes, on one task-log line: it must stay small
-# (point to big state elsewhere). The log streamer cuts lines at 16 KiB (runner.logsink.LogBuffer),
+# (point to big state elsewhere). The log streamer cuts lines at 16 KiB (runner.upstream.logsink.LogBuffer),
 # and a cut checkpoint could not be read back: the limit keeps the marked line whole.
 CHECKPOINT_LIMIT_BYTES = 16000
 CHECKPOINT_MAX_DEPTH = 64

@@ -17,7 +17,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 SECRETS_FILE_ENV = "CONDUCTOR_SECRETS_FILE"
 SECRETS_FILE_NAME = "secrets.json"
 
-REASON_LIMIT_CHARS = 500  # as every reason's (process.reasons, which this pure module does not import)
+# as every reason's (process.results.reasons, which this pure module does not import)
+REASON_LIMIT_CHARS = 500
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # A value bigger than this stays in the file only: Linux refuses one environment string over
 # 128 KiB, and the input variables share the rest of exec's budget.

@@ -29,8 +29,8 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
-from leasecore.process._procfs import TREE_MARKER
-from leasecore.process.runas import RunAs
+from leasecore.process.linux.procfs import TREE_MARKER
+from leasecore.process.linux.runas import RunAs
 from leasecore.process.secretenv import SECRETS_FILE_ENV, metadata_env
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
@@ -149,7 +149,7 @@ class ChildExit:
     start_error: str | None = None
     stdout_document: bytes | None = None
     stdout_bytes: int | None = None  # with stdout_document: how many bytes the child printed in all
-    # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see _cgroupfs), how many
+    # What the tree used (max_rss_bytes, cpu_user_seconds, cpu_system_seconds; see cgroupfs), how many
     # of its processes the OOM killer killed inside its group, and what enforced memory_max there:
     # "cgroup", "rlimit" (per process) or None (no memory limit).
     resources: Mapping[str, float] | None = None

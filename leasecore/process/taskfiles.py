@@ -32,8 +32,8 @@ from typing import Any
 
 from leasecore.errors import SpawnError
 from leasecore.models import Task
-from leasecore.process._procfs import fstype_of
-from leasecore.process.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
+from leasecore.process.linux.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
+from leasecore.process.linux.procfs import fstype_of
 from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
 from leasecore.process.secretenv import SECRETS_FILE_NAME
 

@@ -30,7 +30,7 @@ from leasecore.lease import LeasePolicy
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec
-from leasecore.process.runas import RunAs, RunAsError, resolve_run_as
+from leasecore.process.linux.runas import RunAs, RunAsError, resolve_run_as
 from leasecore.process.spec import ExitRule
 from leasecore.runner import childenv, treegroups
 from leasecore.runner.ports import LiveChange, PollSettings, RunOptions, TaskTypePlan

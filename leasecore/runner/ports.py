@@ -6,7 +6,7 @@ part with small fakes: the server calls (``ConductorPort`` for the runner, and t
 it a part needs: ``PollPort``, ``UpdatePort``, ``LogPort``, ``LeasePort`` for the lease engine), the
 engine (``EnginePort``, and ``FinalUpdateGuard``, the three calls a final update makes), the process
 layer (``SupervisorPort``, ``ChildPort``), the status file (``StatusPort``); and the runner's input
-and output values (``TaskTypePlan``, ``RunOptions``, ``RunOutcome``). The events are ``runner.events``.
+and output values (``TaskTypePlan``, ``RunOptions``, ``RunOutcome``). The events are ``runner.loop.events``.
 
 Must not: hold behaviour or import an adapter at run time (pure: the layering test lists it).
 Threads: none of its own; a port's threads are its implementation's (each Protocol says who calls).

@@ -7,7 +7,7 @@ than per tree, or not enforced at all; ``log_setup`` says both once at start. ``
 config`` shows the same lines. Detection writes nothing but a probe group of its own, made and
 removed under the runner's own group.
 
-Must not: create or remove a task's group (``process.cgroups`` does, per tree), read the config file.
+Must not: create or remove a task's group (``process.linux.cgroups`` does, per tree), read the config file.
 Threads: the caller's: the wiring at start, ``plan_for`` while it builds the plans, ``config``.
 """
 
@@ -18,7 +18,7 @@ import logging
 from leasecore.config.settings import ResolvedConfig, TaskSettings
 from leasecore.errors import ConfigError
 from leasecore.limits import Limits
-from leasecore.process import cgroups
+from leasecore.process.linux import cgroups
 
 log = logging.getLogger("conductor_run.cgroups")
 

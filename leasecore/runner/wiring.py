@@ -35,9 +35,11 @@ from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import Supervisor, to_task_result
 from leasecore.runner import childenv, treegroups
-from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import make_result_stick
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import make_result_stick
+from leasecore.runner.loop.runner import Runner
+from leasecore.runner.loop.signals import SignalRelay, StartupInterrupted, capture_signals
+from leasecore.runner.loop.status import StatusTee
 from leasecore.runner.plans import Masking, Reloader, most_leases, options_for, plan_for
 from leasecore.runner.ports import (
     LiveChange,
@@ -45,11 +47,9 @@ from leasecore.runner.ports import (
     StatusPort,
     UpdatePort,
 )
-from leasecore.runner.reporter import Reporter, ReportOutcome
-from leasecore.runner.runner import Runner
 from leasecore.runner.secretbook import installed
-from leasecore.runner.signals import SignalRelay, StartupInterrupted, capture_signals
-from leasecore.runner.status import StatusTee
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
+from leasecore.runner.upstream.server_contact import RecordedLeaseCalls, ServerContact
 from leasecore.snapshot import RunnerSnapshot, redact_url
 from leasecore.state.control import ControlServer
 from leasecore.state.directory import StateDir

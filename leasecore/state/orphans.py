@@ -15,7 +15,7 @@ pollCount is not reported: without it another worker's run of the task could not
 :func:`take_over` is the sweep's callback as the wiring passes it: the FAILED results saved, and the
 dead runner's status snapshot deleted (it would show those tasks running under a dead pid).
 
-Must not: kill anything (the sweep, ``process.leftovers``, has, before the hand-over), or raise out
+Must not: kill anything (the sweep, ``process.linux.leftovers``, has, before the hand-over), or raise out
 of ``take_over``: a start must never fail on a dead runner's leftovers.
 Threads: the runner's main thread, at start, during the sweep.
 """
@@ -31,7 +31,7 @@ from typing import Any
 from leasecore.clock import Clock
 from leasecore.errors import ConfigError
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.process.leftovers import TreeRecord
+from leasecore.process.linux.leftovers import TreeRecord
 from leasecore.state.directory import StateDir
 from leasecore.state.outbox import Outbox, server_key
 from leasecore.state.statefile import forget_runners

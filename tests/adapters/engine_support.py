@@ -16,7 +16,7 @@ from leasecore.clock import Clock, FakeClock, SystemClock
 from leasecore.errors import ConductorNotFound, ConductorUnavailable
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.leasing.engine import LeaseEngine
 
 T0 = 1000.0  # FakeClock's start
 

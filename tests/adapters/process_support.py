@@ -98,7 +98,7 @@ def zombies_of(pid: int) -> list[psutil.Process]:
 
 def running_supervisor(tmp_path: Path) -> Iterator[Supervisor]:
     """Body of each test module's ``supervisor`` fixture: a Supervisor with a minimal environment, whose
-    fork server starts every command it can on a spawner thread (``treestarts.py``: on an idle host
+    fork server starts every command it can on a spawner thread (``forkserver/launch.py``: on an idle host
     it would start them on its main thread, which the runner's own tests cover)."""
     sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
                      forkserver_boot=forkserver_boot_around_spawn())  # fmt: skip
@@ -125,17 +125,17 @@ class Lines:
 
 
 def forkserver_boot_around_spawn(before: str = "", after: str = "", *, threads: bool | None = True) -> str:
-    """A fork server boot (``link.FORKSERVER_BOOT``) whose command starts run ``before`` (with ``argv``
-    bound) and ``after`` (with ``argv`` and ``pid``), Python statements, around the real one: each on a
-    spawner thread whatever posix_spawn's waits (libc's posix_spawn, ``spawners.spawn``) or,
+    """A fork server boot (``forkserver_link.FORKSERVER_BOOT``) whose command starts run ``before`` (with
+    ``argv`` bound) and ``after`` (with ``argv`` and ``pid``), Python statements, around the real one: each on
+    a spawner thread whatever posix_spawn's waits (libc's posix_spawn, ``spawners.spawn``) or,
     ``threads=False``, on its main thread (``os.posix_spawn``; spawner threads off, as without glibc),
     or, ``threads=None``, where the fork server itself decides (by posix_spawn's waits)."""
-    from leasecore.process.link import FORKSERVER_BOOT
+    from leasecore.process.supervisor.forkserver_link import FORKSERVER_BOOT
 
     indent = "\n    "
     patch = (
         "import os, time\n"
-        "import leasecore.process.spawners as _spawners\n"
+        "import leasecore.process.forkserver.spawners as _spawners\n"
         f"def _before(argv):{indent}{indent.join((before or 'pass').splitlines())}\n"
         f"def _after(argv, pid):{indent}{indent.join((after or 'pass').splitlines())}\n"
         "_os_spawn, _lib_spawn = os.posix_spawn, _spawners.spawn\n"
@@ -145,9 +145,10 @@ def forkserver_boot_around_spawn(before: str = "", after: str = "", *, threads: 
         "    _before(argv)\n    pid = _lib_spawn(attributes, path, argv, *a, **k)\n"
         "    _after(argv, pid)\n    return pid\n"
         "os.posix_spawn, _spawners.spawn = _os, _lib\n"
-        + {True: "import leasecore.process.treestarts as _starts\n_starts._THREADS_ABOVE_SECONDS = -1.0\n",
+        + {True: "import leasecore.process.forkserver.launch as _starts\n"
+                 "_starts._THREADS_ABOVE_SECONDS = -1.0\n",
            False: "_spawners.usable = lambda: False\n", None: ""}[threads]
     )
-    main = "from leasecore.process.forkserver import main\n"
+    main = "from leasecore.process.forkserver.server import main\n"
     assert main in FORKSERVER_BOOT
     return FORKSERVER_BOOT.replace(main, patch + main)

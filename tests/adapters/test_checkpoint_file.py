@@ -1,6 +1,6 @@
 """The checkpoint file (``leasecore.process.checkpoint``): what it may hold, how a change is seen and
 said, the marked log line a later attempt reads back, progress; and the runner's retry look-up
-(``leasecore.runner.checkpoints.resume_retry``) against a small fake port."""
+(``leasecore.runner.loop.checkpoints.resume_retry``) against a small fake port."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from leasecore.process.checkpoint import (
     read_checkpoint_file,
     seed_of,
 )
-from leasecore.runner.checkpoints import child_deadline, resume_retry
+from leasecore.runner.loop.checkpoints import child_deadline, resume_retry
 
 
 @pytest.mark.parametrize(("data", "text"), [

@@ -27,10 +27,10 @@ from leasecore.lease.finalcheck import (
 )
 from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.ends import ChainUpdates
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates, make_result_stick
-from leasecore.runner.senders import InlineSenders
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import FinalUpdates, make_result_stick
+from leasecore.runner.leasing.senders import InlineSenders
+from leasecore.runner.loop.task_end import ChainUpdates
 from leasecore.state.outbox import Outbox, OutboxEntry
 from tests.adapters.engine_support import T0, FakePort, Fences, step_until
 from tests.adapters.test_metrics_endpoint import value

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasecore.process import forkserver
-from leasecore.process.frames import FrameBatch, send_frame, take_frames
+from leasecore.process.forkserver import server as forkserver
+from leasecore.process.forkserver.frames import FrameBatch, send_frame, take_frames
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_a_batch_for_a_closed_socket_is_dropped_quietly(pair: tuple[socket.socke
 # socket pair.
 _FAILING_TURN = """
 import socket, sys
-from leasecore.process import forkserver
+from leasecore.process.forkserver import server as forkserver
 server = forkserver.ForkServer(socket.socket(fileno=int(sys.argv[1])))
 def failing_tick():
     server._reply({"op": "exited", "key": "t1", "code": 0})

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from leasecore.errors import ProcessError
-from leasecore.process.killby import KillByTimes
+from leasecore.process.supervisor.killby import KillByTimes
 from tests.support import wait_until
 
 

@@ -29,9 +29,9 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates
-from leasecore.runner.senders import InlineSenders
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import FinalUpdates
+from leasecore.runner.leasing.senders import InlineSenders
 from leasecore.server import EmbeddedServer
 from tests.adapters.engine_support import T0, FakePort, Fences, policy, run_until, step_until, task
 
@@ -151,7 +151,7 @@ def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
     engine: LeaseEngine, port: FakePort, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A line per attempt was, with 300 tasks and the server away, 1349 lines in 25 s (a QA pass).
-    logger = logging.getLogger("leasecore.runner.engine")
+    logger = logging.getLogger("leasecore.runner.leasing.engine")
     logger.addHandler(caplog.handler)  # whatever an earlier CLI run in this process did to propagation
     level = logger.level
     logger.setLevel(logging.DEBUG)  # setLevel, not .level =: it clears isEnabledFor's cache
@@ -167,7 +167,8 @@ def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
         logger.removeHandler(caplog.handler)
         logger.setLevel(level)
         logger.propagate = propagate
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "leasecore.runner.engine"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records
+             if r.name == "leasecore.runner.leasing.engine"]
     failed = [level for level, text in lines if "heartbeat failed" in text]
     assert failed[0] == "WARNING" and set(failed[1:]) == {"DEBUG"} and len(failed) >= 4
     recovered = [(level, text) for level, text in lines if "acknowledged again" in text]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from leasecore.clock import FakeClock
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.senders import InlineSenders
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.senders import InlineSenders
 from tests.adapters.engine_support import T0, FakePort, Fences, policy, run_until, task
 
 KillBys = list[tuple[float, str, tuple[float, float] | None]]

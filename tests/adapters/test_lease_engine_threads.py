@@ -23,9 +23,9 @@ import pytest
 from leasecore.conductor.client import ConductorAdmin, ConductorClient
 from leasecore.lease import FenceReason, KillTree, LeasePolicy, TerminateTree
 from leasecore.models import TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates
-from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import FinalUpdates
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 from leasecore.server import EmbeddedServer
 from tests.adapters.engine_support import FakePort, Fences, lateness, policy, task
 

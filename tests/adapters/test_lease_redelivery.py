@@ -10,8 +10,8 @@ from __future__ import annotations
 from leasecore.clock import FakeClock
 from leasecore.lease import FenceAction, Lease, LeasePolicy, LeaseState
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.finalupdates import FinalUpdates
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.finalupdates import FinalUpdates
 
 T0 = 1000.0
 

@@ -21,11 +21,11 @@ from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.metrics.endpoint import MetricsEndpoint
 from leasecore.metrics.prom import PrometheusObserver
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.engine import LeaseEngine
-from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.leasing.senders import InlineSenders
 from leasecore.runner.ports import PollSettings
-from leasecore.runner.reporter import Reporter, ReportOutcome
-from leasecore.runner.senders import InlineSenders
+from leasecore.runner.upstream.poller import Poller, WorkBudget
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 from tests.adapters.engine_support import step_until
 from tests.integration.helpers import ROOT
 from tests.support import wait_until

@@ -11,7 +11,7 @@ import pytest
 
 from leasecore.clock import FakeClock
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.process.leftovers import TreeRecord
+from leasecore.process.linux.leftovers import TreeRecord
 from leasecore.state.orphans import orphan_reason, orphan_result, save_orphans, tree_meta
 from leasecore.state.outbox import Outbox, server_key
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.models import Task
-from leasecore.process import leftovers
+from leasecore.process.linux import leftovers
 from leasecore.state.orphans import save_orphans, tree_meta
 
 _NEVER_A_PID = 4_194_305  # above the largest pid_max Linux allows (2**22): never alive

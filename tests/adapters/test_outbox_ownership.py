@@ -16,7 +16,7 @@ import pytest
 
 from leasecore.errors import ConductorUnavailable
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 from leasecore.state.outbox import DeliveryReport, Outbox, still_saved
 
 URL = "http://conductor.example/api"

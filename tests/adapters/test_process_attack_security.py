@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from leasecore.errors import SpawnError
-from leasecore.process import CommandSpec, Supervisor, leftovers
-from leasecore.process.leftovers import sweep
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import leftovers
+from leasecore.process.linux.leftovers import sweep
 from tests.support import wait_until
 
 from .process_support import REPO, Lines, alive, make_task, running_supervisor, sample

@@ -22,7 +22,8 @@ import pytest
 
 from leasecore.limits import Limits
 from leasecore.models import TaskStatus
-from leasecore.process import CommandSpec, Supervisor, cgroups, leftovers, to_task_result
+from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.process.linux import cgroups, leftovers
 from tests.support import wait_until
 
 from .process_support import REPO, alive, make_task
@@ -170,9 +171,9 @@ def test_an_env_wiped_setsid_daemon_dies_with_its_tree_on_a_fence(setup: cgroups
         assert wait_until(lambda: "started" in lines and bool(_daemons()), 10)
         (daemon,) = _daemons()
         assert child.cgroup is not None
-        from leasecore.process import _cgroupfs
+        from leasecore.process.linux import cgroupfs
 
-        assert daemon.pid in _cgroupfs.members(child.cgroup)
+        assert daemon.pid in cgroupfs.members(child.cgroup)
         child.terminate_tree()
         assert child.wait_gone(10)
         assert not alive(daemon)
@@ -279,7 +280,7 @@ def test_a_fork_server_outside_the_runners_groups_never_spawns_from_inside() -> 
 
 INSIDE = """
 import json, os, sys
-from leasecore.process import _cgroupfs
+from leasecore.process.linux import cgroupfs as _cgroupfs
 group, gone = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 def mine():
     with open("/proc/self/cgroup") as handle:
@@ -321,7 +322,7 @@ def test_spawn_inside_starts_the_child_in_the_group_and_moves_back(setup: cgroup
 
 SPARED = """
 import json, os, subprocess, sys, time
-from leasecore.process import _cgroupfs
+from leasecore.process.linux import cgroupfs as _cgroupfs
 group = json.loads(sys.argv[1])
 _cgroupfs.join_self(group)  # as a fork server that could not move out again
 _cgroupfs._STUCK.update(_cgroupfs.paths(group))
@@ -483,7 +484,8 @@ RUNNER = """
 import json, sys, time
 from pathlib import Path
 from leasecore.models import Task
-from leasecore.process import CommandSpec, Supervisor, cgroups
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import cgroups
 
 state_dir, mode, shell = sys.argv[1], sys.argv[2], sys.argv[3]
 sup = Supervisor(Path(state_dir), cgroup_setup=cgroups.detect(mode))
@@ -559,7 +561,7 @@ signal.pause()
 
 
 def test_a_group_of_a_thousand_members_is_listed_and_killed_whole(setup: cgroups.CgroupSetup) -> None:
-    from leasecore.process import _cgroupfs
+    from leasecore.process.linux import cgroupfs
 
     lines: list[str] = []
     with Supervisor(None, cgroup_setup=setup) as supervisor:
@@ -569,7 +571,7 @@ def test_a_group_of_a_thousand_members_is_listed_and_killed_whole(setup: cgroups
         assert wait_until(lambda: any(line.startswith("ready") for line in lines), 30)
         pids = {int(pid) for pid in next(line for line in lines if line.startswith("ready")).split()[1:]}
         assert len(pids) == 1000 and child.cgroup is not None
-        assert pids | {child.pid} <= _cgroupfs.members(child.cgroup)
+        assert pids | {child.pid} <= cgroupfs.members(child.cgroup)
         sessions = [psutil.Process(pid) for pid in pids]
         child.kill_tree()
         assert wait_until(lambda: not any(alive(p) for p in sessions), 2.5)

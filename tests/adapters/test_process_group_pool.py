@@ -24,7 +24,9 @@ import psutil
 import pytest
 
 from leasecore.limits import Limits
-from leasecore.process import CommandSpec, Supervisor, _cgroupfs, cgroups, grouppool, to_task_result
+from leasecore.process import CommandSpec, Supervisor, to_task_result
+from leasecore.process.forkserver import grouppool
+from leasecore.process.linux import cgroupfs, cgroups
 from tests.support import wait_until
 
 from .process_support import REPO, alive, forkserver_boot_around_spawn, make_task
@@ -55,7 +57,7 @@ def v1() -> cgroups.CgroupSetup:
 @pytest.fixture(params=["main-thread", "spawner-thread"])
 def boot(request: pytest.FixtureRequest) -> str:
     """Where the fork server starts the trees: on its main thread, the whole process moving into the
-    group for the start; or on a spawner thread, that thread alone moving (treestarts.py)."""
+    group for the start; or on a spawner thread, that thread alone moving (forkserver/launch.py)."""
     return forkserver_boot_around_spawn(threads=request.param == "spawner-thread")
 
 
@@ -204,7 +206,7 @@ def test_the_pool_keeps_at_most_its_bound(v1: cgroups.CgroupSetup) -> None:
         assert len(pool) == 0 and pool.made == 2 and pool.reused == 1
     finally:
         for group in made:
-            assert _cgroupfs.remove(group)
+            assert cgroupfs.remove(group)
 
 
 # --- what a dead runner left: its empty groups go at the next start's sweep, nothing else does ---------
@@ -239,7 +241,7 @@ def test_the_sweep_removes_only_empty_groups_of_dead_runners(v1: cgroups.CgroupS
             process.wait()
         for path in paths.values():
             if os.path.isdir(path):
-                assert wait_until(lambda path=path: not _cgroupfs.populated({"v": 1, "dirs": {"x": path}}), 5)
+                assert wait_until(lambda path=path: not cgroupfs.populated({"v": 1, "dirs": {"x": path}}), 5)
                 os.rmdir(path)
 
 
@@ -247,7 +249,8 @@ RUNNER = """
 import json, sys, time
 from pathlib import Path
 from leasecore.models import Task
-from leasecore.process import CommandSpec, Supervisor, cgroups
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import cgroups
 
 state_dir, shell = sys.argv[1], sys.argv[2]
 sup = Supervisor(Path(state_dir), cgroup_setup=cgroups.detect("v1"))
@@ -296,5 +299,5 @@ def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_nex
         for key in ("free", "group"):  # named by the dead runner's pid: the fixture checks only ours
             group = info.get(key)
             if isinstance(group, dict):
-                _cgroupfs.kill(group)
-                assert wait_until(lambda group=group: _cgroupfs.remove(group), 5)
+                cgroupfs.kill(group)
+                assert wait_until(lambda group=group: cgroupfs.remove(group), 5)

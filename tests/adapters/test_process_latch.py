@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from leasecore.process.child import Latch
+from leasecore.process.supervisor.child import Latch
 
 
 def test_a_latch_set_before_the_wait_returns_at_once_and_never_makes_an_event() -> None:

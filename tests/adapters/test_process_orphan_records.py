@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from leasecore.models import Task
-from leasecore.process import CommandSpec, Supervisor, _procfs, leftovers
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import leftovers, procfs
 from tests.support import wait_until
 
 from .process_support import REPO, sample
@@ -46,7 +47,7 @@ RUNNER = textwrap.dedent(
 
 
 def _gone(pid: int) -> bool:
-    info = _procfs.read_stat(pid)
+    info = procfs.read_stat(pid)
     return info is None or info.is_zombie
 
 
@@ -137,7 +138,7 @@ def test_a_record_without_meta_from_an_older_runner_still_sweeps(tmp_path: Path)
     dead.wait()  # a runner pid that no longer runs
     sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
-        start = _procfs.read_stat(sleeper.pid)
+        start = procfs.read_stat(sleeper.pid)
         assert start is not None
         record = {"runner": {"pid": dead.pid, "start_time": 1}, "forkserver": None,
                   "trees": [{"key": "t1", "pid": sleeper.pid, "start_time": start.start_time,
@@ -176,9 +177,9 @@ def _record_naming(state: Path, stranger: subprocess.Popen[bytes], tmpdir: Path,
     """A dead runner's record whose fork server and tree leader have the pid *and* start time of
     ``stranger`` (a process in its own session): what a record from before a reboot can look like
     to a service that gets much the same pids and start times at every boot."""
-    info = _procfs.read_stat(stranger.pid)
+    info = procfs.read_stat(stranger.pid)
     assert info is not None
-    me = _procfs.read_stat(os.getpid())
+    me = procfs.read_stat(os.getpid())
     assert me is not None
     same = {"pid": stranger.pid, "start_time": info.start_time}
     data: dict[str, Any] = {
@@ -198,14 +199,14 @@ def _record_naming(state: Path, stranger: subprocess.Popen[bytes], tmpdir: Path,
 def test_a_record_from_an_earlier_boot_signals_nothing_but_still_reports_its_tasks(
     tmp_path: Path, boot: str | None
 ) -> None:
-    if not _procfs.boot_id():
+    if not procfs.boot_id():
         pytest.skip("no boot id here")
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        assert wait_until(lambda: (i := _procfs.read_stat(stranger.pid)) is not None and i.state != "R", 10)
+        assert wait_until(lambda: (i := procfs.read_stat(stranger.pid)) is not None and i.state != "R", 10)
         tmpdir = tmp_path / f"{leftovers.TMP_PREFIX}x"
         tmpdir.mkdir()
-        boots = {"earlier": "00000000-0000-4000-8000-000000000000", "this": _procfs.boot_id()}
+        boots = {"earlier": "00000000-0000-4000-8000-000000000000", "this": procfs.boot_id()}
         recorded = boots.get(boot or "")
         path = _record_naming(tmp_path / "state", stranger, tmpdir, recorded)
         got: list[tuple[int, list[leftovers.TreeRecord]]] = []

@@ -14,10 +14,10 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
-from leasecore.process.frames import send_frame, take_frames
-from leasecore.process.lookups import ExecutablePaths
-from leasecore.process.output import StreamCapture
+from leasecore.process.forkserver.frames import send_frame, take_frames
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
+from leasecore.process.supervisor.caches import ExecutablePaths
+from leasecore.process.supervisor.output import StreamCapture
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, read_output_file
 
 from .process_support import make_task

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from leasecore.process import leftovers
+from leasecore.process.linux import leftovers
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ RUNNER = textwrap.dedent(
     """
     import os, subprocess, sys
     from pathlib import Path
-    from leasecore.process import _procfs, leftovers
+    from leasecore.process.linux import procfs as _procfs, leftovers
 
     state = Path(sys.argv[1])
     record = leftovers.StateRecord(state, os.getpid())

@@ -12,7 +12,7 @@ import pytest
 
 from leasecore.errors import SpawnError
 from leasecore.process import Supervisor
-from leasecore.process.runas import resolve_run_as
+from leasecore.process.linux.runas import resolve_run_as
 from tests.support import wait_until
 
 from .process_support import Lines, make_task, running_supervisor, spec

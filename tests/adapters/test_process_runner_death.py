@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from leasecore.process import CommandSpec, Supervisor, leftovers
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import leftovers
 from tests.support import wait_until
 
 from .process_support import REPO, Lines, alive, make_task, sample
@@ -25,7 +26,8 @@ import json, sys, time
 from pathlib import Path
 import psutil
 from leasecore.models import Task
-from leasecore.process import CommandSpec, Supervisor, leftovers
+from leasecore.process import CommandSpec, Supervisor
+from leasecore.process.linux import leftovers
 
 state_dir, ignorer, daemonizer = sys.argv[1], sys.argv[2], sys.argv[3:]
 sup = Supervisor(Path(state_dir))

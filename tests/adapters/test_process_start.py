@@ -17,10 +17,11 @@ import psutil
 import pytest
 
 from leasecore.errors import ProcessError
-from leasecore.process import Child, ChildExit, CommandSpec, Supervisor, _procfs
-from leasecore.process.chores import Chores
-from leasecore.process.link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
-from leasecore.process.supervisor import MAX_STARTING
+from leasecore.process import Child, ChildExit, CommandSpec, Supervisor
+from leasecore.process.linux import procfs
+from leasecore.process.supervisor.background import Chores
+from leasecore.process.supervisor.forkserver_link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
+from leasecore.process.supervisor.supervisor import MAX_STARTING
 from tests.support import wait_until
 
 from .process_support import (
@@ -426,7 +427,7 @@ def test_each_recorded_start_time_is_the_leaders_own_though_most_were_not_read(
     tmp_path: Path, threads: bool
 ) -> None:
     # The fork server takes a posix_spawned leader's start time from its boot clock read around the
-    # spawn (``_procfs.StartTimes``); the record that a later sweep trusts must still be /proc's.
+    # spawn (``procfs.StartTimes``); the record that a later sweep trusts must still be /proc's.
     starts = 30
     with _supervisor(tmp_path, boot=forkserver_boot_around_spawn(threads=threads)) as supervisor:
         children = []
@@ -437,7 +438,7 @@ def test_each_recorded_start_time_is_the_leaders_own_though_most_were_not_read(
         recorded = {tree.pid: tree.start_time for tree in supervisor._record.trees()}
         assert len(recorded) == starts
         for pid, start_time in recorded.items():
-            info = _procfs.read_stat(pid)
+            info = procfs.read_stat(pid)
             assert info is not None and info.start_time == start_time
         stats = supervisor.forkserver_stats()
         assert not stats["start_times_off"]

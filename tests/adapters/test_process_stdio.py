@@ -11,7 +11,7 @@ from typing import Any
 
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
-from leasecore.process.stdio_protocol import STDOUT_LIMIT_BYTES
+from leasecore.process.results.stdio_protocol import STDOUT_LIMIT_BYTES
 
 from .process_support import Lines, sample
 

@@ -15,7 +15,7 @@ import pytest
 
 from leasecore.limits import Limits
 from leasecore.process import Supervisor
-from leasecore.process.switches import FORKSERVER_NICE
+from leasecore.process.forkserver.switches import FORKSERVER_NICE
 from tests.support import wait_until
 
 from .process_support import REPO, make_task, running_supervisor, spec

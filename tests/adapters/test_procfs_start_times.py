@@ -1,4 +1,4 @@
-"""``_procfs.StartTimes``: a child's start time from the boot clock read around its creation, as
+"""``procfs.StartTimes``: a child's start time from the boot clock read around its creation, as
 /proc/<pid>/stat gives it, without reading /proc once a few have been checked."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasecore.process import _procfs
+from leasecore.process.linux import procfs
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def _spawn_bracketed() -> tuple[int, int, int]:
-    before = _procfs.boot_clock_ns()
+    before = procfs.boot_clock_ns()
     pid = os.posix_spawn("/bin/sleep", ["sleep", "30"], os.environ, setsid=True)
-    return pid, before, _procfs.boot_clock_ns()
+    return pid, before, procfs.boot_clock_ns()
 
 
 def _reap(pids: list[int]) -> None:
@@ -26,7 +26,7 @@ def _reap(pids: list[int]) -> None:
 
 
 def test_the_start_time_from_the_boot_clock_is_procs_for_every_child_it_pins() -> None:
-    times = _procfs.StartTimes(checks=0)  # no check: every pinned start time comes from the clock alone
+    times = procfs.StartTimes(checks=0)  # no check: every pinned start time comes from the clock alone
     pids: list[int] = []
     try:
         pinned = 0
@@ -35,7 +35,7 @@ def test_the_start_time_from_the_boot_clock_is_procs_for_every_child_it_pins() -
             pids.append(pid)
             read_before = times.read
             start = times.of(pid, before, after)
-            info = _procfs.read_stat(pid)
+            info = procfs.read_stat(pid)
             assert info is not None and start == info.start_time
             pinned += times.read == read_before
         assert not times.off
@@ -45,7 +45,7 @@ def test_the_start_time_from_the_boot_clock_is_procs_for_every_child_it_pins() -
 
 
 def test_the_first_pinned_ones_are_checked_against_proc_then_no_longer_read() -> None:
-    times = _procfs.StartTimes(checks=3)
+    times = procfs.StartTimes(checks=3)
     pids: list[int] = []
     try:
         for _ in range(100):  # a spawn is well under a tick: the 3 checks come within a few spawns
@@ -58,7 +58,7 @@ def test_the_first_pinned_ones_are_checked_against_proc_then_no_longer_read() ->
         read = times.read
         pid, _, _ = _spawn_bracketed()
         pids.append(pid)
-        info = _procfs.read_stat(pid)
+        info = procfs.read_stat(pid)
         assert info is not None
         tick_start = info.start_time * TICK_NS
         assert times.of(pid, tick_start, tick_start + 1) == tick_start // TICK_NS
@@ -72,7 +72,7 @@ def sleeper() -> Iterator[tuple[int, int]]:
     """A child of ours that sleeps, and its start time as /proc gives it."""
     pid, _, _ = _spawn_bracketed()
     try:
-        info = _procfs.read_stat(pid)
+        info = procfs.read_stat(pid)
         assert info is not None
         yield pid, info.start_time
     finally:
@@ -81,7 +81,7 @@ def sleeper() -> Iterator[tuple[int, int]]:
 
 def test_a_bracket_across_a_tick_is_read_from_proc(sleeper: tuple[int, int]) -> None:
     pid, start = sleeper
-    times = _procfs.StartTimes(checks=0)
+    times = procfs.StartTimes(checks=0)
     edge = start * TICK_NS
     assert times.of(pid, edge - 1, edge + 1) == start  # two ticks: not pinned
     assert times.read == 1
@@ -89,7 +89,7 @@ def test_a_bracket_across_a_tick_is_read_from_proc(sleeper: tuple[int, int]) -> 
 
 def test_a_clock_that_disagrees_with_proc_turns_the_shortcut_off_for_good(sleeper: tuple[int, int]) -> None:
     pid, start = sleeper
-    times = _procfs.StartTimes(checks=8)
+    times = procfs.StartTimes(checks=8)
     wrong = (start + 5) * TICK_NS  # a kernel that counted otherwise
     assert times.of(pid, wrong, wrong + 1) == start  # /proc's, not the clock's
     assert times.off
@@ -97,7 +97,7 @@ def test_a_clock_that_disagrees_with_proc_turns_the_shortcut_off_for_good(sleepe
 
 
 def test_a_process_not_in_proc_gives_zero_as_before_and_counts_as_no_check() -> None:
-    times = _procfs.StartTimes(checks=8)
+    times = procfs.StartTimes(checks=8)
     missing = 2**22 + 12345  # beyond pid_max: no such process
     assert times.of(missing, 0, 1) == 0  # pinned to tick 0, but checked against /proc: nothing there
     assert times.checks == 8 and not times.off and times.read == 1

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from leasecore.process import _procfs
+from leasecore.process.linux import procfs
 from tests.support import wait_until
 
-pytestmark = pytest.mark.skipif(not _procfs.IS_LINUX or not _procfs.has_children_files(os.getpid()),
+pytestmark = pytest.mark.skipif(not procfs.IS_LINUX or not procfs.has_children_files(os.getpid()),
                                 reason="needs Linux with /proc/<pid>/task/<tid>/children")
 
 # A parent whose second thread starts a child and stays alive while its main thread only waits: the
@@ -46,12 +46,12 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_a_one_thread_process_is_read_as_the_listing_would(procs: list[subprocess.Popen[bytes]]) -> None:
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
     procs.append(parent)
-    wait_until(lambda: len(_procfs.children_of(parent.pid)) == 2, timeout_seconds=10)
-    info = _procfs.read_stat(parent.pid)
+    wait_until(lambda: len(procfs.children_of(parent.pid)) == 2, timeout_seconds=10)
+    info = procfs.read_stat(parent.pid)
     assert info is not None and info.threads == 1
-    assert sorted(_procfs.children_of(parent.pid, threads=1)) == sorted(_procfs.children_of(parent.pid))
-    found = _procfs.walk([parent.pid])
-    assert set(found) == {parent.pid, *_procfs.children_of(parent.pid)}
+    assert sorted(procfs.children_of(parent.pid, threads=1)) == sorted(procfs.children_of(parent.pid))
+    found = procfs.walk([parent.pid])
+    assert set(found) == {parent.pid, *procfs.children_of(parent.pid)}
 
 
 def test_a_child_of_a_second_thread_is_found_by_the_walk(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -60,10 +60,10 @@ def test_a_child_of_a_second_thread_is_found_by_the_walk(procs: list[subprocess.
     procs.append(parent)
     assert parent.stdout is not None
     grandchild = int(parent.stdout.readline())
-    info = _procfs.read_stat(parent.pid)
+    info = procfs.read_stat(parent.pid)
     assert info is not None and info.threads == 2
-    assert grandchild not in _procfs.children_of(parent.pid, threads=1)  # the main thread's file only
-    found = _procfs.walk([parent.pid])
+    assert grandchild not in procfs.children_of(parent.pid, threads=1)  # the main thread's file only
+    found = procfs.walk([parent.pid])
     assert grandchild in found
     assert found[grandchild].ppid == parent.pid
     assert parent.stdin is not None
@@ -76,17 +76,17 @@ def test_a_zombie_is_listed_but_not_descended_into(
 ) -> None:
     child = subprocess.Popen(["true"])
     procs.append(child)  # reaped by the fixture: until then a zombie of ours
-    wait_until(lambda: (info := _procfs.read_stat(child.pid)) is not None and info.is_zombie,
+    wait_until(lambda: (info := procfs.read_stat(child.pid)) is not None and info.is_zombie,
                timeout_seconds=10)
     asked: list[int] = []
-    real = _procfs.children_of
+    real = procfs.children_of
 
     def counted(pid: int, **kw: int) -> list[int]:
         asked.append(pid)
         return real(pid, **kw)
 
-    monkeypatch.setattr(_procfs, "children_of", counted)
-    found = _procfs.walk([child.pid])
+    monkeypatch.setattr(procfs, "children_of", counted)
+    found = procfs.walk([child.pid])
     assert found[child.pid].is_zombie and found[child.pid].threads == 1
     assert asked == []
 
@@ -97,7 +97,7 @@ def test_a_list_longer_than_one_read_is_read_whole(procs: list[subprocess.Popen[
     tid = threading.get_native_id()
     fd = os.open(f"/proc/{os.getpid()}/task/{tid}/children", os.O_RDONLY)
     try:
-        whole = _procfs.read_all(fd, size=8)  # "12345 " is 6 bytes or more: many reads
+        whole = procfs.read_all(fd, size=8)  # "12345 " is 6 bytes or more: many reads
     finally:
         os.close(fd)
     listed = {int(part) for part in whole.split()}

@@ -1,6 +1,6 @@
-"""The reporter's update-v2 attempt (leasecore.runner.reporter, leasecore.runner.chain) with a scripted
-port and a FakeClock: the claimed task and the send time reach ``on_chained`` exactly once, before the
-outcome; update-v2 is never resent; 405, or a 404 that v1 then takes, turns it off for good."""
+"""The reporter's update-v2 attempt (leasecore.runner.upstream.reporter, leasecore.runner.chain) with a
+scripted port and a FakeClock: the claimed task and the send time reach ``on_chained`` exactly once, before
+the outcome; update-v2 is never resent; 405, or a 404 that v1 then takes, turns it off for good."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from leasecore.clock import FakeClock
 from leasecore.errors import ConductorNotFound, ConductorRejected, ConductorUnavailable
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.reporter import Reporter, ReportOutcome
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 
 Step = Callable[[], "Task | None"]
 

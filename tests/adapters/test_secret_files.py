@@ -12,8 +12,8 @@ from pathlib import Path
 from leasecore.masking import Masker
 from leasecore.models import Task
 from leasecore.process import Supervisor
-from leasecore.process.output import StreamCapture
 from leasecore.process.secretenv import SECRETS_FILE_NAME
+from leasecore.process.supervisor.output import StreamCapture
 from leasecore.process.taskfiles import TaskFiles
 from leasecore.server import EmbeddedServer
 

@@ -91,7 +91,7 @@ HEAVY = ("rich", "leasecore.server", "leasecore.demo.scenes", "leasecore.demo.pl
 # Not on a plain run's start path either (#23, the idle footprint): the CLI framework and what it
 # converts with, and requests with its stack (the lean http:// transport serves).
 FRAMEWORK = ("typer", "click", "pydantic", "pydantic_core", "shellingham", "requests", "urllib3",
-             "charset_normalizer", "idna", "certifi", "leasecore.conductor.session", "cli.app")
+             "charset_normalizer", "idna", "certifi", "leasecore.conductor.requests_transport", "cli.app")
 
 
 def _loaded_after(code: str, tmp_path: Path, heavy: tuple[str, ...] = HEAVY,

@@ -22,7 +22,7 @@ import pytest
 
 from cli import exitcodes
 from leasecore.limits import memory_reason
-from leasecore.process import cgroups
+from leasecore.process.linux import cgroups
 from tests.integration.helpers import World, gone
 from tests.support import wait_until
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from cli import exitcodes
-from leasecore.process import leftovers
+from leasecore.process.linux import leftovers
 from tests.integration.helpers import World, gone
 from tests.support import wait_until
 

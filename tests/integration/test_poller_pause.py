@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from leasecore.models import Task
-from leasecore.runner.poller import Poller, WorkBudget
 from leasecore.runner.ports import PollSettings
+from leasecore.runner.upstream.poller import Poller, WorkBudget
 from tests.integration.runner_fakes import make_task
 from tests.support import wait_until
 

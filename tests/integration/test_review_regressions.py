@@ -79,7 +79,8 @@ def test_json_logs_are_json_on_every_line_from_every_module(world: World) -> Non
     wf = world.start_workflow(seconds=60)
     proc = world.run("--log-format", "json", "--kill-grace", "1")
     (pid,) = wait_until(world.child_pids, what="the child to start")
-    world.admin.terminate_workflow(wf, "stop it")  # the ownership check fences it: runner/engine.py logs
+    # the ownership check fences it: runner/leasing/engine.py logs
+    world.admin.terminate_workflow(wf, "stop it")
     wait_until(lambda: gone(pid), timeout_seconds=20, what="the tree to be fenced")
     proc.send_signal(signal.SIGTERM)
     code, err = world.finish(proc)

@@ -10,9 +10,9 @@ from typing import Any
 
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, TaskTypePlan
-from leasecore.runner.reporter import Reporter
-from leasecore.runner.runner import Runner
+from leasecore.runner.upstream.reporter import Reporter
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
 
 

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 from leasecore.errors import ConductorUnavailable
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.contact import RecordedLeaseCalls, ServerContact
-from leasecore.runner.engine import LeaseEngine
+from leasecore.runner.leasing.engine import LeaseEngine
+from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
-from leasecore.runner.runner import Runner
+from leasecore.runner.upstream.server_contact import RecordedLeaseCalls, ServerContact
 from tests.integration.runner_fakes import (
     FakeConductor,
     FakeEngine,

@@ -11,9 +11,9 @@ import pytest
 
 from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
-from leasecore.runner.reporter import Reporter, ReportOutcome
-from leasecore.runner.runner import Runner
+from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 from leasecore.snapshot import TaskState
 from leasecore.state.outbox import Outbox
 from tests.integration.runner_fakes import (
@@ -390,7 +390,7 @@ def test_a_task_from_a_late_poll_is_handed_straight_back(harnesses: list[Harness
 
 def test_refused_credentials_are_logged_once_and_polls_back_off(caplog: pytest.LogCaptureFixture) -> None:
     from leasecore.errors import ConductorAuthError
-    from leasecore.runner.poller import Poller, WorkBudget
+    from leasecore.runner.upstream.poller import Poller, WorkBudget
 
     conductor = FakeConductor()
     conductor.poll_error = ConductorAuthError("HTTP 401 INVALID_TOKEN")
@@ -453,7 +453,7 @@ def test_the_outbox_keeps_results_on_refused_credentials_and_on_stop(tmp_path: P
 
 
 def test_the_signal_relay_records_until_a_target_is_set_and_forwards_the_count() -> None:
-    from leasecore.runner.signals import SignalRelay
+    from leasecore.runner.loop.signals import SignalRelay
 
     relay = SignalRelay()
     relay(15, 1)  # during setup: recorded only
@@ -466,7 +466,7 @@ def test_the_signal_relay_records_until_a_target_is_set_and_forwards_the_count()
 
 
 def test_the_signal_relay_cuts_a_start_up_step_short_once() -> None:
-    from leasecore.runner.signals import SignalRelay, StartupInterrupted
+    from leasecore.runner.loop.signals import SignalRelay, StartupInterrupted
 
     relay = SignalRelay()
     with pytest.raises(StartupInterrupted) as info, relay.interrupting():

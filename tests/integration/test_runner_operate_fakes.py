@@ -1,4 +1,4 @@
-"""The runner's side of pause, resume, reload and drain (``leasecore.runner.operate``), driven through
+"""The runner's side of pause, resume, reload and drain (``leasecore.runner.loop.operate``), driven through
 ``Runner.control`` as the control socket's thread calls it, with fake ports and real child processes."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from leasecore.errors import ConfigError
 from leasecore.lease import LeasePolicy
 from leasecore.models import TaskStatus
+from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import LiveChange, PollSettings, RunOptions, RunOutcome, TaskTypePlan
-from leasecore.runner.runner import Runner
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
 from tests.support import wait_until
 

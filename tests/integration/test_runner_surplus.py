@@ -13,10 +13,10 @@ import pytest
 from leasecore.handover import YIELD_MARKER
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.poller import Poller, WorkBudget
+from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
-from leasecore.runner.reporter import Reporter
-from leasecore.runner.runner import Runner
+from leasecore.runner.upstream.poller import Poller, WorkBudget
+from leasecore.runner.upstream.reporter import Reporter
 from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from leasecore.clock import FakeClock
 from leasecore.lease import Lease, LeasePolicy
 from leasecore.models import Task
-from leasecore.process.deadman import KILL, SWITCH_LAG_SECONDS, TERM, Switch
+from leasecore.process.forkserver.deadman import KILL, SWITCH_LAG_SECONDS, TERM, Switch
 
 T0 = 1000.0
 
@@ -152,8 +152,8 @@ def test_a_redelivery_counts_like_an_ack() -> None:
 def _entry(**fields: object) -> object:
     from datetime import UTC, datetime
 
+    from leasecore.runner.loop.status import InFlight
     from leasecore.runner.ports import PollSettings, TaskTypePlan
-    from leasecore.runner.status import InFlight
 
     plan = TaskTypePlan(poll=PollSettings("t", worker_id="w1"), spec=None, worker_id="w1",
                         make_policy=lambda task: LeasePolicy(response_timeout_seconds=4))
@@ -166,7 +166,7 @@ def _entry(**fields: object) -> object:
 
 def test_a_tree_the_switch_ended_is_reported_as_a_stall_not_a_lost_heartbeat() -> None:
     from leasecore.lease import FenceReason
-    from leasecore.runner.ends import fence_text
+    from leasecore.runner.loop.task_end import fence_text
 
     entry = _entry(ended_by_switch=True)
     text = fence_text(FenceReason.LEASE_EXPIRED, entry.task, entry)  # type: ignore[attr-defined, arg-type]
@@ -178,7 +178,7 @@ def test_a_tree_the_switch_ended_is_reported_as_a_stall_not_a_lost_heartbeat() -
 
 def test_a_late_fence_without_the_switch_is_a_stall_too_and_otherwise_the_words_stay() -> None:
     from leasecore.lease import FenceReason
-    from leasecore.runner.ends import fence_text
+    from leasecore.runner.loop.task_end import fence_text
 
     stalled = _entry(stalled_seconds=7.25)
     text = fence_text(FenceReason.LEASE_EXPIRED, stalled.task, stalled)  # type: ignore[attr-defined, arg-type]

@@ -10,9 +10,9 @@ import pytest
 from leasecore.checkbudget import CheckBudget
 from leasecore.lease import CheckOwnership, LeasePolicy, SendHeartbeat
 from leasecore.models import Task
-from leasecore.runner.leasebook import LeaseBook
-from leasecore.runner.senders import InlineSenders, Job, SendQueue, ThreadedSenders
-from leasecore.runner.timer import TimerHeap
+from leasecore.runner.leasing.leasebook import LeaseBook
+from leasecore.runner.leasing.senders import InlineSenders, Job, SendQueue, ThreadedSenders
+from leasecore.runner.leasing.timer import TimerHeap
 
 T0 = 1000.0
 

@@ -10,7 +10,7 @@ import pytest
 from leasecore.config.loader import parse_toml, resolve
 from leasecore.errors import ConfigError
 from leasecore.models import Task, TaskStatus
-from leasecore.process.result import to_task_result
+from leasecore.process.results.task_result import to_task_result
 from leasecore.process.spec import ChildExit, CommandSpec, ExitRule
 from leasecore.runner.plans import exit_rules
 

@@ -7,7 +7,7 @@ from leasecore.handover import YieldHold
 from leasecore.lease import FenceReason, LeasePolicy, TerminateTree
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.process.spec import CommandSpec
-from leasecore.runner.starts import _spawn_spec
+from leasecore.runner.loop.task_start import _spawn_spec
 
 
 def result() -> TaskResult:

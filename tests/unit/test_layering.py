@@ -25,14 +25,22 @@ PURE = frozenset({
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.config.live",
     "leasecore.http_framing", "leasecore.checkbudget",
-    "leasecore.runner.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
-    "leasecore.runner.leasebook", "leasecore.masking", "leasecore.process.secretenv",
-    "leasecore.process.deadman",
+    "leasecore.runner.upstream.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
+    "leasecore.runner.leasing.leasebook", "leasecore.masking", "leasecore.process.secretenv",
+    "leasecore.process.forkserver.deadman",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
     "leasecore.lease.policy", "leasecore.lease.finalcheck",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",
+    # the subpackages of process/ and runner/: docstrings only (the fork server runs two of them)
+    "leasecore.process.forkserver",
+    "leasecore.process.linux",
+    "leasecore.process.results",
+    "leasecore.process.supervisor",
+    "leasecore.runner.leasing",
+    "leasecore.runner.loop",
+    "leasecore.runner.upstream",
 })
 # Standard-library modules the pure core may not touch: I/O, threads, processes, sockets, signals.
 IMPURE_STDLIB = frozenset({
@@ -230,15 +238,16 @@ def _planted(tmp_path: Path, sources: Mapping[str, str]) -> dict[str, Path]:
 
 def test_a_pure_module_importing_threads_or_an_adapter_is_caught(tmp_path: Path) -> None:
     files = _planted(tmp_path, {
-        "leasecore.lease": "import threading\nfrom leasecore.runner import runner\n",
+        "leasecore.lease": "import threading\nfrom leasecore.runner.loop import runner\n",
         "leasecore.models": "def f():\n    import requests\n",
         "leasecore.backoff": "import time\n",
         "leasecore.errors": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import socket\n",
-        "leasecore.runner.runner": "",
+        "leasecore.runner.loop.runner": "",
     })
     found = pure_violations(files)
     assert "leasecore.lease imports threading (threading)" in found
-    assert "leasecore.lease imports leasecore.runner.runner (adapter leasecore.runner.runner)" in found
+    assert ("leasecore.lease imports leasecore.runner.loop.runner (adapter leasecore.runner.loop.runner)"
+            in found)
     assert "leasecore.models imports requests (requests)" in found
     assert "leasecore.backoff imports time (time)" in found
     assert not any(v.startswith("leasecore.errors") for v in found)  # TYPE_CHECKING never runs

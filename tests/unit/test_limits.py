@@ -22,7 +22,8 @@ from leasecore.limits import (
     rlimits_for,
 )
 from leasecore.models import Task, TaskStatus
-from leasecore.process import CommandSpec, cgroups, to_task_result
+from leasecore.process import CommandSpec, to_task_result
+from leasecore.process.linux import cgroups
 from leasecore.process.spec import ChildExit
 from leasecore.state.orphans import orphan_reason
 

@@ -12,7 +12,7 @@ import pytest
 
 from leasecore.config.loader import TaskSettings, run_as_problems
 from leasecore.config.settings import Source
-from leasecore.process.runas import RunAs, resolve_run_as, switch_problem
+from leasecore.process.linux.runas import RunAs, resolve_run_as, switch_problem
 
 NOBODY = pwd.getpwnam("nobody")
 
@@ -103,7 +103,7 @@ def test_a_cwd_or_program_the_user_cannot_reach_is_warned() -> None:
 
 def _check_access_warnings(tmp_path: Path) -> None:
     from leasecore.config.loader import load_config
-    from leasecore.process.runas import access_problem
+    from leasecore.process.linux.runas import access_problem
 
     nobody = resolve_run_as("nobody")
     private = tmp_path / "private"

@@ -16,10 +16,10 @@ from leasecore.errors import (
     ConductorUnavailable,
 )
 from leasecore.models import TaskStatus
-from leasecore.runner.logsink import LogBuffer, LogStreamer, WholeEntry
-from leasecore.runner.poller import failure_kind
-from leasecore.runner.pollpolicy import BackoffPolicy, PollBackoff, Reachability
 from leasecore.runner.ports import RunOutcome
+from leasecore.runner.upstream.logsink import LogBuffer, LogStreamer, WholeEntry
+from leasecore.runner.upstream.poller import failure_kind
+from leasecore.runner.upstream.pollpolicy import BackoffPolicy, PollBackoff, Reachability
 
 
 def test_empty_polls_back_off_exponentially_up_to_the_cap() -> None:

@@ -9,8 +9,8 @@ import pytest
 from leasecore.clock import FakeClock
 from leasecore.errors import ConductorAuthError, ConductorError, ConductorNotFound, ConductorUnavailable
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.contact import RecordedCalls, RecordedLeaseCalls, ServerContact
-from leasecore.runner.status import server_health
+from leasecore.runner.loop.status import server_health
+from leasecore.runner.upstream.server_contact import RecordedCalls, RecordedLeaseCalls, ServerContact
 
 
 class Port:

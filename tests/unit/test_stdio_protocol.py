@@ -1,4 +1,4 @@
-"""conductor-cli's ``worker stdio`` contract, the pure part (``leasecore/process/stdio_protocol.py``):
+"""conductor-cli's ``worker stdio`` contract, the pure part (``leasecore/process/results/stdio_protocol.py``):
 the result document parsed on many inputs, the exit mapping, the bounded stdout capture, the
 child's extra variables and stdin."""
 
@@ -14,8 +14,7 @@ from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec, to_task_result
-from leasecore.process.spec import ChildExit, build_child_env, is_secret_name, stdio_env
-from leasecore.process.stdio_protocol import (
+from leasecore.process.results.stdio_protocol import (
     MAX_LOG_ENTRIES,
     STDOUT_LIMIT_BYTES,
     InvalidReply,
@@ -24,6 +23,7 @@ from leasecore.process.stdio_protocol import (
     task_json,
     to_stdio_result,
 )
+from leasecore.process.spec import ChildExit, build_child_env, is_secret_name, stdio_env
 
 STDIO = CommandSpec(argv=("w",), protocol="stdio", terminal_exit_codes=frozenset({9}))
 NO_RESOURCES = {"max_rss_bytes": None, "cpu_user_seconds": None, "cpu_system_seconds": None}

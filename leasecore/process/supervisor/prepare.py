@@ -1,0 +1,128 @@
+"""What one spawn needs before it is asked of the fork server, made as a whole or not at all.
+
+Owns the steps between a ``CommandSpec`` and a ``spawn`` request: the working directory check, the
+task's private files (``TaskFiles``, named by the tree's random marker token), the child's
+environment (``build_child_env``), the executable on PATH (``caches.ExecutablePaths``), the two
+output pipes, and the tree's cgroup (``cgroups.group_for``: made here, or on v1 without limits asked of
+the fork server's pool) with the rlimits its command gets.
+A step that fails (a ``SpawnError`` naming what) undoes the steps before it: no file, fd or group
+is left. ``Prepared.message`` is the request the fork server gets.
+
+Must not touch: the fork server, the Supervisor's tables, the reader. What it makes belongs to the
+caller from then on (the pipes' write ends go to the fork server with the request, the read ends to
+the reader thread once the command runs).
+
+Threads: the caller of ``Supervisor.start``/``spawn`` (the runner's main thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from leasecore.errors import SpawnError
+from leasecore.limits import rlimits_for
+from leasecore.models import Task
+from leasecore.process.checkpoint import seed_of
+from leasecore.process.linux import cgroupfs, cgroups
+from leasecore.process.results.stdio_protocol import task_json
+from leasecore.process.spec import STDIO, CommandSpec, build_child_env
+from leasecore.process.supervisor.caches import ExecutablePaths
+from leasecore.process.taskfiles import TaskDirs, TaskFiles
+
+
+def working_directory(spec: CommandSpec) -> str:
+    """The directory the fork server will chdir to; SpawnError if it does not exist."""
+    cwd = spec.cwd or os.getcwd()
+    if not os.path.isabs(cwd):  # the fork server chdirs to it, from wherever it is (not normalised:
+        cwd = os.path.join(os.getcwd(), cwd)  # "link/.." must mean what a chdir makes of it)
+    if not os.path.isdir(cwd):
+        raise SpawnError(f"working directory {cwd!r} does not exist")
+    return cwd
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A spawn made ready: everything it holds until it is sent (or ``discard``-ed)."""
+
+    token: str  # the tree's marker token
+    cwd: str
+    files: TaskFiles
+    env: dict[str, str]
+    path: str  # the executable, resolved
+    pipes: tuple[int, int, int, int]  # stdout read, stdout write, stderr read, stderr write
+    group: cgroupfs.Group | None  # the tree's cgroup, or a request for a pooled one (None: no cgroups)
+    rlimits: list[tuple[str, int]]
+
+    def message(self, request_id: int, key: str, argv: list[str], spec: CommandSpec) -> dict[str, Any]:
+        """The ``spawn`` request (its fds: the input file, then the pipes' write ends)."""
+        request = {"op": "spawn", "id": request_id, "key": key, "path": self.path, "argv": argv,
+                   "env": self.env, "cwd": self.cwd, "token": self.token, "grace": spec.kill_grace_seconds,
+                   "dir": self.files.directory, "cgroup": self.group, "rlimits": self.rlimits}  # fmt: skip
+        if spec.run_as is not None:  # the fork server starts it as that user (forkexec.py)
+            request["run_as"] = spec.run_as.wire()
+        return request
+
+
+def prepare(
+    task: Task,
+    spec: CommandSpec,
+    argv: list[str],
+    cwd: str,
+    *,
+    worker_id: str,
+    environ: Mapping[str, str],
+    inherited: dict[str, str],
+    task_dirs: TaskDirs,
+    executables: ExecutablePaths,
+    cgroup_setup: cgroups.CgroupSetup,
+    deadline: float | None = None,
+) -> Prepared:
+    """Make what a spawn of ``argv`` for ``task`` needs (``inherited``: ``inherited_env`` of
+    ``environ`` and ``spec``); SpawnError, with nothing left behind, if a step fails. The checkpoint
+    file starts with ``task.checkpoint``; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds)."""
+    token = secrets.token_hex(16)
+    try:
+        whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
+        owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None
+        # The task's runtime metadata, in a file of its own when the task has any (secretenv).
+        metadata = task.runtime_metadata if task.runtime_metadata or task.declared_metadata else None
+        files = TaskFiles.create_in(task_dirs, task, memory_limited=spec.limits.memory_max is not None,
+                                    unique=token, stdin=whole_task, owner=owner,
+                                    checkpoint=seed_of(task.checkpoint), secrets=metadata)
+    except OSError as exc:  # a full or unwritable temp dir fails this task, not the runner
+        raise SpawnError(f"cannot make the task's files: {exc.strerror or exc}") from exc
+    env = build_child_env(
+        environ, spec, task, worker_id=worker_id, input_file=files.input_path,
+        output_file=files.output_path, tree_token=token, inherited=inherited,
+        checkpoint_file=files.checkpoint_path, deadline=deadline, secrets_file=files.secrets_path,
+    )  # fmt: skip
+    try:
+        path = executables.find(argv[0], env.get("PATH", os.defpath), cwd)
+    except SpawnError:
+        files.remove()
+        raise
+    pipes: list[int] = []
+    try:
+        pipes.extend(os.pipe())
+        pipes.extend(os.pipe())
+    except OSError as exc:  # out of file descriptors: this task fails, the runner goes on
+        for fd in pipes:
+            os.close(fd)
+        files.remove()
+        raise SpawnError(f"cannot make the command's output pipes: {exc.strerror or exc}") from exc
+    try:
+        group = None
+        if cgroup_setup.active:
+            group = cgroups.group_for(cgroup_setup, token, spec.limits)  # SpawnError
+        rlimits = rlimits_for(spec.limits, cgroup_setup.limits if group is not None else frozenset())
+    except SpawnError:
+        for fd in pipes:
+            os.close(fd)
+        files.remove()
+        raise
+    out_r, out_w, err_r, err_w = pipes
+    return Prepared(token, cwd, files, env, path, (out_r, out_w, err_r, err_w), group, rlimits)

@@ -1,0 +1,249 @@
+"""The Supervisor's reader thread ("child-output"): every child's pipes and the fork server's socket.
+
+Owns one selector over the read ends of every running child's stdout and stderr and the fork
+server's socket, a wake-up pipe, and the thread. It feeds each child's captures (so ``on_line`` and
+``on_lines``), drains a child's pipes for at most ``drain_seconds`` after its exit (which comes from
+the fork server, never from pipe EOF) and then finishes it; it hands every fork server message to
+the Supervisor's handler and calls a housekeeping hook now and then (expiring unanswered spawns).
+
+Must not touch: the fork server's process or its sends (the link's), the Supervisor's tables (its
+handlers do that), or a child's files (``Child._finish`` does). It never blocks on anything but its
+selector: the fork server writes whole messages, and what came of one is kept until the rest arrives.
+
+Threads: the "child-output" thread alone touches the selector, the pipes, the captures and the
+socket's buffer; other threads only queue work (``watch_server``) and wake it through the pipe, or
+``stop`` it. ``add_here`` and ``exited`` are called on the reader thread itself (no wake-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from leasecore.process.forkserver.frames import take_frames
+from leasecore.process.results.stdio_protocol import StdoutDocument
+from leasecore.process.supervisor.child import Child
+
+# one logger for the runner's side of process/
+log = logging.getLogger("leasecore.process.supervisor.supervisor")
+
+READ_BYTES = 1 << 20  # the most one read of a child's pipe takes
+BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
+_F_SETPIPE_SZ = 1031
+
+
+class _ServerSocket:
+    """The fork server's socket, as the reader thread reads it."""
+
+    __slots__ = ("buffer", "done", "on_eof", "on_event", "sock")
+
+    def __init__(
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
+    ) -> None:
+        self.sock = sock
+        self.buffer = bytearray()  # bytes of a message not complete yet
+        self.on_event = on_event
+        self.on_eof = on_eof
+        self.done = threading.Event()  # set once on_eof has returned
+
+
+class OutputReader:
+    """The reader thread and its selector; see the module docstring."""
+
+    def __init__(self, drain_seconds: float, housekeeping: Callable[[], float] | None = None) -> None:
+        """``housekeeping()``: called on the thread now and then; returns the seconds until the next."""
+        self._drain_seconds = drain_seconds
+        self._housekeeping = housekeeping
+        self._next_housekeeping_at = 0.0
+        self._lock = threading.Lock()
+        self._pending: list[Callable[[], None]] = []
+        self._children: set[Child] = set()  # added and not yet finished
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._ident: int | None = None  # the reader thread's, once it runs
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+
+    def add_here(self, child: Child, out_r: int, err_r: int) -> None:
+        """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished).
+        Called on the reader thread itself, when it reads the child's ``spawned`` reply: no wake-up."""
+        assert threading.get_ident() == self._ident
+        self._register(child, out_r, err_r)
+        self._check_exit(child)
+
+    def exited(self, child: Child) -> None:
+        """``child`` exited: drain its pipes for at most the drain time, then finish it. Called on the
+        reader thread itself (exits come in the fork server's messages, read there): at once."""
+        assert threading.get_ident() == self._ident
+        self._check_exit(child)
+
+    def watch_server(
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
+    ) -> threading.Event:
+        """Read the fork server's messages on this thread from now on: ``on_event(message)`` for each,
+        then ``on_eof()`` once, at the socket's end (or an unreadable message). Returns an Event set
+        once ``on_eof`` has returned."""
+        link = _ServerSocket(sock, on_event, on_eof)
+
+        def register() -> None:
+            self._selector.register(sock.fileno(), selectors.EVENT_READ, link)
+
+        self._queue(register)
+        return link.done
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """End the thread once every child added is finished (bounded wait)."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake()
+        if thread is not None:
+            thread.join(timeout_seconds)
+        if thread is None or not thread.is_alive():
+            self._selector.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _queue(self, item: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="child-output", daemon=True)
+                self._thread.start()
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        self._ident = threading.get_ident()
+        while True:
+            with self._lock:
+                pending, self._pending = self._pending, []
+                done = self._stopping and not self._children and not pending
+            if done:
+                return
+            for work in pending:
+                try:
+                    work()
+                except Exception:  # the one reader thread must outlive a bug in any piece of work
+                    log.exception("the output reader's work failed; continuing")
+            now = time.monotonic()  # real time on purpose: it bounds a real wait on pipes
+            if self._housekeeping is not None and now >= self._next_housekeeping_at:
+                try:
+                    self._next_housekeeping_at = now + self._housekeeping()
+                except Exception:  # as for queued work: the reader must go on
+                    log.exception("the output reader's housekeeping failed; continuing")
+                    self._next_housekeeping_at = now + 1.0
+            deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
+            if self._housekeeping is not None:
+                deadlines.append(self._next_housekeeping_at)
+            for child in [
+                c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
+            ]:
+                self._finish(child)  # the child is gone; whoever still holds the pipe does not hold the task
+            timeout = None if not deadlines else max(0.0, min(deadlines) - now)
+            for key, _ in self._selector.select(timeout):
+                if key.fd == self._wake_r:
+                    with contextlib.suppress(OSError):
+                        os.read(self._wake_r, 4096)
+                    continue
+                if isinstance(key.data, _ServerSocket):
+                    self._read_server(key.data)
+                    continue
+                child = key.data
+                try:
+                    self._read(child, key.fd)
+                except Exception:  # never let one child's trouble stop every other child's output
+                    log.exception("reading the output of task %s failed", child.key)
+                    self._close_fd(child, key.fd)
+                    self._check_exit(child)
+
+    def _register(self, child: Child, out_r: int, err_r: int) -> None:
+        stdout, stderr = child._stdout_capture(), child._capture("stderr")
+        child._captures = (stdout, stderr)
+        child._fds = {}
+        self._children.add(child)  # first: whatever fails below, its exit still finishes it
+        for fd, capture in ((out_r, stdout), (err_r, stderr)):
+            try:
+                self._selector.register(fd, selectors.EVENT_READ, child)
+                child._fds[fd] = capture
+            except (OSError, ValueError, KeyError) as exc:  # e.g. out of epoll watches: that stream is lost
+                log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
+                os.close(fd)
+
+    def _read_server(self, link: _ServerSocket) -> None:
+        try:
+            data = link.sock.recv(1 << 16)
+            link.buffer += data
+            messages = take_frames(link.buffer) if data else []
+        except (OSError, ValueError) as exc:
+            log.debug("the fork server's socket failed: %s", exc)
+            data, messages = b"", []
+        for message in messages:
+            try:
+                link.on_event(message)
+            except Exception:  # a bug handling one message must not stop every child's output
+                log.exception("handling a fork server message failed: %r", message)
+        if data:
+            return
+        self._selector.unregister(link.sock.fileno())
+        try:
+            link.on_eof()
+        except Exception:  # e.g. the state record unwritable: the reader must go on for the next server
+            log.exception("handling the fork server's end failed")
+        finally:
+            link.done.set()
+
+    def _read(self, child: Child, fd: int) -> None:
+        data = os.read(fd, READ_BYTES)
+        if not data:
+            self._close_fd(child, fd)
+            self._check_exit(child)
+            return
+        child._fds[fd].feed(data)
+        if len(data) >= 65536 and fd not in child._grown:  # a chatty child: a bigger pipe
+            child._grown.add(fd)
+            with contextlib.suppress(OSError):  # over the user's pipe quota: keep 64 KiB
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, BIG_PIPE_BYTES)
+
+    def _close_fd(self, child: Child, fd: int) -> None:
+        if child._fds.pop(fd, None) is not None:
+            self._selector.unregister(fd)
+            os.close(fd)
+
+    def _check_exit(self, child: Child) -> None:
+        """Finish ``child`` once it exited and its pipes are at EOF; start its drain time at the exit."""
+        if child not in self._children or not child._exited.is_set():
+            return
+        if not child._fds:
+            self._finish(child)
+        elif child._drain_deadline is None:
+            child._drain_deadline = time.monotonic() + self._drain_seconds
+
+    def _finish(self, child: Child) -> None:
+        for fd in list(child._fds):
+            self._close_fd(child, fd)
+        self._children.discard(child)
+        assert child._captures is not None
+        stdout, stderr = child._captures
+        stdout.close()
+        stderr.close()
+        try:
+            document = stdout.document() if isinstance(stdout, StdoutDocument) else None
+            child._finish(stdout.tail(), stderr.tail(), document,
+                          stdout.total_bytes if document is not None else None)
+        except Exception:  # the task's files: log it; the child is done either way
+            log.exception("finishing task %s failed", child.key)
+

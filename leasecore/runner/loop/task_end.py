@@ -1,0 +1,364 @@
+"""The end of a task on the runner's main thread: fences, the child's exit, its result and report.
+
+Part of ``Runner`` (``leasecore.runner.loop.runner_base``): a fence from the lease engine stops the tree (or
+ends a task held before its command started); the child's exit becomes a result (by fence reason; an
+IN_PROGRESS yield waits in ``YieldHold`` until its tree is gone); the result goes to the reporter;
+the reporter's outcome forgets the task (its heartbeats stop only then) and starts its next run if
+one was polled meanwhile. A final update that may claim the next task (``leasecore.runner.chain``)
+keeps its slot for it: the claimed task arrives as a ``TaskPolled`` with ``chained_from`` before the
+report's outcome, or ``ChainEnded`` frees the slot. ``ChainUpdates`` is the reporter's port for it.
+Main thread only, except ``ChainUpdates`` (sender threads). Starting tasks is ``task_start``'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from leasecore.clock import Clock, SystemClock
+from leasecore.errors import ProcessError
+from leasecore.handover import mark_yield, with_checkpoint
+from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.masking import mask_result
+from leasecore.metrics import NO_METRICS, Observer
+from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.results.reasons import exit_rule
+from leasecore.process.spec import CommandSpec
+from leasecore.runner.chain import may_chain
+from leasecore.runner.leasing.finalupdates import FinalUpdates
+from leasecore.runner.loop.runner_base import RunnerCore
+from leasecore.runner.loop.status import InFlight, Phase, undelivered_snapshot
+from leasecore.runner.ports import ChainPort, EnginePort, TaskReader, TaskTypePlan
+from leasecore.runner.upstream.logsink import ENTRY_STREAM
+from leasecore.runner.upstream.reporter import OnChained, ReportOutcome
+
+log = logging.getLogger("conductor_run.runner")
+
+SHUTDOWN_REASON = "worker shutting down"
+_UNDELIVERED_SHOWN = 100  # results waiting in the outbox that status lists (the newest)
+_YIELD_SLACK_SECONDS = 1.0  # a yield's tree is waited for up to its grace + margin + this (YieldHold)
+# A server deadline's fence first decided this long past its TERM point: the runner did not run then
+# (its timer fences within milliseconds when it runs), it was stalled.
+_STALL_SECONDS = 1.0
+_SERVER_FENCES = (FenceReason.LEASE_EXPIRED, FenceReason.HARD_TIMEOUT)
+
+
+class ChainUpdates(FinalUpdates):
+    """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
+    follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
+
+    def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
+                 clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
+                 observer: Observer = NO_METRICS) -> None:  # fmt: skip
+        super().__init__(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
+        self._v2_port = port
+
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
+        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
+        # lease from before the attempt, and the park's wait would come off that lease.
+        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
+                            timeout_seconds=timeout_seconds,
+                            send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
+        self._v2_port.update(result, timeout_seconds=timeout_seconds)
+
+
+class TaskEnds(RunnerCore):
+    """Fences, exits, results and reports of the runner's tasks (see the module docstring)."""
+
+    def _on_fence(self, task_id: str, action: FenceAction) -> None:
+        entry = self._tasks.get(task_id)
+        start_at = self._gate.start_at(task_id)
+        if entry is not None and self._gate.drop(task_id):  # fenced before its command started: no tree
+            self._end_unstarted(entry, (start_at or 0.0) - self._clock.monotonic())
+            return
+        if entry is None or entry.child is None:
+            return
+        if isinstance(action, TerminateTree) and action.reason in _SERVER_FENCES and action.at is not None:
+            late = self._clock.monotonic() - action.at  # (its timer fences within milliseconds when it runs)
+            if late > _STALL_SECONDS and entry.stalled_seconds is None:
+                entry.stalled_seconds = late  # it did not run at the TERM point: it was stalled
+        if entry.phase is Phase.REPORTING:
+            return
+        self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
+        if getattr(entry.child, "ended_by_switch", False):  # resumed after a stall: the switch did it
+            entry.phase = Phase.STOPPING
+            return
+        kill = isinstance(action, KillTree)
+        log.warning("task %s: %s the process tree (%s)", task_id, "killing" if kill else "terminating",
+                    action.reason.value.replace("_", " "))
+        entry.phase = Phase.STOPPING
+        try:
+            if isinstance(action, TerminateTree):  # its KILL counts from the fence's own time
+                since = action.at if isinstance(self._clock, SystemClock) else None  # a shared clock
+                entry.child.terminate_tree(since=since, grace_seconds=action.grace_seconds)
+            else:
+                entry.child.kill_tree()
+        except ProcessError as exc:
+            log.error("task %s: could not signal the process tree: %s", task_id, exc)
+
+    def _on_child_exited(self, task_id: str, exit_: Any | None) -> None:
+        entry = self._tasks.get(task_id)
+        if entry is None:
+            return
+        fenced_before = self._engine.fence_reason(task_id)
+        late = self._past_term_point(entry)
+        self._engine.child_exited(task_id)
+        if entry.child is not None:
+            self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
+        entry.fence = self._engine.fence_reason(task_id)
+        if fenced_before is None and entry.fence in _SERVER_FENCES and (late or 0.0) > _STALL_SECONDS:
+            # Its TERM point passed long ago and this process never fenced it: it did not run then.
+            entry.stalled_seconds = late
+        entry.ended_by_switch = bool(getattr(entry.child, "ended_by_switch", False))
+        if entry.ended_by_switch:  # the fork server fenced it alone: this process did not run in time
+            late = getattr(entry.child, "switch_late_seconds", None)
+            log.warning("task %s: the lease ran out while the runner was stalled; the fork server's "
+                        "dead-man's switch ended the tree on time%s", task_id,
+                        "" if late is None else f" (it acted {late * 1000:.0f} ms after its point)")
+            self._metrics.on_switch_fenced(entry.task.task_type, entry.fence)
+        self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
+                                     _success_code(entry.plan.spec, exit_))
+        start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
+        if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
+            self._logs.close(task_id)
+            self._report_not_started(entry, start_error)
+            return
+        if entry.fence is FenceReason.OWNERSHIP_LOST:
+            self._logs.close(task_id)
+            log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "
+                        "its tree was killed and nothing is reported", task_id)
+            self._forget(entry, None)
+            return
+        result = self._stream_result_logs(entry, _masked(entry, self._result_for(entry, exit_)))
+        self._take_final_checkpoint(entry, exit_)
+        self._logs.close(task_id)
+        why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
+        log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
+        if result.status is TaskStatus.IN_PROGRESS:
+            self._yield(entry, result)
+            return
+        self._report(entry, result)
+
+    def _past_term_point(self, entry: InFlight) -> float | None:
+        """How long ago the lease's earliest server deadline's TERM point passed (None: not known)."""
+        try:
+            view = self._engine.view(entry.task.task_id)
+        except KeyError:
+            return None
+        deadlines = [d for d in (view.lease_deadline, view.hard_deadline) if d is not None]
+        if not deadlines or entry.policy is None:
+            return None
+        return self._clock.monotonic() - (min(deadlines) - entry.policy.fence_lead_seconds)
+
+    def _yield(self, entry: InFlight, result: TaskResult) -> None:
+        """An IN_PROGRESS result is marked as our yield (its next holder starts at once) only once the
+        whole tree is gone: it waits meanwhile, lease heartbeated, up to the tree's effective grace +
+        margin (the fork server kills escapees by then); still alive then, it goes out unmarked."""
+        if entry.child is None or _tree_gone(entry.child):
+            self._report(entry, mark_yield(result, entry.task.poll_count))
+            return
+        lead = entry.policy.fence_lead_seconds if entry.policy else entry.plan.kill_grace_seconds
+        until = self._clock.monotonic() + lead + _YIELD_SLACK_SECONDS
+        log.info("task %s: its tree is not gone yet: reporting IN_PROGRESS once it is", entry.task.task_id)
+        self._yields.hold(entry.task.task_id, entry.child, result, until)
+
+    def _report_yields(self) -> None:
+        if not self._yields:
+            return
+        for task_id, result, gone in self._yields.due(self._clock.monotonic()):
+            entry = self._tasks.get(task_id)
+            if entry is None:
+                continue
+            if gone:
+                result = mark_yield(result, entry.task.poll_count)
+            else:
+                log.warning("task %s: its tree outlived its grace; reporting IN_PROGRESS without the yield "
+                            "marker, so its next holder waits", task_id)
+            self._report(entry, result)
+
+    def _report_not_started(self, entry: InFlight, why: object) -> None:
+        log.error("task %s: could not start the command: %s", entry.task.task_id, why)
+        self._report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
+
+    def _result_for(self, entry: InFlight, exit_: Any | None) -> TaskResult:
+        task, plan = entry.task, entry.plan
+        if exit_ is None:
+            return _failed(task, plan, "lost track of the child process")
+        # An exec timeout is the process layer's own wording ("exec timeout after Ns"), with the
+        # child's output kept; any other fence overrides the status and reason.
+        timed_out = entry.fence is FenceReason.EXEC_TIMEOUT
+        result = self._to_result(task, exit_, plan.spec, plan.worker_id, timed_out=timed_out)
+        reason = None if timed_out else fence_text(entry.fence, task, entry)
+        if reason is None:
+            return result
+        return dataclasses.replace(result, status=TaskStatus.FAILED, reason_for_incompletion=reason,
+                                   callback_after_seconds=0)
+
+    def _stream_result_logs(self, entry: InFlight, result: TaskResult) -> TaskResult:
+        """A result's own log lines (the stdio protocol's ``logs``) go to the task log the way the
+        child's stderr went, after it: an update keeps only its first 10 (CONDUCTOR_PROTOCOL.md §6)."""
+        if not result.logs:
+            return result
+        if entry.log_lines is not None:
+            # One entry of the task's log per item, as written (no prefix), as conductor-cli sends them.
+            entry.log_lines(ENTRY_STREAM, [line.log for line in result.logs])
+        return dataclasses.replace(result, logs=())
+
+    def _take_final_checkpoint(self, entry: InFlight, exit_: Any | None) -> None:
+        """What the checkpoint file held at the exit: the last word (logged if new; an unusable file
+        is said in the log and the last valid checkpoint stands)."""
+        read = getattr(exit_, "checkpoint", None)
+        if entry.checkpoint is None or read is None:
+            return
+        line = entry.checkpoint.take(read)
+        if line is not None and entry.log_lines is not None:  # masked: the checkpoint is the child's data
+            entry.log_lines("stdout", [entry.masker.mask(line) if entry.masker else line])
+
+    def _report(self, entry: InFlight, result: TaskResult) -> None:
+        if result.task_id == entry.task.task_id:  # every update for it carries its last checkpoint
+            watch = entry.checkpoint
+            result = with_checkpoint(result, watch.value if watch is not None and watch.text is not None
+                                     else entry.task.checkpoint)
+        result = _masked(entry, result)  # whatever made it: no known secret goes out or to the outbox
+        chain: OnChained | None = None
+        if entry.slot_held:  # the child is gone: another may start while this one reports
+            entry.slot_held = False
+            poller = self._pollers[entry.plan.poll.task_type]
+            if self._may_chain(entry, result) and poller.keep_for_chain():
+                entry.chain_slot = True  # kept for the task its update-v2 claims (ChainEnded: none)
+                chain = functools.partial(self._on_chained, from_task=entry.task.task_id,
+                                          poller=entry.plan.poll.task_type)
+            else:
+                entry.report_held = True
+                poller.reporting()
+        entry.phase = Phase.REPORTING  # (a yield was marked by _yield, once its tree was gone)
+        entry.result_status = result.status
+        opts = self.options
+        if self._forced:
+            seconds = 0.0
+        elif entry.fence is FenceReason.LEASE_EXPIRED:
+            seconds = 5.0  # best effort: the server has most likely moved on already
+        elif self._stopping_since is not None:
+            seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
+        else:
+            seconds = opts.report_retry_seconds
+        self._metrics.on_result(entry.task.task_type, result)
+        self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
+                              task_type=entry.task.task_type, on_chained=chain)
+
+    def _may_chain(self, entry: InFlight, result: TaskResult) -> bool:
+        enabled = self._chaining and bool(getattr(self._reporter, "chaining", False))
+        return may_chain(result, stopping=self._stopping_since is not None or self._forced,
+                         fence=entry.fence, enabled=enabled)
+
+    def _on_chain_ended(self, task_id: str) -> None:
+        """The update-v2 of ``task_id`` claimed nothing: its kept slot is free, its report waits."""
+        entry = self._tasks.get(task_id)
+        if entry is not None and entry.chain_slot:
+            entry.chain_slot = False
+            entry.report_held = True
+            self._pollers[entry.plan.poll.task_type].chain_ended()
+
+    def _take_chain_slot(self, task_id: str) -> None:
+        """The task claimed by the update-v2 of ``task_id`` takes over its kept slot."""
+        entry = self._tasks.get(task_id)
+        if entry is not None:
+            entry.chain_slot = False
+
+    def _on_reported(self, outcome: ReportOutcome) -> None:
+        if outcome.task_id in self._handing_back:
+            self._handing_back.discard(outcome.task_id)
+            return
+        entry = self._tasks.get(outcome.task_id)
+        if entry is None:
+            return
+        status = outcome.sent_status or entry.result_status  # a bare FAILED if the result was refused
+        if outcome.delivered and status is not None:
+            log.debug("task %s: reported %s", outcome.task_id, status.value)  # INFO: start, result
+        if outcome.saved_to is not None:
+            self._undelivered[outcome.task_id] = (outcome.saved_to, undelivered_snapshot(entry))
+            while len(self._undelivered) > _UNDELIVERED_SHOWN:
+                del self._undelivered[next(iter(self._undelivered))]
+        self._forget(entry, status if outcome.delivered else None)
+
+    def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
+        if entry.tracked:
+            # Only now do this run's heartbeats stop (never those of the task's next delivery).
+            self._engine.reported(entry.task.task_id, poll_count=entry.task.poll_count)
+        self._release_slot(entry)
+        self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
+        del self._tasks[entry.task.task_id]
+        self._secrets.leave(entry.task.task_id)  # (entered when its entry was made)
+        self._statuses[entry.index] = status
+        if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
+            # (its lease may have ended with this run's: _on_task tracks it again then)
+            self._on_task(run.task, run.polled_at, run.policy, surplus=run.surplus, chained=run.chained)
+
+    def _release_slot(self, entry: InFlight) -> None:
+        if entry.slot_held:
+            entry.slot_held = False
+            self._pollers[entry.plan.poll.task_type].release()
+        if entry.chain_slot:  # (never: the chain ends before the report's outcome; kept for safety)
+            entry.chain_slot = False
+            self._pollers[entry.plan.poll.task_type].chain_ended()
+            entry.report_held = True
+        if entry.report_held:
+            entry.report_held = False
+            self._pollers[entry.plan.poll.task_type].reported()
+
+
+def _success_code(spec: Any, exit_: Any) -> int | None:
+    """The non-zero exit code that is no execute error for the metrics: the exit's own when the
+    exit-code policy maps it to COMPLETED or IN_PROGRESS, else the spec's ``in_progress_exit_code``."""
+    code = getattr(exit_, "exit_code", None)
+    if isinstance(spec, CommandSpec):
+        rule = exit_rule(spec, code)
+        if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+            return code
+    return getattr(spec, "in_progress_exit_code", None)
+def _masked(entry: InFlight, result: TaskResult) -> TaskResult:
+    """``result`` with the task's secret values masked: output values (keys too), reason, logs."""
+    masker = entry.masker
+    if not masker:
+        return result
+    return mask_result(masker, result)
+
+
+def _tree_gone(child: Any) -> bool:
+    return bool(child.wait_gone(0))
+
+
+def _failed(task: Task, plan: TaskTypePlan, reason: str) -> TaskResult:
+    return TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                      reason_for_incompletion=reason, worker_id=plan.worker_id)
+
+
+def fence_text(fence: FenceReason | None, task: Task, entry: InFlight) -> str | None:
+    """The reasonForIncompletion for a task whose tree was fenced (None: not fenced)."""
+    if fence is None:
+        return None
+    if fence is FenceReason.SHUTDOWN:
+        return SHUTDOWN_REASON
+    if fence is FenceReason.EXEC_TIMEOUT:
+        seconds = entry.policy.exec_timeout_seconds if entry.policy else 0
+        return f"exec timeout after {seconds:g}s" if seconds else "exec timeout"
+    what = (f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
+            if fence is FenceReason.HARD_TIMEOUT else "lease expired")
+    # not the runner: its fork server, on its own (leasecore.process.forkserver.deadman)
+    if entry.ended_by_switch:
+        return (f"{what} while the runner was stalled (its process did not run): the fork server's "
+                "dead-man's switch ended the tree by the lease's deadline")
+    if entry.stalled_seconds is not None:  # nor its switch (the fork server was gone or stopped too)
+        return (f"{what} while the runner was stalled (its process did not run until "
+                f"{entry.stalled_seconds:.1f}s past the lease's TERM point); the tree was killed then")
+    if fence is FenceReason.HARD_TIMEOUT:
+        return f"hard timeout: the task's timeoutSeconds ({task.timeout_seconds}s) passed"
+    if fence is FenceReason.LEASE_EXPIRED:
+        return "lease expired: no heartbeat was acknowledged within the heartbeat timeout"
+    return f"fenced: {fence.value}"
