@@ -25,8 +25,8 @@ from types import TracebackType
 
 from leasecore.clock import Clock
 from leasecore.errors import ConfigError
-from leasecore.server.api import Api
-from leasecore.server.httpd import ApiHTTPServer
+from leasecore.server.http.api import Api
+from leasecore.server.http.httpd import ApiHTTPServer
 from leasecore.server.store import Store, SweepMode
 from leasecore.server.storestate import DEFAULT_MAX_FINISHED_WORKFLOWS, DEFAULT_MAX_LOGS_PER_TASK
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from leasecore.server import EmbeddedServer
-from leasecore.server.httpd import MAX_BODY_BYTES
+from leasecore.server.http.httpd import MAX_BODY_BYTES
 
 KEY, SECRET = "key-id", "key-secret"
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"

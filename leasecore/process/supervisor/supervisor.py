@@ -2,14 +2,13 @@
 
 Owns the table of children, the spawns asked of the fork server and not answered yet (bounded by
 ``max_starting``; given up after ``reply_timeout_seconds``), the state directory's record of the
-trees (``leftovers.StateRecord``) and the wiring of its parts: the fork server link (``forkserver_link.py``),
-the reader thread (``reader.py``), the chores thread (``background.py``), what a spawn needs
-(``prepare.py``, ``caches.py``) and the hardening of this process (``hardening.py``). It turns the
+trees (``leftovers.StateRecord``) and the wiring of its parts: the fork server link
+(``forkserver_link.py``), the reader thread (``reader.py``), the chores thread (``background.py``),
+what a spawn needs (``prepare.py``, ``caches.py``) and this process's hardening. It turns the
 fork server's events into each ``Child``'s start, exit and end; if the fork server dies, its trees
 are killed (``_on_forkserver_lost``) and the next start makes a new one.
 
-Must not touch: a child's pipes or captures (the reader's), the socket's reads (the reader's), what
-the fork server decides about a tree (members, graces, the kill): it only asks.
+Must not touch: pipes, captures, socket reads (the reader's), a tree's fate (the fork server's).
 
 Threads: ``start``/``spawn`` on the caller's thread (the runner's main thread), ``close`` on the
 closing one; ``_dispatch``, ``_on_answer``, ``_on_forkserver_lost`` and ``_expire_starts`` on the

@@ -1,4 +1,5 @@
-"""The embedded server's socket layer: HTTP/1.1 keep-alive in front of :class:`~leasecore.server.api.Api`.
+"""The embedded server's socket layer: HTTP/1.1 keep-alive in front of
+:class:`~leasecore.server.http.api.Api`.
 
 Owns: :class:`ApiHTTPServer` (a ``ThreadingHTTPServer``: one daemon thread per connection, the open
 connections tracked so that a stopped server cuts them) and its request handler: ``TCP_NODELAY``,
@@ -27,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from leasecore.http_framing import CHUNKED, FramingError, body_length, read_chunked
-from leasecore.server.api import Api, Response
+from leasecore.server.http.api import Api, Response
 
 __all__ = ["MAX_BODY_BYTES", "Api", "ApiHTTPServer", "Response"]
 
