@@ -130,6 +130,8 @@ def test_a_long_poll_in_flight_at_the_pause_hands_back_what_it_claims_unmarked(w
     assert operate(world, "pause").returncode == exitcodes.OK
     wf = world.start_workflow(seconds=1)  # the poll in flight claims it at once
     wait_until(lambda: "handing its 1 task(s) back" in world.stderr(proc), what="the claim handed back")
+    # The line is logged as the hand-back goes out: its update may still be on its way to the server.
+    wait_until(lambda: world.task_of(wf)["status"] != "IN_PROGRESS", what="the hand-back to reach the server")
     task = world.task_of(wf)
     # Handed back unmarked: SCHEDULED again at once for any worker, no retry spent, never run here.
     assert (task["status"], task["pollCount"], task["retryCount"]) == ("SCHEDULED", 1, 0), task
