@@ -85,11 +85,16 @@ class JsonFormatter(logging.Formatter):
 # ``leasecore.process.supervisor.supervisor``, ...).
 PROJECT_LOGGERS = ("conductor_run", "leasecore")
 
+# The ``log_level`` setting's values (its checker allows only these) -> the logging module's levels.
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
-def configure_logging(log_format: str, console: Console | None = None) -> None:
-    """Plain lines (or JSON lines) on stderr, for every logger of the project (``PROJECT_LOGGERS``).
 
-    With ``console`` (a live view shares the terminal) the lines go through it, above the view.
+def configure_logging(log_format: str, console: Console | None = None, log_level: str = "info") -> None:
+    """Plain lines (or JSON lines) on stderr, for every logger of the project (``PROJECT_LOGGERS``),
+    from ``log_level`` up.
+
+    With ``console`` (a live view shares the terminal) the lines go through it, above the view. The
+    filters of the handler it replaces (a reload's, which may mask secrets) go on the new one.
     """
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if console is not None:
@@ -111,10 +116,25 @@ def configure_logging(log_format: str, console: Console | None = None) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     for name in PROJECT_LOGGERS:  # one handler for all: same format, same level, same stream
+        for old in logging.getLogger(name).handlers:
+            for kept in old.filters:
+                if kept not in handler.filters:
+                    handler.addFilter(kept)
+    for name in PROJECT_LOGGERS:
         root = logging.getLogger(name)
         root.handlers[:] = [handler]
-        root.setLevel(logging.INFO)
         root.propagate = False
+    set_log_level(log_level)
+
+
+def set_log_level(log_level: str) -> None:
+    """Show the project's log lines from ``log_level`` up (debug, info, warning, error), from now on.
+
+    A logger's level, not its handler's: a line below it is not even formatted, and the loggers'
+    cached answers to ``isEnabledFor`` are cleared by ``setLevel``, so a reload's change holds at once
+    in every thread."""
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(LOG_LEVELS[log_level])
 
 
 def _fail(message: str, code: int, log_format: str | None) -> SystemExit:
@@ -179,7 +199,8 @@ def run(overrides: dict[str, Any]) -> None:
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, overrides["log_format"]) from None
     view = live_view_for(resolved.runner.log_format)
-    configure_logging(resolved.runner.log_format, view.console if view is not None else None)
+    configure_logging(resolved.runner.log_format, view.console if view is not None else None,
+                      resolved.runner.log_level)
     for warning in resolved.warnings:
         logging.getLogger("conductor_run.config").warning("%s", warning)
     raise SystemExit(serve(resolved, view, load_again=loader_for(overrides, environ, resolved, view),
@@ -193,7 +214,9 @@ def loader_for(overrides: dict[str, Any], environ: Mapping[str, str], resolved: 
                view: LiveView | None) -> Reloading:
     """What a reload calls (``conductor-run reload``, SIGHUP): the configuration loaded as at start,
     same flags and environment, from the same file (found again by its path as found at start: a
-    file that appeared since is not read; one gone since is an error), and the logging it asks for."""
+    file that appeared since is not read; one gone since is an error), and the logging it asks for
+    (format and level, applied before the reload's own line is logged, so that line already obeys
+    them)."""
     cwd = os.getcwd()
     pinned = dict(overrides)
     if resolved.config_file is not None:
@@ -205,13 +228,16 @@ def loader_for(overrides: dict[str, Any], environ: Mapping[str, str], resolved: 
                               "(start it with --config FILE to reload one)", key="config")
         return load_config(pinned, environ, cwd)
 
-    applied = [resolved.runner.log_format]
+    applied = [resolved.runner.log_format, resolved.runner.log_level]
 
     def on_reloaded(new: ResolvedConfig) -> None:
-        log_format = new.runner.log_format
+        log_format, log_level = new.runner.log_format, new.runner.log_level
         if log_format != applied[0]:  # JSON lines never go through the live view's console
-            configure_logging(log_format, view.console if view is not None and log_format == "text" else None)
-            applied[0] = log_format
+            configure_logging(log_format, view.console if view is not None and log_format == "text" else None,
+                              log_level)
+        elif log_level != applied[1]:
+            set_log_level(log_level)
+        applied[:] = [log_format, log_level]
 
     return load_again, on_reloaded
 

@@ -197,7 +197,8 @@ def worker_stdio(
     except ConductorRunError as exc:
         raise _fail(str(exc), exitcodes.UNEXPECTED, log_format) from None
     view = live_view_for(resolved.runner.log_format)
-    configure_logging(resolved.runner.log_format, view.console if view is not None else None)
+    configure_logging(resolved.runner.log_format, view.console if view is not None else None,
+                      resolved.runner.log_level)  # -v is conductor-cli's: the tasks' JSON, not the level
     for key in ("auth-secret", "auth-token"):
         if cli.sources.get(key, "").startswith("flag"):
             warnings.append(f"--{key} was on the command line, where other users could read it (ps) until "

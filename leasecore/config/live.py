@@ -9,7 +9,8 @@ came from. A reload with any refusal changes nothing.
 Everything not listed in :data:`RESTART_ONLY` is live: per task type, every key (concurrency,
 paused, limits, exit-code policies, timeouts, command...) takes effect for the tasks started after
 the reload, because the runner builds that type's plan again from the new settings; for the runner,
-``log_format``, ``drain``/``drain_timeout`` and, while metrics stay on, ``metrics_host``/``metrics_port``.
+``log_format``/``log_level``, ``drain``/``drain_timeout`` and, while metrics stay on,
+``metrics_host``/``metrics_port``.
 A key added later is live unless its declaration says ``restart=``; a server key is never live.
 
 Must not: read files, build plans or touch the runner (``leasecore.runner.wiring`` does). Pure.

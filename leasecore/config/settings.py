@@ -180,6 +180,14 @@ class RunnerSettings:
         "text", check=choice("text", "json"), help="log lines as text or json",
         env=("CONDUCTOR_RUN_LOG_FORMAT",), flag="--log-format", metavar="text|json",
     )
+    log_level: str = option(  # applied by the CLI (cli/run.py), at start and by every reload
+        "info", check=choice("debug", "info", "warning", "error"),
+        help="the least severe log lines shown: debug, info, warning or error",
+        env=("CONDUCTOR_RUN_LOG_LEVEL",), flag="--log-level", metavar="debug|info|warning|error",
+        doc="`info`: a line as each task starts and ends; `warning`: only what went wrong or needs "
+        "a look; `debug` adds each result's delivery and every HTTP call (a line per poll). A reload "
+        "changes it at once ([Reload](operating.md#reload)).",
+    )
     drain: bool = option(
         False, check=check_bool, help="on the first signal, let running children finish",
         env=("CONDUCTOR_RUN_DRAIN",), flag="--drain",

@@ -19,6 +19,7 @@ PLAIN = [
     ["--task-type", "t", "--", "sh", "-c", "echo $1", "--", "x"],
     ["--task-type=t", "--concurrency", "4", "--kill-grace", "2.5", "--", "sleep", "1"],
     ["--server", "http://127.0.0.1:1/api", "--state-dir", "/tmp/s", "--log-format", "json"],
+    ["--log-level", "debug", "--log-level=warning", "--log-format", "text"],
     ["--once", "--drain", "--no-lease-extend", "--once-wait", "3", "--max-tasks", "10"],
     ["--lease-extend", "--no-lease-extend", "--lease-extend"],
     ["--terminal-exit-code", "3", "--terminal-exit-code=7", "--terminal-exit-code", "3"],
