@@ -86,7 +86,8 @@ class JsonFormatter(logging.Formatter):
 PROJECT_LOGGERS = ("conductor_run", "leasecore")
 
 # The ``log_level`` setting's values (its checker allows only these) -> the logging module's levels.
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
 
 
 def configure_logging(log_format: str, console: Console | None = None, log_level: str = "info") -> None:

@@ -111,7 +111,9 @@ def test_configure_logging_sets_every_project_logger_to_the_level() -> None:
     assert _levels() == {logging.INFO}  # the default, as before the option existed
 
 
-def test_a_reload_applies_a_new_level_and_a_new_format_with_the_level(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_reload_applies_a_new_level_and_a_new_format_with_the_level(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     started = _resolve('[worker]\nlog_level = "warning"\n' + BASE)
     configure_logging("text", None, started.runner.log_level)
     _, on_reloaded = loader_for({"config": None}, {}, started, None)
@@ -133,7 +135,9 @@ def test_a_reload_applies_a_new_level_and_a_new_format_with_the_level(capsys: py
     assert lines[1].startswith("{") and '"message": "shown at error, as JSON"' in lines[1], lines
 
 
-def test_a_format_change_keeps_the_filters_of_the_handler_it_replaces(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_format_change_keeps_the_filters_of_the_handler_it_replaces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The runner masks secrets with a filter on the handlers it finds at start: a reload that changes
     the format builds a new handler, which must mask too."""
 
