@@ -6,14 +6,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cli import fastrun
 from cli.run import PROJECT_LOGGERS, configure_logging, loader_for
 from leasecore.config.keys import KEYS, RESTART_ONLY
 from leasecore.config.live import reload_changes
-from leasecore.config.loader import ResolvedConfig, parse_toml, resolve
+from leasecore.config.loader import ResolvedConfig, load_config, parse_toml, resolve
 from leasecore.config.settings import RunnerSettings
 from leasecore.errors import ConfigError
 
@@ -97,6 +99,25 @@ def test_a_reload_may_change_the_level_and_says_so() -> None:
     changes = reload_changes(old, new)
     assert changes.accepted and changes.changed == ("[worker] log_level: info -> debug",)
     assert reload_changes(old, replace(old, runner=RunnerSettings())).changed == ()
+
+
+@pytest.mark.parametrize(("flags", "after"), [((), "error"), (("--log-level", "warning"), "warning")])
+def test_a_reload_reads_the_file_again_but_a_level_given_by_flag_still_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], after: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a reload loads from the directory the runner runs in
+    config = tmp_path / "conductor.toml"
+    task = '[[task]]\ntype = "encode"\ncommand = ["true"]\n'
+    config.write_text('[worker]\nlog_level = "debug"\n' + task, "utf-8")
+    overrides = fastrun.parse(["--config", str(config), *flags])
+    started = load_config(overrides, {}, str(tmp_path), hostname="h")
+    assert started.runner.log_level == ("warning" if flags else "debug")
+    load_again, _ = loader_for(overrides, {}, started, None)
+    config.write_text('[worker]\nlog_level = "error"\n' + task, "utf-8")
+    again = load_again()
+    assert again.runner.log_level == after
+    expected = () if flags else ("[worker] log_level: debug -> error",)
+    assert reload_changes(started, again).changed == expected
 
 
 def _levels() -> set[int]:
