@@ -28,7 +28,8 @@ SKIPPED_DIRS = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".
                 "node_modules", "build", "dist"}
 MAX_BYTES = 2_000_000  # no file of ours is near this; a bigger one would be a generated artefact
 
-HASH_NUMBER = re.compile(r"(?:^|(?<=[\s(\[,;]))#\d{1,4}\b", re.MULTILINE)
+HASH_NUMBER = re.compile(r"#\d{1,4}\b")
+BEFORE_OURS = " \t\n\r([,;"  # what may stand before one of ours (nothing too: a line's start)
 ISSUE_WORD = re.compile(r"(?<![a-z])issues?[ _]?#?\d+", re.IGNORECASE)
 # ``[[task]] #2``: which of a file's ``[[task]]`` tables a message is about (the product's own label).
 TABLE_LABEL = re.compile(r"\]\] $")
@@ -49,6 +50,10 @@ def _files(root: Path, entries: tuple[str, ...]) -> list[Path]:
     return found
 
 
+def _ours(text: str, match: re.Match[str]) -> bool:
+    return match.start() == 0 or text[match.start() - 1] in BEFORE_OURS
+
+
 def issue_numbers(root: Path, entries: tuple[str, ...] = SCANNED) -> tuple[int, list[str]]:
     """(files read, ``path:line: text`` of each issue number found)."""
     read, hits = 0, []
@@ -60,8 +65,11 @@ def issue_numbers(root: Path, entries: tuple[str, ...] = SCANNED) -> tuple[int, 
         except UnicodeDecodeError:
             continue  # a binary file (an image): no prose in it
         read += 1
+        if not any(_ours(text, m) for m in HASH_NUMBER.finditer(text)) and not ISSUE_WORD.search(text):
+            continue  # the common case, without splitting the file into lines
         for number, line in enumerate(text.splitlines(), 1):
-            bad = [m for m in HASH_NUMBER.finditer(line) if not TABLE_LABEL.search(line[:m.start()])]
+            bad = [m for m in HASH_NUMBER.finditer(line)
+                   if _ours(line, m) and not TABLE_LABEL.search(line[:m.start()])]
             bad += list(ISSUE_WORD.finditer(line))
             if bad:
                 hits.append(f"{path.relative_to(root)}:{number}: {line.strip()[:120]}")
