@@ -173,7 +173,7 @@ def run(
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
             "metrics_on_over_off_per_round": _per_round(runs, METRICS_KIND, "conductor-run"),
         },
-        # Metrics on / off: time and worker CPU (with and without the start-up), on / off, per round too
+        # Metrics: time and worker CPU (with and without the start-up), on / off, per round too
         "metrics_ab": metrics_ab.ratios(runs) if METRICS_KIND in kinds and "conductor-run" in kinds else None,
     }
 
