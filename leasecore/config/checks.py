@@ -276,14 +276,14 @@ def as_text(text: str) -> str:
 
 
 def byte_size(value: Any) -> int:
-    """A size in bytes: 64M, 2G, or a whole number (a tree's cgroup limit; ``leasecore.limits``)."""
+    """A size in bytes: 64M, 2G, or a whole number (a per-task resource limit; ``leasecore.limits``)."""
     from leasecore.limits import parse_size
 
     return parse_size(value)
 
 
 def cpu_count(value: Any) -> float:
-    """A number of CPU cores: 0.5, 2 (a tree's cgroup limit; ``leasecore.limits``)."""
+    """A number of CPU cores: 0.5, 2 (a per-task resource limit; ``leasecore.limits``)."""
     from leasecore.limits import parse_cpus
 
     return parse_cpus(value)
