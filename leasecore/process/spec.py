@@ -48,7 +48,7 @@ RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 _PER_TASK_NAMES = ("CONDUCTOR_CHECKPOINT_FILE", "CONDUCTOR_DEADLINE")
 
 # Never handed to a child, whatever the configuration says (matched case-insensitively).
-# CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children (the conductor-cli drop-in).
+# CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children.
 CREDENTIAL_PATTERNS = (
     "CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*", "CONDUCTOR_ACCESS_KEY_*"
 )  # fmt: skip
