@@ -105,7 +105,7 @@ def plan_for(
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
         protocol=task.protocol,
         run_as=run_as_for(task),
-        limits=treegroups.limits_of(task),  # the tree's cgroup limits
+        limits=treegroups.limits_of(task),  # the task's resource limits
         handed_env=childenv.handed_env(server) if server is not None else {},
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(
