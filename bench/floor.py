@@ -4,7 +4,7 @@ No heartbeats, no ownership checks, no output capture (the child's stdio is /dev
 passing, no retries, no status file, one thread. Loop: batch-poll for the free slots (long poll only
 when nothing runs), ``posix_spawn`` each task's command, block in ``waitpid`` when there is nothing
 else to do, report each exit with one POST /api/tasks (v1). This is the yardstick conductor-run's
-per-task overhead is compared with, and #23's "<= 0.9 x the floor's time" target is against it.
+per-task overhead is compared with, and the throughput target "<= 0.9 x the floor's time" is against it.
 
 ``--update-v2`` (the bench's ``floor-v2``, a diagnostic): report each exit with
 ``POST /api/tasks/update-v2`` instead and run the task it returns at once, in the slot just freed:

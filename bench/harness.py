@@ -28,14 +28,16 @@ WORKER_KINDS = ("conductor-run", "sdk", "floor", "sdk-v1", "floor-v2")
 SDK_KINDS = ("sdk", "sdk-v1")
 # Kinds only the throughput section runs: the floor sends no heartbeats and is no product; sdk-v1 only
 # explains the SDK's throughput figure.
-# conductor-run with its metrics endpoint on (--metrics-port 0): the A/B of #20's "counting must not
-# slow the hot paths" (python -m bench --only throughput --workers conductor-run,conductor-run-metrics).
+# conductor-run with its metrics endpoint on (--metrics-port 0): the A/B of the metrics'
+# promise "counting must not slow the hot paths"
+# (python -m bench --only throughput --workers conductor-run,conductor-run-metrics).
 METRICS_KIND = "conductor-run-metrics"
 # conductor-run on the urllib3-direct transport prototype (bench.urllib3_cli): the transport A/B of
-# issue #18, run only when asked for (--workers conductor-run,conductor-run-urllib3).
+# the client's transport (does urllib3 used directly beat the lean one?), run only when asked for
+# (--workers conductor-run,conductor-run-urllib3).
 URLLIB3_KIND = "conductor-run-urllib3"
 # conductor-run against a server that refuses update-v2 for its task type (404): its one refused call
-# falls back to v1 for good, so it polls for every task; the A/B of #23's chaining (not by default:
+# falls back to v1 for good, so it polls for every task; the A/B of update-v2's chaining (not by default:
 # --workers conductor-run,conductor-run-v1).
 V1_KIND = "conductor-run-v1"
 # conductor-run from another checkout (python -m bench --base-checkout DIR): old against new in one
@@ -44,7 +46,7 @@ BASE_KIND = "conductor-run-base"
 BASE_CHECKOUT: Path | None = None
 BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgroup (e.g. auto against off)
 # The floor chaining through update-v2 (bench.floor --update-v2): what the chaining alone is worth to a
-# worker that does nothing else; the yardstick for how far #23's throughput targets can be reached.
+# worker that does nothing else; the yardstick for how far the throughput targets can be reached.
 FLOOR_V2_KIND = "floor-v2"
 THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
 

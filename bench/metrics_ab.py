@@ -1,4 +1,4 @@
-"""The metrics A/B of issue #20 ("counting must not slow the hot paths"): conductor-run with its metrics
+"""The metrics A/B ("counting must not slow the hot paths"): conductor-run with its metrics
 endpoint on (``conductor-run-metrics``) against off, in the throughput section's alternating rounds.
 
 Owns: the start-up CPU mark of a conductor-run worker (``cpu_at_serving``: its processes' CPU when it

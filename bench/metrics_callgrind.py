@@ -6,7 +6,7 @@ N, one ``conductor-run run --max-tasks N --concurrency 4 --cgroup off -- true`` 
 bench's embedded server, once with ``--metrics-port 0`` and once without, in alternating order. The
 per-task figure is the difference between two sizes divided by their task difference, so start-up
 (imports, the metrics endpoint) drops out. Instruction counts do not depend on the machine's load,
-which moved the throughput A/B's rounds by far more than the 3 % it is to show (issue #20).
+which moved the throughput A/B's rounds by far more than the 3 % it is to show.
 Not part of the suite or of ``python -m bench``: each run takes 10-30 s under valgrind.
 """
 

@@ -99,7 +99,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 _verdict(None if lat is None else lat <= target),
             )
         )
-    if tp:  # #23: runner + fork server CPU per task (start-up included), the median over the rounds
+    if tp:  # runner + fork server CPU per task (start-up included), the median over the rounds
         cpu = median([r["worker_cpu_ms_per_task"] for r in tp["runs"]
                       if r["kind"] == "conductor-run" and r.get("worker_cpu_ms_per_task") is not None])
         if cpu is not None:
@@ -236,14 +236,14 @@ def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: s
             "Diagnostic (no target): SDK without update-v2 / conductor-run (time): "
             f"{_f(r['sdk_v1_over_conductor_run'], 2)}.",
         ]
-    if r.get("v1_over_v2_conductor_run") is not None:  # #23: only when conductor-run-v1 ran
+    if r.get("v1_over_v2_conductor_run") is not None:  # only when conductor-run-v1 ran
         out += [
             "",
             "Diagnostic (no target): conductor-run on v1 only (the server refuses update-v2) / "
             f"conductor-run chaining through update-v2 (time): {_f(r['v1_over_v2_conductor_run'], 2)}.",
         ]
     out += _floor_v2(r)
-    if r.get("metrics_on_over_off") is not None:  # #20: only when conductor-run-metrics ran
+    if r.get("metrics_on_over_off") is not None:  # only when conductor-run-metrics ran
         rounds_text = ", ".join(_f(x, 3) for x in r.get("metrics_on_over_off_per_round") or [])
         out += [
             "",
@@ -255,7 +255,7 @@ def _throughput(tp: dict[str, Any] | None, *, title: str = "Throughput", lead: s
 
 
 def _floor_v2(r: dict[str, Any]) -> list[str]:
-    """#23: the floor chaining through update-v2, against the targets' yardsticks (only when it ran)."""
+    """The floor chaining through update-v2, against the targets' yardsticks (only when it ran)."""
     parts = [
         ("floor-v2 / floor (time; the target asks 0.9 of conductor-run)", r.get("floor_v2_over_floor")),
         ("conductor-run / floor-v2 (time)", r.get("conductor_run_over_floor_v2")),
@@ -271,7 +271,7 @@ def _floor_v2(r: dict[str, Any]) -> list[str]:
 
 
 def _metrics_ab(ab: dict[str, Any] | None) -> list[str]:
-    """#20: metrics on / off, time and the worker's CPU (bench.metrics_ab)."""
+    """Metrics on / off, time and the worker's CPU (bench.metrics_ab)."""
     if not ab:
         return []
     out = ["", "Metrics on / off (bench/metrics_ab.py), ratio of the medians and the median of the "
@@ -491,7 +491,7 @@ def _serverload(sl: dict[str, Any] | None) -> list[str]:
 
 
 def _cpu_yardsticks(tp: dict[str, Any]) -> list[str]:
-    """conductor-run's worker CPU against yardsticks measured in the same run (#23): the machine's speed
+    """conductor-run's worker CPU against yardsticks measured in the same run: the machine's speed
     drifts by a third between runs (a `true` took 0.97 to 1.36 ms), which moves an absolute target's
     verdict without any change of code."""
 
@@ -505,7 +505,8 @@ def _cpu_yardsticks(tp: dict[str, Any]) -> list[str]:
         return []
     parts = []
     if floor:
-        parts.append(f"over the floor's {_f(mine / floor, 2)} (when #23 was filed: 3.14 / 1.76 = 1.78; "
+        parts.append(f"over the floor's {_f(mine / floor, 2)} "
+                     "(when the throughput targets were set: 3.14 / 1.76 = 1.78; "
                      "its 2.0 ms target was 1.14 x that floor)")
     if command:
         parts.append(f"over the `true` commands' own {_f(mine / command, 2)}")

@@ -11,7 +11,7 @@ on the first 404 it sees, but its other update-v2 calls already in flight then c
 are retried 10 s later; so an sdk-v1 run first lets it switch on one warm-up task (not measured), then
 queues the measured tasks while the server holds polls for the type, and releases them: to the worker
 the tasks were queued before it polled, as in the other runs. conductor-run, like the SDK, chains
-through update-v2 (#23: each final update claims the next task into its slot). Each run records
+through update-v2 (each final update claims the next task into its slot). Each run records
 through which endpoint its final updates landed (``updates_via``); an sdk-v1 run with any v2
 update, or an sdk or conductor-run run with none, fails: its figure would not be what it is labelled.
 """
@@ -57,7 +57,7 @@ def one_run(
     start_cpu: float | None = None
     log_path = workdir / f"{task_type}.log"
     with running_worker(cfg, log_path) as worker, CpuSampler(srv.pid, worker.pid) as sampler:
-        if kind in (METRICS_KIND, "conductor-run"):  # #20: the start-up's CPU, apart from the run's
+        if kind in (METRICS_KIND, "conductor-run"):  # the start-up's CPU, apart from the run's
             start_cpu = metrics_ab.cpu_at_serving(worker.pid, worker.log_path)
         if sdk_v1:
             srv.wait_settled(warmup_ids, timeout_seconds=60, worker=worker)
@@ -83,7 +83,7 @@ def one_run(
     if kind in ("sdk-v1", V1_KIND) and via.get("v2"):
         raise RuntimeError(f"{kind} run {round_no}: {via['v2']} final updates still landed through update-v2")
     if kind in ("sdk", "conductor-run", METRICS_KIND, FLOOR_V2_KIND) and not via.get("v2"):
-        # They chain through update-v2 (#23): a run without it is not what the targets compare.
+        # They chain through update-v2: a run without it is not what the targets compare.
         raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
         "kind": kind,
@@ -105,7 +105,7 @@ def one_run(
         # The hypervisor's share of the machine's CPU time over the same window (steal): what slows a
         # round on this VM with no process of ours doing more (0 off a VM; None: too few samples).
         "host_steal": sampler.host_steal(first_claim, last_report),
-        # #20: conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
+        # conductor-run's CPU until it logs "serving" (imports, setup), and after it (the run)
         "worker_start_cpu_ms": None if start_cpu is None else 1000 * start_cpu,
         "worker_run_cpu_ms_per_task": None if start_cpu is None else 1000 * (worker_cpu - start_cpu) / tasks,
     }
@@ -161,19 +161,19 @@ def run(
             "sdk_over_conductor_run": ratio(medians.get("sdk"), medians.get("conductor-run")),
             # Diagnostic: the SDK without update-v2's claim-with-the-report, against conductor-run.
             "sdk_v1_over_conductor_run": ratio(medians.get("sdk-v1"), medians.get("conductor-run")),
-            # #23's chaining A/B: conductor-run on v1 only (update-v2 refused) over conductor-run.
+            # update-v2's chaining A/B: conductor-run on v1 only (update-v2 refused) over conductor-run.
             "v1_over_v2_conductor_run": ratio(medians.get(V1_KIND), medians.get("conductor-run")),
-            # #23: the floor chaining through update-v2 against the floor, conductor-run and the SDK:
+            # The floor chaining through update-v2 against the floor, conductor-run and the SDK:
             # what the throughput targets would ask of a worker that does nothing but chain.
             "floor_v2_over_floor": ratio(medians.get(FLOOR_V2_KIND), medians.get("floor")),
             "conductor_run_over_floor_v2": ratio(medians.get("conductor-run"), medians.get(FLOOR_V2_KIND)),
             "sdk_over_floor_v2": ratio(medians.get("sdk"), medians.get(FLOOR_V2_KIND)),
-            # #20: the run time with the metrics endpoint on over off (target <= 1.03), and the same
+            # The run time with the metrics endpoint on over off (target <= 1.03), and the same
             # ratio within each round (the machine is shared: the spread says how much is noise).
             "metrics_on_over_off": ratio(medians.get(METRICS_KIND), medians.get("conductor-run")),
             "metrics_on_over_off_per_round": _per_round(runs, METRICS_KIND, "conductor-run"),
         },
-        # #20: time and worker CPU (with and without the start-up), on / off, per round too
+        # Metrics: time and worker CPU (with and without the start-up), on / off, per round too
         "metrics_ab": metrics_ab.ratios(runs) if METRICS_KIND in kinds and "conductor-run" in kinds else None,
     }
 

@@ -2,8 +2,8 @@
 
 ``python -m bench.transport_ab [--calls 3000] [--rounds 5] [--threads 1,4]``
 
-Issue #18 asked whether urllib3 used directly (a well-kept library: TLS and proxies included, already
-installed under requests) comes within 5 % of the hand-written lean transport; if so it should replace
+The question: does urllib3 used directly (a well-kept library: TLS and proxies included, already
+installed under requests) come within 5 % of the hand-written lean transport? If so it should replace
 it. :class:`Urllib3Transport` is that prototype: a :class:`~leasecore.conductor.transport.Transport`
 over one ``urllib3.HTTPConnectionPool`` (no retries, no redirects, the answer streamed against the
 deadline and the size limit, the same framing refusals as the other two). It lives here, not in
@@ -63,7 +63,7 @@ class Urllib3Transport:
         return 0
 
     def abort(self) -> None:
-        """Not measured here: this prototype does not cut calls in flight (#24's forced stop); a call
+        """Not measured here: this prototype does not cut calls in flight (a forced stop's abort); a call
         waits for its own deadline (the client bounds calls after an abort to 1 s)."""
 
     def close(self) -> None:

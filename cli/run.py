@@ -189,7 +189,7 @@ def run(overrides: dict[str, Any]) -> None:
     environment, as each says; a flag wins over both.
     """
     try:
-        environ = reexec.receive()  # os.environ, plus the secrets a re-exec handed over (#24)
+        environ = reexec.receive()  # os.environ, plus the secrets a re-exec handed over
         resolved = load_config(overrides, environ, os.getcwd())
         # No secret may stay in this process's exec-time environment (/proc/<pid>/environ, which a
         # child running as root can read): re-execute without them (returns when there are none).

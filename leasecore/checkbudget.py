@@ -15,7 +15,7 @@ and never later than ownership_check_interval + tasks / rate after the last.
 
 With the default 20 per second: up to 100 tasks keep their 5 s interval; 1000 tasks are each checked
 every ~50 s. A due check waits at most ``max_queue_seconds`` (the runner's most leases / rate) for its
-turn, and #17's wait before a re-delivered task starts counts that twice (the first check and the
+turn, and the wait before a re-delivered task starts counts that twice (the first check and the
 confirming one of a previous holder on a runner configured like this one), so the budget never lets
 two copies of a task run at once. The cost is in noticing a server-side termination: for many
 tasks it takes up to that period instead of 5 s (plus kill_grace), and a re-delivered task waits

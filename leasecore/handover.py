@@ -8,7 +8,7 @@ side, a task handed to *us* whose previous holder may still run it:
   out again after a re-queue while it still runs elsewhere (a bare IN_PROGRESS update, an operator's
   requeue, a queue repair, a double delivery). Its previous holder notices at its next ownership check
   (within ``ownership_check_interval``, plus the longest its runner's check budget may hold a due
-  check: ``check_queue_seconds``, #23), confirms it ``redelivery_grace`` later (that check may wait for
+  check: ``check_queue_seconds``), confirms it ``redelivery_grace`` later (that check may wait for
   the budget too), and its tree is dead ``kill_grace`` + margin after that. So the command starts
   only that long after our poll (``redelivery_wait_seconds``); the lease is held with heartbeats meanwhile.
 * **A yield of ours** (an IN_PROGRESS update: ``in_progress_exit_code`` with ``callbackAfterSeconds``,

@@ -5,7 +5,7 @@ the body framed by Content-Length, chunked or the connection's end under the sha
 :mod:`leasecore.http_framing`, bounded by ``max_body_bytes``; every ``recv`` bounded by what is left
 of the attempt's deadline through ``SO_RCVTIMEO``), :func:`seconds_left` and :func:`arm` (the deadline
 as the kernel's per-call timeout), and the ``HTTPException`` tree, named and shaped as
-``http.client``'s, which is not imported (it loads ``ssl`` and ``email``, #23).
+``http.client``'s, which is not imported (it loads ``ssl`` and ``email``: start-up time and memory).
 
 Must not: send, pool or resend (``conductor.lean``), translate errors (``conductor.calls``), retry.
 Threads: the calling thread only; one reader per answer, never shared.

@@ -13,7 +13,7 @@ Owns: the one translation of library errors and statuses into the project's tree
 
 Each carries method, path, status code and a short body excerpt with any credential redacted.
 Must not: send anything, retry, or import requests (``conductor.requests_transport`` holds requests' classes
-and is consulted only once loaded, #23). Threads: any; pure functions and immutable values.
+and is consulted only once loaded: a lean start). Threads: any; pure functions and immutable values.
 """
 
 from __future__ import annotations

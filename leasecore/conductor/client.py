@@ -46,7 +46,7 @@ from leasecore.errors import (
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 
-if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
+if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve
     import requests
 
 __all__ = ["ConductorAdmin", "ConductorClient", "Reply", "error_for_status", "translate_errors"]
@@ -91,7 +91,7 @@ class ConductorClient:
         self._timeout_seconds = timeout_seconds
         self._clock: Clock = clock or SystemClock()
         self._user_agent = user_agent or f"conductor-run/{__version__}"
-        # Metrics (#20): (method, uri template, status code or "error", seconds) after each request.
+        # Metrics: (method, uri template, status code or "error", seconds) after each request.
         self.request_hook: Callable[[str, str, str, float], None] | None = None
         if transport is not None and session is not None:
             raise TypeError("give a session or a transport, not both")
@@ -147,7 +147,7 @@ class ConductorClient:
         return self._transport
 
     def abort(self) -> None:
-        """A forced stop (the second signal, #24): cut every call in flight now instead of letting it
+        """A forced stop (the second signal): cut every call in flight now instead of letting it
         wait for its timeout (a silent server held the last result's report for 10 s); calls made
         from now on get at most ``ABORTED_CALL_SECONDS``, so a healthy server still takes the last
         reports while a silent one costs a second each. Thread-safe; idempotent."""

@@ -108,7 +108,7 @@ class LeanTransport:
             sock.close()
 
     def abort(self) -> None:
-        """Cut every call in flight now (a forced stop, #24): their sockets are shut down, so a
+        """Cut every call in flight now (a forced stop): their sockets are shut down, so a
         blocked send or recv returns at once instead of at its deadline; idle ones are closed. Later
         calls go on as usual (the caller bounds them). Thread-safe."""
         with self._lock:

@@ -6,7 +6,7 @@ Owns: the protocol (``send(method, target, body, headers, deadline, *, idempoten
 :class:`~leasecore.conductor.lean.LeanTransport` for ``http://`` without a proxy for the host (the
 runner's hot path: the fewest system calls and the least CPU);
 :class:`~leasecore.conductor.requests_transport.RequestsTransport` for anything else (``https://``, a proxy
-from the environment, a caller's own session), imported only when chosen (#23). Both frame answers
+from the environment, a caller's own session), imported only when chosen (a lean start). Both frame answers
 by the rules of :mod:`leasecore.http_framing`, bound a whole exchange by one deadline, and raise
 library errors only; the client translates them once (``conductor.calls.translate_errors``).
 
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from leasecore.conductor.lean import LeanTransport
 
-if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve (#23)
+if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve
     import requests
 
     from leasecore.conductor.requests_transport import RequestsTransport
@@ -71,7 +71,7 @@ class Transport(Protocol):
         ...
 
     def abort(self) -> None:
-        """Cut every call in flight now (a forced stop, #24): a call blocked on a silent server fails
+        """Cut every call in flight now (a forced stop): a call blocked on a silent server fails
         at once instead of at its deadline. Later calls go on as usual (the caller bounds them).
         Thread-safe; idempotent."""
         ...
@@ -122,7 +122,7 @@ def _environ_proxies(url: str) -> bool:
     """Whether requests would send calls to ``url`` through a proxy from the environment.
 
     On POSIX, requests (urllib's ``getproxies``) reads only ``*_proxy`` variables (any case): with none
-    but ``no_proxy`` set there is no proxy, and requests need not be imported to say so (#23: it is
+    but ``no_proxy`` set there is no proxy, and requests need not be imported to say so (it is
     about 10 MB of a runner's RSS); otherwise requests' own reading decides (``no_proxy`` patterns,
     CGI's ``HTTP_PROXY`` rule)."""
     if os.name == "posix" and not any(

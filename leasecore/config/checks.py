@@ -71,7 +71,7 @@ def int_from_text(text: str) -> int:
 
 
 def rate_per_second(value: Any) -> float:
-    """A rate: a number >= 0 and <= 100000 per second (#23)."""
+    """A rate: a number >= 0 and <= 100000 per second."""
     allowed = "a number of checks per second >= 0 and <= 100000 (0: no limit)"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(allowed)
@@ -245,7 +245,7 @@ def argv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-# ---- #20 metrics endpoint: checkers ----------------------------------------------------------------
+# ---- metrics endpoint: checkers ----------------------------------------------------------------------
 
 
 def ip_literal(value: Any) -> str:
@@ -259,7 +259,7 @@ def ip_literal(value: Any) -> str:
         raise ValueError(allowed) from None
 
 
-# ---- end #20 ------------------------------------------------------------------------------------------
+# ---- end metrics endpoint ----------------------------------------------------------------------------
 
 
 def _is_env_name(name: Any) -> bool:
@@ -272,18 +272,18 @@ def as_text(text: str) -> str:
 
 
 
-# ---- issue 19: resource limits ----------------------------------------------------------------------
+# ---- per-task resource limits ------------------------------------------------------------------------
 
 
 def byte_size(value: Any) -> int:
-    """A size in bytes: 64M, 2G, or a whole number (issue 19; ``leasecore.limits``)."""
+    """A size in bytes: 64M, 2G, or a whole number (a per-task resource limit; ``leasecore.limits``)."""
     from leasecore.limits import parse_size
 
     return parse_size(value)
 
 
 def cpu_count(value: Any) -> float:
-    """A number of CPU cores: 0.5, 2 (issue 19; ``leasecore.limits``)."""
+    """A number of CPU cores: 0.5, 2 (a per-task resource limit; ``leasecore.limits``)."""
     from leasecore.limits import parse_cpus
 
     return parse_cpus(value)

@@ -136,7 +136,7 @@ def load_config(
 
 
 def _server_files(server: ServerSettings) -> ServerSettings:
-    """The secret read from ``auth_secret_file``, and the CA bundle checked (#24; ConfigError)."""
+    """The secret read from ``auth_secret_file``, and the CA bundle checked (ConfigError)."""
     from leasecore.config import trust  # ssl: only when a file is named
 
     if server.ca_bundle is not None:
@@ -149,7 +149,7 @@ def _server_files(server: ServerSettings) -> ServerSettings:
 
 
 def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> ResolvedConfig:
-    """A config file holding a credential must be private where children run as another user (#24)."""
+    """A config file holding a credential must be private where children run as another user."""
     from leasecore.config import trust
 
     server = loaded.data.get("server")
@@ -165,7 +165,7 @@ def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> R
 
 
 def run_as_problems(task: TaskSettings) -> list[str]:
-    """Why ``task``'s children cannot run as its ``user`` / ``group`` here (#24); [] when they can."""
+    """Why ``task``'s children cannot run as its ``user`` / ``group`` here; [] when they can."""
     from leasecore.process.linux.runas import RunAsError, resolve_run_as, switch_problem
 
     where = f"task {task.type!r}"

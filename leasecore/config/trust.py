@@ -1,4 +1,4 @@
-"""Files the server settings point at (#24): the key secret's file and a private CA bundle; and the
+"""Files the server settings point at: the key secret's file and a private CA bundle; and the
 config file's own mode when it holds a credential itself.
 
 Owns: reading the secret file (mode 0600 or stricter, a regular file of bounded size), checking the

@@ -97,7 +97,7 @@ class LeasePolicy:
     http_timeout_seconds: float = 10.0
     min_attempt_seconds: float = 0.1
     redelivery_grace_seconds: float = 0.5  # a higher pollCount is confirmed this much later (0: at once)
-    # --- dead by the deadline (#17) ---
+    # --- dead by the deadline (no two copies at once) ---
     fence_margin_seconds: float = FENCE_MARGIN_SECONDS  # KILL this long before a server deadline
     kill_grace_share: float = KILL_GRACE_SHARE  # kill_grace is capped at this share of the lease
     # The command starts this long after the delivery reached the runner: a re-delivery whose previous
@@ -143,7 +143,7 @@ class LeasePolicy:
     ) -> LeasePolicy:
         """The policy for a polled task: R and the hard ceiling from the task, the rest from config.
         ``check_queue_seconds``: the most the runner's ownership-check budget may hold a due check
-        (#23; it lengthens a re-delivery's wait for its previous holder).
+        (it lengthens a re-delivery's wait for its previous holder).
 
         The hard ceiling keeps the time the server had already counted towards it (an earlier delivery
         of the same task id), measured with the server's own timestamps. A re-delivery that may still

@@ -48,7 +48,7 @@ RESERVED_INPUT_NAMES = frozenset({"CONDUCTOR_INPUT_FILE"})
 _PER_TASK_NAMES = ("CONDUCTOR_CHECKPOINT_FILE", "CONDUCTOR_DEADLINE")
 
 # Never handed to a child, whatever the configuration says (matched case-insensitively).
-# CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children (issue #21).
+# CONDUCTOR_ACCESS_KEY_*: the names conductor-cli hands its stdio children.
 CREDENTIAL_PATTERNS = (
     "CONDUCTOR_AUTH_*", "CONDUCTOR.AUTH.*", "CONDUCTOR_SERVER_AUTH*", "CONDUCTOR_ACCESS_KEY_*"
 )  # fmt: skip
@@ -106,7 +106,7 @@ class CommandSpec:
     kill_grace_seconds: float = 10.0
     secret_env_names: tuple[str, ...] = ()
     protocol: str = NATIVE
-    run_as: RunAs | None = None  # run the child as this user (#24; the runner is root)
+    run_as: RunAs | None = None  # run the child as this user (the runner is root)
     limits: Limits = field(default_factory=Limits)  # per tree where cgroups allow, else rlimits
     # Set after the credential filter, on purpose: CONDUCTOR_SERVER_URL always, and the runner's
     # credentials when pass_credentials asks for them (``leasecore.runner.childenv``). Their values

@@ -130,7 +130,7 @@ class TaskFiles:
 
         ``unique``: random hex (the tree's marker token) to name the directory by, instead of
         ``mkdtemp``'s own draw (a pid check and eight random choices per task); a name taken
-        already falls back to ``mkdtemp``. ``owner`` (uid, gid): the user the child runs as (#24)
+        already falls back to ``mkdtemp``. ``owner`` (uid, gid): the user the child runs as
         owns both files (it reads the input, writes the output); the directory stays the runner's
         (mode 0710, group ``gid``: the child can reach the files but not rename, replace or add
         any): the runner, as root, later reads ``output.json`` and deletes the directory, which a

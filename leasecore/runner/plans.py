@@ -43,7 +43,7 @@ log = logging.getLogger("conductor_run.worker")
 
 
 # A lease's first heartbeat (and ownership check) is drawn uniformly over its interval: a batch of
-# tasks polled together then beats at a steady rate, not in one burst at 0.8 R (#9: 1000 leases).
+# tasks polled together then beats at a steady rate, not in one burst at 0.8 R (as 1000 leases did).
 FIRST_ATTEMPT_SPREAD = 1.0
 
 
@@ -89,7 +89,7 @@ def plan_for(
     task: TaskSettings, *, check_queue_seconds: float = 0.0, server: ServerSettings | None = None
 ) -> TaskTypePlan:
     """What the runner needs for one ``[[task]]``. ``check_queue_seconds``: the most the runner's
-    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``, #23).
+    ownership-check budget holds a due check (``leasecore.checkbudget.max_queue_seconds``).
     ``server``: what the child is told about the server (``childenv.handed_env``); None: nothing."""
     spec = CommandSpec(
         argv=tuple(task.command) if task.command is not None else None,
@@ -105,7 +105,7 @@ def plan_for(
         secret_env_names=tuple(task.secrets),  # stripped from the child's environment
         protocol=task.protocol,
         run_as=run_as_for(task),
-        limits=treegroups.limits_of(task),  # issue 19
+        limits=treegroups.limits_of(task),  # the task's resource limits
         handed_env=childenv.handed_env(server) if server is not None else {},
     )
     make_policy: Callable[[Task], LeasePolicy] = WarnWhenCapped(task.type, functools.partial(

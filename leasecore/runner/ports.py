@@ -213,7 +213,7 @@ class RunOptions:
     shutdown_report_retry_seconds: float = 10.0  # ... but no longer than this once stopping
     status_interval_seconds: float = 1.0
     status_min_interval_seconds: float = 0.2  # status snapshots are built at most this often
-    update_v2: bool = True  # final updates may claim the next task when the port has update_v2 (#23)
+    update_v2: bool = True  # final updates may claim the next task when the port has update_v2
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The cgroup mechanism and the limits of a run, from its configuration (issue 19's wiring).
+"""The cgroup mechanism and the limits of a run, from its configuration (every task tree in its own cgroup).
 
 ``setup_for(config)`` detects the mechanism once (``cgroups.detect`` with the ``cgroup`` key) and
 turns a forced mode that cannot work into a ``ConfigError`` naming the key and its source;

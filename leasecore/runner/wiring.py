@@ -367,7 +367,7 @@ def _make_runner(
     engines: list[LeaseEngine] = []
 
     def make_engine(on_fence: Callable[[str, FenceAction], None]) -> LeaseEngine:
-        # Ownership checks share one budget per runner (#23, leasecore.checkbudget).
+        # Ownership checks share one budget per runner (leasecore.checkbudget).
         budget = CheckBudget(config.runner.ownership_check_rate)
         # Each lease's kill-by times go to its tree's dead-man's switch in the fork server.
         engines.append(LeaseEngine(lease_calls, on_fence, observer=observer, check_budget=budget,

@@ -1,5 +1,6 @@
-"""conductor-cli's ``CONDUCTOR_AUTH_TOKEN`` (#21): a client given a ready-made token sends it as is,
-against the embedded server with auth on; a refused one is an auth error, never a loop of fetches."""
+"""conductor-cli's ``CONDUCTOR_AUTH_TOKEN``: a client given a ready-made token
+sends it as is, against the embedded server with auth on; a refused one is an auth error, never a loop of
+fetches."""
 
 from __future__ import annotations
 

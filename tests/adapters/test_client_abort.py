@@ -1,4 +1,4 @@
-"""#24: ``ConductorClient.abort()`` (a forced stop) cuts a call in flight instead of letting it wait for
+"""``ConductorClient.abort()`` (a forced stop) cuts a call in flight instead of letting it wait for
 its timeout, on the lean http:// path and on https:// through requests; later calls get a short bound."""
 
 from __future__ import annotations

@@ -439,7 +439,7 @@ def test_against_the_embedded_server_the_hard_timeout_counts_from_the_first_star
         assert t_kill - polled_at == pytest.approx(kill_at, abs=EXACT)
 
 
-# -- the ownership checks' budget (#23, leasecore.checkbudget) ----------------------------------
+# -- the ownership checks' budget (leasecore.checkbudget) ---------------------------------------
 
 
 def test_ownership_checks_of_many_tasks_stay_within_the_runners_budget(

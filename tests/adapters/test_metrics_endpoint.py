@@ -1,4 +1,4 @@
-"""The metrics adapters (#20): the endpoint on loopback, the Prometheus observer fed by the real lease
+"""The metrics adapters: the endpoint on loopback, the Prometheus observer fed by the real lease
 engine, poller and reporter with scripted ports; counts checked exactly against what the ports saw."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_the_lease_engine_counts_each_heartbeat_and_check_by_its_result() -> Non
                     poll_count=1)
 
     # R = 3 s: kill_grace capped at R/4 = 0.75 s, so a beat every 0.8 x (3 - 0.75 - 0.4) = 1.48 s
-    # and the TERM point 1.15 s before the deadline (#17); "good"'s ownership checks every 2.2 s,
+    # and the TERM point 1.15 s before the deadline; "good"'s ownership checks every 2.2 s,
     # "bad"'s never (its refused beats fence it at 1.85 s).
     engine.track(task("good"), LeasePolicy(response_timeout_seconds=3, kill_grace_seconds=1.0,
                                            ownership_check_interval_seconds=2.2))

@@ -1,4 +1,4 @@
-"""The exact tallies behind the metrics (#20, ``leasecore.metrics.tally``): the same exposition as
+"""The exact tallies behind the metrics (``leasecore.metrics.tally``): the same exposition as
 prometheus-client's own Counter and Histogram for the same events, exact counts under many threads,
 and the task type's label name (``metrics_task_type_label``) on every family that carries it."""
 

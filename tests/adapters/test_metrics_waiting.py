@@ -1,4 +1,4 @@
-"""A task held before its start (#17's 'waiting') occupies its slot in the gauges, shows in
+"""A task held before its start ('waiting' for a previous holder) occupies its slot in the gauges, shows in
 conductor_run_tasks_waiting, and a fence while it waits counts in conductor_run_fences_total."""
 
 from __future__ import annotations

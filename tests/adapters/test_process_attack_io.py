@@ -1,4 +1,4 @@
-"""Adversarial review (#5): hostile output and hostile input, against real children."""
+"""Adversarial review of process supervision: hostile output and hostile input, against real children."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Adversarial review (#5): credentials, private files, fd hygiene, a dying fork server, and a sweep
-that must never touch a stranger. Real children and real processes throughout."""
+"""Adversarial review of process supervision: credentials, private files, fd hygiene, a dying fork server,
+and a sweep that must never touch a stranger. Real children and real processes throughout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Adversarial review (#5): children that try to outlive their task, each against the real fork server.
+"""Adversarial review of process supervision: children that try to outlive their task, each against the
+real fork server.
 
 Every child here is hostile in one way: it escapes after the TERM arrives, clears the environment
 marker, bursts into many processes while being stopped, or leaves a detached daemon and exits 0.

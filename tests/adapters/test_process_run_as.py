@@ -1,4 +1,4 @@
-"""#24: the fork server starts a command as another user (fork, setgroups/setgid/setuid, exec)."""
+"""The fork server starts a command as another user (fork, setgroups/setgid/setuid, exec)."""
 
 from __future__ import annotations
 

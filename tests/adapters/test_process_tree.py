@@ -206,8 +206,8 @@ def _term_a_tree_with_an_escapee_under_its_leader(supervisor: Supervisor) -> Non
 
 def test_term_reaches_an_escapee_the_leader_still_parents(supervisor: Supervisor) -> None:
     """The leader's own setsid'ed child is TERMed with the tree, not left for the KILL after the grace
-    (60 s here): its members are found before the group is signalled. Found by the kill-latency bench
-    (#9): an obeys-term tree sometimes took kill_grace to die; this shape failed every time."""
+    (60 s here): its members are found before the group is signalled. Found by the kill-latency bench:
+    an obeys-term tree sometimes took kill_grace to die; this shape failed every time."""
     for _ in range(5):
         _term_a_tree_with_an_escapee_under_its_leader(supervisor)
 
@@ -268,7 +268,7 @@ def _term_together(supervisor: Supervisor, children: list[Child]) -> None:
 def test_signals_asked_together_cost_one_walk_of_proc(supervisor: Supervisor) -> None:
     """A runner that stops sends a TERM per tree at once. The fork server reads every request already
     waiting, walks /proc once and signals them all; a walk per request (O(processes) each) made the
-    last TERM of 200 tasks, and so its KILL, seconds late (the shutdown bench, #9)."""
+    last TERM of 200 tasks, and so its KILL, seconds late (the shutdown bench)."""
     trees = 30
     children = [
         supervisor.spawn(make_task(task_id=f"t{i}"), CommandSpec(argv=("sleep", "300")), worker_id="w")
@@ -291,7 +291,7 @@ def test_a_tree_ending_among_many_running_ones_walks_only_its_own_processes(supe
     """While a task's leftovers are being killed, the fork server re-walks /proc every tick; the
     running trees' processes are not read (it is a subreaper: a member of the ending tree, or a stray,
     can only be below that tree's leader or re-parented to the fork server itself). A full walk every
-    50 ms with 1000 tasks running took most of the fork server's CPU (the heartbeat bench, #9)."""
+    50 ms with 1000 tasks running took most of the fork server's CPU (the heartbeat bench)."""
     quiet = [
         supervisor.spawn(make_task(task_id=f"q{i}"), CommandSpec(argv=("sleep", "300")), worker_id="w")
         for i in range(40)
@@ -320,7 +320,7 @@ def test_a_tree_ending_among_many_running_ones_walks_only_its_own_processes(supe
 
 def test_an_exit_among_many_running_trees_checks_only_that_tree(supervisor: Supervisor) -> None:
     """Each leader's exit wakes the fork server through its pidfd: a SIGCHLD does not ``waitid`` every
-    tree it holds (with 1000 running, that took a quarter of its CPU in the heartbeat bench, #9)."""
+    tree it holds (with 1000 running, that took a quarter of its CPU in the heartbeat bench)."""
     quiet = [
         supervisor.spawn(make_task(task_id=f"q{i}"), CommandSpec(argv=("sleep", "300")), worker_id="w")
         for i in range(40)

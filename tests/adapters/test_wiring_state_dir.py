@@ -1,6 +1,6 @@
 """The wiring checks the state directory once and hands that one ``StateDir`` on.
 
-Before #18's wiring pass a start made and checked its directory (``ensure_state_dir``), made and
+Before the wiring was redone a start made and checked its directory (``ensure_state_dir``), made and
 checked it again for the status publisher, and checked it a third time to read the snapshots of the
 dead runners whose trees the sweep took over. Now ``run_worker`` makes one ``StateDir`` and the
 outbox, the orphans' reports, the sweep's snapshot cleanup and the publisher all use it as it is.

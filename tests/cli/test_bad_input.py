@@ -1,5 +1,5 @@
 """A user's bad input: every case is one clear line naming the flag, key or file, the right exit code,
-and never a traceback (issues #6, #7, #8). Through the real typer app; `run` fails before any I/O
+and never a traceback. Through the real typer app; `run` fails before any I/O
 other than reading the config file, so no server is needed.
 """
 

@@ -101,7 +101,7 @@ def test_watch_on_a_terminal_stays_live_until_ctrl_c_then_exits_0(tmp_path: Path
                 proc.wait()
 
 
-# --- --ca-bundle, as for run (#24's key ca_bundle, the flag first) --------------------------------
+# --- --ca-bundle, as for run (the key ca_bundle, the flag first) -----------------------------------
 
 
 def _fleet_json(*args: str, env: dict[str, str]) -> tuple[int, str, str]:

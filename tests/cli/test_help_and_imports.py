@@ -85,10 +85,10 @@ def test_other_commands_say_units_and_defaults() -> None:
 
 
 HEAVY = ("rich", "leasecore.server", "leasecore.demo.scenes", "leasecore.demo.plan", "leasecore.demo.proxy",
-         # #20: prometheus-client only with --metrics-port (idle footprint)
+         # prometheus-client only with --metrics-port (idle footprint)
          "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.tally",
          "leasecore.metrics.service")
-# Not on a plain run's start path either (#23, the idle footprint): the CLI framework and what it
+# Not on a plain run's start path either (the idle footprint and start-up time): the CLI framework and what it
 # converts with, and requests with its stack (the lean http:// transport serves).
 FRAMEWORK = ("typer", "click", "pydantic", "pydantic_core", "shellingham", "requests", "urllib3",
              "charset_normalizer", "idna", "certifi", "leasecore.conductor.requests_transport", "cli.app")

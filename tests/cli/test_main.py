@@ -29,7 +29,7 @@ def test_console_script_runs_as_a_module() -> None:
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 @pytest.mark.parametrize("spelling", ["{shell}_source", "source_{shell}"])
 def test_shell_completion_script_for_each_shell(shell: str, spelling: str) -> None:
-    """Completion is on (#24): click's spelling (bash_source) and typer's (source_bash) both print the
+    """Completion is on: click's spelling (bash_source) and typer's (source_bash) both print the
     script, and the script asks conductor-run itself for the completions."""
     env = {**os.environ, "_CONDUCTOR_RUN_COMPLETE": spelling.format(shell=shell)}
     proc = subprocess.run([sys.executable, "-m", "cli"], capture_output=True, text=True, timeout=60,

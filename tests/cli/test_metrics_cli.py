@@ -1,4 +1,4 @@
-"""Bad metrics input (#20): one line naming the key, where it came from and what is allowed; exit 3,
+"""Bad metrics input: one line naming the key, where it came from and what is allowed; exit 3,
 before any task is polled and whether or not the Conductor server is up; and ``--help`` says it."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""cli/reexec.py in-process (#24): which variables are handed over, and the receiving end."""
+"""cli/reexec.py in-process (secrets out of the children's reach): which variables are handed over,
+and the receiving end."""
 
 from __future__ import annotations
 

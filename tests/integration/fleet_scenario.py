@@ -1,4 +1,4 @@
-"""The fleet scenario of issue #22, for any server (embedded or real): two real runners with different
+"""The fleet view's scenario, for any server (embedded or real): two real runners with different
 worker ids on two task types, and a third type with work queued and nobody polling it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`conductor-run fleet` against the embedded server, with real `conductor-run run` processes (issue #22)."""
+"""`conductor-run fleet` against the embedded server, with real `conductor-run run` processes."""
 
 from __future__ import annotations
 

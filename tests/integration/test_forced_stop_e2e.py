@@ -1,4 +1,4 @@
-"""#24: a second SIGTERM cuts the HTTP call in flight (here the final update, held by a silent
+"""A forced stop: a second SIGTERM cuts the HTTP call in flight (here the final update, held by a silent
 server) instead of waiting for its 10 s timeout; the result is kept in the outbox."""
 
 from __future__ import annotations

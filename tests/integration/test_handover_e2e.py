@@ -187,7 +187,7 @@ def test_a_requeued_task_starts_elsewhere_only_once_its_holder_has_fenced(
     first, second = copies.assert_never_overlapped()
     assert first.task_id == second.task_id == task_id and second.poll_count == 2
     # (B waits 1 + 0.5 (A's confirming check) + 1 + 0.4 (the margin) = 2.9 s from the hand-out, plus
-    # twice the longest A's check budget may hold a check (#23): B's most leases (2 + max(2, 8)) / 20
+    # twice the longest A's check budget may hold a check: B's most leases (2 + max(2, 8)) / 20
     # per second = 0.5 s, so 3.9 s)
     hold = max_queue_seconds(2 + 8, 20.0)
     took = second.started - requeued

@@ -1,4 +1,4 @@
-"""#17's guarantee at the two edges a review found open, end to end (real runners, the embedded
+"""No two copies at once, at the two edges a review found open, end to end (real runners, the embedded
 server, TERM-ignoring copies that record their own life; see test_handover_e2e.py):
 
 * a yield (IN_PROGRESS) whose tree still has an escapee must not tell the next holder to start at once;

@@ -1,4 +1,4 @@
-"""End to end (#20): the real ``conductor-run run`` with ``--metrics-port 0``, real children, the
+"""Metrics end to end: the real ``conductor-run run`` with ``--metrics-port 0``, real children, the
 embedded server, ``/metrics`` parsed with prometheus-client's own parser; and a real Prometheus
 server scraping the runner on loopback."""
 
@@ -98,7 +98,7 @@ def test_metrics_count_known_work_exactly(world: World) -> None:
                      uri="/tasks/poll/batch/{taskType}")
     assert 0 <= requests - polls <= 1
     # Heartbeats: each task at least one, all acknowledged; one lateness sample per beat sent; every
-    # POST /tasks is a beat, and the three results went out as update-v2 (#23: each may claim the next
+    # POST /tasks is a beat, and the three results went out as update-v2 (each may claim the next
     # task; the exec timeout's FAILED too, its lease being sound).
     beats = value(samples, "conductor_run_heartbeats_total", taskType=tt, result="ok")
     assert beats >= 3

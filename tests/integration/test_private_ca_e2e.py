@@ -1,4 +1,4 @@
-"""https:// with a private CA (#24): a real `conductor-run run --once` through a TLS front on loopback
+"""https:// with a private CA: a real `conductor-run run --once` through a TLS front on loopback
 whose certificate a CA of the test's own signed (openssl), trusted through SSL_CERT_FILE, through
 [server] ca_bundle, and not at all (exit 4)."""
 

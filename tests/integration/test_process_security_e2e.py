@@ -1,6 +1,6 @@
-"""Adversarial review (#5), end to end: a real `conductor-run run --once` with credentials, against the
-embedded server with auth. No credential in any state-directory file (status snapshot, tree record,
-outbox), in the log, or in what the task reports; every state file 0600 in a 0700 directory, also
+"""Adversarial review of process supervision, end to end: a real `conductor-run run --once` with credentials,
+against the embedded server with auth. No credential in any state-directory file (status snapshot, tree
+record, outbox), in the log, or in what the task reports; every state file 0600 in a 0700 directory, also
 while the task runs."""
 
 from __future__ import annotations

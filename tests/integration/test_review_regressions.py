@@ -1,5 +1,5 @@
-"""Regressions of the guarantees an independent review found broken (issues #4, #6): the real
-``conductor-run run`` against the embedded server, through the fault proxy where the server must be
+"""Regressions of the guarantees an independent review found broken in the lease core and the runner:
+the real ``conductor-run run`` against the embedded server, through the fault proxy where the server must be
 out of reach. Each failed before its fix. Timing bounds carry slack for a loaded machine.
 """
 

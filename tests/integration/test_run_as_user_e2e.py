@@ -1,5 +1,5 @@
-"""#24, end to end: a runner started as root runs each child as `--user` (setgroups, setgid, setuid in
-the fork server), with HOME/USER set, its input readable and its output file writable and delivered."""
+"""Privilege drop, end to end: a runner started as root runs each child as `--user` (setgroups, setgid, setuid
+in the fork server), with HOME/USER set, its input readable and its output file writable and delivered."""
 
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ def test_a_saved_result_is_delivered_while_the_runner_serves_once_the_server_ans
     assert any("delivered the saved result of task" in r.getMessage() for r in caplog.records)
 
 
-# ---------------------------------------------------------------- issue #6: the runner's loose ends
+# ---------------------------------------------------------------- the runner's loose ends
 
 KEY, SECRET = AUTH_KEY, AUTH_SECRET
 WRITE_ENV_NAMES = (
@@ -256,7 +256,7 @@ def test_missing_credentials_at_start_are_exit_4_not_an_idle_queue(
     auth_world: World, mode: list[str]
 ) -> None:
     """No credentials: /health needs none, but the first poll gets 401. A cron job that lost its
-    credentials must not look like an idle one (exit 6) nor serve on for ever: exit 4, one line (#24)."""
+    credentials must not look like an idle one (exit 6) nor serve on for ever: exit 4, one line."""
     proc = auth_world.run(*mode, command=["/bin/true"])
     code, err = auth_world.finish(proc)
     assert code == exitcodes.UNREACHABLE, err
@@ -276,7 +276,7 @@ def test_wrong_credentials_are_exit_4_with_once(auth_world: World) -> None:
 def test_credentials_refused_mid_run_are_retried_then_logged_once_per_outage(auth_world: World) -> None:
     """After a good start, every token is expired (refreshed transparently, no log line), then the
     secret stops working: the poll's one refresh-and-retry fails, the refusal is logged once while
-    polls back off, and once the secret works again the recovery is logged and tasks run (#24)."""
+    polls back off, and once the secret works again the recovery is logged and tasks run."""
     world = auth_world
     world.define(response_timeout=30)
     env = {"CONDUCTOR_AUTH_KEY": KEY, "CONDUCTOR_AUTH_SECRET": SECRET}

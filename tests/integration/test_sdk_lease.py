@@ -1,4 +1,5 @@
-"""Acceptance test of issue #2: a real client (conductor-python 2.0.0) against the embedded server.
+"""Acceptance test of the embedded server's leases: a real client (conductor-python 2.0.0) against the
+embedded server.
 
 With lease extension on, the SDK's ``extendLease`` heartbeats keep a task alive on the embedded server
 past its ``responseTimeoutSeconds`` while the worker function sleeps 5 s, and the task completes.
@@ -154,7 +155,7 @@ def _run_case(
 @pytest.mark.parametrize(
     ("r", "sleep", "lease_tick"),
     [
-        # Issue #2's case: R = 2 s, a 5 s task. The SDK's lease manager checks every 0.1 s here, so its
+        # The acceptance case: R = 2 s, a 5 s task. The SDK's lease manager checks every 0.1 s here, so its
         # "heartbeat at 0.8 x R" rule holds (1.6 s); with its default 1 s tick it beats at exactly 2 s.
         pytest.param(2, 5.0, 0.1, id="r2-tick0.1"),
         # The SDK exactly as shipped: R = 5 is the smallest R where its ceil(0.8 x R) cadence (4 s)

@@ -1,4 +1,4 @@
-"""#24, end to end: the runner's secret is out of every child's reach through /proc, even as root.
+"""End to end: the runner's secret is out of every child's reach through /proc, even as root.
 
 A real `conductor-run run --once` (the console entry point, so it re-executes itself without its
 secrets) against the embedded server with auth; its child, running as root like the test, reads every

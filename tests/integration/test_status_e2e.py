@@ -1,4 +1,4 @@
-"""`conductor-run status` reading what a real `conductor-run run` publishes (issue #7).
+"""`conductor-run status` reading what a real `conductor-run run` publishes.
 
 The runner and the status command are separate processes, as on a real host: the only thing they share
 is the state directory.

@@ -1,4 +1,4 @@
-"""The bench's A/B kind: conductor-run from another checkout, alternating with this one (#23)."""
+"""The bench's A/B kind: conductor-run from another checkout, alternating with this one."""
 
 from __future__ import annotations
 

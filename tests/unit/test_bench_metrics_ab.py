@@ -1,4 +1,4 @@
-"""The metrics A/B's arithmetic and its report lines (#20, bench/metrics_ab.py)."""
+"""The metrics A/B's arithmetic and its report lines (bench/metrics_ab.py)."""
 
 from __future__ import annotations
 

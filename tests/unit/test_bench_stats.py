@@ -95,7 +95,7 @@ def _results() -> dict[str, object]:
 
 def test_targets_say_met_or_missed_from_the_figures() -> None:
     rows = {name: verdict for name, _, verdict in targets(_results())}
-    # #23's targets: 1.1 x the floor's time misses <= 0.9; 1.36 x the SDK's throughput meets >= 1.25.
+    # The throughput targets: 1.1 x the floor's time misses <= 0.9; 1.36 x the SDK's throughput meets >= 1.25.
     assert rows["conductor-run time <= 0.9 x floor"] == "**missed**"
     assert rows["conductor-run throughput >= 1.25 x SDK (both on update-v2)"] == "met"
     # Only the largest lease count is held to the target.

@@ -195,7 +195,7 @@ def test_runner_key_types() -> None:
 
 
 def test_update_v2_is_on_unless_turned_off_in_the_file_or_the_environment() -> None:
-    # #23: final updates may claim the next task; [worker] update_v2 = false or CONDUCTOR_RUN_UPDATE_V2
+    # Final updates may claim the next task; [worker] update_v2 = false or CONDUCTOR_RUN_UPDATE_V2
     assert _resolve(BASE).runner.update_v2 is True
     runner = _resolve("[worker]\nupdate_v2 = false\n" + BASE).runner
     assert runner.update_v2 is False and runner.sources["update_v2"].layer == "file"

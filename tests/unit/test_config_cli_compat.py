@@ -1,4 +1,4 @@
-"""Configuration of the conductor-cli drop-in (#21): the ``protocol`` key, and conductor-cli's
+"""Configuration of the conductor-cli drop-in: the ``protocol`` key, and conductor-cli's
 ``CONDUCTOR_AUTH_TOKEN`` accepted as ``[server] auth_token``."""
 
 from __future__ import annotations

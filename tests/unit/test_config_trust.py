@@ -1,5 +1,6 @@
-"""#24's server keys: ``auth_secret_file`` (a private file) and ``ca_bundle`` (SSL_CERT_FILE,
-REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE in that order, the file's key, --ca-bundle), through load_config."""
+"""The server keys for secrets and private CAs: ``auth_secret_file`` (a private file) and ``ca_bundle``
+(SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE in that order, the file's key, --ca-bundle), through
+load_config."""
 
 from __future__ import annotations
 

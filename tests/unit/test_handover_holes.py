@@ -1,5 +1,5 @@
-"""The review's #17 holes, as pure rules: a yield waits for its tree (YieldHold), the spawn request
-carries the capped kill grace (runner._spawn_spec)."""
+"""The holes a review found in the no-two-copies rules, as pure rules: a yield waits for its tree
+(YieldHold), the spawn request carries the capped kill grace (runner._spawn_spec)."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ def test_the_pure_core_imports_no_io_threads_or_cli() -> None:
 
 
 def test_the_top_of_leasecore_is_the_pure_core_and_small() -> None:
-    """#18: a module directly in leasecore/ is pure (adapters live in the packages), at most 15."""
+    """A module directly in leasecore/ is pure (adapters live in the packages), at most 15."""
     top = {name for name, path in project_files().items()
            if path.parent == ROOT / "leasecore" and path.name != "__init__.py"}
     assert 5 < len(top) <= 15, sorted(top)
@@ -218,7 +218,7 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
 
 
 def test_no_cycle_even_through_type_only_imports() -> None:
-    """#18: a loop that only annotations close still ties two rooms together (a child reaching back
+    """A loop that only annotations close still ties two rooms together (a child reaching back
     into its supervisor, a codec and the spec that names it): none is left, keep it so."""
     edges = _package_edges(graph(project_files(), type_only_too=True))
     assert find_cycle(edges) is None

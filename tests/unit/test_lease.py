@@ -1074,7 +1074,7 @@ def test_properties_of_any_heartbeat_history(
         assert terminated_at is not None and terminated_at <= lost_at + 1e-9
 
 
-# ----- dead by the deadline: the capped grace, the margin and the cadence (#17) ---------------------
+# ----- dead by the deadline: the capped grace, the margin and the cadence ---------------------------
 
 
 @pytest.mark.parametrize(
@@ -1192,7 +1192,7 @@ def test_a_redelivery_that_may_still_run_elsewhere_starts_after_its_holder_must_
 
 
 def test_a_redelivery_also_waits_twice_the_longest_the_check_budget_holds_a_check() -> None:
-    # #23: the previous holder's runner may hold its checks for its turn in the budget (up to
+    # The previous holder's runner may hold its checks for its turn in the budget (up to
     # its most leases / rate): the first check that sees the re-poll and the confirming one.
     p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
                               ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip

@@ -1,4 +1,4 @@
-"""The ``metrics_task_type_label`` key (#20): the SDKs' ``taskType`` by default, ``task_type`` on request,
+"""The ``metrics_task_type_label`` key: the SDKs' ``taskType`` by default, ``task_type`` on request,
 from flag, env or file, and a clear one-line error for anything else."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The metrics' pure parts: label values, the probes' decisions, the config keys (#20)."""
+"""The metrics' pure parts: label values, the probes' decisions, the config keys."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""#18: no module of the product over 500 lines, so that each one's room stays readable in one sitting.
+"""No module of the product over 500 lines, so that each one's room stays readable in one sitting.
 
 A module that grows past the bound is split by responsibility (see docs/ARCHITECTURE.md's map), not
 allowed here: the bound has no exceptions list on purpose. The check also runs on a planted file.

@@ -1,4 +1,4 @@
-"""#24: resolving --user / --group, and when a runner may not switch users."""
+"""Resolving --user / --group, and when a runner may not switch users."""
 
 from __future__ import annotations
 

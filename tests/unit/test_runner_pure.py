@@ -178,7 +178,7 @@ def test_a_task_opened_again_leaves_nothing_of_its_last_run_in_the_budget() -> N
 
 
 def test_a_quiet_task_is_forgotten_at_its_close_without_waking_the_flusher() -> None:
-    # Waking the flusher thread for a task with nothing to send was a thread switch per task (#9).
+    # Waking the flusher thread for a task with nothing to send was a thread switch per task.
     streamer = LogStreamer(_StalledLogs(), max_buffered_chars=100_000, batch_lines=10**6)
     streamer.open_lines("quiet")
     streamer.close("quiet")
@@ -238,7 +238,7 @@ def test_exit_code_decision(outcome: RunOutcome, once: bool, expected: int) -> N
     ],
 )
 def test_max_tasks_exit_code_says_whether_every_task_completed(outcome: RunOutcome, expected: int) -> None:
-    """--max-tasks is for cron-like callers too: a failed task is exit 5, as with --once (#24)."""
+    """--max-tasks is for cron-like callers too: a failed task is exit 5, as with --once."""
     assert exit_code_for(outcome, once=False, max_tasks=3) == expected
 
 

@@ -112,7 +112,7 @@ def test_a_world_writable_state_dir_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", [0o1777, 0o777, 0o1770])
 def test_a_shared_state_dir_is_never_told_to_change_its_mode(tmp_path: Path, mode: int) -> None:
-    """/tmp itself as the state dir (#24): the fix is a private directory, never `chmod 700 /tmp`."""
+    """/tmp itself as the state dir: the fix is a private directory, never `chmod 700 /tmp`."""
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)

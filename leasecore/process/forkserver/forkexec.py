@@ -3,7 +3,7 @@
 Owns ``fork_exec(req, fds, sigdef)``, used when ``posix_spawn`` cannot do the job: it can neither
 move the child into a cgroup before its exec (a command that joined its group only after its exec
 could fork first, and those children would stay outside), nor set rlimits, nor change the user
-(``run_as``: uid, gid, groups, #24). A group with no limits is joined without a fork (the fork
+(``run_as``: uid, gid, groups). A group with no limits is joined without a fork (the fork
 server calls posix_spawn from inside it, ``cgroupfs.spawn_inside``), so this runs for a request
 with a ``cgroup`` that is not ``inside``, ``rlimits`` or ``run_as``. The child, running nothing but
 system calls, does in order: join its group (0 to ``cgroup.procs`` in each hierarchy), set the

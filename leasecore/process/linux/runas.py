@@ -1,4 +1,4 @@
-"""Who a task's child runs as (#24): ``RunAs``, resolved from ``user`` / ``group`` names or ids.
+"""Who a task's child runs as (a privilege drop): ``RunAs``, resolved from ``user`` / ``group`` names or ids.
 
 Owns the lookup in the password and group databases (``resolve_run_as``: uid, gid, the user's
 supplementary groups from ``os.getgrouplist``, HOME; ``RunAs.env`` gives HOME and USER/LOGNAME,

@@ -64,7 +64,7 @@ class LeaseEngine:
     """Runs every task's lease: heartbeats, ownership checks and fence timing.
 
     Heartbeats (deadline-critical) go before ownership checks; checks in flight are capped at half the
-    executor's capacity and start no faster than ``check_budget`` allows (#23), so checks hanging on a
+    executor's capacity and start no faster than ``check_budget`` allows, so checks hanging on a
     slow server never hold the senders a heartbeat needs. A lease never has two of its own heartbeats
     in flight. Requests waiting for a sender show in ``metrics()``. A task's final update excludes its
     heartbeats (DESIGN.md §4): a sender marks the beat it takes as calling in the same locked step,

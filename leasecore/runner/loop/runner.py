@@ -287,7 +287,7 @@ class Runner(LiveControl, TaskStarts):
         self._publish_pending = False
         self._publish()
         # ... and at most 1/20 of the main loop's time: with 1000 tasks a snapshot costs ~50 ms, and
-        # 5 of them a second starved the spawns and heartbeats (#9).
+        # 5 of them a second starved the spawns and heartbeats.
         cost = self._clock.monotonic() - now
         self._publish_at = now + max(self.options.status_min_interval_seconds, 20 * cost)
 
