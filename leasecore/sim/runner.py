@@ -1,0 +1,500 @@
+"""A runner in the simulation: stand-in glue that drives the product's real decision objects.
+
+Real, unchanged: ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the
+numbers, the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (which lease a
+delivery or an update reaches), ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` /
+``may_run_elsewhere`` (``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining),
+``PollBackoff`` (poll delays) and ``ownership_lost_reason`` (the outbox's check before a late
+delivery). Stand-in (this module and ``leasecore.sim.reports``): what the product's main loop, poller,
+lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
+order of a final update's steps. docs/simulator.md lists what the next step must replace.
+
+Every event a runner handles goes through ``_guard``: dropped after a crash (the incarnation moved
+on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
+
+Threads: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
+from leasecore.lease import (
+    CheckOwnership,
+    FenceReason,
+    KillTree,
+    Lease,
+    LeasePolicy,
+    SendHeartbeat,
+    TerminateTree,
+)
+from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+from leasecore.runner.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.pollpolicy import PollBackoff
+from leasecore.sim.conductor import Answer, SimConductor
+from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
+from leasecore.sim.world import World
+
+__all__ = ["Bugs", "Run", "RunnerConfig", "SimRunner", "StateDir", "TreeProfile"]
+
+
+@dataclass(frozen=True)
+class Bugs:
+    """Races planted in the stand-in glue (never in production code), each re-introducing a fixed bug."""
+
+    term_at_deadline: bool = False  # TERM at the lease deadline, KILL a grace later (not deadline - G - M)
+    no_redelivery_hold: bool = False  # a re-delivery starts at once, without waiting for its previous holder
+    no_final_wait: bool = False  # a final update goes out while a heartbeat of unknown fate may still land
+    yield_unheld: bool = False  # a yield is marked at the leader's exit, escapees alive or not
+    held_reported_failed: bool = False  # a held re-delivery, fenced, is reported FAILED (not handed back)
+    no_dying_wait: bool = False  # a retry starts here while the previous attempt's tree is still dying
+    # What the product does today (a finding of this simulator, not fixed yet): a FAILED result goes
+    # out at the leader's exit while its escapees are still being stopped, so the retry the server
+    # creates at once may start on another host next to them. Off: it waits like a yield (YieldHold).
+    failed_before_tree_gone: bool = False
+    # What the product does today (a finding, not fixed yet): a yield whose update's answer was lost
+    # is sent again even after its next run was polled, so the retry re-queues that run (one result
+    # applied twice; the run is fenced as no longer ours). Off: a poll of the next run proves it landed.
+    retry_landed_yield: bool = False
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    task_type: str = "sim"
+    slots: int = 4
+    kill_grace: float = 10.0
+    check_interval: float = 5.0
+    http_timeout: float = 5.0
+    report_retry: float = 2.0
+    outbox_every: float = 20.0
+    chaining: bool = True
+    kill_by: bool = False  # the fork server enforces each tree's kill-by time on its own
+
+
+@dataclass(frozen=True)
+class TreeProfile:
+    """How the trees of a seed behave (drawn per tree from the world's random)."""
+
+    mean_seconds: float = 60.0
+    fail: float = 0.1
+    yields: float = 0.05
+    ignore_term: float = 0.2
+    die_within: float = 20.0  # an obeying tree dies within this after TERM (may exceed the grace)
+    escapee: float = 0.1
+    max_factor: float = 4.0  # a leader runs at most this many mean durations
+    max_runs: int = 3  # a task yields only on its first deliveries (then completes or fails)
+
+
+@dataclass
+class StateDir:
+    """What survives a runner's crash: the outbox of undelivered results (taskId -> result, pollCount)."""
+
+    outbox: dict[str, tuple[TaskResult, int]] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """One delivery of a task on this runner."""
+
+    task: Task
+    entry: LeaseEntry
+    policy: LeasePolicy
+    tree: SimTree | None = None
+    phase: str = "held"  # held / running / exited / reporting / done
+    fence: FenceReason | None = None
+    unknown_beat_at: float | None = None  # newest send time of a heartbeat whose fate is unknown
+    beat_in_flight: bool = False
+    wake_at: float | None = None
+    slot: bool = True
+    chain_slot: bool = False
+    label: str = ""
+
+    @property
+    def lease(self) -> Lease:
+        return self.entry.lease
+
+
+class SimRunner:
+    """One runner process (its incarnations) with its fork server and its state directory."""
+
+    def __init__(self, world: World, server: SimConductor, copies: Copies, name: str, config: RunnerConfig,
+                 trees: TreeProfile, bugs: Bugs) -> None:
+        self.world, self.server, self.copies = world, server, copies
+        self.name, self.config, self.profile, self.bugs = name, config, trees, bugs
+        self.state = StateDir()
+        self.forkserver = SimForkServer(world, name, kill_by=config.kill_by)
+        self.incarnation = 0
+        self.down = False
+        self.stalled_until = 0.0
+        self.attempts = 0
+        self._boot()
+
+    # ----- life --------------------------------------------------------------------------------
+
+    def _boot(self) -> None:
+        from leasecore.sim.reports import Reports  # (the final-update half of the glue)
+
+        self.book = LeaseBook(random=self.world.rng.random)
+        self.dying = DyingTrees(gone=_tree_gone)
+        self.gate = StartGate(self.dying)
+        self.yields = YieldHold(gone=_tree_gone)
+        self.backoff = PollBackoff(rand=self.world.rng.random)
+        self.runs: dict[str, Run] = {}
+        self.next_runs: dict[str, tuple[Task, float]] = {}
+        self.in_use = 0
+        self.polling = 0
+        self.poll_pending = False
+        self.gate_at: float | None = None
+        self.reports = Reports(self)
+        self._poll_soon(0.0)
+        self.reports.deliver_outbox()
+
+    def crash(self) -> None:
+        """The runner process dies; its fork server sees it and kills every tree; the state dir stays."""
+        if self.down:
+            return
+        self.world.log(f"runner {self.name}: CRASH")
+        self.incarnation += 1
+        self.down = True
+        self.stalled_until = 0.0
+        self.forkserver.kill_all("the runner died")
+        self.runs = {}
+
+    def restart(self) -> None:
+        if not self.down:
+            return
+        self.world.log(f"runner {self.name}: restarted")
+        self.down = False
+        self._boot()
+
+    def stall(self, seconds: float) -> None:
+        self.world.log(f"runner {self.name}: STALL for {seconds:.1f} s")
+        self.stalled_until = max(self.stalled_until, self.world.now + seconds)
+
+    def forkserver_dies(self) -> None:
+        """The fork server is killed: the runner kills every tree it held (a new one serves the next
+        start)."""
+        if self.down:
+            return
+        self.forkserver.kill_all("the fork server died")
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        inc = self.incarnation
+
+        def run() -> None:
+            if self.incarnation != inc or self.down:
+                return
+            if self.stalled_until > self.world.now:
+                self.world.at(self.stalled_until, "deferred", run)
+                return
+            fn()
+
+        return run
+
+    def reply(self, fn: Callable[[Answer], None]) -> Callable[[Answer], None]:
+        """``fn`` as a guarded event of this incarnation (an answer reaching a restarted runner is lost)."""
+        inc = self.incarnation
+
+        def got(answer: Answer) -> None:
+            if self.incarnation == inc:
+                self._guard(lambda: fn(answer))()
+
+        return got
+
+    # ----- polling -----------------------------------------------------------------------------
+
+    def _poll_soon(self, delay: float) -> None:
+        if self.poll_pending:
+            return
+        self.poll_pending = True
+        self.world.after(delay, "poll", self._guard(self._poll))
+
+    def _poll(self) -> None:
+        self.poll_pending = False
+        free = self.config.slots - self.in_use
+        if free <= 0:
+            return  # a released slot polls again (_release)
+        count = min(free, 4)
+        self.in_use += count
+        self.polling = count  # reserved for what the poll brings
+        sent = self.world.now
+
+        def got(answer: Answer) -> None:
+            self.polling = 0
+            if not answer.ok:
+                self._release(count)
+                self._poll_soon(self.backoff.on_error())
+                return
+            tasks = [Task.from_json(t) for t in answer.body]
+            self._release(count - len(tasks), poll=False)
+            for task in tasks:
+                self.deliver(task, sent)
+            self._poll_soon(self.backoff.on_tasks() if tasks else self.backoff.on_empty())
+
+        self.server.poll(self.name, self.config.task_type, count, self.reply(got), self.config.http_timeout)
+
+    def _release(self, n: int = 1, *, poll: bool = True) -> None:
+        self.in_use -= n
+        if self.in_use < 0:
+            self.world.violate("slots", f"runner {self.name} released more slots than it held "
+                               f"({self.in_use})")
+        if poll and n > 0:
+            self._poll_soon(0.0)
+
+    # ----- deliveries and starts ----------------------------------------------------------------
+
+    def policy_for(self, task: Task) -> LeasePolicy:
+        c = self.config
+        return LeasePolicy.from_task(task, kill_grace_seconds=c.kill_grace,
+                                     ownership_check_interval_seconds=c.check_interval,
+                                     http_timeout_seconds=c.http_timeout)
+
+    def deliver(self, task: Task, polled_at: float) -> None:
+        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot."""
+        tid = task.task_id
+        self.world.log(f"runner {self.name}: got {tid} (pollCount {task.poll_count})")
+        current = self.runs.get(tid)
+        if current is not None and task.poll_count > current.task.poll_count and (
+            current.phase == "reporting" or current.fence is FenceReason.OWNERSHIP_LOST
+        ):
+            # Its next run (our yield re-polled before the report's ack, or a re-delivery while our
+            # copy is killed): it keeps the slot its poll took and is delivered once this run is over.
+            if tid in self.next_runs:  # a newer one replaces it: its slot goes back
+                self._release()
+            self.next_runs[tid] = (task, polled_at)
+            return
+        if current is not None:  # the same run delivered again: an ack of its lease, no second copy
+            entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
+            if task.poll_count > current.task.poll_count:
+                current.task = task
+            self._release()
+            self.act(current, actions)
+            return
+        policy = self.policy_for(task)
+        entry, actions = self.book.admit(task, policy, polled_at, self.world.now)
+        run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
+        self.runs[tid] = run
+        self.attempts += 1
+        now = self.world.now
+        wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
+        here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
+        why = self.gate.hold(task, now + wait, now, here)
+        if why is not None and self.bugs.no_dying_wait and wait <= 0:
+            self.gate.drop(tid)
+            why = None
+        if why is not None:
+            self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
+            actions += run.lease.on_start_held(now)
+            self._arm_gate()
+        else:
+            self._start(run)
+        self.act(run, actions)
+
+    def _arm_gate(self) -> None:
+        at = self.gate.next_at(self.world.now, poll_seconds=0.5)
+        if at is None or (self.gate_at is not None and self.gate_at <= at and self.gate_at > self.world.now):
+            return
+        self.gate_at = at
+        self.world.at(at, "gate", self._guard(self._gate_due))
+
+    def _gate_due(self) -> None:
+        self.gate_at = None
+        for task in self.gate.due(self.world.now):
+            run = self.runs.get(task.task_id)
+            if run is not None and run.phase == "held" and run.lease.fence_reason is None:
+                self._start(run)
+        self._arm_gate()
+
+    def _start(self, run: Run) -> None:
+        p, rng = self.profile, self.world.rng
+        draw = rng.random()
+        outcome = "failed" if draw < p.fail else "yield" if draw < p.fail + p.yields else "completed"
+        if outcome == "yield" and run.task.poll_count >= p.max_runs:
+            outcome = "completed"
+        escapees = 1 if rng.random() < p.escapee else 0
+        copy = Copy(run.label, run.task.task_id, self.world.now)
+        duration = min(rng.expovariate(1.0 / p.mean_seconds), p.max_factor * p.mean_seconds)
+        tree = SimTree(self.world, self.copies, _key(run.task), copy, duration=duration, outcome=outcome,
+                       obeys_term=rng.random() >= p.ignore_term, die_within=rng.uniform(0.0, p.die_within),
+                       escapees=escapees, escapee_life=rng.uniform(0.0, 30.0),
+                       on_exit=self._exit_handler(run))
+        run.tree, run.phase = tree, "running"
+        self.forkserver.add(tree)
+        self.act(run, run.lease.on_child_started(self.world.now))
+        self._arm_kill_by(run)
+
+    def _exit_handler(self, run: Run) -> Callable[[SimTree], None]:
+        inc = self.incarnation
+
+        def on_exit(tree: SimTree) -> None:
+            if self.incarnation == inc:
+                self._guard(lambda: self._exited(run, tree))()
+
+        return on_exit
+
+    def _arm_kill_by(self, run: Run) -> None:
+        if run.tree is not None and run.phase == "running" and run.lease.term_point != float("inf"):
+            self.forkserver.arm(run.tree, run.lease.term_point, run.policy.effective_kill_grace_seconds)
+
+    # ----- the lease's actions ------------------------------------------------------------------
+
+    def act(self, run: Run, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, SendHeartbeat):
+                self._beat(run, run.lease, action)
+            elif isinstance(action, CheckOwnership):
+                self._check(run, run.lease, action)
+            elif isinstance(action, TerminateTree | KillTree):
+                self._fence(run, action)
+        self._arm(run)
+
+    def _arm(self, run: Run) -> None:
+        at = run.lease.next_wakeup()
+        if at is None or at == run.wake_at:
+            return
+        run.wake_at = at
+
+        def wake() -> None:
+            if run.wake_at == at and self.runs.get(run.task.task_id) is run:
+                run.wake_at = None
+                self.act(run, run.lease.on_tick(self.world.now))
+
+        self.world.at(at, "wake", self._guard(wake))
+
+    def _beat(self, run: Run, lease: Lease, action: SendHeartbeat) -> None:
+        sent = self.world.now
+        run.beat_in_flight = True
+
+        def got(answer: Answer) -> None:
+            run.beat_in_flight = False
+            now = self.world.now
+            if answer.ok:
+                actions = lease.on_heartbeat_ok(now, sent)
+                self._arm_kill_by(run)
+            elif answer.status == 404:
+                actions = lease.on_heartbeat_not_found(now)
+            else:
+                if answer.timeout:
+                    run.unknown_beat_at = max(run.unknown_beat_at or sent, sent)
+                actions = lease.on_heartbeat_failed(now)
+            if lease is run.lease:
+                self.act(run, actions)
+
+        self.server.extend(self.name, run.task.task_id, run.task.workflow_id, self.reply(got),
+                           action.timeout_seconds)
+
+    def _check(self, run: Run, lease: Lease, action: CheckOwnership) -> None:
+        def got(answer: Answer) -> None:
+            now = self.world.now
+            if answer.ok:
+                status, poll_count, worker = answer.body
+                actions = lease.on_ownership(now, TaskOwnership(TaskStatus(status), poll_count, worker))
+            elif answer.status == 404:
+                actions = lease.on_ownership(now, None)
+            else:
+                actions = lease.on_ownership_check_failed(now)
+            if lease is run.lease:
+                self.act(run, actions)
+
+        self.server.read(self.name, run.task.task_id, self.reply(got), action.timeout_seconds)
+
+    def _fence(self, run: Run, action: TerminateTree | KillTree) -> None:
+        run.fence = run.lease.fence_reason
+        if run.phase == "held":  # fenced before its command started: no tree
+            start_at = self.gate.start_at(run.task.task_id)
+            self.gate.drop(run.task.task_id)
+            run.phase = "exited"
+            self.act(run, run.lease.on_child_exited(self.world.now))
+            self.reports.end_unstarted(run, (start_at or 0.0) - self.world.now)
+            return
+        tree = run.tree
+        if tree is None or run.phase != "running":
+            return
+        self.dying.add(run.task, tree)
+        delay = 0.0
+        if self.bugs.term_at_deadline and action.reason is FenceReason.LEASE_EXPIRED:
+            delay = run.policy.fence_lead_seconds  # the old bug: TERM at the deadline itself
+        self.world.log(f"runner {self.name}: fence {run.label} ({action.reason.value}, "
+                       f"{'KILL' if isinstance(action, KillTree) else 'TERM'})")
+        if isinstance(action, KillTree):
+            self.world.after(delay, "fence", tree.kill)
+        else:
+            at = action.at + delay if action.at is not None else None
+            self.world.after(delay, "fence", lambda: self.forkserver.stop(tree, at, action.grace_seconds))
+
+    # ----- exits --------------------------------------------------------------------------------
+
+    def _exited(self, run: Run, tree: SimTree) -> None:
+        if self.runs.get(run.task.task_id) is not run:
+            return
+        now = self.world.now
+        run.phase = "exited"
+        self.forkserver.disarm(tree)
+        self.forkserver.leader_exited(tree, run.policy.fence_lead_seconds)
+        self.dying.add(run.task, tree)  # escapees may outlive the leader
+        self.act(run, run.lease.on_child_exited(now))
+        run.fence = run.lease.fence_reason
+        task = run.task
+        if run.fence is FenceReason.OWNERSHIP_LOST:
+            self.forget(run)
+            return
+        if tree.signalled is not None or run.fence is not None:
+            reason = f"fenced ({run.fence.value if run.fence else tree.signalled})"
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                                reason_for_incompletion=reason, worker_id=self.name)
+        elif tree.outcome == "completed":
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.COMPLETED,
+                                output_data={"attempt": run.label}, worker_id=self.name)
+        elif tree.outcome == "failed":
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                                reason_for_incompletion="exit 1", worker_id=self.name)
+        else:
+            callback = self.world.rng.choice((0, 0, 5, 30))
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                                callback_after_seconds=callback, worker_id=self.name)
+            if self.bugs.yield_unheld or tree.gone:
+                self.reports.report(run, mark_yield(result, task.poll_count))
+            else:
+                self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
+                self._yield_check()
+            return
+        if result.status is TaskStatus.FAILED and not tree.gone and not self.bugs.failed_before_tree_gone:
+            self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
+            self._yield_check()
+            return
+        self.reports.report(run, result)
+
+    def _yield_check(self) -> None:
+        for tid, result, gone in self.yields.due(self.world.now):
+            run = self.runs.get(tid)
+            if run is not None:
+                self.reports.report(run, mark_yield(result, run.task.poll_count) if gone else result)
+        if self.yields:
+            self.world.after(0.25, "yield-hold", self._guard(self._yield_check))
+
+    def forget(self, run: Run) -> None:
+        """The run is over here (reported, or no longer ours): its lease ends, its slot is free."""
+        tid = run.task.task_id
+        if self.runs.get(tid) is run:
+            del self.runs[tid]
+        self.book.end(tid, self.world.now, poll_count=run.task.poll_count)
+        run.phase = "done"
+        if run.slot:
+            run.slot = False
+            self._release()
+        if self.runs.get(tid) is None and (nxt := self.next_runs.pop(tid, None)) is not None:
+            self.deliver(*nxt)  # (it holds the slot its poll took)
+
+    def may_run_elsewhere(self, task: Task) -> bool:
+        return may_run_elsewhere(task)
+
+
+def _tree_gone(handle: object) -> bool:
+    return isinstance(handle, SimTree) and handle.gone
+
+
+def _key(task: Task) -> tuple[str, str]:
+    return task.workflow_id, task.reference_name
