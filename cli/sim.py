@@ -13,8 +13,8 @@ import sys
 import time
 
 from leasecore.sim.campaign import Totals, run_campaign, summary_line, violation_report
-from leasecore.sim.runner import Bugs
 from leasecore.sim.scenario import SimOptions
+from leasecore.sim.setting import Bugs
 
 BUG_NAMES = tuple(Bugs.__dataclass_fields__)
 

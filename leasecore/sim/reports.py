@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from leasecore.lease import FenceReason, ownership_lost_reason
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
-
-if TYPE_CHECKING:
-    from leasecore.sim.runner import Run, SimRunner
+from leasecore.sim.setting import Run, RunnerPort
 
 __all__ = ["Reports", "result_body"]
 
@@ -46,7 +44,7 @@ def result_body(result: TaskResult) -> dict[str, object]:
 class Reports:
     """One runner incarnation's final updates."""
 
-    def __init__(self, runner: SimRunner) -> None:
+    def __init__(self, runner: RunnerPort) -> None:
         self.runner = runner
         self.world = runner.world
         self._outbox_armed = False
@@ -60,7 +58,7 @@ class Reports:
             if chain:
                 run.chain_slot = True
             else:
-                r._release()
+                r.release()
         self._send(run, result, chain)
 
     def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
@@ -73,7 +71,7 @@ class Reports:
         elif run.unknown_beat_at is not None and not r.bugs.no_final_wait:
             wait = run.unknown_beat_at + LAND_BOUND_SECONDS - now
         if wait > 0:
-            self.world.after(wait, "report-wait", r._guard(lambda: self._send(run, result, chain)))
+            self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
         tid, poll_count = result.task_id, run.task.poll_count
         nxt = r.next_runs.get(tid)
@@ -111,14 +109,14 @@ class Reports:
                 return
             r.act(run, lease.on_final_update_failed(now))
             delay = r.config.report_retry * (0.5 + self.world.rng.random())
-            self.world.after(delay, "report-retry", r._guard(lambda: self._send(run, result, False)))
+            self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
-                      reply: object) -> None:
+                      reply: Callable[[Answer], None]) -> None:
         r = self.runner
-        r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,  # type: ignore[arg-type]
+        r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,
                         timeout=r.config.http_timeout)
 
     def _end_chain(self, run: Run, claimed: object, sent: float) -> None:
@@ -129,7 +127,7 @@ class Reports:
             run.slot = False
             self.runner.deliver(Task.from_json(claimed), sent)  # takes over the kept slot
         else:
-            self.runner._release()
+            self.runner.release()
 
     def end_unstarted(self, run: Run, wait_left: float) -> None:
         r, task = self.runner, run.task
@@ -152,7 +150,7 @@ class Reports:
         if self._outbox_armed or not r.state.outbox:
             return
         self._outbox_armed = True
-        self.world.after(r.config.outbox_every, "outbox", r._guard(self.deliver_outbox))
+        self.world.after(r.config.outbox_every, "outbox", r.guard(self.deliver_outbox))
 
     def deliver_outbox(self) -> None:
         """Each saved result: read back; dropped when no longer ours, sent otherwise."""

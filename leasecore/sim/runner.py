@@ -9,7 +9,7 @@ delivery). Stand-in (this module and ``leasecore.sim.reports``): what the produc
 lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
 order of a final update's steps. docs/simulator.md lists what the next step must replace.
 
-Every event a runner handles goes through ``_guard``: dropped after a crash (the incarnation moved
+Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
 
 Threads: none.
@@ -18,7 +18,6 @@ Threads: none.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
@@ -32,89 +31,14 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.leasebook import LeaseBook
 from leasecore.runner.pollpolicy import PollBackoff
 from leasecore.sim.conductor import Answer, SimConductor
+from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
 from leasecore.sim.world import World
 
-__all__ = ["Bugs", "Run", "RunnerConfig", "SimRunner", "StateDir", "TreeProfile"]
-
-
-@dataclass(frozen=True)
-class Bugs:
-    """Races planted in the stand-in glue (never in production code), each re-introducing a fixed bug."""
-
-    term_at_deadline: bool = False  # TERM at the lease deadline, KILL a grace later (not deadline - G - M)
-    no_redelivery_hold: bool = False  # a re-delivery starts at once, without waiting for its previous holder
-    no_final_wait: bool = False  # a final update goes out while a heartbeat of unknown fate may still land
-    yield_unheld: bool = False  # a yield is marked at the leader's exit, escapees alive or not
-    held_reported_failed: bool = False  # a held re-delivery, fenced, is reported FAILED (not handed back)
-    no_dying_wait: bool = False  # a retry starts here while the previous attempt's tree is still dying
-    # What the product does today (a finding of this simulator, not fixed yet): a FAILED result goes
-    # out at the leader's exit while its escapees are still being stopped, so the retry the server
-    # creates at once may start on another host next to them. Off: it waits like a yield (YieldHold).
-    failed_before_tree_gone: bool = False
-    # What the product does today (a finding, not fixed yet): a yield whose update's answer was lost
-    # is sent again even after its next run was polled, so the retry re-queues that run (one result
-    # applied twice; the run is fenced as no longer ours). Off: a poll of the next run proves it landed.
-    retry_landed_yield: bool = False
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    task_type: str = "sim"
-    slots: int = 4
-    kill_grace: float = 10.0
-    check_interval: float = 5.0
-    http_timeout: float = 5.0
-    report_retry: float = 2.0
-    outbox_every: float = 20.0
-    chaining: bool = True
-    kill_by: bool = False  # the fork server enforces each tree's kill-by time on its own
-
-
-@dataclass(frozen=True)
-class TreeProfile:
-    """How the trees of a seed behave (drawn per tree from the world's random)."""
-
-    mean_seconds: float = 60.0
-    fail: float = 0.1
-    yields: float = 0.05
-    ignore_term: float = 0.2
-    die_within: float = 20.0  # an obeying tree dies within this after TERM (may exceed the grace)
-    escapee: float = 0.1
-    max_factor: float = 4.0  # a leader runs at most this many mean durations
-    max_runs: int = 3  # a task yields only on its first deliveries (then completes or fails)
-
-
-@dataclass
-class StateDir:
-    """What survives a runner's crash: the outbox of undelivered results (taskId -> result, pollCount)."""
-
-    outbox: dict[str, tuple[TaskResult, int]] = field(default_factory=dict)
-
-
-@dataclass
-class Run:
-    """One delivery of a task on this runner."""
-
-    task: Task
-    entry: LeaseEntry
-    policy: LeasePolicy
-    tree: SimTree | None = None
-    phase: str = "held"  # held / running / exited / reporting / done
-    fence: FenceReason | None = None
-    unknown_beat_at: float | None = None  # newest send time of a heartbeat whose fate is unknown
-    beat_in_flight: bool = False
-    wake_at: float | None = None
-    slot: bool = True
-    chain_slot: bool = False
-    label: str = ""
-
-    @property
-    def lease(self) -> Lease:
-        return self.entry.lease
+__all__ = ["Bugs", "Run", "RunnerConfig", "SimRunner", "StateDir", "TreeProfile"]  # (values: .setting)
 
 
 class SimRunner:
@@ -181,7 +105,7 @@ class SimRunner:
             return
         self.forkserver.kill_all("the fork server died")
 
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+    def guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         inc = self.incarnation
 
         def run() -> None:
@@ -200,7 +124,7 @@ class SimRunner:
 
         def got(answer: Answer) -> None:
             if self.incarnation == inc:
-                self._guard(lambda: fn(answer))()
+                self.guard(lambda: fn(answer))()
 
         return got
 
@@ -210,13 +134,13 @@ class SimRunner:
         if self.poll_pending:
             return
         self.poll_pending = True
-        self.world.after(delay, "poll", self._guard(self._poll))
+        self.world.after(delay, "poll", self.guard(self._poll))
 
     def _poll(self) -> None:
         self.poll_pending = False
         free = self.config.slots - self.in_use
         if free <= 0:
-            return  # a released slot polls again (_release)
+            return  # a released slot polls again (release)
         count = min(free, 4)
         self.in_use += count
         self.polling = count  # reserved for what the poll brings
@@ -225,18 +149,18 @@ class SimRunner:
         def got(answer: Answer) -> None:
             self.polling = 0
             if not answer.ok:
-                self._release(count)
+                self.release(count)
                 self._poll_soon(self.backoff.on_error())
                 return
             tasks = [Task.from_json(t) for t in answer.body]
-            self._release(count - len(tasks), poll=False)
+            self.release(count - len(tasks), poll=False)
             for task in tasks:
                 self.deliver(task, sent)
             self._poll_soon(self.backoff.on_tasks() if tasks else self.backoff.on_empty())
 
         self.server.poll(self.name, self.config.task_type, count, self.reply(got), self.config.http_timeout)
 
-    def _release(self, n: int = 1, *, poll: bool = True) -> None:
+    def release(self, n: int = 1, *, poll: bool = True) -> None:
         self.in_use -= n
         if self.in_use < 0:
             self.world.violate("slots", f"runner {self.name} released more slots than it held "
@@ -263,14 +187,14 @@ class SimRunner:
             # Its next run (our yield re-polled before the report's ack, or a re-delivery while our
             # copy is killed): it keeps the slot its poll took and is delivered once this run is over.
             if tid in self.next_runs:  # a newer one replaces it: its slot goes back
-                self._release()
+                self.release()
             self.next_runs[tid] = (task, polled_at)
             return
         if current is not None:  # the same run delivered again: an ack of its lease, no second copy
             entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
             if task.poll_count > current.task.poll_count:
                 current.task = task
-            self._release()
+            self.release()
             self.act(current, actions)
             return
         policy = self.policy_for(task)
@@ -298,7 +222,7 @@ class SimRunner:
         if at is None or (self.gate_at is not None and self.gate_at <= at and self.gate_at > self.world.now):
             return
         self.gate_at = at
-        self.world.at(at, "gate", self._guard(self._gate_due))
+        self.world.at(at, "gate", self.guard(self._gate_due))
 
     def _gate_due(self) -> None:
         self.gate_at = None
@@ -331,7 +255,7 @@ class SimRunner:
 
         def on_exit(tree: SimTree) -> None:
             if self.incarnation == inc:
-                self._guard(lambda: self._exited(run, tree))()
+                self.guard(lambda: self._exited(run, tree))()
 
         return on_exit
 
@@ -362,7 +286,7 @@ class SimRunner:
                 run.wake_at = None
                 self.act(run, run.lease.on_tick(self.world.now))
 
-        self.world.at(at, "wake", self._guard(wake))
+        self.world.at(at, "wake", self.guard(wake))
 
     def _beat(self, run: Run, lease: Lease, action: SendHeartbeat) -> None:
         sent = self.world.now
@@ -473,7 +397,7 @@ class SimRunner:
             if run is not None:
                 self.reports.report(run, mark_yield(result, run.task.poll_count) if gone else result)
         if self.yields:
-            self.world.after(0.25, "yield-hold", self._guard(self._yield_check))
+            self.world.after(0.25, "yield-hold", self.guard(self._yield_check))
 
     def forget(self, run: Run) -> None:
         """The run is over here (reported, or no longer ours): its lease ends, its slot is free."""
@@ -484,7 +408,7 @@ class SimRunner:
         run.phase = "done"
         if run.slot:
             run.slot = False
-            self._release()
+            self.release()
         if self.runs.get(tid) is None and (nxt := self.next_runs.pop(tid, None)) is not None:
             self.deliver(*nxt)  # (it holds the slot its poll took)
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, NetFaults, SimConductor
-from leasecore.sim.runner import Bugs, RunnerConfig, SimRunner, TreeProfile
+from leasecore.sim.runner import SimRunner
+from leasecore.sim.setting import Bugs, RunnerConfig, TreeProfile
 from leasecore.sim.trees import KILL_LATENCY_SECONDS, Copies
 from leasecore.sim.world import World
 
