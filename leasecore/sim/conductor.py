@@ -54,6 +54,7 @@ class NetFaults:
     error_500: float = 0.0
     slow: float = 0.0  # a request delayed by up to MAX_TRAVEL_SECONDS (reordered past later ones)
     hold_beat: float = 0.0  # a heartbeat held between load and write-back (lost-update window)
+    reliable_reads: bool = False  # reads (ownership checks) pass every fault and partition
 
     def quiet(self) -> NetFaults:
         return NetFaults()
@@ -113,6 +114,19 @@ class SimConductor:
             if now_status != status:
                 self.world.log(f"server {why}: task {tid} {status} -> {now_status}")
 
+    def requeue(self, task_id: str) -> bool:
+        """A queue repair or an operator's requeue: the running task's message is pushed back, so the
+        next poll hands it out again (pollCount + 1) while its holder still runs it."""
+        store = self.store
+        with store._lock:
+            task = store._tasks.get(task_id)
+            if task is None or task.status != "IN_PROGRESS":
+                return False
+            store._queue(task.queue_name).push(task_id, self.world.now)
+            store._notify_queue(task.queue_name)
+        self.world.log(f"fault: task {task_id} pushed back to its queue while IN_PROGRESS")
+        return True
+
     # ----- what a runner reads directly (the record, no JSON) ------------------------------------
 
     def record(self, task_id: str) -> TaskRecord | None:
@@ -124,9 +138,9 @@ class SimConductor:
         return self.partitioned.get(runner, False) or self.partitioned.get("*", False)
 
     def call(self, runner: str, what: str, apply: Callable[[], Answer], reply: Callable[[Answer], None],
-             timeout: float) -> None:
+             timeout: float, *, reliable: bool = False) -> None:
         """Send one request from ``runner``; ``reply`` gets its answer (or a timeout) later."""
-        self.send(runner, what, self._sync(apply), reply, timeout)
+        self.send(runner, what, self._sync(apply), reply, timeout, reliable=reliable)
 
     def _sync(self, apply: Callable[[], Answer]) -> Callable[[Callable[[Answer], None]], None]:
         def serve(respond: Callable[[Answer], None]) -> None:
@@ -140,9 +154,11 @@ class SimConductor:
         return serve
 
     def send(self, runner: str, what: str, serve: Callable[[Callable[[Answer], None]], None],
-             reply: Callable[[Answer], None], timeout: float) -> None:
+             reply: Callable[[Answer], None], timeout: float, *, reliable: bool = False) -> None:
         """As ``call``, for a request the store serves over simulated time (``serve(respond)``)."""
         world, rng, f = self.world, self.world.rng, self.faults
+        if reliable:
+            f = NetFaults()
         sent = world.now
         deadline = sent + max(timeout, 0.001)
         done = [False]
@@ -159,7 +175,7 @@ class SimConductor:
             answer(Answer(False, timeout=True))
 
         world.at(deadline, "timeout", on_timeout)
-        if self.cut_off(runner):
+        if self.cut_off(runner) and not reliable:
             world.log(f"net {runner} {what}: black-holed (partition)")
             return
         draw = rng.random()
@@ -273,7 +289,7 @@ class SimConductor:
                 return Answer(False, status=404)
             return Answer(True, body=(task.status, task.poll_count, task.worker_id))
 
-        self.call(runner, f"read {task_id}", apply, reply, timeout)
+        self.call(runner, f"read {task_id}", apply, reply, timeout, reliable=self.faults.reliable_reads)
 
 
 def _snapshot(task: TaskRecord) -> dict[str, Any]:

@@ -108,10 +108,37 @@ class Reports:
                 self.arm_outbox()
                 return
             r.act(run, lease.on_final_update_failed(now))
+            if answer.timeout and result.status is TaskStatus.IN_PROGRESS and not r.bugs.retry_landed_yield:
+                # A yield of unknown fate is not sent again blindly: once it can no longer land, the
+                # task is read back; sent again only if it is still ours, undelivered.
+                self.world.at(sent + LAND_BOUND_SECONDS, "yield-confirm",
+                              r.guard(lambda: self._confirm_yield(run, result)))
+                return
             delay = r.config.report_retry * (0.5 + self.world.rng.random())
             self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
+
+    def _confirm_yield(self, run: Run, result: TaskResult) -> None:
+        r = self.runner
+        if run.phase != "reporting":
+            return
+
+        def got(answer: Answer) -> None:
+            if run.phase != "reporting":
+                return
+            if answer.ok and answer.body[0] == "IN_PROGRESS" and answer.body[1] == run.task.poll_count:
+                self._send(run, result, False)  # it never landed
+            elif answer.ok or answer.status == 404:
+                self.world.log(f"runner {r.name}: {result.task_id}: read back, the yield had landed")
+                r.state.outbox.pop(result.task_id, None)
+                r.book.end(result.task_id, self.world.now)
+                r.forget(run)
+            else:
+                self.world.after(r.config.report_retry, "yield-confirm",
+                                 r.guard(lambda: self._confirm_yield(run, result)))
+
+        r.server.read(r.name, result.task_id, r.reply(got), r.config.http_timeout)
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
                       reply: Callable[[Answer], None]) -> None:

@@ -261,7 +261,10 @@ class SimRunner:
 
     def _arm_kill_by(self, run: Run) -> None:
         if run.tree is not None and run.phase == "running" and run.lease.term_point != float("inf"):
-            self.forkserver.arm(run.tree, run.lease.term_point, run.policy.effective_kill_grace_seconds)
+            # (the planted TERM-at-the-deadline bug is in the deadline's arithmetic, which both use)
+            late = run.policy.fence_lead_seconds if self.bugs.term_at_deadline else 0.0
+            grace = run.policy.effective_kill_grace_seconds
+            self.forkserver.arm(run.tree, run.lease.term_point + late, grace)
 
     # ----- the lease's actions ------------------------------------------------------------------
 
