@@ -107,19 +107,21 @@ class Reports:
                 r.forget(run)
                 self.arm_outbox()
                 return
-            r.act(run, lease.on_final_update_failed(now))
-            if answer.timeout and result.status is TaskStatus.IN_PROGRESS and not r.bugs.retry_landed_yield:
-                # A yield of unknown fate is not sent again blindly: once it can no longer land, the
-                # task is read back; sent again only if it is still ours, undelivered.
-                self.world.at(sent + LAND_BOUND_SECONDS, "yield-confirm",
-                              r.guard(lambda: self._confirm_yield(run, result)))
+            yielding = result.status is TaskStatus.IN_PROGRESS
+            if answer.timeout and not (r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait):
+                # An update of unknown fate may still land: no heartbeat (which could load the task
+                # before it lands and write it back after) and no second send until it no longer can;
+                # then the task is read back, and the update sent again only if it never landed.
+                self.world.at(sent + LAND_BOUND_SECONDS, "final-confirm",
+                              r.guard(lambda: self._confirm(run, result)))
                 return
+            r.act(run, lease.on_final_update_failed(now))
             delay = r.config.report_retry * (0.5 + self.world.rng.random())
             self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
 
-    def _confirm_yield(self, run: Run, result: TaskResult) -> None:
+    def _confirm(self, run: Run, result: TaskResult) -> None:
         r = self.runner
         if run.phase != "reporting":
             return
@@ -128,15 +130,17 @@ class Reports:
             if run.phase != "reporting":
                 return
             if answer.ok and answer.body[0] == "IN_PROGRESS" and answer.body[1] == run.task.poll_count:
+                r.act(run, run.lease.on_final_update_failed(self.world.now))
                 self._send(run, result, False)  # it never landed
             elif answer.ok or answer.status == 404:
-                self.world.log(f"runner {r.name}: {result.task_id}: read back, the yield had landed")
+                self.world.log(f"runner {r.name}: {result.task_id}: read back, the update had landed "
+                               f"(or the task ended otherwise)")
                 r.state.outbox.pop(result.task_id, None)
                 r.book.end(result.task_id, self.world.now)
                 r.forget(run)
             else:
-                self.world.after(r.config.report_retry, "yield-confirm",
-                                 r.guard(lambda: self._confirm_yield(run, result)))
+                self.world.after(r.config.report_retry, "final-confirm",
+                                 r.guard(lambda: self._confirm(run, result)))
 
         r.server.read(r.name, result.task_id, r.reply(got), r.config.http_timeout)
 

@@ -213,8 +213,12 @@ class SimRunner:
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
             actions += run.lease.on_start_held(now)
             self._arm_gate()
-        else:
+        elif run.lease.fence_reason is None:
             self._start(run)
+        else:  # its lease ran out before we got to it (a stall): never started; the fence ends it
+            self.gate.drop(tid)
+            why = run.lease.fence_reason.value
+            self.world.log(f"runner {self.name}: {tid} came too late to start ({why})")
         self.act(run, actions)
 
     def _arm_gate(self) -> None:

@@ -53,6 +53,7 @@ class SimOptions:
     # (docs/simulator.md, findings). Off: requeues happen only in a third of the seeds, and in those
     # ownership reads are never lost and no stall overlaps a hold.
     known_gaps: bool = False
+    fault_scale: float = 1.0  # multiplies every per-request fault probability (at most 1/5 each)
 
 
 @dataclass
@@ -119,6 +120,7 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
     world.at(world.now, "workflow", start_workflows)
     hold = config.check_interval + 0.5 + config.kill_grace + 0.4 + 1.0
     faults = _Faults(world, server, runners, workflows, fault_end, known_gaps=options.known_gaps,
+                     scale=options.fault_scale,
                      hold=hold) if options.faults else None
     if faults is not None:
         faults.begin()
@@ -184,14 +186,16 @@ class _Faults:
     """The fault schedule of one seed's fault phase, and its healing."""
 
     def __init__(self, world: World, server: SimConductor, runners: list[SimRunner], workflows: list[str],
-                 end: float, *, known_gaps: bool, hold: float) -> None:
+                 end: float, *, known_gaps: bool, hold: float, scale: float) -> None:
         self.world, self.server, self.runners = world, server, runners
         self.workflows, self.end = workflows, end
         self.count = 0
         rng = world.rng
-        self.net = NetFaults(drop_before=rng.uniform(0, 0.02), drop_after=rng.uniform(0, 0.02),
-                             error_500=rng.uniform(0, 0.02), slow=rng.uniform(0, 0.03),
-                             hold_beat=rng.uniform(0, 0.05))
+        def p(top: float) -> float:
+            return min(0.2, rng.uniform(0, top) * scale)
+
+        self.net = NetFaults(drop_before=p(0.02), drop_after=p(0.02), error_500=p(0.02), slow=p(0.03),
+                             hold_beat=p(0.05))
         self.every = rng.uniform(20.0, 120.0)  # mean seconds between scheduled faults
         self.known_gaps = known_gaps
         self.requeues = known_gaps or rng.random() < 1 / 3
