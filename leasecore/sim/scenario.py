@@ -51,7 +51,7 @@ class SimOptions:
     # one interval: a lost check, a partition or a stall of that holder (the fork server's kill-by
     # covers only the lease deadline) lets the copies overlap. A known gap of the design, found here
     # (docs/simulator.md, findings). Off: requeues happen only in a third of the seeds, and in those
-    # ownership reads are never lost and no stall overlaps a hold.
+    # ownership reads are never lost and a runner never stalls while it runs a task requeued from it.
     known_gaps: bool = False
     fault_scale: float = 1.0  # multiplies every per-request fault probability (at most 1/5 each)
 
@@ -118,10 +118,8 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
         world.after(rng.expovariate(rate), "workflow", start_workflows)
 
     world.at(world.now, "workflow", start_workflows)
-    hold = config.check_interval + 0.5 + config.kill_grace + 0.4 + 1.0
     faults = _Faults(world, server, runners, workflows, fault_end, known_gaps=options.known_gaps,
-                     scale=options.fault_scale,
-                     hold=hold) if options.faults else None
+                     scale=options.fault_scale) if options.faults else None
     if faults is not None:
         faults.begin()
     world.run_until(fault_end)
@@ -186,7 +184,7 @@ class _Faults:
     """The fault schedule of one seed's fault phase, and its healing."""
 
     def __init__(self, world: World, server: SimConductor, runners: list[SimRunner], workflows: list[str],
-                 end: float, *, known_gaps: bool, hold: float, scale: float) -> None:
+                 end: float, *, known_gaps: bool, scale: float) -> None:
         self.world, self.server, self.runners = world, server, runners
         self.workflows, self.end = workflows, end
         self.count = 0
@@ -201,8 +199,7 @@ class _Faults:
         self.requeues = known_gaps or rng.random() < 1 / 3
         if self.requeues and not known_gaps:
             self.net.reliable_reads = True
-        self.hold = hold  # the longest a re-delivery is held (see SimOptions.stall_during_hold)
-        self.hold_until = 0.0
+        self.requeued: dict[str, str] = {}  # task id -> the runner that held it when it was requeued
 
     def begin(self) -> None:
         self.server.faults = self.net
@@ -224,7 +221,7 @@ class _Faults:
             kind = "crash"
         if not self.known_gaps and kind in ("stall", "requeue"):
             stalled = any(x.stalled_until > world.now for x in self.runners)
-            if (kind == "requeue" and stalled) or (kind == "stall" and world.now < self.hold_until):
+            if (kind == "requeue" and stalled) or (kind == "stall" and self._protects(runner)):
                 kind = "partition"
         if kind == "partition":
             self._cut(runner.name, rng.uniform(2.0, 90.0))
@@ -242,8 +239,11 @@ class _Faults:
         elif kind == "requeue":
             running = [t.task_id for w in self.workflows[-20:] for t in self.server.store._workflows[w].tasks
                        if t.status == "IN_PROGRESS"]
-            if running and self.server.requeue(rng.choice(running)):
-                self.hold_until = world.now + self.hold
+            task_id = rng.choice(running) if running else None
+            record = self.server.record(task_id) if task_id else None
+            holder = record.worker_id if record is not None else None
+            if task_id is not None and self.server.requeue(task_id):
+                self.requeued[task_id] = str(holder)
         else:
             running = [w for w in self.workflows[-20:] if not self.server.store._workflows[w].terminal]
             if running:
@@ -252,6 +252,16 @@ class _Faults:
                 self.server.store.terminate_workflow(w, "operator")
                 self.server.arm_timer()
         self._next()
+
+    def _protects(self, runner: SimRunner) -> bool:
+        """Does ``runner`` still run a task that was requeued while it held it (its checks are what
+        the new holder's hold counts on)?"""
+        for task_id, holder in list(self.requeued.items()):
+            if holder == runner.name and task_id in runner.runs:
+                return True
+            if task_id not in self.server.store._tasks or self.server.store._tasks[task_id].terminal:
+                del self.requeued[task_id]
+        return False
 
     def _cut(self, name: str, seconds: float) -> None:
         self.world.log(f"fault: partition of {name} for {seconds:.1f} s")
