@@ -80,7 +80,9 @@ PLANTED = [
 
 @pytest.mark.parametrize(("bugs", "extra", "invariant"), PLANTED,
                          ids=["+".join(k for k, v in vars(b).items() if v) for b, _, _ in PLANTED])
-def test_each_planted_race_is_found_within_200_seeds(bugs: Bugs, extra: dict[str, float], invariant: str) -> None:
+def test_each_planted_race_is_found_within_200_seeds(
+    bugs: Bugs, extra: dict[str, float], invariant: str
+) -> None:
     result = first_violation(SimOptions(minutes=10, bugs=bugs, **extra))  # type: ignore[arg-type]
     assert result is not None, f"{bugs} not found in 200 seeds"
     assert result.violations[0].startswith(invariant), result.violations
@@ -93,6 +95,13 @@ def test_without_the_planted_race_the_same_setting_is_clean() -> None:
         assert result.violations == [], (seed, result.violations)
 
 
+def test_without_the_fork_servers_kill_by_a_stalled_runner_lets_two_copies_run() -> None:
+    """Today's main (no dead-man switch in the fork server yet): a stall past the lease deadline."""
+    result = first_violation(SimOptions(minutes=10, kill_by=False))
+    assert result is not None and result.violations[0].startswith("two live copies"), result
+    assert any("STALL" in line for line in result.trace)
+
+
 def test_the_re_delivery_hold_gap_stays_found() -> None:
     """Regression case of a known gap (docs/simulator.md, findings): a re-delivery's hold counts on its
     previous holder's ownership checks; a stalled holder or a lost check lets the copies overlap.
@@ -101,7 +110,9 @@ def test_the_re_delivery_hold_gap_stays_found() -> None:
     assert result.violations and result.violations[0].startswith("two live copies"), result.violations
 
 
-def test_the_command_prints_the_summary_last_and_exits_0_when_clean(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_prints_the_summary_last_and_exits_0_when_clean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--seeds", "2", "--first-seed", "5", "--minutes", "3", "--jobs", "1"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = SUMMARY.match(last)
