@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runners", type=int, default=3, help="runners competing for the task type (default 3)")
     p.add_argument("--minutes", type=float, default=15.0,
                    help="simulated minutes of faults and new work per seed (default 15), then a quiet phase")
+    p.add_argument("--hours", type=float, help="the same in simulated hours (overrides --minutes)")
     p.add_argument("--sweep", choices=("ideal", "coarse", "mixed"), default="mixed",
                    help="the server's timeout sweeps: prompt, late like the real server's, or drawn per seed")
     p.add_argument("--no-lost-update", action="store_true",
@@ -49,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.seed is not None:
         args.first_seed, args.seeds = args.seed, 1
+    if args.hours is not None:
+        args.minutes = args.hours * 60.0
     if args.seeds < 1 or args.runners < 1 or args.minutes <= 0:
-        print("scripts/sim: --seeds and --runners must be at least 1, --minutes above 0", file=sys.stderr)
+        print("scripts/sim: --seeds and --runners must be at least 1, --minutes (--hours) above 0",
+              file=sys.stderr)
         return 2
     options = SimOptions(runners=args.runners, minutes=args.minutes, sweep=args.sweep,
                          lost_update=not args.no_lost_update, kill_by=not args.no_kill_by,

@@ -56,9 +56,6 @@ class NetFaults:
     hold_beat: float = 0.0  # a heartbeat held between load and write-back (lost-update window)
     reliable_reads: bool = False  # reads (ownership checks) pass every fault and partition
 
-    def quiet(self) -> NetFaults:
-        return NetFaults()
-
 
 @dataclass
 class ServerFacts:
