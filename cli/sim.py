@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--known-gaps", action="store_true",
                    help="requeue running tasks in every seed, under any fault (a known gap of the "
                    "re-delivery hold: see docs/simulator.md, findings)")
+    p.add_argument("--fault-scale", type=float, default=1.0,
+                   help="multiply every per-request fault probability (each capped at 0.2; default 1)")
     p.add_argument("--no-faults", action="store_true", help="no injected faults (a baseline)")
     p.add_argument("--bug", action="append", default=[], choices=BUG_NAMES, metavar="NAME",
                    help=f"plant a known race in the simulated runner: {', '.join(BUG_NAMES)}")
@@ -52,13 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         args.first_seed, args.seeds = args.seed, 1
     if args.hours is not None:
         args.minutes = args.hours * 60.0
-    if args.seeds < 1 or args.runners < 1 or args.minutes <= 0:
-        print("scripts/sim: --seeds and --runners must be at least 1, --minutes (--hours) above 0",
+    if args.seeds < 1 or args.runners < 1 or args.minutes <= 0 or not args.fault_scale >= 0:
+        print("scripts/sim: --seeds and --runners must be at least 1, --minutes (--hours) above 0, --fault-scale at least 0",
               file=sys.stderr)
         return 2
     options = SimOptions(runners=args.runners, minutes=args.minutes, sweep=args.sweep,
                          lost_update=not args.no_lost_update, kill_by=not args.no_kill_by,
                          faults=not args.no_faults, known_gaps=args.known_gaps,
+                         fault_scale=args.fault_scale,
                          bugs=Bugs(**{name: True for name in args.bug}),
                          keep_trace=args.trace)
     jobs = args.jobs or len(os.sched_getaffinity(0))
