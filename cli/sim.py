@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.hours is not None:
         args.minutes = args.hours * 60.0
     if args.seeds < 1 or args.runners < 1 or args.minutes <= 0 or not args.fault_scale >= 0:
-        print("scripts/sim: --seeds and --runners must be at least 1, --minutes (--hours) above 0, --fault-scale at least 0",
-              file=sys.stderr)
+        print("scripts/sim: --seeds and --runners must be at least 1, --minutes (--hours) above 0, "
+              "--fault-scale at least 0", file=sys.stderr)
         return 2
     options = SimOptions(runners=args.runners, minutes=args.minutes, sweep=args.sweep,
                          lost_update=not args.no_lost_update, kill_by=not args.no_kill_by,
