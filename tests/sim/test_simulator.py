@@ -131,3 +131,11 @@ def test_a_violation_exits_1_with_its_seed_and_trace(capsys: pytest.CaptureFixtu
 def test_bad_arguments_are_refused_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "0"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def test_a_late_failed_of_the_previous_holder_then_a_held_start_stays_found() -> None:
+    """Regression case of a finding (docs/simulator.md, findings): the previous holder's FAILED of an
+    expired lease lands on the re-delivered task; the server retries it elsewhere while the held
+    re-delivery starts. When it is fixed, this test must be turned around."""
+    result = run_seed(198, SimOptions(minutes=10, fault_scale=10.0))
+    assert result.violations and result.violations[0].startswith("two live copies"), result.violations
