@@ -52,7 +52,8 @@ class Reports:
     def report(self, run: Run, result: TaskResult) -> None:
         r = self.runner
         run.phase = "reporting"
-        chain = r.config.chaining and may_chain(result, stopping=False, fence=run.fence, enabled=True)
+        chain = r.config.chaining and may_chain(result, stopping=r.stopping, fence=run.fence,
+                                                    enabled=True)
         if run.slot:  # the child is gone: its slot is free (or kept for what update-v2 claims)
             run.slot = False
             if chain:

@@ -69,6 +69,7 @@ class SimRunner:
         self.runs: dict[str, Run] = {}
         self.next_runs: dict[str, tuple[Task, float]] = {}
         self.in_use = 0
+        self.stopping = False
         self.polling = 0
         self.poll_pending = False
         self.gate_at: float | None = None
@@ -80,12 +81,31 @@ class SimRunner:
         """The runner process dies; its fork server sees it and kills every tree; the state dir stays."""
         if self.down:
             return
-        self.world.log(f"runner {self.name}: CRASH")
+        self.world.log(f"runner {self.name}: {'exit' if self.stopping else 'CRASH'}")
         self.incarnation += 1
         self.down = True
         self.stalled_until = 0.0
         self.forkserver.kill_all("the runner died")
         self.runs = {}
+
+    def stop(self, within: float) -> None:
+        """A graceful stop (SIGTERM): no more polls; every lease fenced for SHUTDOWN (a held delivery
+        goes back unstarted); the runner exits once its runs are reported, or after ``within``."""
+        if self.down or self.stopping:
+            return
+        self.world.log(f"runner {self.name}: STOP (graceful)")
+        self.stopping = True
+        now = self.world.now
+        for run in list(self.runs.values()):
+            self.act(run, run.lease.on_shutdown(now))
+        self.world.after(0.5, "stop-check", self.guard(lambda: self._exit_when_done(now + within)))
+
+    def _exit_when_done(self, deadline: float) -> None:
+        if self.runs and self.world.now < deadline:
+            self.world.after(0.5, "stop-check", self.guard(lambda: self._exit_when_done(deadline)))
+            return
+        self.world.log(f"runner {self.name}: exits after its stop ({len(self.runs)} run(s) left)")
+        self.crash()
 
     def restart(self) -> None:
         if not self.down:
@@ -138,6 +158,8 @@ class SimRunner:
 
     def _poll(self) -> None:
         self.poll_pending = False
+        if self.stopping:
+            return
         free = self.config.slots - self.in_use
         if free <= 0:
             return  # a released slot polls again (release)
@@ -205,6 +227,11 @@ class SimRunner:
         now = self.world.now
         wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
         here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
+        if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
+            self.gate.hold(task, now + wait, now, here)
+            actions += run.lease.on_shutdown(now)
+            self.act(run, actions)
+            return
         why = self.gate.hold(task, now + wait, now, here)
         if why is not None and self.bugs.no_dying_wait and wait <= 0:
             self.gate.drop(tid)

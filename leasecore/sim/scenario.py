@@ -216,7 +216,10 @@ class _Faults:
         self.count += 1
         runner = rng.choice(self.runners)
         kind = rng.choice(("partition", "partition", "partition-all", "crash", "crash", "stall", "forkserver",
-                           "terminate", "requeue", "requeue"))
+                           "terminate", "requeue", "requeue", "stop"))
+        holding = [x for x in self.runners if x.gate.held() and not x.down]
+        if holding and rng.random() < 0.5:  # a runner holding a re-delivery is a stop's favourite target
+            kind, runner = "stop", rng.choice(holding)
         if kind == "requeue" and not self.requeues:
             kind = "crash"
         if not self.known_gaps and kind in ("stall", "requeue"):
@@ -231,6 +234,9 @@ class _Faults:
             runner.crash()
             self._check_orphans(runner)
             world.after(rng.uniform(0.5, 30.0), "restart", runner.restart)
+        elif kind == "stop":
+            runner.stop(within=60.0)
+            world.after(rng.uniform(61.0, 90.0), "restart", runner.restart)
         elif kind == "stall":
             runner.stall(rng.uniform(1.0, 90.0))
         elif kind == "forkserver":
@@ -244,6 +250,8 @@ class _Faults:
             holder = record.worker_id if record is not None else None
             if task_id is not None and self.server.requeue(task_id):
                 self.requeued[task_id] = str(holder)
+                if rng.random() < 0.5:  # then stop whichever runner holds its re-delivery, if one does
+                    world.after(rng.uniform(1.0, 6.0), "fault", lambda: self._stop_holder(task_id))
         else:
             running = [w for w in self.workflows[-20:] if not self.server.store._workflows[w].terminal]
             if running:
@@ -252,6 +260,13 @@ class _Faults:
                 self.server.store.terminate_workflow(w, "operator")
                 self.server.arm_timer()
         self._next()
+
+    def _stop_holder(self, task_id: str) -> None:
+        for runner in self.runners:
+            if task_id in runner.gate and not runner.down and self.world.now < self.end:
+                self.count += 1
+                runner.stop(within=60.0)
+                self.world.after(self.world.rng.uniform(61.0, 90.0), "restart", runner.restart)
 
     def _protects(self, runner: SimRunner) -> bool:
         """Does ``runner`` still run a task that was requeued while it held it (its checks are what

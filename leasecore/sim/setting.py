@@ -112,6 +112,7 @@ class RunnerPort(Protocol):
     book: LeaseBook
     runs: dict[str, Run]
     next_runs: dict[str, tuple[Task, float]]
+    stopping: bool
 
     def guard(self, fn: Callable[[], None]) -> Callable[[], None]: ...
     def reply(self, fn: Callable[[Answer], None]) -> Callable[[Answer], None]: ...
