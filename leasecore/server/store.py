@@ -137,6 +137,12 @@ class Store:
             self._state.runtime_environ = environ
 
     @property
+    def state(self) -> StoreState:
+        """The tables, the lock and the clock, for a driver in this process that reads them under
+        ``state.lock`` (the simulator, ``leasecore.sim``); request handlers use the methods."""
+        return self._state
+
+    @property
     def lease_write_back(self) -> Callable[[], None] | None:
         """Test-only: the real server's lost update in extendLease (``TaskCalls._extend_lease_by_copy``)."""
         return self._state.lease_write_back

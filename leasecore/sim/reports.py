@@ -1,0 +1,213 @@
+"""The final-update half of a simulated runner's stand-in glue: reports, retries, the outbox.
+
+Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight and (unless the
+``no_final_wait`` bug is planted) once no heartbeat of unknown fate can still land on the server
+(``LAND_BOUND_SECONDS`` after it was sent: the lost update of CONDUCTOR_PROTOCOL.md §3 needs a beat
+loaded before the final update and written after it); through update-v2 when the real ``may_chain``
+says so (the slot is kept for what it claims); retried while the lease lasts, kept in the state
+dir's outbox otherwise and delivered later after a read-back judged by the real
+``ownership_lost_reason``. A run fenced before its command started goes back as the product's
+``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
+
+This is stand-in glue for the product's reporter, outbox and ``ends``/``starts`` modules, which run on
+threads today; docs/simulator.md says what replaces it.
+
+Threads: none.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+from leasecore.lease import FenceReason, ownership_lost_reason
+from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+from leasecore.runner.chain import may_chain
+from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
+from leasecore.sim.setting import Run, RunnerPort
+
+__all__ = ["Reports", "result_body"]
+
+
+def result_body(result: TaskResult) -> dict[str, object]:
+    body: dict[str, object] = {"taskId": result.task_id, "workflowInstanceId": result.workflow_id,
+                               "status": result.status.value, "outputData": dict(result.output_data),
+                               "callbackAfterSeconds": result.callback_after_seconds}
+    if result.reason_for_incompletion:
+        body["reasonForIncompletion"] = result.reason_for_incompletion
+    if result.worker_id:
+        body["workerId"] = result.worker_id
+    return body
+
+
+class Reports:
+    """One runner incarnation's final updates."""
+
+    def __init__(self, runner: RunnerPort) -> None:
+        self.runner = runner
+        self.world = runner.world
+        self._outbox_armed = False
+
+    def report(self, run: Run, result: TaskResult) -> None:
+        r = self.runner
+        run.phase = "reporting"
+        chain = r.config.chaining and may_chain(result, stopping=r.stopping, fence=run.fence,
+                                                    enabled=True)
+        if run.slot:  # the child is gone: its slot is free (or kept for what update-v2 claims)
+            run.slot = False
+            if chain:
+                run.chain_slot = True
+            else:
+                r.release()
+        self._send(run, result, chain)
+
+    def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
+        r, now = self.runner, self.world.now
+        if run.phase != "reporting":
+            return
+        wait = 0.0
+        if run.beat_in_flight:
+            wait = 0.05
+        elif run.unknown_beat_at is not None and not r.bugs.no_final_wait:
+            wait = run.unknown_beat_at + LAND_BOUND_SECONDS - now
+        if wait > 0:
+            self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
+            return
+        tid, poll_count = result.task_id, run.task.poll_count
+        nxt = r.next_runs.get(tid)
+        if (result.status is TaskStatus.IN_PROGRESS and nxt is not None and nxt[0].poll_count > poll_count
+                and not r.bugs.retry_landed_yield):
+            self.world.log(f"runner {r.name}: {tid}: its next run was polled, so the yield landed")
+            r.state.outbox.pop(tid, None)
+            r.book.end(tid, now)
+            r.forget(run)
+            return
+        r.act(run, run.lease.on_final_update_started(now))
+        sent = now
+
+        def got(answer: Answer) -> None:
+            now = self.world.now
+            if answer.ok:
+                r.state.outbox.pop(tid, None)
+                r.book.end(tid, now)
+                claimed = answer.body if chain else None
+                self._end_chain(run, claimed, sent)
+                r.forget(run)
+                return
+            if answer.status == 404:
+                r.state.outbox.pop(tid, None)
+                self._end_chain(run, None, sent)
+                r.forget(run)
+                return
+            self._end_chain(run, None, sent)
+            r.state.outbox[tid] = (result, poll_count)
+            lease = run.lease
+            if run.fence is FenceReason.LEASE_EXPIRED or now >= lease.term_point:
+                self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
+                r.forget(run)
+                self.arm_outbox()
+                return
+            yielding = result.status is TaskStatus.IN_PROGRESS
+            if answer.timeout and not (r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait):
+                # An update of unknown fate may still land: no heartbeat (which could load the task
+                # before it lands and write it back after) and no second send until it no longer can;
+                # then the task is read back, and the update sent again only if it never landed.
+                self.world.at(sent + LAND_BOUND_SECONDS, "final-confirm",
+                              r.guard(lambda: self._confirm(run, result)))
+                return
+            r.act(run, lease.on_final_update_failed(now))
+            delay = r.config.report_retry * (0.5 + self.world.rng.random())
+            self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
+
+        self.server_update(tid, poll_count, result, chain, r.reply(got))
+
+    def _confirm(self, run: Run, result: TaskResult) -> None:
+        r = self.runner
+        if run.phase != "reporting":
+            return
+
+        def got(answer: Answer) -> None:
+            if run.phase != "reporting":
+                return
+            if answer.ok and answer.body[0] == "IN_PROGRESS" and answer.body[1] == run.task.poll_count:
+                r.act(run, run.lease.on_final_update_failed(self.world.now))
+                self._send(run, result, False)  # it never landed
+            elif answer.ok or answer.status == 404:
+                self.world.log(f"runner {r.name}: {result.task_id}: read back, the update had landed "
+                               f"(or the task ended otherwise)")
+                r.state.outbox.pop(result.task_id, None)
+                r.book.end(result.task_id, self.world.now)
+                r.forget(run)
+            else:
+                self.world.after(r.config.report_retry, "final-confirm",
+                                 r.guard(lambda: self._confirm(run, result)))
+
+        r.server.read(r.name, result.task_id, r.reply(got), r.config.http_timeout)
+
+    def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
+                      reply: Callable[[Answer], None]) -> None:
+        r = self.runner
+        r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,
+                        timeout=r.config.http_timeout)
+
+    def _end_chain(self, run: Run, claimed: object, sent: float) -> None:
+        if not run.chain_slot:
+            return
+        run.chain_slot = False
+        if isinstance(claimed, dict):
+            run.slot = False
+            self.runner.deliver(Task.from_json(claimed), sent)  # takes over the kept slot
+        else:
+            self.runner.release()
+
+    def end_unstarted(self, run: Run, wait_left: float) -> None:
+        r, task = self.runner, run.task
+        if run.fence is FenceReason.OWNERSHIP_LOST:
+            r.forget(run)
+            return
+        why = f"fenced ({run.fence.value if run.fence else 'stopped'}) before its command started"
+        if r.may_run_elsewhere(task) and not r.bugs.held_reported_failed:
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                                callback_after_seconds=max(0, math.ceil(wait_left)), worker_id=r.name)
+        else:
+            result = TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
+                                reason_for_incompletion=why, worker_id=r.name)
+        self.report(run, result)
+
+    # ----- the outbox ---------------------------------------------------------------------------
+
+    def arm_outbox(self) -> None:
+        r = self.runner
+        if self._outbox_armed or not r.state.outbox:
+            return
+        self._outbox_armed = True
+        self.world.after(r.config.outbox_every, "outbox", r.guard(self.deliver_outbox))
+
+    def deliver_outbox(self) -> None:
+        """Each saved result: read back; dropped when no longer ours, sent otherwise."""
+        r = self.runner
+        self._outbox_armed = False
+        for tid, (result, poll_count) in list(r.state.outbox.items()):
+            if tid in r.runs:
+                continue
+
+            def read(answer: Answer, tid: str = tid, result: TaskResult = result,
+                     pc: int = poll_count) -> None:
+                if r.state.outbox.get(tid, (None, 0))[0] is not result:
+                    return
+                if answer.ok or answer.status == 404:
+                    own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
+                    why = ownership_lost_reason(own, pc)
+                    if why is not None:
+                        self.world.log(f"runner {r.name}: outbox drops {tid}: {why}")
+                        del r.state.outbox[tid]
+                        return
+                    self.server_update(tid, pc, result, False, r.reply(functools.partial(sent, tid=tid)))
+
+            def sent(answer: Answer, *, tid: str) -> None:
+                if answer.ok or answer.status == 404:
+                    r.state.outbox.pop(tid, None)
+
+            r.server.read(r.name, tid, r.reply(read), r.config.http_timeout)
+        self.arm_outbox()
