@@ -5,7 +5,8 @@ Owns: every Protocol between the runner's parts and the adapters that satisfy th
 part with small fakes: the server calls (``ConductorPort`` for the runner, and the one-call views of
 it a part needs: ``PollPort``, ``UpdatePort``, ``LogPort``, ``LeasePort`` for the lease engine), the
 engine (``EnginePort``, and ``FinalUpdateGuard``, the three calls a final update makes), the process
-layer (``SupervisorPort``, ``ChildPort``), the status file (``StatusPort``); and the runner's input
+layer (``SupervisorPort``, ``ChildPort``; the values that cross them are the process layer's own
+``CommandSpec`` and ``ChildExit``), the status file (``StatusPort``); and the runner's input
 and output values (``TaskTypePlan``, ``RunOptions``, ``RunOutcome``). The events are ``runner.loop.events``.
 
 Must not: hold behaviour or import an adapter at run time (pure: the layering test lists it).
@@ -16,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.lease.finalcheck import LateBeats
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.snapshot import ServerHealth, TaskSnapshot
+
+if TYPE_CHECKING:  # values only: the process layer is an adapter, never imported here at run time
+    from leasecore.process.spec import ChildExit, CommandSpec
 
 __all__ = [
     "ChainPort",
@@ -135,12 +139,23 @@ class EnginePort(Protocol):
 class ChildPort(Protocol):
     """A task tree (``leasecore.process`` child handle), started or being started. Its exit reaches
     the runner through ``SupervisorPort.start(on_done=...)``; ``wait`` is for callers that have a
-    thread to block. ``pid`` is 0 until the command runs."""
+    thread to block. ``pid`` is 0 until the command runs. ``ended_by_switch``: the fork server's
+    dead-man's switch ended the tree before the runner fenced it (the runner was stalled), and
+    ``switch_late_seconds`` how late after its point it acted; both are set before ``on_done``."""
+
+    ended_by_switch: bool
+    switch_late_seconds: float | None
 
     @property
     def pid(self) -> int: ...
 
-    def wait(self, timeout: float | None) -> Any | None: ...
+    @property
+    def checkpoint_path(self) -> str:
+        """The child's CONDUCTOR_CHECKPOINT_FILE ("": none)."""
+        ...
+
+    def memory_bytes(self) -> int | None: ...  # the tree's memory now; None when it cannot tell
+    def wait(self, timeout: float | None) -> ChildExit | None: ...
     def wait_gone(self, timeout: float | None = None) -> bool: ...  # every process of the tree reaped
     def terminate_tree(self, grace_seconds: float | None = None, *, since: float | None = None) -> None: ...
     def kill_tree(self) -> None: ...
@@ -151,10 +166,10 @@ class SupervisorPort(Protocol):
     command that never runs ends as ``on_done(exit)`` with ``exit.start_error`` set."""
 
     def start(
-        self, task: Task, spec: Any, *, worker_id: str,
+        self, task: Task, spec: CommandSpec, *, worker_id: str,
         on_lines: Callable[[str, list[str]], None] | None = None,
-        on_done: Callable[[Any], None] | None = None,
-        on_started: Callable[[Any], None] | None = None,
+        on_done: Callable[[ChildExit], None] | None = None,
+        on_started: Callable[[ChildPort], None] | None = None,
         deadline: float | None = None,  # the child's CONDUCTOR_DEADLINE (epoch seconds)
     ) -> ChildPort: ...
 
@@ -192,7 +207,7 @@ class TaskTypePlan:
     """Everything the runner needs to serve one task type, already resolved from the configuration."""
 
     poll: PollSettings
-    spec: Any  # CommandSpec
+    spec: CommandSpec
     worker_id: str
     make_policy: Callable[[Task], LeasePolicy]
     kill_grace_seconds: float = 10.0

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
@@ -59,6 +59,7 @@ from leasecore.state.statefile import StatePublisher
 
 if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
     from leasecore.metrics.service import MetricsService
+    from leasecore.process.spec import ChildExit, CommandSpec
 
 log = logging.getLogger("conductor_run.worker")
 _REQUEST_TIMEOUT_SECONDS = 10.0  # the client's (and a heartbeat's) longest attempt
@@ -78,16 +79,18 @@ def warn_if_root(config: ResolvedConfig) -> None:
                     ", ".join(as_root))
 
 
-def _to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False) -> TaskResult:
+def _to_result(
+    task: Task, exit_: ChildExit, spec: CommandSpec, worker_id: str, *, timed_out: bool = False
+) -> TaskResult:
     return to_task_result(task, exit_, spec, worker_id=worker_id, timed_out=timed_out)
 
 
 def _echoing(echo: Callable[[Task, TaskResult], None]) -> Callable[..., TaskResult]:
     def to_result(
-        task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
+        task: Task, exit_: ChildExit, spec: CommandSpec, worker_id: str, *, timed_out: bool = False
     ) -> TaskResult:
         result = _to_result(task, exit_, spec, worker_id, timed_out=timed_out)
-        masker = getattr(spec, "masker", None)  # what is printed is masked like what is sent
+        masker = spec.masker  # what is printed is masked like what is sent
         try:
             if masker:
                 echo(dataclasses.replace(task, raw=masker.mask_value(task.raw)), mask_result(masker, result))

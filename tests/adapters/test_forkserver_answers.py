@@ -87,7 +87,7 @@ server = forkserver.ForkServer(socket.socket(fileno=int(sys.argv[1])))
 def failing_tick():
     server._reply({"op": "exited", "key": "t1", "code": 0})
     raise RuntimeError("a bug in a turn")
-server._tick = failing_tick
+server._killer.tick = failing_tick  # the turn's tick (kills.Killer)
 server.run()
 """
 

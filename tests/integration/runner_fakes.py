@@ -24,6 +24,7 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskResult, TaskStatus
+from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.snapshot import ServerHealth, TaskSnapshot, TaskState
 
 
@@ -201,21 +202,26 @@ class FakeEngine:
         return [name for name, tid in self.calls if tid == task_id]
 
 
-@dataclass(frozen=True)
-class FakeExit:
-    exit_code: int | None
-    signal: int | None
+def python_spec(source: str) -> CommandSpec:
+    """The command ``sys.executable -c SOURCE``, as a task type's spec (what ``FakeSupervisor`` runs)."""
+    return CommandSpec(argv=(sys.executable, "-c", source))
 
 
 class RealChild:
-    """A real process in its own session; tree = its process group."""
+    """A real process in its own session; tree = its process group (a ``ChildPort``: no dead-man's
+    switch, no checkpoint file, no memory reading)."""
+
+    ended_by_switch = False
+    switch_late_seconds: float | None = None
+    checkpoint_path = ""
 
     def __init__(
         self,
         argv: list[str],
         on_lines: Callable[[str, list[str]], None] | None,
-        on_done: Callable[[Any], None] | None = None,
+        on_done: Callable[[ChildExit], None] | None = None,
     ) -> None:
+        self._started = time.monotonic()
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -227,7 +233,7 @@ class RealChild:
         self._reader = threading.Thread(target=self._read, args=(on_lines,), daemon=True)
         self._reader.start()
         if on_done is not None:  # the real Supervisor calls on_done from its output thread
-            threading.Thread(target=lambda: on_done(self.wait(None)), daemon=True).start()
+            threading.Thread(target=lambda: on_done(self._exit(None)), daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -240,10 +246,17 @@ class RealChild:
                 on_lines("stdout", [line.rstrip("\n")])
         self.proc.stdout.close()
 
-    def wait(self, timeout: float | None) -> FakeExit | None:
+    def memory_bytes(self) -> int | None:
+        return None
+
+    def wait(self, timeout: float | None) -> ChildExit | None:
+        return self._exit(timeout)
+
+    def _exit(self, timeout: float | None) -> ChildExit:
         code = self.proc.wait(timeout)
         self._reader.join(5)
-        return FakeExit(code if code >= 0 else None, -code if code < 0 else None)
+        return ChildExit(code if code >= 0 else None, -code if code < 0 else None,
+                         time.monotonic() - self._started)  # fmt: skip
 
     def _signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -264,7 +277,7 @@ class RealChild:
 
 
 class FakeSupervisor:
-    """Spawns ``sys.executable -c <spec>`` for real; the spec is the Python source."""
+    """Spawns the spec's command for real (``python_spec``: Python source run by ``sys.executable``)."""
 
     def __init__(self) -> None:
         self.children: dict[str, RealChild] = {}
@@ -272,15 +285,15 @@ class FakeSupervisor:
     def start(
         self,
         task: Task,
-        spec: Any,
+        spec: CommandSpec,
         *,
         worker_id: str,
         on_lines: Callable[[str, list[str]], None] | None = None,
-        on_done: Callable[[Any], None] | None = None,
+        on_done: Callable[[ChildExit], None] | None = None,
         on_started: Callable[[Any], None] | None = None,
         deadline: float | None = None,
     ) -> RealChild:
-        child = RealChild([sys.executable, "-c", str(spec)], on_lines, on_done)
+        child = RealChild(spec.command_argv(), on_lines, on_done)
         self.children[task.task_id] = child
         if on_started is not None:  # the real Supervisor calls it from its reader thread
             on_started(child)
@@ -292,7 +305,9 @@ class FakeSupervisor:
             child.proc.wait(10)
 
 
-def to_result(task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False) -> TaskResult:
+def to_result(
+    task: Task, exit_: ChildExit, spec: CommandSpec, worker_id: str, *, timed_out: bool = False
+) -> TaskResult:
     if timed_out:
         return TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
                           reason_for_incompletion="timed out", worker_id=worker_id)

@@ -13,7 +13,14 @@ from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, TaskTypePlan
 from leasecore.runner.upstream.reporter import Reporter
-from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
+from tests.integration.runner_fakes import (
+    FakeConductor,
+    FakeEngine,
+    FakeSupervisor,
+    make_task,
+    python_spec,
+    to_result,
+)
 
 
 class ChainingConductor(FakeConductor):
@@ -58,7 +65,7 @@ def run(conductor: ChainingConductor, options: RunOptions, concurrency: int = 1)
         return engine
 
     plan = TaskTypePlan(poll=PollSettings("t", concurrency=concurrency, timeout_ms=200, worker_id="w1"),
-                        spec="print('ok')", worker_id="w1", kill_grace_seconds=1.0,
+                        spec=python_spec("print('ok')"), worker_id="w1", kill_grace_seconds=1.0,
                         make_policy=lambda task: LeasePolicy(response_timeout_seconds=30))
     runner = Runner([plan], conductor=conductor, make_engine=make_engine, supervisor=supervisor,
                     to_result=to_result, options=options,

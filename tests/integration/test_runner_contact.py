@@ -22,6 +22,7 @@ from tests.integration.runner_fakes import (
     FakeSupervisor,
     Published,
     make_task,
+    python_spec,
     to_result,
 )
 from tests.support import wait_until
@@ -30,7 +31,7 @@ from tests.support import wait_until
 def plan(spec: str, response_timeout: float = 30) -> TaskTypePlan:
     return TaskTypePlan(
         poll=PollSettings("t", concurrency=1, timeout_ms=200, worker_id="w1"),
-        spec=spec,
+        spec=python_spec(spec),
         worker_id="w1",
         make_policy=lambda task: LeasePolicy(response_timeout_seconds=response_timeout),
         kill_grace_seconds=1.0,

@@ -22,6 +22,7 @@ from tests.integration.runner_fakes import (
     FakeSupervisor,
     Published,
     make_task,
+    python_spec,
     to_result,
 )
 from tests.support import wait_until
@@ -45,7 +46,7 @@ class Harness:
         self.outbox = outbox
         plan = TaskTypePlan(
             poll=PollSettings("t", concurrency=concurrency, timeout_ms=200, worker_id="w1"),
-            spec=spec,
+            spec=python_spec(spec),
             worker_id="w1",
             make_policy=lambda task: LeasePolicy(response_timeout_seconds=30),
             kill_grace_seconds=1.0,
@@ -498,7 +499,7 @@ def test_with_a_paused_type_beside_it_the_end_of_the_last_polling_type_still_end
     # runner up whose only polling type has ended.
     def plan(task_type: str, *, paused: bool = False) -> TaskTypePlan:
         return TaskTypePlan(poll=PollSettings(task_type, timeout_ms=100, worker_id="w1", paused=paused),
-                            spec=QUICK, worker_id="w1",
+                            spec=python_spec(QUICK), worker_id="w1",
                             make_policy=lambda task: LeasePolicy(response_timeout_seconds=30))  # fmt: skip
 
     supervisor = FakeSupervisor()
@@ -526,7 +527,8 @@ def test_a_result_kept_in_the_outbox_shows_as_undelivered_until_its_file_is_gone
     conductor, supervisor, shots = FakeConductor(), FakeSupervisor(), Published()
     conductor.fail_updates = True
     conductor.add(make_task("a"))
-    plan = TaskTypePlan(poll=PollSettings("t", timeout_ms=100, worker_id="w1"), spec=QUICK, worker_id="w1",
+    plan = TaskTypePlan(poll=PollSettings("t", timeout_ms=100, worker_id="w1"), spec=python_spec(QUICK),
+                        worker_id="w1",
                         make_policy=lambda task: LeasePolicy(response_timeout_seconds=30))  # fmt: skip
     runner = Runner([plan], conductor=conductor, make_engine=FakeEngine, supervisor=supervisor,
                     to_result=to_result, options=RunOptions(report_retry_seconds=0.5), status=shots,

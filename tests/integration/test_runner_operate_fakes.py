@@ -14,7 +14,14 @@ from leasecore.lease import LeasePolicy
 from leasecore.models import TaskStatus
 from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import LiveChange, PollSettings, RunOptions, RunOutcome, TaskTypePlan
-from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
+from tests.integration.runner_fakes import (
+    FakeConductor,
+    FakeEngine,
+    FakeSupervisor,
+    make_task,
+    python_spec,
+    to_result,
+)
 from tests.support import wait_until
 
 SLEEP = "import time; time.sleep({})"
@@ -22,7 +29,7 @@ SLEEP = "import time; time.sleep({})"
 
 def plan(task_type: str, code: str, *, concurrency: int = 1) -> TaskTypePlan:
     poll = PollSettings(task_type, concurrency=concurrency, timeout_ms=100, worker_id="w1")
-    return TaskTypePlan(poll=poll, spec=code, worker_id="w1", kill_grace_seconds=1.0,
+    return TaskTypePlan(poll=poll, spec=python_spec(code), worker_id="w1", kill_grace_seconds=1.0,
                         make_policy=lambda task: LeasePolicy(response_timeout_seconds=30))
 
 

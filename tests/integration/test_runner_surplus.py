@@ -17,7 +17,14 @@ from leasecore.runner.loop.runner import Runner
 from leasecore.runner.ports import PollSettings, RunOptions, RunOutcome, TaskTypePlan
 from leasecore.runner.upstream.poller import Poller, WorkBudget
 from leasecore.runner.upstream.reporter import Reporter
-from tests.integration.runner_fakes import FakeConductor, FakeEngine, FakeSupervisor, make_task, to_result
+from tests.integration.runner_fakes import (
+    FakeConductor,
+    FakeEngine,
+    FakeSupervisor,
+    make_task,
+    python_spec,
+    to_result,
+)
 
 
 class OverDelivering(FakeConductor):
@@ -113,7 +120,7 @@ def test_the_poller_claims_no_more_than_max_unstarted_until_the_runner_takes_the
 def run_once_against(conductor: FakeConductor, options: RunOptions, concurrency: int = 1) -> RunOutcome:
     plan = TaskTypePlan(
         poll=PollSettings("t", concurrency=concurrency, timeout_ms=200, worker_id="w1"),
-        spec="print('done')",
+        spec=python_spec("print('done')"),
         worker_id="w1",
         make_policy=lambda task: LeasePolicy(response_timeout_seconds=30),
         kill_grace_seconds=1.0,

@@ -1,45 +1,48 @@
 """How the fork server starts a task's tree: on its own thread or on a spawner thread (``spawners.py``).
 
-Owns ``TreeStarts``, a part of ``ForkServer`` (its base class), from a ``spawn`` request to a held
-tree: ``_spawn`` (answer it; the request's fds closed before the answer), ``_start_tree`` (a pooled
+Owns ``Launcher``, handed the fork server's tree table and what a held tree needs (its exit watched,
+``exits.Exits``; its dead-man's switch armed, ``switches.Switches``), from a ``spawn`` request to a held
+tree: ``spawn`` (answer it; the request's fds closed before the answer), ``_start_tree`` (a pooled
 v1 group, ``GroupPool``), ``_exec_tree`` (``posix_spawn``, from inside the group when it has no
 limits, ``cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits or ``run_as``; then the
 ``Tree`` held and its exit watched), and the starts on spawner threads.
 
 Why spawner threads: glibc's ``posix_spawn`` returns once its vfork child has reached the exec, and
-``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on
-average for a core, and every slot's start, exit and kill queued behind it (docs/benchmarks.md).
-While that wait, smoothed over ~20 starts (``_exec_wait``), is above ``_THREADS_ABOVE_SECONDS`` (1
-ms; 0.1-0.5 ms on an idle host, where the threads' hand-offs would cost more than they save),
-``_to_spawner`` hands a request to a spawner thread when one can take it (glibc, /proc ``children``
-files, no rlimits, no ``run_as``; no group, or a v1 group that the spawner thread alone joins
-through the v1 ``tasks`` files); the job (``_start_threaded``) runs the same start with the fork
-server's lock (``_turn``) held, released only for libc's ``posix_spawn`` (``_spawn_unlocked``: the
-GIL too, by ctypes), and sends the answers. Until its tree is held the start is ``_inflight``: a
-signal asked for it waits in ``_early`` and applies the moment the tree is held (``_held``), as does
-a close begun meanwhile, and the fork server does not end while a start is in flight.
+``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on average
+for a core, and every slot's start, exit and kill queued behind it (docs/benchmarks.md). While that
+wait, smoothed over ~20 starts (``_exec_wait``), is above ``_THREADS_ABOVE_SECONDS`` (1 ms; 0.1-0.5 ms
+on an idle host, where the threads' hand-offs would cost more than they save), ``to_spawner`` hands a
+request to a spawner thread when one can take it (glibc, /proc ``children`` files, no rlimits, no
+``run_as``; no group, or a v1 group that the spawner thread alone joins through the v1 ``tasks`` files);
+the job (``_start_threaded``) runs the same start with the fork server's lock (``turn``) held, released
+only for libc's ``posix_spawn`` (``_spawn_unlocked``: the GIL too, by ctypes), and sends the answers.
+Until its tree is held the start is in the table's ``inflight``: a signal asked for it waits in
+``_early`` (``keep_early``) and applies the moment the tree is held (``_held``), as does a close begun
+meanwhile, and the fork server does not end while a start is in flight.
 
-Must not touch: anything of the fork server without ``_turn`` held. Threads: the fork server's main
-one and its spawners, each holding ``_turn`` while it runs this code.
+Must not touch: anything of the fork server without ``turn`` held; signals (``kills.py``). Threads: the
+fork server's main one and its spawners, each holding ``turn`` while it runs this code.
 """
 
 from __future__ import annotations
 
 import _thread
-import contextlib
 import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from leasecore.process.forkserver.trees import Tree
+from leasecore.process.forkserver.trees import Tree, TreeTable
 from leasecore.process.linux import cgroupfs, procfs
 
 if TYPE_CHECKING:
+    from leasecore.process.forkserver.exits import Exits
     from leasecore.process.forkserver.frames import FrameBatch
     from leasecore.process.forkserver.grouppool import GroupPool
     from leasecore.process.forkserver.spawners import Attributes, Spawners
+    from leasecore.process.forkserver.switches import Switches
 
 _SPAWNER_THREADS = 4  # starts waiting for their exec at once; more queue for a free thread
 _EARLY_SIGNALS_MAX = 16  # signal requests kept for one start still on its thread
@@ -50,43 +53,37 @@ _THREADS_ABOVE_SECONDS = 0.001
 _WAIT_SMOOTHING = 0.05
 
 
-class TreeStarts:
-    """How ``ForkServer`` starts a tree; see the module docstring."""
+class Launcher:
+    """Starts the trees of ``table``; see the module docstring."""
 
-    _answers: FrameBatch
-    _closing_kill_at: float | None
-    _pending: dict[str, int]
-    _sigdef: list[int]
-    _has_children_files: bool
-    _wake_w: int  # the loop's wake-up pipe (its SIGCHLD wake-up fd)
-    _groups: GroupPool
-    _trees: dict[str, Tree]
-    _early_kill_by: dict[str, tuple[float, float]]  # switches.py: renewals for starts on a spawner thread
-
-    if TYPE_CHECKING:
-
-        def _watch_exit(self, tree: Tree) -> None: ...
-
-        def _reply(self, message: dict[str, Any]) -> None: ...
-
-        def _signal(self, req: dict[str, Any]) -> None: ...
-
-        def _arm_switch(self, tree: Tree, req: dict[str, Any]) -> None: ...
-
-    def _init_starts(self) -> None:
-        # Every turn of the loop and every spawner's job holds ``_turn`` (but for the select and the
+    def __init__(
+        self, table: TreeTable, groups: GroupPool, exits: Exits, switches: Switches,
+        answers: FrameBatch, reply: Callable[[dict[str, Any]], None],
+        apply_signal: Callable[[dict[str, Any]], bool], wake: Callable[[], None], *,
+        sigdef: list[int], children_files: bool,
+    ) -> None:  # fmt: skip
+        self._table = table
+        self._groups = groups
+        self._exits = exits
+        self._switches = switches
+        self._answers = answers
+        self._reply = reply
+        self._apply_signal = apply_signal  # a signal request for a held tree (``kills.Killer.signal``)
+        self._wake = wake
+        self._sigdef = sigdef  # the signals the children get back at default (filled in when the loop runs)
+        self._has_children_files = children_files
+        # Every turn of the loop and every spawner's job holds ``turn`` (but for the select and the
         # libc call): one at a time touches the fork server's state, as when it had one thread.
-        self._turn = _thread.RLock()
+        self.turn = _thread.RLock()
         self._main_thread = _thread.get_ident()
-        self._spawners: Spawners | None = None  # made at the first start they can take
+        self.spawners: Spawners | None = None  # made at the first start they can take
         self._spawn_attributes: Attributes | None = None
         self._spawners_off = False  # none here (not glibc, no children files)
-        self._inflight: dict[str, str] = {}  # key -> task directory, of starts on a spawner thread
-        self._early: dict[str, list[dict[str, Any]]] = {}  # signal requests for those
+        self._early: dict[str, list[dict[str, Any]]] = {}  # signal requests for starts in flight
         self._exec_wait = 0.0  # posix_spawn's wait for the exec, smoothed (seconds)
-        self._start_times = procfs.StartTimes()  # a posix_spawned leader's start time, mostly unread
+        self.start_times = procfs.StartTimes()  # a posix_spawned leader's start time, mostly unread
 
-    def _spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         """Start one tree. Its fds (input, stdout, stderr) are closed here before the answer goes out
         (and the list emptied for the caller), so once a spawn is answered the fork server holds
         nothing of it: the runner alone keeps the pipes' read ends."""
@@ -127,16 +124,16 @@ class TreeStarts:
             code = getattr(exc, "errno", None) or (0 if isinstance(exc, OSError) else errno.EINVAL)
             return {"op": "spawn_failed", "id": req["id"], "errno": code, "what": step}
         if bracket:
-            start = self._start_times.of(pid, *bracket)
+            start = self.start_times.of(pid, *bracket)
         else:
             info = procfs.read_stat(pid)
             start = info.start_time if info else 0
         tree = Tree(req["key"], pid, req["token"], float(req["grace"]), start)
         tree.directory = str(req.get("dir") or "")
         tree.cgroup = req.get("cgroup") or None
-        self._trees[tree.key] = tree
-        self._arm_switch(tree, req)  # switches.py: its kill-by time, if its lease has a deadline
-        self._watch_exit(tree)
+        self._table.trees[tree.key] = tree
+        self._switches.arm(tree, req)  # its kill-by time, if its lease has a deadline
+        self._exits.watch(tree)
         self._held(tree)
         return {"op": "spawned", "id": req["id"], "key": tree.key, "pid": pid, "start": tree.start_time}
 
@@ -163,7 +160,7 @@ class TreeStarts:
     def _waited(self, seconds: float) -> None:
         self._exec_wait += _WAIT_SMOOTHING * (seconds - self._exec_wait)
 
-    def _to_spawner(self, req: dict[str, Any], fds: list[int]) -> bool:
+    def to_spawner(self, req: dict[str, Any], fds: list[int]) -> bool:
         """Hand ``req`` to a spawner thread, which answers it; False: start it here, as before."""
         if self._exec_wait <= _THREADS_ABOVE_SECONDS:
             return False
@@ -172,7 +169,7 @@ class TreeStarts:
             return False
         if group and not (group.get("v") == 1 and req.get("inside") and cgroupfs.can_spawn_inside()):
             return False  # a v2 group is joined by the whole process: not from a thread
-        if self._spawners is None:
+        if self.spawners is None:
             if self._spawners_off:
                 return False
             from leasecore.process.forkserver import spawners  # only now: ctypes and threads
@@ -181,38 +178,37 @@ class TreeStarts:
                 self._spawners_off = True
                 return False
             self._spawn_attributes = spawners.Attributes(self._sigdef)
-            self._spawners = spawners.Spawners(_SPAWNER_THREADS)
+            self.spawners = spawners.Spawners(_SPAWNER_THREADS)
         key = str(req.get("key"))
-        self._inflight[key] = str(req.get("dir") or "")
-        if self._spawners.submit(lambda: self._start_threaded(req, fds)):
+        self._table.inflight[key] = str(req.get("dir") or "")
+        if self.spawners.submit(lambda: self._start_threaded(req, fds)):
             return True
-        del self._inflight[key]
+        del self._table.inflight[key]
         return False
 
     def _start_threaded(self, req: dict[str, Any], fds: list[int]) -> None:
         """The job, on a spawner thread: the fork server's own start of ``req``, answered at once."""
         key = str(req.get("key"))
-        with self._turn:
+        with self.turn:
             try:
-                self._spawn(req, fds)
-            except Exception as exc:  # as _serve_one's: that task fails, the fork server goes on
+                self.spawn(req, fds)
+            except Exception as exc:  # as the loop's: that task fails, the fork server goes on
                 code = getattr(exc, "errno", 0) or 0
                 self._reply({"op": "spawn_failed", "id": req.get("id"), "errno": code, "what": "fork"})
             finally:
-                self._inflight.pop(key, None)
+                self._table.inflight.pop(key, None)
                 self._early.pop(key, None)  # applied if its tree is held; moot if it never started
-                self._early_kill_by.pop(key, None)  # (switches.py) likewise
+                self._switches.forget(key)  # its early renewal likewise
                 self._answers.flush()  # the loop may be asleep: the runner waits for this answer
                 # A signal that waited for the tree (the loop sends it: one walk), or answers the socket
                 # did not take (the loop waits for room): wake the loop.
-                if self._pending or self._answers.waiting:
-                    with contextlib.suppress(BlockingIOError):
-                        os.write(self._wake_w, b"\0")
+                if self._table.pending or self._answers.waiting:
+                    self._wake()
 
     def _spawn_unlocked(
         self, req: dict[str, Any], fds: list[int], group: dict[str, Any] | None, bracket: list[int]
     ) -> int:
-        """On a spawner thread: libc's ``posix_spawn`` with ``_turn`` (and, by ctypes, the GIL) released
+        """On a spawner thread: libc's ``posix_spawn`` with ``turn`` (and, by ctypes, the GIL) released
         for the call, from inside ``group`` if given (this thread alone joins it)."""
         from leasecore.process.forkserver import spawners
 
@@ -220,7 +216,7 @@ class TreeStarts:
         attributes = self._spawn_attributes
 
         def spawn() -> int:
-            self._turn.release()
+            self.turn.release()
             started = procfs.boot_clock_ns()
             try:
                 return spawners.spawn(attributes, req["path"], req["argv"], req["env"], fds, req.get("cwd"))
@@ -231,15 +227,15 @@ class TreeStarts:
                 raise
             finally:
                 bracket[:] = started, procfs.boot_clock_ns()
-                self._turn.acquire()
+                self.turn.acquire()
                 self._waited((bracket[1] - started) / 1e9)
 
         return spawn() if group is None else cgroupfs.spawn_inside(group, spawn, thread=True)
 
-    def _signal_early(self, req: dict[str, Any]) -> None:
+    def keep_early(self, req: dict[str, Any]) -> None:
         """A signal for a tree not held: kept if its start is on a spawner thread, else moot."""
         key = str(req.get("key"))
-        if key not in self._inflight:
+        if key not in self._table.inflight:
             return
         early = self._early.setdefault(key, [])
         if len(early) < _EARLY_SIGNALS_MAX:
@@ -250,7 +246,8 @@ class TreeStarts:
     def _held(self, tree: Tree) -> None:
         """A tree is held now: what was asked of it while its start was on a spawner thread applies."""
         for req in self._early.pop(tree.key, ()):
-            self._signal(req)
-        if self._closing_kill_at is not None and tree.key in self._inflight:  # the close began meanwhile
-            tree.kill_at = self._closing_kill_at
-            self._pending[tree.key] = signal.SIGTERM if time.monotonic() < tree.kill_at else signal.SIGKILL
+            self._apply_signal(req)
+        table = self._table
+        if table.closing_kill_at is not None and tree.key in table.inflight:  # the close began meanwhile
+            tree.kill_at = table.closing_kill_at
+            table.pending[tree.key] = signal.SIGTERM if time.monotonic() < tree.kill_at else signal.SIGKILL

@@ -15,7 +15,7 @@ signals given back to default, an empty mask; an ``OSError`` with the errno it r
 ``Spawners`` (threads started on demand, at most ``most``, each running one submitted job at a time).
 
 Must not touch: the fork server's state. A job is the fork server's own code, which holds the fork
-server's lock for everything but the libc call (``TreeStarts._start_threaded``, launch.py).
+server's lock for everything but the libc call (``Launcher._start_threaded``, launch.py).
 Threads: its own, daemons, for the fork server's life (a vfork child's parent is the thread that made
 it: a leader stays that thread's child until it is reaped, so the threads never end before the
 process).

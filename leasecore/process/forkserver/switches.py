@@ -1,14 +1,14 @@
 """How the fork server carries out each tree's dead-man's switch (``deadman.Switch``).
 
-Owns ``Switches``, a part of ``ForkServer`` (its base class): arming a tree's switch from its spawn
-request (``kill_by``: [TERM at, KILL at], monotonic seconds, the same clock in every process on Linux),
-the ``kill_by`` renewals the runner sends after each acknowledged heartbeat (one that arrives while
-the tree's start is on a spawner thread waits for it, as a signal does), the timer of the next switch
-point (a heap, lazily cleaned, bounded), and, in every turn of the loop once the requests waiting
-are read (their renewals applied: one read late is still true, the server extended the lease), the
-TERMs and KILLs that have come due because the runner did not fence the tree itself; a spawn fires
-them before it starts. So a fork server that was stopped or starved, or a host that was frozen, ends
-the trees past their deadline before it starts anything new, and never one whose runner kept renewing.
+Owns ``Switches``, handed the fork server's tree table (``trees.TreeTable``): arming a tree's switch
+from its spawn request (``kill_by``: [TERM at, KILL at], monotonic seconds, the same clock in every
+process on Linux), the ``kill_by`` renewals the runner sends after each acknowledged heartbeat (one that
+arrives while the tree's start is on a spawner thread waits for it, as a signal does), the timer of the
+next switch point (a heap, lazily cleaned, bounded), and, in every turn of the loop once the requests
+waiting are read (their renewals applied: one read late is still true, the server extended the lease),
+the TERMs and KILLs that have come due because the runner did not fence the tree itself; a spawn fires
+them before it starts. So a fork server that was stopped or starved, or a host that was frozen, ends the
+trees past their deadline before it starts anything new, and never one whose runner kept renewing.
 
 A tree the switch signalled before the runner did (and before its leader exited) is *switched*: its
 ``exited`` event says so, and the runner reports that the lease ran out while it was stalled. A TERM
@@ -16,25 +16,22 @@ the runner asks for afterwards is not sent again (the tree has had its TERM, its
 than the lease allows); a runner's signal sent no later than the switch's TERM point shows the runner
 was not stalled (its request waited in the socket while this process was late): not switched.
 
-Must not touch: anything of the fork server without ``_turn`` held; how a tree is signalled (the
-fork server's ``_pending`` and ``_flush_signals``). Stdlib only, like every module the fork server
-imports. Threads: the fork server's main one and its spawners, under ``_turn``.
+Must not touch: anything of the fork server without its lock held; how a tree is signalled (it asks in
+the table's ``pending``; ``kills.Killer.flush`` signals). Stdlib only, like every module the fork server
+imports. Threads: the fork server's main one and its spawners, under its lock.
 """
 
 from __future__ import annotations
 
 import _thread
-import contextlib
 import heapq
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from leasecore.process.forkserver.deadman import KILL, TERM, Switch
-from leasecore.process.forkserver.trees import Tree
-
-if TYPE_CHECKING:
-    from leasecore.process.forkserver.frames import FrameBatch
+from leasecore.process.forkserver.trees import Tree, TreeTable
 
 _EARLY_KILL_BY_MAX = 1024  # renewals kept for starts still on a spawner thread (one per start)
 # The fork server's main thread (the one that fires the switches) runs at this nice value where it may
@@ -71,26 +68,18 @@ def _times(value: Any) -> tuple[float, float] | None:
 
 
 class Switches:
-    """How ``ForkServer`` runs the trees' switches; see the module docstring."""
+    """The trees' dead-man's switches, carried out; see the module docstring."""
 
-    _trees: dict[str, Tree]
-    _inflight: dict[str, str]
-    _pending: dict[str, int]
-    _answers: FrameBatch
-    _main_thread: int
-    _wake_w: int  # the loop's wake-up pipe
-
-    if TYPE_CHECKING:
-
-        def _flush_signals(self) -> None: ...
-
-    def _init_switches(self) -> None:
-        self._switch_heap: list[tuple[float, str]] = []  # (when, tree key); stale entries are skipped
+    def __init__(self, table: TreeTable, wake: Callable[[], None], main_thread: int) -> None:
+        self._table = table
+        self._wake = wake  # wakes the loop (from a spawner thread: it may sleep with no timeout)
+        self._main_thread = main_thread
+        self._heap: list[tuple[float, str]] = []  # (when, tree key); stale entries are skipped
         self._early_kill_by: dict[str, tuple[float, float]] = {}
-        self._switch_terms = self._switch_kills = 0  # sent by a switch (``stats``)
-        self._switch_terms_withheld = 0  # a runner's TERM not sent again after the switch's (``stats``)
+        self._terms = self._kills = 0  # sent by a switch (``stats``)
+        self._terms_withheld = 0  # a runner's TERM not sent again after the switch's (``stats``)
 
-    def _arm_switch(self, tree: Tree, req: dict[str, Any]) -> None:
+    def arm(self, tree: Tree, req: dict[str, Any]) -> None:
         """At spawn: the tree's switch, from the request (and a renewal that came meanwhile)."""
         times = _times(req.get("kill_by"))
         early = self._early_kill_by.pop(tree.key, None)
@@ -100,26 +89,29 @@ class Switches:
             times = (max(times[0], early[0]), max(times[1], early[1]))
         if times is not None:
             tree.switch = Switch(*times)
-            self._schedule_switch(tree)
+            self._schedule(tree)
             if _thread.get_ident() != self._main_thread:  # the loop may sleep with no timeout: wake it
-                with contextlib.suppress(BlockingIOError):
-                    os.write(self._wake_w, b"\0")
+                self._wake()
 
-    def _renew_switches(self, req: dict[str, Any]) -> None:
+    def forget(self, key: str) -> None:
+        """A start on a spawner thread is over: a renewal kept for it was applied, or is moot."""
+        self._early_kill_by.pop(key, None)
+
+    def renew(self, req: dict[str, Any]) -> None:
         """A ``kill_by`` request: ``trees``, each [key, TERM at, KILL at], the leases extended by
         acknowledged heartbeats (the latest times of each, several trees in one request)."""
         trees = req.get("trees")
         for entry in trees if isinstance(trees, list) else ():
             if isinstance(entry, list) and len(entry) == 3:
-                self._renew_switch(str(entry[0]), _times(entry[1:]))
+                self._renew(str(entry[0]), _times(entry[1:]))
 
-    def _renew_switch(self, key: str, times: tuple[float, float] | None) -> None:
+    def _renew(self, key: str, times: tuple[float, float] | None) -> None:
         if times is None:
             return
-        tree = self._trees.get(key)
+        tree = self._table.trees.get(key)
         if tree is None:
             room = key in self._early_kill_by or len(self._early_kill_by) < _EARLY_KILL_BY_MAX
-            if key in self._inflight and room:
+            if key in self._table.inflight and room:
                 old = self._early_kill_by.get(key, times)
                 self._early_kill_by[key] = (max(old[0], times[0]), max(old[1], times[1]))
             return  # (else: the tree is gone, or its start failed: moot)
@@ -127,9 +119,9 @@ class Switches:
             tree.switch = Switch(*times)
         elif not tree.switch.renew(*times):
             return
-        self._schedule_switch(tree)
+        self._schedule(tree)
 
-    def _runner_signalled(self, tree: Tree, sig: int, at: Any) -> bool:
+    def runner_signalled(self, tree: Tree, sig: int, at: Any) -> bool:
         """The runner asks ``sig`` for ``tree`` (sent at ``at``, its monotonic clock); False: not
         sent again (the switch TERMed it already and this is a TERM)."""
         switch = tree.switch
@@ -139,32 +131,33 @@ class Switches:
             tree.switched = False  # the runner decided in time; this process was late to read it
         if sig == signal.SIGKILL:
             return True
-        self._switch_terms_withheld += 1
+        self._terms_withheld += 1
         return False
 
-    def _schedule_switch(self, tree: Tree) -> None:
+    def _schedule(self, tree: Tree) -> None:
         assert tree.switch is not None
         when = tree.switch.next_at(tree.term_sent)
         if when is None:
             return
-        heapq.heappush(self._switch_heap, (when, tree.key))
-        if len(self._switch_heap) > 4 * len(self._trees) + 64:  # renewals leave stale entries: rebuild
-            heap = [(self._switch_due(key), key) for key in self._trees]
-            self._switch_heap = [(due, key) for due, key in heap if due is not None]
-            heapq.heapify(self._switch_heap)
+        heapq.heappush(self._heap, (when, tree.key))
+        trees = self._table.trees
+        if len(self._heap) > 4 * len(trees) + 64:  # renewals leave stale entries: rebuild
+            heap = [(self._due(key), key) for key in trees]
+            self._heap = [(due, key) for due, key in heap if due is not None]
+            heapq.heapify(self._heap)
 
-    def _switch_due(self, key: str) -> float | None:
-        tree = self._trees.get(key)
+    def _due(self, key: str) -> float | None:
+        tree = self._table.trees.get(key)
         if tree is None or tree.switch is None:
             return None
         return tree.switch.next_at(tree.term_sent)
 
-    def _next_switch_at(self) -> float | None:
+    def _next_at(self) -> float | None:
         """When the earliest switch comes due (stale heap entries are dropped here)."""
-        heap = self._switch_heap
+        heap = self._heap
         while heap:
             when, key = heap[0]
-            due = self._switch_due(key)
+            due = self._due(key)
             if due is not None and due <= when:
                 return due
             heapq.heappop(heap)
@@ -172,12 +165,13 @@ class Switches:
                 heapq.heappush(heap, (due, key))
         return None
 
-    def _fire_switches(self, now: float) -> None:
-        """Signal every tree whose switch is due at ``now``, before anything else in this turn."""
+    def fire(self, now: float) -> bool:
+        """Ask the signal of every tree whose switch is due at ``now`` (in the table's ``pending``);
+        True if any was: the caller flushes them before anything else in this turn."""
         fired = False
-        while (when := self._next_switch_at()) is not None and when <= now:
-            _, key = heapq.heappop(self._switch_heap)
-            tree = self._trees[key]
+        while (when := self._next_at()) is not None and when <= now:
+            _, key = heapq.heappop(self._heap)
+            tree = self._table.trees[key]
             assert tree.switch is not None
             before = tree.switch.late
             verdict = tree.switch.step(now, tree.term_sent)
@@ -186,34 +180,32 @@ class Switches:
             if verdict is None:  # (not due after all: back in the heap if it has a later point)
                 later = tree.switch.next_at(tree.term_sent)
                 if later is not None and later > now:
-                    heapq.heappush(self._switch_heap, (later, key))
+                    heapq.heappush(self._heap, (later, key))
                 continue
             if not tree.exited and not tree.term_sent and not tree.kill_sent:
                 tree.switched = True  # the runner has not fenced it: it is stalled
             if verdict == TERM:
-                self._switch_terms += 1
+                self._terms += 1
                 tree.kill_at = tree.switch.kill_at if tree.kill_at is None else min(tree.kill_at,
                                                                                     tree.switch.kill_at)
-                if self._pending.get(key) != signal.SIGKILL:
-                    self._pending[key] = signal.SIGTERM
-                self._schedule_switch(tree)
+                self._table.ask(key, signal.SIGTERM)
+                self._schedule(tree)
             elif verdict == KILL:
-                self._switch_kills += 1
+                self._kills += 1
                 tree.kill_at = now
-                self._pending[key] = signal.SIGKILL
+                self._table.pending[key] = signal.SIGKILL
             fired = True
-        if fired:
-            self._flush_signals()
+        return fired
 
-    def _switch_timeout(self, now: float, timeout: float | None) -> float | None:
+    def timeout(self, now: float, timeout: float | None) -> float | None:
         """The loop's select timeout, shortened to the next switch point."""
-        when = self._next_switch_at()
+        when = self._next_at()
         if when is None:
             return timeout
         left = max(0.0, when - now)
         return left if timeout is None else min(timeout, left)
 
-    def _switch_stats(self) -> dict[str, int]:
-        return {"switch_terms": self._switch_terms, "switch_kills": self._switch_kills,
-                "switch_terms_withheld": self._switch_terms_withheld,
+    def stats(self) -> dict[str, int]:
+        return {"switch_terms": self._terms, "switch_kills": self._kills,
+                "switch_terms_withheld": self._terms_withheld,
                 "nice": os.getpriority(os.PRIO_PROCESS, 0)}  # fmt: skip

@@ -1,22 +1,25 @@
-"""The fork server's task trees: the ``Tree`` record and which process below it is whose.
+"""The fork server's task trees: the ``Tree`` record, the table of them, and which process below it is whose.
 
-Owns ``Tree`` (one task's tree as the fork server holds it: leader pid and start time, marker token,
-cgroup, grace, the members seen at the last scan, what was sent to it) and ``attribute``, the rule
-that assigns every process below the fork server to a tree or calls it a stray. A process is a
-tree's when it is in the tree's session or process group, carries its marker token, was seen in it
-at an earlier scan, is in its cgroup, or descends from one of those; one that none claims (it left
-the group *and* wiped its environment) is attributed by start time: only a tree whose leader started
-no later can own it, so with exactly one such live tree it is that tree's, with none a stray (its
-tree is over), with several it stays unclaimed (never a wrong kill).
+Owns ``TreeTable`` (the trees held, the starts still on a spawner thread, the signals asked and not sent
+yet, whether the close began: the state every part of the fork server reads), ``Tree`` (one task's tree
+as the fork server holds it: leader pid and start time, marker token, cgroup, grace, the members seen at
+the last scan, what was sent to it) and ``attribute``, the rule that assigns every process below the
+fork server to a tree or calls it a stray. A process is a tree's when it is in the tree's session or
+process group, carries its marker token, was seen in it at an earlier scan, is in its cgroup, or
+descends from one of those; one that none claims (it left the group *and* wiped its environment) is
+attributed by start time: only a tree whose leader started no later can own it, so with exactly one such
+live tree it is that tree's, with none a stray (its tree is over), with several it stays unclaimed
+(never a wrong kill).
 
 Must not touch: signals, sockets, the selector: it decides whose a process is and nothing else
-(``ForkServer`` signals). Stdlib only and light, like every module the fork server imports.
+(``kills.Killer`` signals). Stdlib only and light, like every module the fork server imports.
 
 Threads: the fork server's (under its lock, ``launch.py``).
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,12 +59,35 @@ class Tree:
         self.switched = False  # the switch signalled it before the runner did (the runner stalled)
 
 
+class TreeTable:
+    """What the fork server holds now; its parts share this one table (``server.ForkServer`` makes it)."""
+
+    __slots__ = ("closing_kill_at", "inflight", "pending", "trees")
+
+    def __init__(self) -> None:
+        self.trees: dict[str, Tree] = {}
+        self.inflight: dict[str, str] = {}  # key -> task directory, of starts on a spawner thread
+        # Trees to signal once the requests already waiting are read: one walk of /proc for all of
+        # them, in the order asked (``kills.Killer.flush``).
+        self.pending: dict[str, int] = {}
+        self.closing_kill_at: float | None = None  # set when the close began: every tree's last KILL
+
+    @property
+    def closing(self) -> bool:
+        return self.closing_kill_at is not None
+
+    def ask(self, key: str, sig: int) -> None:
+        """Signal the tree at the next flush. A KILL asked after a TERM of the same tree supersedes it."""
+        if self.pending.get(key) != signal.SIGKILL:
+            self.pending[key] = sig
+
+
 def attribute(
     trees: list[Tree], procs: dict[int, procfs.ProcInfo], walked: set[str] | None = None
 ) -> tuple[dict[str, set[int]], set[int]]:
     """Each of ``trees``' live members (leader excluded), and the strays: live processes below the fork
     server whose tree is over. Also refreshes each tree's ``known`` members. ``walked``: the keys of
-    the trees whose members ``procs`` holds (``ForkServer._scan(busy)``; None: all); for the others,
+    the trees whose members ``procs`` holds (``kills.Killer.scan(busy)``; None: all); for the others,
     only what was walked of them (processes re-parented to the fork server) is answered and added to
     their ``known``.
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leasecore.conductor.calls import Reply, path_segment
 from leasecore.errors import ConductorError
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task
 from leasecore.process.checkpoint import CheckpointWatch, from_log, from_output, log_line, seed_of
+
+if TYPE_CHECKING:
+    from leasecore.runner.ports import ChildPort
 
 log = logging.getLogger("conductor_run.runner")
 
@@ -87,10 +90,10 @@ def resume_retry(task: Task, port: ResumePort | None) -> Task:
     return dataclasses.replace(task, checkpoint=value)
 
 
-def open_watch(task: Task, child: Any) -> CheckpointWatch | None:
-    """The watch of a just-started child's checkpoint file (None: a child without one, e.g. a fake)."""
-    path = getattr(child, "checkpoint_path", None)
-    if not isinstance(path, str) or not path:
+def open_watch(task: Task, child: ChildPort) -> CheckpointWatch | None:
+    """The watch of a just-started child's checkpoint file (None: a child without one)."""
+    path = child.checkpoint_path
+    if not path:
         return None
     return CheckpointWatch(path, seed_of(task.checkpoint))
 

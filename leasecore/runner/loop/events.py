@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leasecore.lease import FenceAction, LeasePolicy
 from leasecore.models import Task
 from leasecore.runner.upstream.reporter import ReportOutcome
+
+if TYPE_CHECKING:
+    from leasecore.process.spec import ChildExit
 
 __all__ = [
     "ChainEnded",
@@ -59,7 +62,7 @@ class ChainEnded:
 @dataclass(frozen=True)
 class ChildExited:
     task_id: str
-    exit: Any | None  # ChildExit; None when the runner lost track of the child (wait() failed)
+    exit: ChildExit | None  # None when the runner lost track of the child (wait() failed)
 
 
 @dataclass(frozen=True)

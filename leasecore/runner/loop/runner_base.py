@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import queue
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from leasecore.clock import Clock
 from leasecore.handover import StartGate, YieldHold
@@ -29,12 +29,15 @@ from leasecore.runner.upstream.poller import Poller, WorkBudget
 from leasecore.runner.upstream.reporter import Reporter
 from leasecore.snapshot import TaskSnapshot
 
+if TYPE_CHECKING:
+    from leasecore.process.spec import ChildExit, CommandSpec
+
 
 class ToResult(Protocol):
     """``leasecore.process.to_task_result`` as the runner calls it (``exit_``: a ChildExit)."""
 
     def __call__(
-        self, task: Task, exit_: Any, spec: Any, worker_id: str, *, timed_out: bool = False
+        self, task: Task, exit_: ChildExit, spec: CommandSpec, worker_id: str, *, timed_out: bool = False
     ) -> TaskResult: ...
 
 

@@ -121,14 +121,10 @@ def progress_of_entry(entry: InFlight) -> float | None:
     return progress_of(entry.task.checkpoint)
 
 
-def _memory_of(child: object) -> int | None:
+def _memory_of(child: ChildPort | None) -> int | None:
     """The tree's memory now (``Child.memory_bytes``: its group, else the child's RSS); None for a
-    child handle that cannot tell (a test's fake) or one not running yet."""
-    reader = getattr(child, "memory_bytes", None)
-    if reader is None or not getattr(child, "pid", 0):
-        return None
-    value = reader()
-    return value if isinstance(value, int) else None
+    child handle that cannot tell or one not running yet."""
+    return child.memory_bytes() if child is not None and child.pid else None
 
 
 def undelivered_snapshot(entry: InFlight) -> TaskSnapshot:

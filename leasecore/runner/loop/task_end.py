@@ -27,7 +27,7 @@ from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.results.reasons import exit_rule
-from leasecore.process.spec import CommandSpec
+from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.runner.chain import may_chain
 from leasecore.runner.leasing.finalupdates import FinalUpdates
 from leasecore.runner.loop.runner_base import RunnerCore
@@ -86,7 +86,7 @@ class TaskEnds(RunnerCore):
         if entry.phase is Phase.REPORTING:
             return
         self._gate.dying.add(entry.task, entry.child)  # a retry polled meanwhile waits for this tree
-        if getattr(entry.child, "ended_by_switch", False):  # resumed after a stall: the switch did it
+        if entry.child.ended_by_switch:  # resumed after a stall: the switch did it
             entry.phase = Phase.STOPPING
             return
         kill = isinstance(action, KillTree)
@@ -102,7 +102,7 @@ class TaskEnds(RunnerCore):
         except ProcessError as exc:
             log.error("task %s: could not signal the process tree: %s", task_id, exc)
 
-    def _on_child_exited(self, task_id: str, exit_: Any | None) -> None:
+    def _on_child_exited(self, task_id: str, exit_: ChildExit | None) -> None:
         entry = self._tasks.get(task_id)
         if entry is None:
             return
@@ -115,16 +115,16 @@ class TaskEnds(RunnerCore):
         if fenced_before is None and entry.fence in _SERVER_FENCES and (late or 0.0) > _STALL_SECONDS:
             # Its TERM point passed long ago and this process never fenced it: it did not run then.
             entry.stalled_seconds = late
-        entry.ended_by_switch = bool(getattr(entry.child, "ended_by_switch", False))
-        if entry.ended_by_switch:  # the fork server fenced it alone: this process did not run in time
-            late = getattr(entry.child, "switch_late_seconds", None)
+        entry.ended_by_switch = entry.child is not None and entry.child.ended_by_switch
+        if entry.child is not None and entry.ended_by_switch:  # the fork server fenced it alone: this
+            late = entry.child.switch_late_seconds  # process did not run in time
             log.warning("task %s: the lease ran out while the runner was stalled; the fork server's "
                         "dead-man's switch ended the tree on time%s", task_id,
                         "" if late is None else f" (it acted {late * 1000:.0f} ms after its point)")
             self._metrics.on_switch_fenced(entry.task.task_type, entry.fence)
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      _success_code(entry.plan.spec, exit_))
-        start_error = getattr(exit_, "start_error", None)  # the command never ran (an exec failed, say)
+        start_error = None if exit_ is None else exit_.start_error  # the command never ran (an exec failed)
         if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
             self._logs.close(task_id)
             self._report_not_started(entry, start_error)
@@ -186,7 +186,7 @@ class TaskEnds(RunnerCore):
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
         self._report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
 
-    def _result_for(self, entry: InFlight, exit_: Any | None) -> TaskResult:
+    def _result_for(self, entry: InFlight, exit_: ChildExit | None) -> TaskResult:
         task, plan = entry.task, entry.plan
         if exit_ is None:
             return _failed(task, plan, "lost track of the child process")
@@ -210,10 +210,10 @@ class TaskEnds(RunnerCore):
             entry.log_lines(ENTRY_STREAM, [line.log for line in result.logs])
         return dataclasses.replace(result, logs=())
 
-    def _take_final_checkpoint(self, entry: InFlight, exit_: Any | None) -> None:
+    def _take_final_checkpoint(self, entry: InFlight, exit_: ChildExit | None) -> None:
         """What the checkpoint file held at the exit: the last word (logged if new; an unusable file
         is said in the log and the last valid checkpoint stands)."""
-        read = getattr(exit_, "checkpoint", None)
+        read = None if exit_ is None else exit_.checkpoint
         if entry.checkpoint is None or read is None:
             return
         line = entry.checkpoint.take(read)
@@ -313,15 +313,14 @@ class TaskEnds(RunnerCore):
             self._pollers[entry.plan.poll.task_type].reported()
 
 
-def _success_code(spec: Any, exit_: Any) -> int | None:
+def _success_code(spec: CommandSpec, exit_: ChildExit | None) -> int | None:
     """The non-zero exit code that is no execute error for the metrics: the exit's own when the
     exit-code policy maps it to COMPLETED or IN_PROGRESS, else the spec's ``in_progress_exit_code``."""
-    code = getattr(exit_, "exit_code", None)
-    if isinstance(spec, CommandSpec):
-        rule = exit_rule(spec, code)
-        if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
-            return code
-    return getattr(spec, "in_progress_exit_code", None)
+    code = None if exit_ is None else exit_.exit_code
+    rule = exit_rule(spec, code)
+    if rule is not None and rule.status in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+        return code
+    return spec.in_progress_exit_code
 def _masked(entry: InFlight, result: TaskResult) -> TaskResult:
     """``result`` with the task's secret values masked: output values (keys too), reason, logs."""
     masker = entry.masker
@@ -330,7 +329,7 @@ def _masked(entry: InFlight, result: TaskResult) -> TaskResult:
     return mask_result(masker, result)
 
 
-def _tree_gone(child: Any) -> bool:
+def _tree_gone(child: Any) -> bool:  # a ChildPort, held by leasecore.handover as an opaque object
     return bool(child.wait_gone(0))
 
 

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
 
 from leasecore.errors import ProcessError
 from leasecore.handover import may_run_elsewhere
@@ -25,12 +24,13 @@ from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.masking import MIN_MASKED_CHARS, Masker
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.secretenv import missing_metadata, missing_reason
+from leasecore.process.spec import CommandSpec
 from leasecore.runner.chain import hand_back
 from leasecore.runner.loop.checkpoints import child_deadline, open_watch, resume_retry, start_line
 from leasecore.runner.loop.events import ChainEnded, ChildExited, TaskPolled
 from leasecore.runner.loop.status import InFlight, NextRun, Phase
 from leasecore.runner.loop.task_end import SHUTDOWN_REASON, TaskEnds, _failed, fence_text
-from leasecore.runner.ports import TaskTypePlan
+from leasecore.runner.ports import ChildPort, TaskTypePlan
 from leasecore.snapshot import MAX_OUTPUT_LINES
 
 log = logging.getLogger("conductor_run.runner")
@@ -201,7 +201,7 @@ class TaskStarts(TaskEnds):
             self._refuse_unresolved(entry, missing)
             return
 
-        def on_started(child: Any) -> None:  # on the supervisor's reader thread, once the exec is done
+        def on_started(child: ChildPort) -> None:  # on the supervisor's reader thread, once the exec is done
             log.info("task %s (%s, workflow %s) started: pid %d", task_id, task.task_type,
                      task.workflow_id, child.pid)
 
@@ -309,16 +309,14 @@ class TaskStarts(TaskEnds):
         return on_lines
 
 
-def _spawn_spec(spec: Any, policy: LeasePolicy | None, masker: Masker | None = None) -> Any:
+def _spawn_spec(spec: CommandSpec, policy: LeasePolicy | None, masker: Masker | None = None) -> CommandSpec:
     """``spec`` with the policy's effective (capped) kill grace: the fork server's own TERM -> KILL of
     a tree's escapees, after its leader exits, follows the cap the lease's fences do; and with the
     task's ``masker`` (its secret values masked in the child's output)."""
-    if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
-        return spec
-    if masker and hasattr(spec, "masker") and spec.masker is not masker:  # the task's own values
+    if masker and spec.masker is not masker:  # the task's own values
         spec = dataclasses.replace(spec, masker=masker)
-    grace = getattr(spec, "kill_grace_seconds", None)
-    if policy is None or grace is None:
+    grace = spec.kill_grace_seconds
+    if policy is None:
         return spec
     capped = min(grace, policy.effective_kill_grace_seconds)
     return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)
