@@ -230,8 +230,9 @@ class StartGate:
 
 
 class YieldHold:
-    """IN_PROGRESS results of children whose tree is not gone yet, by task id: a yield is marked only
-    once nothing of ours runs any more (``mark_yield``). Each waits until its tree is gone or its bound
+    """Results of children whose tree is not gone yet, by task id: IN_PROGRESS (a yield is marked only
+    once nothing of ours runs any more, ``mark_yield``) and FAILED (the server creates the retry at
+    once, for any host: it goes out once the tree is gone). Each waits until its tree is gone or its bound
     passes (``until``: the effective kill grace + margin after the leader's exit, when the fork server
     must have killed every escapee). Pure: the caller passes the time. Main thread only."""
 

@@ -17,6 +17,7 @@ from tests.integration.helpers import World
 from tests.integration.rewriting_relay import RewritingRelay
 from tests.integration.test_handover_e2e import COPY, Copies, psutil_alive, stop
 from tests.integration.test_metrics_e2e import metrics_port, scrape, value
+from tests.integration.test_operate_e2e import operate
 from tests.support import wait_until
 
 # The first delivery's yield, native (in_progress_exit_code) or stdio (a document saying IN_PROGRESS):
@@ -149,3 +150,31 @@ def test_a_task_polled_back_while_its_copy_here_is_killed_runs_once_that_copy_is
         stop(world, a)
     assert "not starting it twice" not in world.stderr(a)
     assert "polled again (pollCount 2) while its earlier copy here is killed" in world.stderr(a)
+
+
+def test_a_failed_attempt_whose_escapee_lives_is_reported_only_once_the_tree_is_gone(
+    world: World, tmp_path: Path
+) -> None:
+    """A's attempt starts a TERM-ignoring escapee (its own session) and exits 1: FAILED, and the server
+    creates the retry at once. A is paused, so B, a runner on another host as far as A's trees are
+    concerned, polls the retry and starts it at once (a retry is a new task: no re-delivery wait). The
+    FAILED must therefore reach the server only once A's tree is gone (the fork server kills the escapee
+    kill_grace after the exit), or B's copy runs beside the escapee: checked from the copies' records.
+    Found by the simulator (the failed_before_tree_gone race)."""
+    world.define(responseTimeoutSeconds=20, retry_count=1)
+    copies = Copies(tmp_path / "copies")
+    script = ('if [ "$CONDUCTOR_RETRY_COUNT" = 0 ]; then setsid /bin/sh -c "$0" copy "$1" '
+              '</dev/null >/dev/null 2>&1 & sleep 1; exit 1; fi; exec /bin/sh -c "$0" copy "$1" >&2')
+    command = ["/bin/sh", "-c", script, COPY, str(copies.dir)]
+    world.start_workflow()
+    a = world.run("--kill-grace", "2", command=command)
+    wait_until(lambda: len(copies.read()) == 1, what="A's escapee to start")
+    paused = operate(world, "pause", "--runner", str(a.pid))
+    assert paused.returncode == 0, paused.stderr
+    b = world.run("--kill-grace", "2", command=command)
+    wait_until(lambda: len(copies.read()) == 2, timeout_seconds=30, what="the retry's copy on B")
+    wait_until(lambda: copies.read()[0].exited is not None, what="A's escapee's exit to be seen")
+    first, second = copies.assert_never_overlapped()
+    assert first.task_id != second.task_id  # the retry: a new task
+    stop(world, a, b)
+    assert "its tree is not gone yet" in world.stderr(a)

@@ -143,6 +143,11 @@ class TaskEnds(RunnerCore):
         if result.status is TaskStatus.IN_PROGRESS:
             self._yield(entry, result)
             return
+        if result.status is TaskStatus.FAILED and not (entry.child is None or _tree_gone(entry.child)):
+            # A FAILED makes the server create the retry at once, for any worker on any host: it goes
+            # out once nothing of this attempt runs any more (escapees die kill_grace after the exit).
+            self._hold_until_gone(entry, result)
+            return
         self._report(entry, result)
 
     def _past_term_point(self, entry: InFlight) -> float | None:
@@ -163,9 +168,15 @@ class TaskEnds(RunnerCore):
         if entry.child is None or _tree_gone(entry.child):
             self._report(entry, mark_yield(result, entry.task.poll_count))
             return
+        self._hold_until_gone(entry, result)
+
+    def _hold_until_gone(self, entry: InFlight, result: TaskResult) -> None:
+        """Keep ``result`` (a yield, or a FAILED the server retries at once) until the tree is gone, lease
+        heartbeated, up to the tree's effective grace + margin (the fork server kills escapees by then)."""
         lead = entry.policy.fence_lead_seconds if entry.policy else entry.plan.kill_grace_seconds
         until = self._clock.monotonic() + lead + _YIELD_SLACK_SECONDS
-        log.info("task %s: its tree is not gone yet: reporting IN_PROGRESS once it is", entry.task.task_id)
+        log.info("task %s: its tree is not gone yet: reporting %s once it is", entry.task.task_id,
+                 result.status.value)
         self._yields.hold(entry.task.task_id, entry.child, result, until)
 
     def _report_yields(self) -> None:
@@ -175,7 +186,11 @@ class TaskEnds(RunnerCore):
             entry = self._tasks.get(task_id)
             if entry is None:
                 continue
-            if gone:
+            if result.status is not TaskStatus.IN_PROGRESS:  # a FAILED: it goes out now either way
+                if not gone:
+                    log.warning("task %s: its tree outlived its grace; reporting %s anyway", task_id,
+                                result.status.value)
+            elif gone:
                 result = mark_yield(result, entry.task.poll_count)
             else:
                 log.warning("task %s: its tree outlived its grace; reporting IN_PROGRESS without the yield "
