@@ -111,8 +111,16 @@ def test_a_stalled_runner_that_resumes_reports_truthfully_and_keeps_its_result_i
         finally:
             os.kill(a.pid, signal.SIGCONT)
         outbox = world.state_dir / "outbox"
-        saved = wait_until(lambda: list(outbox.glob("*.json")), 60, what="the result in the outbox")
-        body = saved[0].read_text()
+        def saved_body() -> str:  # a saved result, whole (not a save in progress, .tmp-*.json)
+            for path in outbox.glob("*.json"):
+                try:
+                    if not path.name.startswith(".") and (text := path.read_text()):
+                        return text
+                except FileNotFoundError:  # claimed or replaced meanwhile: look again
+                    pass
+            return ""
+
+        body = wait_until(saved_body, 60, what="the result in the outbox")
         assert "lease expired while the runner was stalled" in body and '"FAILED"' in body
         shown = _status_json(world)
         (task,) = [t for r in shown["runners"] for t in r["tasks"] if t["task_id"] == copy.task_id]
