@@ -25,12 +25,23 @@ from typing import Any
 
 import psutil
 
-from bench import footprint, harness, heartbeat, kill, neighbour, realjar, report, serverload, throughput
+from bench import (
+    footprint,
+    harness,
+    heartbeat,
+    kill,
+    neighbour,
+    price,
+    realjar,
+    report,
+    serverload,
+    throughput,
+)
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 # kill-groups: only with --only
-SECTIONS = ("throughput", "throughput-busy", "heartbeat", "kill", "footprint", "serverload", "heartbeat-real",
-            "kill-groups")
+SECTIONS = ("throughput", "price", "throughput-busy", "heartbeat", "kill", "footprint", "serverload",
+            "heartbeat-real", "kill-groups")
 # Beside a busy process: the workers a user would choose between, and main before a change (an A/B).
 BUSY_KINDS = ("conductor-run", "conductor-run-base", "sdk", "floor")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -208,6 +219,11 @@ def main(argv: list[str]) -> int:
                             tasks=args.tasks,
                             concurrency=args.concurrency,
                             rounds=args.rounds,
+                            log=log,
+                        )
+                    elif section == "price":
+                        results[section] = price.run(
+                            srv, workdir, tasks=args.tasks, concurrency=args.concurrency, rounds=args.rounds,
                             log=log,
                         )
                     elif section == "throughput-busy":

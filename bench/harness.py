@@ -46,7 +46,19 @@ BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgr
 # The floor chaining through update-v2 (bench.floor --update-v2): what the chaining alone is worth to a
 # worker that does nothing else; the yardstick for how far #23's throughput targets can be reached.
 FLOOR_V2_KIND = "floor-v2"
-THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
+# The price list of safety (bench.price): conductor-run with one guarantee taken out each, through its
+# own switch (--cgroup off) or a bench-only build (bench.price_cli: patches of this process only), and
+# with all of them out at once ("bare"). Kind -> (parts bench.price_cli takes out, --cgroup off?).
+PRICE_KINDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "conductor-run-without-group": ((), True),
+    "conductor-run-without-files": (("files",), False),
+    "conductor-run-without-logstream": (("logstream",), False),
+    "conductor-run-without-lease": (("lease",), False),
+    "conductor-run-without-record": (("record",), False),
+    "conductor-run-bare": (("files", "logstream", "lease", "record"), True),
+}
+THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND,
+                         *PRICE_KINDS)
 
 
 def wait_until(
@@ -235,11 +247,16 @@ CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND):
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND, *PRICE_KINDS):
+        parts, no_group = PRICE_KINDS.get(cfg.kind, ((), False))
+        if parts:
+            entry = ["bench.price_cli", "--without", ",".join(parts)]
+        else:
+            entry = ["bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli"]
         argv = [
             *py,
             "-m",
-            "bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli",
+            *entry,
             "run",
             "--server",
             cfg.url,
@@ -262,6 +279,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         if cfg.kind == METRICS_KIND:
             argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
         cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if no_group:
+            cgroup = "off"
         if cfg.kind == BASE_KIND and BASE_CGROUP is not None:
             cgroup = BASE_CGROUP
         if cgroup is not None:
