@@ -34,6 +34,7 @@ from bench import (
     price,
     realjar,
     report,
+    scale,
     serverload,
     throughput,
 )
@@ -41,7 +42,7 @@ from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 # kill-groups: only with --only
 SECTIONS = ("throughput", "price", "throughput-busy", "heartbeat", "kill", "footprint", "serverload",
-            "heartbeat-real", "kill-groups")
+            "scale", "heartbeat-real", "kill-groups")
 # Beside a busy process: the workers a user would choose between, and main before a change (an A/B).
 BUSY_KINDS = ("conductor-run", "conductor-run-base", "sdk", "floor")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -100,6 +101,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load", type=_load_configs,
                    help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
     p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
+    p.add_argument("--scale-counts", type=_ints,
+                   help="scale: lease counts, run ascending (default 1000,2500,5000; quick 200)")
+    p.add_argument("--scale-r", type=int, default=60, help="scale: R in seconds (default 60)")
+    p.add_argument("--scale-hold", type=float,
+                   help="scale: seconds each child sleeps (default 100: two heartbeats; quick 45)")
+    p.add_argument("--scale-budget", type=float,
+                   help="scale: seconds the section may take; a count that would not fit is skipped "
+                   "(default 720; quick 120)")
     p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
                    help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--base-checkout", type=Path,
@@ -122,6 +131,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
     args.load = args.load or [("conductor-run", 20), ("sdk", 20), ("conductor-run", 200)]
     args.load_window = args.load_window or (30.0 if q else 120.0)
+    args.scale_counts = args.scale_counts or ([200] if q else [1000, 2500, 5000])
+    args.scale_hold = args.scale_hold or (45.0 if q else 100.0)
+    args.scale_budget = args.scale_budget or (120.0 if q else 720.0)
     return args
 
 
@@ -260,6 +272,11 @@ def main(argv: list[str]) -> int:
                             warmup_seconds=10.0,
                             log=log,
                         )
+                    elif section == "scale":
+                        results[section] = scale.run(
+                            srv, workdir, counts=args.scale_counts, r_seconds=args.scale_r,
+                            hold_seconds=args.scale_hold, budget_seconds=args.scale_budget, log=log,
+                        )  # fmt: skip
                     elif section == "kill-groups":
                         results[section] = kill.groups_vs_none(
                             srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),

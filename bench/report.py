@@ -147,6 +147,7 @@ def render(results: dict[str, Any]) -> str:
     out += _kill(results.get("kill")) + _kill_groups(results.get("kill-groups"))
     out += _footprint(results.get("footprint"))
     out += _heartbeat_real(results.get("heartbeat_real")) + _serverload(results.get("serverload"))
+    out += _scale(results.get("scale"))
     if results.get("errors"):
         out += ["", "## Errors", ""] + [f"- {e}" for e in results["errors"]]
     return "\n".join(out) + "\n"
@@ -530,4 +531,49 @@ def _price(tp: dict[str, Any] | None) -> list[str]:
         "this machine; the price per task does not "
         "grow with the task's length (a heartbeat every ~0.57 R aside).",
     ]
+    return out
+
+
+def _scale(sc: dict[str, Any] | None) -> list[str]:
+    """Many leases on one runner (bench/scale.py)."""
+    if not sc:
+        return []
+    out = [
+        "",
+        "## Scale: many leases on one runner",
+        "",
+        f"One conductor-run holding L leases at once (concurrency L), R = {sc['r_seconds']} s, every child a "
+        f"`sleep {sc['hold_seconds']:g}` (two heartbeats or more each); counts run one after the other, "
+        f"within a budget of {sc['budget_seconds']:.0f} s. Gaps as in the heartbeat section; lost = "
+        "TIMED_OUT by the server while its child ran. RSS: runner + fork server, max over the run (sampled "
+        "every second). Window: from 2 s after the last claim until 5 s before the first child ends: every "
+        "lease "
+        "held, none ending; CPU of the runner and the fork server in it, and the runner's requests the "
+        "server counted in it, per task and hour.",
+        "",
+        "| leases | claims spread (s) | gaps | p50 (s) | p99 (s) | max (s) | target p99 (s) | lost | RSS MB "
+        "(runner, fork server) | RSS KB/lease | open fds (runner, fork server) | window (s) | "
+        "CPU ms/lease/min | cores busy | requests/task-hour (heartbeat, check, poll, other) | requests/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sc["runs"]:
+        g, w = r["gaps_seconds"], r.get("window") or {}
+        rss, fds = r["rss_max_mb"], r.get("open_fds_max") or {}
+        per = w.get("requests_per_task_per_hour") or {}
+        req = ", ".join(_f(per.get(k), 0) for k in ("heartbeat", "check", "poll", "update")) if per else "n/a"
+        out.append(
+            f"| {r['leases']} | {_f(r['claim_spread_seconds'], 1)} | {g['count']} | {_f(g['p50'])} | "
+            f"{_f(g['p99'])} | {_f(g['max'])} | {_f(r['target_p99_seconds'], 2)} | {r['lost']} | "
+            f"{_f(r['rss_max_total_mb'], 0)} ({_f(rss.get('runner'), 0)}, {_f(rss.get('forkserver'), 0)}) | "
+            f"{_f(r['rss_kb_per_lease'], 1)} | {fds.get('runner', 'n/a')}, {fds.get('forkserver', 'n/a')} | "
+            f"{_f(w.get('seconds'), 0)} | "
+            f"{_f(w.get('cpu_ms_per_lease_per_minute'), 2)} | {_f(w.get('cores_busy'), 3)} | {req} | "
+            f"{_f(w.get('requests_per_second'), 1)} |"
+        )
+    for s in sc.get("slopes", []):
+        out.append("")
+        out.append(f"From {s['from']} to {s['to']} leases: {_f(s['rss_kb_per_added_lease'], 1)} KB of RSS "
+                   "per added lease.")
+    if sc.get("skipped"):
+        out += ["", f"Not run (would not fit in the budget): {', '.join(map(str, sc['skipped']))} leases."]
     return out
