@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         harness.BASE_CHECKOUT = args.base_checkout.resolve()
     harness.BASE_CGROUP = args.base_cgroup
     kinds = [k for k in args.workers.split(",") if k]
-    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
+    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]  # --only: in the order given
     started = time.monotonic()
     results: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -239,6 +239,9 @@ class WorkerConfig:
     heartbeat_timeout_seconds: float | None = None
     poll_timeout_ms: int | None = None
     cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
+    # conductor-run: a config file whose [[task]] tables say the task types, commands and concurrency
+    # (task_type, concurrency and command above are then not passed): one runner, several task types
+    config_file: Path | None = None
 
 
 CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
@@ -260,10 +263,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             "run",
             "--server",
             cfg.url,
-            "--task-type",
-            cfg.task_type,
-            "--concurrency",
-            str(cfg.concurrency),
+            *(["--config", str(cfg.config_file)] if cfg.config_file is not None else
+              ["--task-type", cfg.task_type, "--concurrency", str(cfg.concurrency)]),
             "--worker-id",
             "bench-conductor-run",
             "--state-dir",
@@ -285,7 +286,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
             cgroup = BASE_CGROUP
         if cgroup is not None:
             argv += ["--cgroup", cgroup]
-        return [*argv, "--", *cfg.command]
+        return argv if cfg.config_file is not None else [*argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [
             *py,

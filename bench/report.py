@@ -542,7 +542,8 @@ def _scale(sc: dict[str, Any] | None) -> list[str]:
         "",
         "## Scale: many leases on one runner",
         "",
-        f"One conductor-run holding L leases at once (concurrency L), R = {sc['r_seconds']} s, every child a "
+        f"One conductor-run holding L leases at once (spread over task types of at most 1000, the "
+        f"concurrency key's bound, in one config file), R = {sc['r_seconds']} s, every child a "
         f"`sleep {sc['hold_seconds']:g}` (two heartbeats or more each); counts run one after the other, "
         f"within a budget of {sc['budget_seconds']:.0f} s. Gaps as in the heartbeat section; lost = "
         "TIMED_OUT by the server while its child ran. RSS: runner + fork server, max over the run (sampled "
@@ -574,6 +575,8 @@ def _scale(sc: dict[str, Any] | None) -> list[str]:
         out.append("")
         out.append(f"From {s['from']} to {s['to']} leases: {_f(s['rss_kb_per_added_lease'], 1)} KB of RSS "
                    "per added lease.")
+    for f in sc.get("failed", []):
+        out += ["", f"{f['leases']} leases: the run failed: `{f['error'].splitlines()[0][:300]}`"]
     if sc.get("skipped"):
         out += ["", f"Not run (would not fit in the budget): {', '.join(map(str, sc['skipped']))} leases."]
     return out

@@ -1,8 +1,11 @@
 """Scale: many leases on one runner (R = 60 s by default, children that sleep), in growing counts.
 
 For each count L (ascending), L one-task workflows with ``responseTimeoutSeconds`` = R are queued and
-one conductor-run runs them all at once (concurrency L), each child a ``sleep`` of ``hold`` seconds,
-long enough for every task to need two or more heartbeats. Measured per count:
+one conductor-run runs them all at once, each child a ``sleep`` of ``hold`` seconds, long enough for
+every task to need two or more heartbeats. A task type's concurrency is at most 1000 (the
+``concurrency`` key's bound), so L is spread over ceil(L / 1000) task types of one runner, given by a
+config file of as many ``[[task]]`` tables (the runner shares its ownership-check budget, its fork
+server and its threads among them). Measured per count:
 
 - the time to claim and start all L (first to last claim, on the server's clock);
 - heartbeat gaps (claim, then each accepted extendLease, up to the final update; as the heartbeat
@@ -45,16 +48,34 @@ def _rss_mb(procs: list[psutil.Process]) -> dict[str, float]:
     return out
 
 
+MAX_PER_TYPE = 1000  # the concurrency key's bound (leasecore/config/keys.py)
+
+
+def _requests(srv: BenchServer, types: list[str]) -> dict[str, int]:
+    """The server's counts of the runner's requests, by kind, summed over its task types."""
+    counts = srv.requests()
+    return {k: sum(counts.get(t, {}).get(k, 0) for t in types) for k in KINDS}
+
+
 def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_seconds: float,
             log: Any) -> dict[str, Any]:  # fmt: skip
     task_type = f"scale_{leases}_{r_seconds}"
-    srv.define(task_type, response_timeout_seconds=r_seconds)
+    n_types = -(-leases // MAX_PER_TYPE)
+    sizes = [leases // n_types + (1 if i < leases % n_types else 0) for i in range(n_types)]
+    types = [f"{task_type}_{i}" for i in range(n_types)]
     t_queue = time.monotonic()
-    task_ids = srv.task_ids(srv.start(task_type, leases))
+    task_ids: list[str] = []
+    config = []
+    for name, size in zip(types, sizes, strict=True):
+        srv.define(name, response_timeout_seconds=r_seconds)
+        task_ids += srv.task_ids(srv.start(name, size))
+        config += ["[[task]]", f'type = "{name}"', f'command = ["sleep", "{hold_seconds:g}"]',
+                   f"concurrency = {size}", ""]  # fmt: skip
     queued_seconds = time.monotonic() - t_queue
+    config_file = workdir / f"{task_type}.toml"
+    config_file.write_text("\n".join(config))
     cfg = WorkerConfig(kind="conductor-run", url=srv.url, task_type=task_type, concurrency=leases,
-                       command=["sleep", f"{hold_seconds:g}"],
-                       state_dir=workdir / f"state-{task_type}")  # fmt: skip
+                       command=[], state_dir=workdir / f"state-{task_type}", config_file=config_file)
     rss_max: dict[str, float] = collections.defaultdict(float)
     window: dict[str, Any] = {}
     fds_max: dict[str, int] = collections.defaultdict(int)
@@ -85,11 +106,11 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
         if window_end - claimed_at >= 20.0:
             time.sleep(2.0)  # the last spawns' answers settle (a measurement window follows, not a wait)
             procs = sample()
-            cpu0, req0, t0 = cpu_seconds(procs), srv.requests().get(task_type, {}), time.monotonic()
+            cpu0, req0, t0 = cpu_seconds(procs), _requests(srv, types), time.monotonic()
             while time.monotonic() < window_end:
                 procs = sample()
                 time.sleep(1.0)
-            cpu1, req1, t1 = cpu_seconds(procs), srv.requests().get(task_type, {}), time.monotonic()
+            cpu1, req1, t1 = cpu_seconds(procs), _requests(srv, types), time.monotonic()
             seconds = t1 - t0
             window = {
                 "seconds": seconds,
@@ -117,6 +138,7 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
     rss_total = sum(rss_max.values())
     result = {
         "leases": leases,
+        "task_types": n_types,
         "r_seconds": r_seconds,
         "hold_seconds": hold_seconds,
         "queue_seconds": queued_seconds,
@@ -143,6 +165,7 @@ def run(srv: BenchServer, workdir: Path, *, counts: list[int], r_seconds: int, h
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
     skipped: list[int] = []
+    failed: list[dict[str, Any]] = []
     for leases in sorted(counts):
         # a run's time: queueing and claiming (~10 ms a task here, measured), the hold, the reports
         needed = hold_seconds + 30 + leases * 0.015
@@ -150,7 +173,12 @@ def run(srv: BenchServer, workdir: Path, *, counts: list[int], r_seconds: int, h
             log(f"scale L={leases}: skipped, it would not fit in the {budget_seconds:.0f} s budget")
             skipped.append(leases)
             continue
-        runs.append(one_run(srv, workdir, leases, r_seconds, hold_seconds, log))
+        try:
+            runs.append(one_run(srv, workdir, leases, r_seconds, hold_seconds, log))
+        except Exception as exc:  # where it stops: said in the report, the smaller counts kept
+            log(f"scale L={leases}: failed: {exc}")
+            failed.append({"leases": leases, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            break
     slopes = []
     for a, b in itertools.pairwise(runs):
         dl = b["leases"] - a["leases"]
@@ -159,4 +187,4 @@ def run(srv: BenchServer, workdir: Path, *, counts: list[int], r_seconds: int, h
             "rss_kb_per_added_lease": 1000 * (b["rss_max_total_mb"] - a["rss_max_total_mb"]) / dl,
         })  # fmt: skip
     return {"r_seconds": r_seconds, "hold_seconds": hold_seconds, "budget_seconds": budget_seconds,
-            "runs": runs, "skipped": skipped, "slopes": slopes}  # fmt: skip
+            "runs": runs, "skipped": skipped, "failed": failed, "slopes": slopes}  # fmt: skip
