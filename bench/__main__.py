@@ -222,6 +222,7 @@ def main(argv: list[str]) -> int:
         log(f"server at {srv.url} (pid {srv.pid}); work dir {workdir}")
         try:
             for section in sections:
+                load_before = [round(x, 2) for x in os.getloadavg()]
                 try:
                     if section == "throughput":
                         results[section] = throughput.run(
@@ -297,6 +298,9 @@ def main(argv: list[str]) -> int:
                     log(f"{section} failed: {exc}")
                     traceback.print_exc()
                     results["errors"].append(f"{section}: {type(exc).__name__}: {exc}")
+                # the machine is shared: its load (1, 5, 15 min averages) as each section began and ended
+                results.setdefault("load_by_section", {})[section] = {
+                    "start": load_before, "end": [round(x, 2) for x in os.getloadavg()]}
         finally:
             srv.close()
     results["wall_seconds"] = time.monotonic() - started

@@ -128,6 +128,9 @@ def render(results: dict[str, Any]) -> str:
         f"psutil {results['versions']['psutil']}."
         + (f" conductor-run's bytecode: {results['bytecode']}." if results.get("bytecode") else ""),
         "",
+        *(["Load average (1, 5, 15 min) as each section began and ended: " + "; ".join(
+            f"{name} {v['start']} -> {v['end']}" for name, v in results["load_by_section"].items()) + ".", ""]
+          if results.get("load_by_section") else []),
         "Every worker runs as a separate process against the embedded server, itself in its own process. "
         "Figures are what was measured on this (shared) machine in this run; see bench/README.md for "
         "exactly what each number counts.",
