@@ -532,7 +532,8 @@ def _price(tp: dict[str, Any] | None) -> list[str]:
         f"{_f(pr['cpu_percent_of_100ms_task'], 2)} ms per task, "
         f"{_f(pr['cpu_percent_of_100ms_task'], 1)} % of one core over those 100 ms). Measured with `true` on "
         "this machine; the price per task does not "
-        "grow with the task's length (a heartbeat every ~0.57 R aside).",
+        "grow with the task's length (a longer one adds its heartbeats, every 0.57-0.66 R, and its ownership "
+        "checks, every 5 s or tasks / 20 s).",
     ]
     return out
 
