@@ -1,7 +1,8 @@
 """``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
 
 Not part of the test suite. docs/benchmarks.md says what is measured and how. Sizes are flags; the
-default run is bounded (about 16 minutes on a 2-core machine), ``--quick`` takes a few.
+default run is bounded (about 30 minutes on a 2-core machine, 12 of them the scale section);
+``--quick`` takes a few.
 """
 
 from __future__ import annotations
