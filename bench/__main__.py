@@ -1,7 +1,8 @@
 """``python -m bench [--quick] [flags]``: run every benchmark once, write results/latest.{md,json}.
 
 Not part of the test suite. docs/benchmarks.md says what is measured and how. Sizes are flags; the
-default run is bounded (about 16 minutes on a 2-core machine), ``--quick`` takes a few.
+default run is bounded (about 30 minutes on a 2-core machine, 12 of them the scale section);
+``--quick`` takes a few.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from bench import (
     heartbeat,
     kill,
     neighbour,
+    price,
     realjar,
     report,
+    scale,
     serverload,
     stall,
     throughput,
@@ -40,8 +43,8 @@ from bench import (
 from bench.harness import THROUGHPUT_ONLY_KINDS, WORKER_KINDS, BenchServer
 
 # kill-groups: only with --only
-SECTIONS = ("throughput", "throughput-busy", "heartbeat", "kill", "stall", "footprint", "serverload",
-            "heartbeat-real", "kill-groups")
+SECTIONS = ("throughput", "price", "throughput-busy", "heartbeat", "kill", "stall", "footprint", "serverload",
+            "scale", "heartbeat-real", "kill-groups")
 # Beside a busy process: the workers a user would choose between, and main before a change (an A/B).
 BUSY_KINDS = ("conductor-run", "conductor-run-base", "sdk", "floor")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -103,6 +106,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load", type=_load_configs,
                    help="serverload: KIND:TASKS list (default conductor-run:20,sdk:20,conductor-run:200)")
     p.add_argument("--load-window", type=float, help="serverload: window in s (default 120; quick 30)")
+    p.add_argument("--scale-counts", type=_ints,
+                   help="scale: lease counts, run ascending (default 1000,2500,5000; quick 200)")
+    p.add_argument("--scale-r", type=int, default=60, help="scale: R in seconds (default 60)")
+    p.add_argument("--scale-hold", type=float,
+                   help="scale: seconds each child sleeps (default 100: two heartbeats; quick 45)")
+    p.add_argument("--scale-budget", type=float,
+                   help="scale: seconds the section may take; a count that would not fit is skipped "
+                   "(default 720; quick 120)")
     p.add_argument("--cgroup", choices=("auto", "v2", "v1", "off"),
                    help="conductor-run's --cgroup in every section (default: its own, auto)")
     p.add_argument("--base-checkout", type=Path,
@@ -127,6 +138,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.real_leases = args.real_leases or ([(40, 2)] if q else [(40, 2), (40, 10)])
     args.load = args.load or [("conductor-run", 20), ("sdk", 20), ("conductor-run", 200)]
     args.load_window = args.load_window or (30.0 if q else 120.0)
+    args.scale_counts = args.scale_counts or ([200] if q else [1000, 2500, 5000])
+    args.scale_hold = args.scale_hold or (45.0 if q else 100.0)
+    args.scale_budget = args.scale_budget or (120.0 if q else 720.0)
     return args
 
 
@@ -192,7 +206,7 @@ def main(argv: list[str]) -> int:
         harness.BASE_CHECKOUT = args.base_checkout.resolve()
     harness.BASE_CGROUP = args.base_cgroup
     kinds = [k for k in args.workers.split(",") if k]
-    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]
+    sections = args.only or [s for s in SECTIONS if s != "kill-groups"]  # --only: in the order given
     started = time.monotonic()
     results: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -215,6 +229,7 @@ def main(argv: list[str]) -> int:
         log(f"server at {srv.url} (pid {srv.pid}); work dir {workdir}")
         try:
             for section in sections:
+                load_before = [round(x, 2) for x in os.getloadavg()]
                 try:
                     if section == "throughput":
                         results[section] = throughput.run(
@@ -224,6 +239,11 @@ def main(argv: list[str]) -> int:
                             tasks=args.tasks,
                             concurrency=args.concurrency,
                             rounds=args.rounds,
+                            log=log,
+                        )
+                    elif section == "price":
+                        results[section] = price.run(
+                            srv, workdir, tasks=args.tasks, concurrency=args.concurrency, rounds=args.rounds,
                             log=log,
                         )
                     elif section == "throughput-busy":
@@ -265,6 +285,11 @@ def main(argv: list[str]) -> int:
                             srv, workdir, kill_grace=args.kill_grace, trials=args.kill_trials,
                             trees=tuple(args.stall_trees), busy=args.stall_busy, log=log,
                         )  # fmt: skip
+                    elif section == "scale":
+                        results[section] = scale.run(
+                            srv, workdir, counts=args.scale_counts, r_seconds=args.scale_r,
+                            hold_seconds=args.scale_hold, budget_seconds=args.scale_budget, log=log,
+                        )  # fmt: skip
                     elif section == "kill-groups":
                         results[section] = kill.groups_vs_none(
                             srv, workdir, kill_grace=args.kill_grace, tasks=max(args.shutdown_tasks),
@@ -285,6 +310,9 @@ def main(argv: list[str]) -> int:
                     log(f"{section} failed: {exc}")
                     traceback.print_exc()
                     results["errors"].append(f"{section}: {type(exc).__name__}: {exc}")
+                # the machine is shared: its load (1, 5, 15 min averages) as each section began and ended
+                results.setdefault("load_by_section", {})[section] = {
+                    "start": load_before, "end": [round(x, 2) for x in os.getloadavg()]}
         finally:
             srv.close()
     results["wall_seconds"] = time.monotonic() - started

@@ -48,7 +48,19 @@ BASE_CGROUP: str | None = None  # --base-cgroup MODE: conductor-run-base's --cgr
 # The floor chaining through update-v2 (bench.floor --update-v2): what the chaining alone is worth to a
 # worker that does nothing else; the yardstick for how far the throughput targets can be reached.
 FLOOR_V2_KIND = "floor-v2"
-THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND)
+# The price list of safety (bench.price): conductor-run with one guarantee taken out each, through its
+# own switch (--cgroup off) or a bench-only build (bench.price_cli: patches of this process only), and
+# with all of them out at once ("bare"). Kind -> (parts bench.price_cli takes out, --cgroup off?).
+PRICE_KINDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "conductor-run-without-group": ((), True),
+    "conductor-run-without-files": (("files",), False),
+    "conductor-run-without-logstream": (("logstream",), False),
+    "conductor-run-without-lease": (("lease",), False),
+    "conductor-run-without-record": (("record",), False),
+    "conductor-run-bare": (("files", "logstream", "lease", "record"), True),
+}
+THROUGHPUT_ONLY_KINDS = ("floor", FLOOR_V2_KIND, "sdk-v1", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND,
+                         *PRICE_KINDS)
 
 
 def wait_until(
@@ -230,6 +242,9 @@ class WorkerConfig:
     poll_timeout_ms: int | None = None
     cgroup: str | None = None  # conductor-run's --cgroup (auto | v2 | v1 | off); None: its default
     prefix: Sequence[str] = ()  # conductor-run: a command it runs under (e.g. setpriv dropping a capability)
+    # conductor-run: a config file whose [[task]] tables say the task types, commands and concurrency
+    # (task_type, concurrency and command above are then not passed): one runner, several task types
+    config_file: Path | None = None
 
 
 CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every conductor-run's default
@@ -238,18 +253,21 @@ CONDUCTOR_RUN_CGROUP: str | None = None  # python -m bench --cgroup MODE: every 
 def worker_argv(cfg: WorkerConfig) -> list[str]:
     """The command line that starts ``cfg.kind`` as a worker process."""
     py = [sys.executable]
-    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND):
+    if cfg.kind in ("conductor-run", METRICS_KIND, URLLIB3_KIND, BASE_KIND, V1_KIND, *PRICE_KINDS):
+        parts, no_group = PRICE_KINDS.get(cfg.kind, ((), False))
+        if parts:
+            entry = ["bench.price_cli", "--without", ",".join(parts)]
+        else:
+            entry = ["bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli"]
         argv = [
             *py,
             "-m",
-            "bench.urllib3_cli" if cfg.kind == URLLIB3_KIND else "cli",
+            *entry,
             "run",
             "--server",
             cfg.url,
-            "--task-type",
-            cfg.task_type,
-            "--concurrency",
-            str(cfg.concurrency),
+            *(["--config", str(cfg.config_file)] if cfg.config_file is not None else
+              ["--task-type", cfg.task_type, "--concurrency", str(cfg.concurrency)]),
             "--worker-id",
             "bench-conductor-run",
             "--state-dir",
@@ -265,10 +283,14 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         if cfg.kind == METRICS_KIND:
             argv += ["--metrics-port", "0"]  # loopback, a free port (logged)
         cgroup = cfg.cgroup if cfg.cgroup is not None else CONDUCTOR_RUN_CGROUP
+        if no_group:
+            cgroup = "off"
         if cfg.kind == BASE_KIND and BASE_CGROUP is not None:
             cgroup = BASE_CGROUP
         if cgroup is not None:
             argv += ["--cgroup", cgroup]
+        if cfg.config_file is not None:  # the config file's [[task]] tables name the commands
+            return [*cfg.prefix, *argv]
         return [*cfg.prefix, *argv, "--", *cfg.command]
     if cfg.kind in SDK_KINDS:  # sdk-v1: the same worker; the server side differs
         return [

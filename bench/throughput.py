@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import metrics_ab
-from bench.harness import FLOOR_V2_KIND, METRICS_KIND, V1_KIND, BenchServer, WorkerConfig, running_worker
+from bench.harness import (
+    FLOOR_V2_KIND,
+    METRICS_KIND,
+    PRICE_KINDS,
+    V1_KIND,
+    BenchServer,
+    WorkerConfig,
+    running_worker,
+)
 from bench.measure import CpuSampler, cpu_seconds, worker_processes
 from bench.stats import median, ratio
 
@@ -57,7 +65,7 @@ def one_run(
     start_cpu: float | None = None
     log_path = workdir / f"{task_type}.log"
     with running_worker(cfg, log_path) as worker, CpuSampler(srv.pid, worker.pid) as sampler:
-        if kind in (METRICS_KIND, "conductor-run"):  # the start-up's CPU, apart from the run's
+        if kind in (METRICS_KIND, "conductor-run", *PRICE_KINDS):  # the start-up's CPU, apart from the run's
             start_cpu = metrics_ab.cpu_at_serving(worker.pid, worker.log_path)
         if sdk_v1:
             srv.wait_settled(warmup_ids, timeout_seconds=60, worker=worker)
@@ -70,6 +78,8 @@ def one_run(
         srv.wait_settled(task_ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         procs = worker_processes(worker.pid)
         worker_cpu, task_cpu = cpu_seconds(procs), cpu_seconds(procs, children=True)
+        # conductor-run's own split: the runner (the root) and the fork server (its Python child)
+        runner_cpu = cpu_seconds([p for p in procs if p.pid == worker.pid])
         if kind == METRICS_KIND:
             _check_counted(worker.log_path.read_text(errors="replace"), task_type, tasks)
     server_cpu = cpu_seconds(worker_processes(srv.pid)) - server_cpu0
@@ -79,10 +89,12 @@ def one_run(
     last_report = max(when for when, _ in finals)
     seconds = last_report - first_claim
     statuses = collections.Counter(str(s) for s in marks["statuses"].values())
+    if statuses.get("COMPLETED", 0) != tasks:  # every `true` completes: else the run timed something else
+        raise RuntimeError(f"{kind} run {round_no}: not every task COMPLETED: {dict(statuses)}")
     via = collections.Counter(v for _, v in finals)
     if kind in ("sdk-v1", V1_KIND) and via.get("v2"):
         raise RuntimeError(f"{kind} run {round_no}: {via['v2']} final updates still landed through update-v2")
-    if kind in ("sdk", "conductor-run", METRICS_KIND, FLOOR_V2_KIND) and not via.get("v2"):
+    if kind in ("sdk", "conductor-run", METRICS_KIND, FLOOR_V2_KIND, *PRICE_KINDS) and not via.get("v2"):
         # They chain through update-v2: a run without it is not what the targets compare.
         raise RuntimeError(f"{kind} run {round_no}: no final update came through update-v2 ({dict(via)})")
     return {
@@ -97,6 +109,8 @@ def one_run(
         # Diagnostics: where the CPU went. The worker's figure includes its start-up.
         "server_cpu_ms_per_task": 1000 * server_cpu / tasks,
         "worker_cpu_ms_per_task": 1000 * worker_cpu / tasks,
+        # of it, the root process's (conductor-run: the runner; the rest is its fork server's)
+        "root_cpu_ms_per_task": 1000 * runner_cpu / tasks,
         # The `true` commands' own CPU (what the worker's processes reaped), and how many of the
         # machine's cores the server, the worker and the commands kept busy on average from the first
         # claim to the last final update: near the core count, the run is bound by CPU, not by waits.
