@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from leasecore.process.payload import deeper_than
+
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 # A checkpoint rides on every update and, when it changes, on one task-log line: it must stay small
 # (point to big state elsewhere). The log streamer cuts lines at 16 KiB (runner.upstream.logsink.LogBuffer),
@@ -60,7 +62,7 @@ def parse_checkpoint(data: bytes | str) -> CheckpointRead:
     except (ValueError, RecursionError) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return CheckpointRead(error=f"{NAME} is not valid JSON ({why}): not used")
-    if _deeper_than(value, CHECKPOINT_MAX_DEPTH):
+    if deeper_than(value, CHECKPOINT_MAX_DEPTH):
         return CheckpointRead(error=f"{NAME} nests over {CHECKPOINT_MAX_DEPTH} levels: not used")
     if value is None:
         return EMPTY
@@ -191,16 +193,3 @@ class CheckpointWatch:
         self.text, self.value = read.text, read.value
         self._logged = read.text
         return log_line(read.text)
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False

@@ -42,3 +42,17 @@ def too_large(
     """``"<what> is too large: 3565158 bytes, over the 3145728-byte (3 MiB) limit ...; <advice>"``."""
     amount = f"{'at least ' if at_least else ''}{size} bytes"
     return f"{what} is too large: {amount}, over {limit_text(limit)}; {advice}"
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -34,7 +34,7 @@ from leasecore.errors import SpawnError
 from leasecore.models import Task
 from leasecore.process.linux.leftovers import TASK_FILE_NAMES, TMP_PREFIX, remove_tmpdir
 from leasecore.process.linux.procfs import fstype_of
-from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
+from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, deeper_than, json_size, too_large
 from leasecore.process.secretenv import SECRETS_FILE_NAME
 
 STDIN_FILE_NAME = "task.json"  # stdio protocol: the child's stdin (the input file stays inputData)
@@ -214,20 +214,6 @@ def _write_private(path: str, body: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-
-
-def deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists/objects more than ``limit`` deep (iterative: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def _no_constant(name: str) -> Any:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leasecore.models import Task, TaskLog, TaskResult, TaskStatus
-from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, json_size, too_large
+from leasecore.process.payload import OUTPUT_DATA_LIMIT_BYTES, deeper_than, json_size, too_large
 from leasecore.process.results.reasons import bounded, callback_seconds, exit_verdict, resources, signal_name
 from leasecore.process.spec import ChildExit, CommandSpec
-from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, deeper_than, dump_json
+from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, OUTPUT_MAX_DEPTH, dump_json
 
 STDOUT_LIMIT_BYTES = OUTPUT_FILE_LIMIT_BYTES  # as CONDUCTOR_OUTPUT_FILE: what the server keeps (3 MiB)
 EXCERPT_CHARS = 200  # of stdout, in a reason
