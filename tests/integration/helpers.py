@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -104,9 +105,10 @@ class World:
         proc.wait(timeout=timeout)
         return proc.returncode, self.stderr(proc)
 
-    def define(self, *, response_timeout: int = 2, retry_count: int = 0, **taskdef: Any) -> None:
+    def define(self, *, response_timeout: int = 2, retry_count: int = 0,
+               inputs: Sequence[str] = ("seconds", "code", "x"), **taskdef: Any) -> None:
         """Register the task def (``taskdef`` overrides any field: timeoutSeconds, ...) and a one-task
-        workflow passing ``seconds``, ``code`` and ``x`` from the workflow's input."""
+        workflow passing ``inputs`` (by default ``seconds``, ``code`` and ``x``) from the workflow's input."""
         td = {
             "name": self.task_type,
             "responseTimeoutSeconds": response_timeout,
@@ -126,7 +128,7 @@ class World:
                         "name": self.task_type,
                         "taskReferenceName": "step",
                         "type": "SIMPLE",
-                        "inputParameters": {k: f"${{workflow.input.{k}}}" for k in ("seconds", "code", "x")},
+                        "inputParameters": {k: f"${{workflow.input.{k}}}" for k in inputs},
                     }
                 ],
             }

@@ -26,17 +26,7 @@ INPUTS = ("mode", "name", "seconds", "lookFor")
 
 def define(world: World, *, response_timeout: int = 30, retry_count: int = 0) -> None:
     """The task def, and a one-task workflow passing ``mode``, ``name``, ``seconds``, ``lookFor``."""
-    world.admin.register_task_defs([{
-        "name": world.task_type, "responseTimeoutSeconds": response_timeout, "retryCount": retry_count,
-        "retryDelaySeconds": 0, "timeoutSeconds": 0, "timeoutPolicy": "TIME_OUT_WF",
-    }])  # fmt: skip
-    world.admin.register_workflow({
-        "name": f"wf_{world.task_type}", "version": 1, "schemaVersion": 2,
-        "tasks": [{
-            "name": world.task_type, "taskReferenceName": "step", "type": "SIMPLE",
-            "inputParameters": {k: f"${{workflow.input.{k}}}" for k in INPUTS},
-        }],
-    })  # fmt: skip
+    world.define(response_timeout=response_timeout, retry_count=retry_count, inputs=INPUTS)
 
 
 def logs_of(world: World, workflow_id: str) -> list[str]:

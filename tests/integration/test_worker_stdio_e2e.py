@@ -33,17 +33,7 @@ CREDENTIAL_NAMES = {"CONDUCTOR_AUTH_KEY", "CONDUCTOR_AUTH_SECRET", "CONDUCTOR_AU
 
 
 def define(world: World, *, response_timeout: int = 30, retry_count: int = 0) -> None:
-    world.admin.register_task_defs([{
-        "name": world.task_type, "responseTimeoutSeconds": response_timeout, "retryCount": retry_count,
-        "retryDelaySeconds": 0, "timeoutSeconds": 0, "timeoutPolicy": "TIME_OUT_WF",
-    }])  # fmt: skip
-    world.admin.register_workflow({
-        "name": f"wf_{world.task_type}", "version": 1, "schemaVersion": 2,
-        "tasks": [{
-            "name": world.task_type, "taskReferenceName": "step", "type": "SIMPLE",
-            "inputParameters": {k: f"${{workflow.input.{k}}}" for k in INPUTS},
-        }],
-    })  # fmt: skip
+    world.define(response_timeout=response_timeout, retry_count=retry_count, inputs=INPUTS)
 
 
 def save_profile(world: World, name: str | None, **settings: str) -> Path:
