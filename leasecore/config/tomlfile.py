@@ -201,8 +201,9 @@ class FileView:
             if key not in allowed:
                 self._unknown(section, index, raw_key, sorted(allowed | set(ALIASES)))
             if (section, index, key) in self._values:
+                other = next(k for k in table if k != raw_key and ALIASES.get(k, k) == key)
                 raise self._error(
-                    section, index, raw_key, f"{raw_key} and {key} are the same setting: give one"
+                    section, index, raw_key, f"{other} and {raw_key} are the same setting: give one"
                 )
             source = self.source(section, index, raw_key)
             self._values[(section, index, key)] = (check_value(KEYS[key], value, source), source)
