@@ -1,4 +1,5 @@
-"""Every file or folder of the repository that docs/ARCHITECTURE.md names exists.
+"""Every file or folder of the repository that docs/ARCHITECTURE.md names exists, and its one claim
+about imports that tests/unit/test_layering.py does not check holds: nothing in leasecore/ imports cli/.
 
 The page is a map for a new engineer; a path that moved or was renamed makes it lie where it matters
 most. A path is any run of text starting with one of the repository's top folders and a slash
@@ -9,6 +10,7 @@ product. The check also runs on a planted page, so a reader that finds nothing c
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -64,3 +66,29 @@ def test_a_missing_path_is_caught(tmp_path: Path) -> None:
     )
     assert named_paths(page) == {"leasecore/runner/engine.py", "leasecore/runner/gone.py", "scripts/sim"}
     assert missing(page, tmp_path) == ["leasecore/runner/gone.py", "scripts/sim", "poller.py"]
+
+
+def imports_of_cli(root: Path) -> list[str]:
+    """Modules under ``root/leasecore`` that import ``cli`` or a module of it (type-only imports too)."""
+    found = []
+    for path in sorted((root / "leasecore").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(name == "cli" or name.startswith("cli.") for name in names):
+                found.append(str(path.relative_to(root)))
+    return found
+
+
+def test_nothing_in_leasecore_imports_cli() -> None:
+    assert len(list((ROOT / "leasecore").rglob("*.py"))) > 100  # the walk saw the package
+    assert imports_of_cli(ROOT) == []
+
+
+def test_an_import_of_cli_below_leasecore_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "leasecore" / "runner").mkdir(parents=True)
+    (tmp_path / "leasecore" / "runner" / "a.py").write_text("from cli import exitcodes\n")
+    (tmp_path / "leasecore" / "runner" / "b.py").write_text("import cli.main as m\n")
+    (tmp_path / "leasecore" / "runner" / "c.py").write_text("import client\nfrom .cli import x\n")
+    assert imports_of_cli(tmp_path) == ["leasecore/runner/a.py", "leasecore/runner/b.py"]
