@@ -22,6 +22,7 @@ from leasecore.process.linux import procfs
 from leasecore.process.supervisor.background import Chores
 from leasecore.process.supervisor.forkserver_link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
 from leasecore.process.supervisor.supervisor import MAX_STARTING
+from tests.daemons import Daemon
 from tests.support import wait_until
 
 from .process_support import (
@@ -32,7 +33,9 @@ from .process_support import (
     spec,
 )
 
-MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
+# A sleep no other test, nor another run of this module on the machine, starts: how its processes are
+# found (tests.daemons: 3218.<random digits>, which sleep reads as seconds).
+MARK_SECONDS = Daemon(3218).argv[1]
 
 
 def _ours() -> list[psutil.Process]:
