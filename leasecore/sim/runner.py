@@ -1,13 +1,16 @@
 """A runner in the simulation: stand-in glue that drives the product's real decision objects.
 
-Real, unchanged: ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the
-numbers, the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (which lease a
-delivery or an update reaches), ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` /
-``may_run_elsewhere`` (``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining),
-``PollBackoff`` (poll delays) and ``ownership_lost_reason`` (the outbox's check before a late
-delivery). Stand-in (this module and ``leasecore.sim.reports``): what the product's main loop, poller,
-lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
-order of a final update's steps. docs/simulator.md lists what the next step must replace.
+Real, unchanged: the lease engine's core (``EngineCore``: which lease is ticked when, its requests,
+one beat in flight, a final update's exclusion of beats, fences, kill-by times; ``step`` is its
+driver here, as ``LeaseEngine``'s threads are in the product, and only carries out its requests and
+fences), ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the numbers,
+the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (inside the core),
+``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` / ``may_run_elsewhere``
+(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollBackoff`` (poll
+delays) and ``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this
+module and ``leasecore.sim.reports``): what the product's main loop, poller, reporter and outbox do
+with those decisions: slots, starts, exits, the order of a final update's steps. docs/simulator.md
+lists what the next step must replace.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
