@@ -26,24 +26,8 @@ from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
 from leasecore.lease.finalcheck import unknown_fate
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.leasing.core import (
-    Answered,
-    ChildExited,
-    ChildStarted,
-    Effect,
-    EngineCore,
-    Event,
-    Fence,
-    KillBy,
-    Reported,
-    SendBeat,
-    SendCheck,
-    SenderFree,
-    Shutdown,
-    StartHeld,
-    Tick,
-    Track,
-)
+from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
+from leasecore.runner.leasing.core import EngineCore
 from leasecore.runner.leasing.schedule import (
     beat_acked,
     beat_failed,
@@ -119,7 +103,7 @@ class SimRunner:
         self.world.log(f"runner {self.name}: STOP (graceful)")
         self.stopping = True
         now = self.world.now
-        self.step(Shutdown())
+        self.step(ec.Shutdown())
         self.world.after(0.5, "stop-check", self.guard(lambda: self._exit_when_done(now + within)))
 
     def _exit_when_done(self, deadline: float) -> None:
@@ -235,14 +219,14 @@ class SimRunner:
             self.next_runs[tid] = (task, polled_at)
             return
         if current is not None:  # the same run delivered again: an ack of its lease, no second copy
-            effects = self._engine(Track(task, current.policy, polled_at))
+            effects = self._engine(ec.Track(task, current.policy, polled_at))
             if task.poll_count > current.task.poll_count:
                 current.task = task
             self.release()
             self.carry_out(effects)
             return
         policy = self.policy_for(task)
-        effects = self._engine(Track(task, policy, polled_at))
+        effects = self._engine(ec.Track(task, policy, polled_at))
         entry = self.engine.entry(tid)
         assert entry is not None  # (just tracked)
         run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
@@ -253,7 +237,7 @@ class SimRunner:
         here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
         if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
             self.gate.hold(task, now + wait, now, here)
-            effects += self._engine(Shutdown(tid))
+            effects += self._engine(ec.Shutdown(tid))
             self.carry_out(effects)
             return
         why = self.gate.hold(task, now + wait, now, here)
@@ -262,7 +246,7 @@ class SimRunner:
             why = None
         if why is not None:
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
-            effects += self._engine(StartHeld(tid))
+            effects += self._engine(ec.StartHeld(tid))
             self._arm_gate()
         elif run.lease.fence_reason is None:
             self._start(run)
@@ -302,7 +286,7 @@ class SimRunner:
                        on_exit=self._exit_handler(run))
         run.tree, run.phase = tree, "running"
         self.forkserver.add(tree)
-        self.step(ChildStarted(run.task.task_id))
+        self.step(ec.ChildStarted(run.task.task_id))
         self._arm_kill_by(run)
 
     def _exit_handler(self, run: Run) -> Callable[[SimTree], None]:
@@ -324,31 +308,29 @@ class SimRunner:
 
     # ----- the lease engine core's driver -------------------------------------------------------
 
-    def step(self, event: Event) -> None:
+    def step(self, event: ec.Event) -> None:
         """Step the engine core at the world's now and carry its effects out."""
         self.carry_out(self._engine(event))
 
-    def _engine(self, event: Event) -> list[Effect]:
+    def _engine(self, event: ec.Event) -> list[ec.Effect]:
         """The core's effects of ``event``, then every request a sender may take now (no pool limit)."""
         now = self.world.now
         effects = self.engine.step(event, now)
-        while more := self.engine.step(SenderFree(), now):
+        while more := self.engine.step(ec.SenderFree(), now):
             effects += more
         return effects
 
-    def carry_out(self, effects: list[Effect]) -> None:
-        """The I/O of the core's effects: requests to the simulated server, fences and kill-by times to
-        the simulated fork server; then the next wake-up. (Outcomes are the log's and the metrics';
-        ``WakeSenders`` and ``AwaitBeat`` need nothing: every request goes at once, and a final update
-        is sent only when no beat calls.)"""
+    def carry_out(self, effects: list[ec.Effect]) -> None:
+        """The effects' I/O: requests to the simulated server, fences and kill-by times to the simulated
+        fork server (every request goes at once: ``WakeSenders`` and ``AwaitBeat`` need nothing)."""
         for effect in effects:
-            if isinstance(effect, SendBeat):
+            if isinstance(effect, ec.SendBeat):
                 self._beat(effect)
-            elif isinstance(effect, SendCheck):
+            elif isinstance(effect, ec.SendCheck):
                 self._check(effect)
-            elif isinstance(effect, Fence):
+            elif isinstance(effect, ec.Fence):
                 self._fence(effect.task_id, effect.action)
-            elif isinstance(effect, KillBy):
+            elif isinstance(effect, ec.KillBy):
                 self._kill_by(effect)
         self._arm()
 
@@ -361,42 +343,42 @@ class SimRunner:
         def wake() -> None:
             if self.wake_at == at:
                 self.wake_at = None
-                self.step(Tick())
+                self.step(ec.Tick())
 
         self.world.at(at, "wake", self.guard(wake))
 
-    def _beat(self, send: SendBeat) -> None:
+    def _beat(self, send: ec.SendBeat) -> None:
         run = self.runs.get(send.task_id)
 
         def got(answer: Answer) -> None:
             if answer.ok:
-                event = Answered(send.call_id, beat_acked(send.sent_at))
+                event = ec.Answered(send.call_id, beat_acked(send.sent_at))
             elif answer.status == 404 and not answer.timeout:
-                event = Answered(send.call_id, beat_not_found())
+                event = ec.Answered(send.call_id, beat_not_found())
             else:
                 if answer.timeout and run is not None:  # (the reports' wait for it to land)
                     run.unknown_beat_at = max(run.unknown_beat_at or send.sent_at, send.sent_at)
                 fate = unknown_fate(None if answer.timeout else answer.status)
-                event = Answered(send.call_id, beat_failed(unknown_fate=fate))
+                event = ec.Answered(send.call_id, beat_failed(unknown_fate=fate))
             self.step(event)
 
         self.server.extend(self.name, send.task_id, send.workflow_id, self.reply(got), send.timeout_seconds)
 
-    def _check(self, send: SendCheck) -> None:
+    def _check(self, send: ec.SendCheck) -> None:
         def got(answer: Answer) -> None:
             if answer.ok:
                 status, poll_count, worker = answer.body
-                event = Answered(send.call_id, ownership_read(TaskOwnership(TaskStatus(status), poll_count,
+                event = ec.Answered(send.call_id, ownership_read(TaskOwnership(TaskStatus(status), poll_count,
                                                                             worker)))  # fmt: skip
             elif answer.status == 404 and not answer.timeout:
-                event = Answered(send.call_id, ownership_read(None))
+                event = ec.Answered(send.call_id, ownership_read(None))
             else:
-                event = Answered(send.call_id, check_failed())
+                event = ec.Answered(send.call_id, check_failed())
             self.step(event)
 
         self.server.read(self.name, send.task_id, self.reply(got), send.timeout_seconds)
 
-    def _kill_by(self, effect: KillBy) -> None:
+    def _kill_by(self, effect: ec.KillBy) -> None:
         if effect.times is None:
             self.kill_bys.pop(effect.task_id, None)
             return
@@ -415,7 +397,7 @@ class SimRunner:
             start_at = self.gate.start_at(task_id)
             self.gate.drop(task_id)
             run.phase = "exited"
-            self.step(ChildExited(task_id))
+            self.step(ec.ChildExited(task_id))
             self.reports.end_unstarted(run, (start_at or 0.0) - self.world.now)
             return
         tree = run.tree
@@ -443,7 +425,7 @@ class SimRunner:
         self.forkserver.disarm(tree)
         self.forkserver.leader_exited(tree, run.policy.fence_lead_seconds)
         self.dying.add(run.task, tree)  # escapees may outlive the leader
-        self.step(ChildExited(run.task.task_id))
+        self.step(ec.ChildExited(run.task.task_id))
         run.fence = run.lease.fence_reason
         task = run.task
         if run.fence is FenceReason.OWNERSHIP_LOST:
@@ -488,7 +470,7 @@ class SimRunner:
         tid = run.task.task_id
         if self.runs.get(tid) is run:
             del self.runs[tid]
-        self.step(Reported(tid, run.task.poll_count))
+        self.step(ec.Reported(tid, run.task.poll_count))
         run.phase = "done"
         if run.slot:
             run.slot = False

@@ -247,7 +247,13 @@ class EngineCore:
 
     def step(self, event: Event, now: float) -> list[Effect]:
         """Apply ``event`` at ``now`` (monotonic seconds); what the driver must do, in order."""
-        match event:
+        match event:  # (the most frequent first)
+            case SenderFree():
+                return self._take(now)
+            case Answered():
+                return self._answered(event, now)
+            case Tick():
+                return self._tick(now)
             case Track():
                 return self._track(event, now)
             case StartHeld():
@@ -256,12 +262,6 @@ class EngineCore:
                 return self._on(self._leases.get(event.task_id), lambda e: e.lease.on_child_started(now), now)
             case ChildExited():
                 return self._on(self._leases.get(event.task_id), lambda e: e.lease.on_child_exited(now), now)
-            case Tick():
-                return self._tick(now)
-            case SenderFree():
-                return self._take(now)
-            case Answered():
-                return self._answered(event, now)
             case BeginFinalUpdate():
                 return self._begin_final_update(event.task_id, now)
             case BeatWaitOver():

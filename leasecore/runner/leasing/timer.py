@@ -40,6 +40,8 @@ class Timer:
 
     def poke_locked(self) -> None:
         """The core stepped: wake the thread if its earliest time is now before the thread's sleep."""
+        if self._target == -math.inf:  # awake (or never started): it looks again before sleeping
+            return
         when = self._earliest()
         if when is not None and when < self._target:
             self._cv.notify()
