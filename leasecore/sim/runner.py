@@ -313,11 +313,13 @@ class SimRunner:
         self.carry_out(self._engine(event))
 
     def _engine(self, event: ec.Event) -> list[ec.Effect]:
-        """The core's effects of ``event``, then every request a sender may take now (no pool limit)."""
+        """The core's effects of ``event``, then every request a sender may take now (no pool limit;
+        the core says when there are some: ``WakeSenders``)."""
         now = self.world.now
         effects = self.engine.step(event, now)
-        while more := self.engine.step(ec.SenderFree(), now):
-            effects += more
+        if any(isinstance(effect, ec.WakeSenders) for effect in effects):
+            while more := self.engine.step(ec.SenderFree(), now):
+                effects += more
         return effects
 
     def carry_out(self, effects: list[ec.Effect]) -> None:
