@@ -156,6 +156,16 @@ def test_a_final_update_waits_for_the_beat_calling_and_knows_when_it_ends() -> N
     assert c.late_beats("t1") is None  # answered: it cannot land late
 
 
+def test_a_wait_never_closed_is_forgotten_with_the_lease() -> None:
+    c = core()
+    c.step(Track(task(), policy(), polled_at=0.0), 0.0)
+    due_beat(c, BEAT)
+    assert of(c.step(BeginFinalUpdate("t1"), BEAT + 1), AwaitBeat)
+    c.step(Reported("t1"), BEAT + 2)  # (no BeatWaitOver, no answer)
+    c.step(Track(task(poll_count=2), policy(), polled_at=BEAT + 3), BEAT + 3)  # the task's next run
+    assert not c.beat_calling("t1")  # the new lease has no beat calling: the old wait is gone
+
+
 def test_a_beat_still_calling_when_the_wait_ends_is_of_unknown_fate() -> None:
     c = core()
     c.step(Track(task(), policy(), polled_at=0.0), 0.0)

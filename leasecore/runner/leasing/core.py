@@ -436,6 +436,7 @@ class EngineCore:
         return []
 
     def _reported(self, event: Reported, now: float) -> list[Effect]:
+        self._awaiting.pop(event.task_id, None)  # (a driver that never stepped BeatWaitOver: no leak)
         if not self._leases.end(event.task_id, now, poll_count=event.poll_count):
             return []
         self._timer.discard(event.task_id)
