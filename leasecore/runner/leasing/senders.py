@@ -1,20 +1,19 @@
-"""The lease engine's senders: the queue of requests waiting for one, and who carries them out.
+"""The lease engine's senders: who carries its requests out.
 
-Owns ``SendQueue`` (heartbeats first, the most overdue first, then ownership checks in arrival order;
-checks in flight capped at half the executor's capacity and started no faster than the runner's
-``CheckBudget``) and the two executors behind ``SenderExecutor``: ``ThreadedSenders``, the product's
-pool (``senders`` threads at start, growing to ``max_senders`` while every one is busy, so that one
-hanging request never delays the other leases), and ``InlineSenders``, which carries the requests out
-in the caller's thread when the engine's ``run_due`` asks (tests on a ``FakeClock``: no threads).
+Owns the two executors behind ``SenderExecutor``: ``ThreadedSenders``, the product's pool (``senders``
+threads at start, growing to ``max_senders`` while every one is busy, so that one hanging request
+never delays the other leases), and ``InlineSenders``, which carries the requests out in the caller's
+thread when the engine's ``run_due`` asks (tests on a ``FakeClock``: no threads). The queue they take
+from (``SendQueue``, ``Job``: heartbeats first, checks capped and budgeted) is the engine core's, in
+``schedule``; re-exported here.
 
 Must not touch: leases, the port or the server. What a request does and what its outcome means is
 the engine's (``SendSource.take`` hands a sender the call to make); this module only decides who makes
-it and when. The queue is not thread-safe: every use holds the engine's lock (``SendSource.lock``).
+it and when. Every use of the queue holds the engine's lock (``SendSource.lock``).
 
 Threads: ``ThreadedSenders`` runs the ``lease-sender-N`` threads; they wait on a condition of the
 engine's lock and call ``take`` under it, then the call outside it. ``InlineSenders`` runs none.
 """
-
 from __future__ import annotations
 
 import threading
