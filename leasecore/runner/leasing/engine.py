@@ -58,7 +58,7 @@ from leasecore.runner.leasing.core import (
     WakeSenders,
 )
 from leasecore.runner.leasing.leasecalls import extend_lease, log_outcome, read_ownership
-from leasecore.runner.leasing.schedule import beat_failed, check_failed
+from leasecore.runner.leasing.schedule import Answer, beat_failed, check_failed
 from leasecore.runner.leasing.senders import SenderExecutor, SendSource, ThreadedSenders
 from leasecore.runner.leasing.timer import Timer
 from leasecore.runner.ports import EngineMetrics, LeasePort
@@ -376,22 +376,21 @@ class LeaseEngine:
         """Carry out one request on this sender's thread, feed its answer back, hand out the results."""
         self._deliver(taken)
         call = taken.call
+        answer: Answer | None = None  # (None: the call raised past its own handling; a failure)
         if isinstance(call, SendBeat):
-            answer = beat_failed(unknown_fate=True)  # (until the call says otherwise)
             try:
                 answer = extend_lease(self._port, call.task_id, call.workflow_id,
                                       timeout_seconds=call.timeout_seconds, sent_at=call.sent_at)  # fmt: skip
             finally:
                 with self._lock:
-                    out = self._step_locked(Answered(call.call_id, answer))
+                    out = self._step_locked(Answered(call.call_id, answer or beat_failed(unknown_fate=True)))
                     self._beat_done_cv.notify_all()
         elif isinstance(call, SendCheck):
-            answer = check_failed()
             try:
                 answer = read_ownership(self._port, call.task_id, timeout_seconds=call.timeout_seconds)
             finally:
                 with self._lock:
-                    out = self._step_locked(Answered(call.call_id, answer))
+                    out = self._step_locked(Answered(call.call_id, answer or check_failed()))
         else:
             return
         self._deliver(out)
