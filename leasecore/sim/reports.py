@@ -24,6 +24,7 @@ from collections.abc import Callable
 from leasecore.lease import FenceReason, ownership_lost_reason
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
+from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
 from leasecore.sim.setting import Run, RunnerPort
 
@@ -67,7 +68,7 @@ class Reports:
         if run.phase != "reporting":
             return
         wait = 0.0
-        if run.beat_in_flight:
+        if r.engine.beat_calling(result.task_id):
             wait = 0.05
         elif run.unknown_beat_at is not None and not r.bugs.no_final_wait:
             wait = run.unknown_beat_at + LAND_BOUND_SECONDS - now
@@ -80,17 +81,17 @@ class Reports:
                 and not r.bugs.retry_landed_yield):
             self.world.log(f"runner {r.name}: {tid}: its next run was polled, so the yield landed")
             r.state.outbox.pop(tid, None)
-            r.book.end(tid, now)
+            r.step(Reported(tid))
             r.forget(run)
             return
-        r.act(run, run.lease.on_final_update_started(now))
+        r.step(BeginFinalUpdate(tid))
         sent = now
 
         def got(answer: Answer) -> None:
             now = self.world.now
             if answer.ok:
                 r.state.outbox.pop(tid, None)
-                r.book.end(tid, now)
+                r.step(Reported(tid))
                 claimed = answer.body if chain else None
                 self._end_chain(run, claimed, sent)
                 r.forget(run)
@@ -116,7 +117,7 @@ class Reports:
                 self.world.at(sent + LAND_BOUND_SECONDS, "final-confirm",
                               r.guard(lambda: self._confirm(run, result)))
                 return
-            r.act(run, lease.on_final_update_failed(now))
+            r.step(FinalUpdateFailed(tid))
             delay = r.config.report_retry * (0.5 + self.world.rng.random())
             self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
@@ -131,13 +132,13 @@ class Reports:
             if run.phase != "reporting":
                 return
             if answer.ok and answer.body[0] == "IN_PROGRESS" and answer.body[1] == run.task.poll_count:
-                r.act(run, run.lease.on_final_update_failed(self.world.now))
+                r.step(FinalUpdateFailed(result.task_id))
                 self._send(run, result, False)  # it never landed
             elif answer.ok or answer.status == 404:
                 self.world.log(f"runner {r.name}: {result.task_id}: read back, the update had landed "
                                f"(or the task ended otherwise)")
                 r.state.outbox.pop(result.task_id, None)
-                r.book.end(result.task_id, self.world.now)
+                r.step(Reported(result.task_id))
                 r.forget(run)
             else:
                 self.world.after(r.config.report_retry, "final-confirm",

@@ -1,13 +1,16 @@
 """A runner in the simulation: stand-in glue that drives the product's real decision objects.
 
-Real, unchanged: ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the
-numbers, the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (which lease a
-delivery or an update reaches), ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` /
-``may_run_elsewhere`` (``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining),
-``PollBackoff`` (poll delays) and ``ownership_lost_reason`` (the outbox's check before a late
-delivery). Stand-in (this module and ``leasecore.sim.reports``): what the product's main loop, poller,
-lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
-order of a final update's steps. docs/simulator.md lists what the next step must replace.
+Real, unchanged: the lease engine's core (``EngineCore``: which lease is ticked when, its requests,
+one beat in flight, a final update's exclusion of beats, fences, kill-by times; ``step`` is its
+driver here, as ``LeaseEngine``'s threads are in the product, and only carries out its requests and
+fences), ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the numbers,
+the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (inside the core),
+``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` / ``may_run_elsewhere``
+(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollBackoff`` (poll
+delays) and ``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this
+module and ``leasecore.sim.reports``): what the product's main loop, poller, reporter and outbox do
+with those decisions: slots, starts, exits, the order of a final update's steps. docs/simulator.md
+lists what the next step must replace.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
@@ -18,20 +21,20 @@ Threads: none.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
-from leasecore.lease import (
-    CheckOwnership,
-    FenceReason,
-    KillTree,
-    Lease,
-    LeasePolicy,
-    SendHeartbeat,
-    TerminateTree,
-)
+from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
+from leasecore.lease.finalcheck import unknown_fate
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.leasing.leasebook import LeaseBook
+from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
+from leasecore.runner.leasing.core import EngineCore
+from leasecore.runner.leasing.schedule import (
+    beat_acked,
+    beat_failed,
+    beat_not_found,
+    check_failed,
+    ownership_read,
+)
 from leasecore.runner.upstream.pollpolicy import PollBackoff
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
@@ -61,7 +64,11 @@ class SimRunner:
     def _boot(self) -> None:
         from leasecore.sim.reports import Reports  # (the final-update half of the glue)
 
-        self.book = LeaseBook(random=self.world.rng.random)
+        # The product's lease engine core, driven by this runner's events (``step``): every heartbeat,
+        # check, tick, fence and kill-by time. Senders without limit: each request goes when it may.
+        self.engine = EngineCore(random_source=self.world.rng.random, capacity=_SENDERS, kill_by=True)
+        self.kill_bys: dict[str, tuple[float, float]] = {}  # the latest KillBy of each task
+        self.wake_at: float | None = None
         self.dying = DyingTrees(gone=_tree_gone)
         self.gate = StartGate(self.dying)
         self.yields = YieldHold(gone=_tree_gone)
@@ -96,8 +103,7 @@ class SimRunner:
         self.world.log(f"runner {self.name}: STOP (graceful)")
         self.stopping = True
         now = self.world.now
-        for run in list(self.runs.values()):
-            self.act(run, run.lease.on_shutdown(now))
+        self.step(ec.Shutdown())
         self.world.after(0.5, "stop-check", self.guard(lambda: self._exit_when_done(now + within)))
 
     def _exit_when_done(self, deadline: float) -> None:
@@ -213,14 +219,16 @@ class SimRunner:
             self.next_runs[tid] = (task, polled_at)
             return
         if current is not None:  # the same run delivered again: an ack of its lease, no second copy
-            entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
+            effects = self._engine(ec.Track(task, current.policy, polled_at))
             if task.poll_count > current.task.poll_count:
                 current.task = task
             self.release()
-            self.act(current, actions)
+            self.carry_out(effects)
             return
         policy = self.policy_for(task)
-        entry, actions = self.book.admit(task, policy, polled_at, self.world.now)
+        effects = self._engine(ec.Track(task, policy, polled_at))
+        entry = self.engine.entry(tid)
+        assert entry is not None  # (just tracked)
         run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
         self.runs[tid] = run
         self.attempts += 1
@@ -229,8 +237,8 @@ class SimRunner:
         here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
         if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
             self.gate.hold(task, now + wait, now, here)
-            actions += run.lease.on_shutdown(now)
-            self.act(run, actions)
+            effects += self._engine(ec.Shutdown(tid))
+            self.carry_out(effects)
             return
         why = self.gate.hold(task, now + wait, now, here)
         if why is not None and self.bugs.no_dying_wait and wait <= 0:
@@ -238,7 +246,7 @@ class SimRunner:
             why = None
         if why is not None:
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
-            actions += run.lease.on_start_held(now)
+            effects += self._engine(ec.StartHeld(tid))
             self._arm_gate()
         elif run.lease.fence_reason is None:
             self._start(run)
@@ -246,7 +254,7 @@ class SimRunner:
             self.gate.drop(tid)
             why = run.lease.fence_reason.value
             self.world.log(f"runner {self.name}: {tid} came too late to start ({why})")
-        self.act(run, actions)
+        self.carry_out(effects)
 
     def _arm_gate(self) -> None:
         at = self.gate.next_at(self.world.now, poll_seconds=0.5)
@@ -278,7 +286,7 @@ class SimRunner:
                        on_exit=self._exit_handler(run))
         run.tree, run.phase = tree, "running"
         self.forkserver.add(tree)
-        self.act(run, run.lease.on_child_started(self.world.now))
+        self.step(ec.ChildStarted(run.task.task_id))
         self._arm_kill_by(run)
 
     def _exit_handler(self, run: Run) -> Callable[[SimTree], None]:
@@ -291,81 +299,107 @@ class SimRunner:
         return on_exit
 
     def _arm_kill_by(self, run: Run) -> None:
-        if run.tree is not None and run.phase == "running" and run.lease.term_point != float("inf"):
-            # (the planted TERM-at-the-deadline bug is in the deadline's arithmetic, which both use)
+        """The fork server's switch for the run's tree: the engine's latest kill-by times (``KillBy``)."""
+        times = self.kill_bys.get(run.task.task_id)
+        if run.tree is not None and run.phase == "running" and times is not None:
+            # (the planted TERM-at-the-deadline bug shifts the switch as it shifts the fence)
             late = run.policy.fence_lead_seconds if self.bugs.term_at_deadline else 0.0
-            grace = run.policy.effective_kill_grace_seconds
-            self.forkserver.arm(run.tree, run.lease.term_point + late, grace)
+            self.forkserver.arm(run.tree, times[0] + late, times[1] - times[0])
 
-    # ----- the lease's actions ------------------------------------------------------------------
+    # ----- the lease engine core's driver -------------------------------------------------------
 
-    def act(self, run: Run, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, SendHeartbeat):
-                self._beat(run, run.lease, action)
-            elif isinstance(action, CheckOwnership):
-                self._check(run, run.lease, action)
-            elif isinstance(action, TerminateTree | KillTree):
-                self._fence(run, action)
-        self._arm(run)
+    def step(self, event: ec.Event) -> None:
+        """Step the engine core at the world's now and carry its effects out."""
+        self.carry_out(self._engine(event))
 
-    def _arm(self, run: Run) -> None:
-        at = run.lease.next_wakeup()
-        if at is None or at == run.wake_at:
+    def _engine(self, event: ec.Event) -> list[ec.Effect]:
+        """The core's effects of ``event``, then every request a sender may take now (no pool limit;
+        the core says when there are some: ``WakeSenders``)."""
+        now = self.world.now
+        effects = self.engine.step(event, now)
+        if any(isinstance(effect, ec.WakeSenders) for effect in effects):
+            while more := self.engine.step(ec.SenderFree(), now):
+                effects += more
+        return effects
+
+    def carry_out(self, effects: list[ec.Effect]) -> None:
+        """The effects' I/O: requests to the simulated server, fences and kill-by times to the simulated
+        fork server (every request goes at once: ``WakeSenders`` and ``AwaitBeat`` need nothing)."""
+        for effect in effects:
+            if isinstance(effect, ec.SendBeat):
+                self._beat(effect)
+            elif isinstance(effect, ec.SendCheck):
+                self._check(effect)
+            elif isinstance(effect, ec.Fence):
+                self._fence(effect.task_id, effect.action)
+            elif isinstance(effect, ec.KillBy):
+                self._kill_by(effect)
+        self._arm()
+
+    def _arm(self) -> None:
+        at = self.engine.next_wakeup(self.world.now)
+        if at is None or (self.wake_at is not None and self.world.now < self.wake_at <= at):
             return
-        run.wake_at = at
+        self.wake_at = at
 
         def wake() -> None:
-            if run.wake_at == at and self.runs.get(run.task.task_id) is run:
-                run.wake_at = None
-                self.act(run, run.lease.on_tick(self.world.now))
+            if self.wake_at == at:
+                self.wake_at = None
+                self.step(ec.Tick())
 
         self.world.at(at, "wake", self.guard(wake))
 
-    def _beat(self, run: Run, lease: Lease, action: SendHeartbeat) -> None:
-        sent = self.world.now
-        run.beat_in_flight = True
+    def _beat(self, send: ec.SendBeat) -> None:
+        run = self.runs.get(send.task_id)
 
         def got(answer: Answer) -> None:
-            run.beat_in_flight = False
-            now = self.world.now
             if answer.ok:
-                actions = lease.on_heartbeat_ok(now, sent)
-                self._arm_kill_by(run)
-            elif answer.status == 404:
-                actions = lease.on_heartbeat_not_found(now)
+                event = ec.Answered(send.call_id, beat_acked(send.sent_at))
+            elif answer.status == 404 and not answer.timeout:
+                event = ec.Answered(send.call_id, beat_not_found())
             else:
-                if answer.timeout:
-                    run.unknown_beat_at = max(run.unknown_beat_at or sent, sent)
-                actions = lease.on_heartbeat_failed(now)
-            if lease is run.lease:
-                self.act(run, actions)
+                if answer.timeout and run is not None:  # (the reports' wait for it to land)
+                    run.unknown_beat_at = max(run.unknown_beat_at or send.sent_at, send.sent_at)
+                fate = unknown_fate(None if answer.timeout else answer.status)
+                event = ec.Answered(send.call_id, beat_failed(unknown_fate=fate))
+            self.step(event)
 
-        self.server.extend(self.name, run.task.task_id, run.task.workflow_id, self.reply(got),
-                           action.timeout_seconds)
+        self.server.extend(self.name, send.task_id, send.workflow_id, self.reply(got), send.timeout_seconds)
 
-    def _check(self, run: Run, lease: Lease, action: CheckOwnership) -> None:
+    def _check(self, send: ec.SendCheck) -> None:
         def got(answer: Answer) -> None:
-            now = self.world.now
             if answer.ok:
                 status, poll_count, worker = answer.body
-                actions = lease.on_ownership(now, TaskOwnership(TaskStatus(status), poll_count, worker))
-            elif answer.status == 404:
-                actions = lease.on_ownership(now, None)
+                event = ec.Answered(send.call_id, ownership_read(TaskOwnership(TaskStatus(status), poll_count,
+                                                                            worker)))  # fmt: skip
+            elif answer.status == 404 and not answer.timeout:
+                event = ec.Answered(send.call_id, ownership_read(None))
             else:
-                actions = lease.on_ownership_check_failed(now)
-            if lease is run.lease:
-                self.act(run, actions)
+                event = ec.Answered(send.call_id, check_failed())
+            self.step(event)
 
-        self.server.read(self.name, run.task.task_id, self.reply(got), action.timeout_seconds)
+        self.server.read(self.name, send.task_id, self.reply(got), send.timeout_seconds)
 
-    def _fence(self, run: Run, action: TerminateTree | KillTree) -> None:
+    def _kill_by(self, effect: ec.KillBy) -> None:
+        if effect.times is None:
+            self.kill_bys.pop(effect.task_id, None)
+            return
+        self.kill_bys[effect.task_id] = effect.times
+        run = self.runs.get(effect.task_id)
+        if run is not None:
+            self._arm_kill_by(run)
+
+    def _fence(self, task_id: str, action: FenceAction) -> None:
+        """What the runner does with a fence: a held start ends unstarted; a tree is stopped."""
+        run = self.runs.get(task_id)
+        if run is None or run.entry is not self.engine.entry(task_id):
+            return
         run.fence = run.lease.fence_reason
         if run.phase == "held":  # fenced before its command started: no tree
-            start_at = self.gate.start_at(run.task.task_id)
-            self.gate.drop(run.task.task_id)
+            start_at = self.gate.start_at(task_id)
+            self.gate.drop(task_id)
             run.phase = "exited"
-            self.act(run, run.lease.on_child_exited(self.world.now))
+            self.step(ec.ChildExited(task_id))
             self.reports.end_unstarted(run, (start_at or 0.0) - self.world.now)
             return
         tree = run.tree
@@ -393,7 +427,7 @@ class SimRunner:
         self.forkserver.disarm(tree)
         self.forkserver.leader_exited(tree, run.policy.fence_lead_seconds)
         self.dying.add(run.task, tree)  # escapees may outlive the leader
-        self.act(run, run.lease.on_child_exited(now))
+        self.step(ec.ChildExited(run.task.task_id))
         run.fence = run.lease.fence_reason
         task = run.task
         if run.fence is FenceReason.OWNERSHIP_LOST:
@@ -438,7 +472,7 @@ class SimRunner:
         tid = run.task.task_id
         if self.runs.get(tid) is run:
             del self.runs[tid]
-        self.book.end(tid, self.world.now, poll_count=run.task.poll_count)
+        self.step(ec.Reported(tid, run.task.poll_count))
         run.phase = "done"
         if run.slot:
             run.slot = False
@@ -448,6 +482,9 @@ class SimRunner:
 
     def may_run_elsewhere(self, task: Task) -> bool:
         return may_run_elsewhere(task)
+
+
+_SENDERS = 1_000_000  # the simulated runner's senders: as many as its requests (checks: half)
 
 
 def _tree_gone(handle: object) -> bool:

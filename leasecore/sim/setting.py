@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from leasecore.lease import FenceReason, Lease, LeasePolicy
 from leasecore.models import Task, TaskResult
-from leasecore.runner.leasing.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.leasing.core import EngineCore, Event
+from leasecore.runner.leasing.leasebook import LeaseEntry
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.trees import SimTree
 from leasecore.sim.world import World
@@ -89,8 +90,6 @@ class Run:
     phase: str = "held"  # held / running / exited / reporting / done
     fence: FenceReason | None = None
     unknown_beat_at: float | None = None  # newest send time of a heartbeat whose fate is unknown
-    beat_in_flight: bool = False
-    wake_at: float | None = None
     slot: bool = True
     chain_slot: bool = False
     label: str = ""
@@ -109,7 +108,7 @@ class RunnerPort(Protocol):
     config: RunnerConfig
     bugs: Bugs
     state: StateDir
-    book: LeaseBook
+    engine: EngineCore
     runs: dict[str, Run]
     next_runs: dict[str, tuple[Task, float]]
     stopping: bool
@@ -117,7 +116,7 @@ class RunnerPort(Protocol):
     def guard(self, fn: Callable[[], None]) -> Callable[[], None]: ...
     def reply(self, fn: Callable[[Answer], None]) -> Callable[[Answer], None]: ...
     def release(self, n: int = 1, *, poll: bool = True) -> None: ...
-    def act(self, run: Run, actions: list[Any]) -> None: ...
+    def step(self, event: Event) -> None: ...
     def forget(self, run: Run) -> None: ...
     def deliver(self, task: Task, polled_at: float) -> None: ...
     def may_run_elsewhere(self, task: Task) -> bool: ...
