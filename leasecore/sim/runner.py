@@ -4,10 +4,11 @@ Real, unchanged: ``Lease`` (every heartbeat, check and fence time), ``LeasePolic
 numbers, the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (which lease a
 delivery or an update reaches), ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` /
 ``may_run_elsewhere`` (``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining),
-``PollBackoff`` (poll delays) and ``ownership_lost_reason`` (the outbox's check before a late
-delivery). Stand-in (this module and ``leasecore.sim.reports``): what the product's main loop, poller,
-lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
-order of a final update's steps. docs/simulator.md lists what the next step must replace.
+``PollCore`` (the poller's slots and when to poll, with its backoff) and ``ownership_lost_reason``
+(the outbox's check before a late delivery). Stand-in (this module and ``leasecore.sim.reports``):
+what the product's main loop, lease engine threads, reporter and outbox do with those decisions:
+carrying actions out, the order of a final update's steps. docs/simulator.md lists what the next
+step must replace.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
@@ -31,8 +32,11 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+from leasecore.runner.chain import hand_back
 from leasecore.runner.leasing.leasebook import LeaseBook
-from leasecore.runner.upstream.pollpolicy import PollBackoff
+from leasecore.runner.ports import PollSettings
+from leasecore.runner.upstream.pollcore import PollCore, SendPoll
+from leasecore.runner.upstream.poller import WorkBudget
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
@@ -65,16 +69,16 @@ class SimRunner:
         self.dying = DyingTrees(gone=_tree_gone)
         self.gate = StartGate(self.dying)
         self.yields = YieldHold(gone=_tree_gone)
-        self.backoff = PollBackoff(rand=self.world.rng.random)
+        c = self.config
+        self.poller = PollCore(PollSettings(c.task_type, concurrency=c.slots, worker_id=self.name),
+                               WorkBudget(None), rand=self.world.rng.random)
+        self.poll_at: float | None = None  # the next look at the poller armed
         self.runs: dict[str, Run] = {}
         self.next_runs: dict[str, tuple[Task, float]] = {}
-        self.in_use = 0
         self.stopping = False
-        self.polling = 0
-        self.poll_pending = False
         self.gate_at: float | None = None
         self.reports = Reports(self)
-        self._poll_soon(0.0)
+        self._poll_soon()
         self.reports.deliver_outbox()
 
     def crash(self) -> None:
@@ -148,47 +152,77 @@ class SimRunner:
 
         return got
 
-    # ----- polling -----------------------------------------------------------------------------
+    # ----- polling: the product's PollCore, driven by the world's events ------------------------
 
-    def _poll_soon(self, delay: float) -> None:
-        if self.poll_pending:
-            return
-        self.poll_pending = True
-        self.world.after(delay, "poll", self.guard(self._poll))
+    @property
+    def in_use(self) -> int:
+        """Slots taken: reserved for the poll out, running or held runs, kept for update-v2."""
+        return self.poller.in_use
 
-    def _poll(self) -> None:
-        self.poll_pending = False
-        if self.stopping:
+    @property
+    def polling(self) -> int:
+        """Slots reserved by the poll out now (0: none out)."""
+        return self.poller.in_flight
+
+    def _poll_soon(self, at: float | None = None) -> None:
+        """Look at the poller again in an event of its own at ``at`` (default: now), as the product's
+        poll thread wakes up once the handler that freed a slot is done; one such event at a time,
+        the earliest."""
+        at = self.world.now if at is None else at
+        if self.poll_at is not None and self.poll_at <= at:
             return
-        free = self.config.slots - self.in_use
-        if free <= 0:
-            return  # a released slot polls again (release)
-        count = min(free, 4)
-        self.in_use += count
-        self.polling = count  # reserved for what the poll brings
+        self.poll_at = at
+        self.world.at(at, "poll", self.guard(lambda: self._poll_due(at)))
+
+    def _poll_due(self, at: float) -> None:
+        if self.poll_at != at:  # an earlier look replaced this one
+            return
+        self.poll_at = None
+        now = self.world.now
+        if self.stopping and not self.poller.stopped:
+            self.poller.stop()
+        request = self.poller.take_poll(now)
+        if request is None:
+            due = self.poller.next_wakeup(now)  # the backoff; else room, a resume or an answer wakes it
+            if due is not None:
+                self._poll_soon(due)
+            return
+        self._poll(request)
+
+    def _poll(self, request: SendPoll) -> None:
         sent = self.world.now
 
         def got(answer: Answer) -> None:
-            self.polling = 0
+            now = self.world.now
             if not answer.ok:
-                self.release(count)
-                self._poll_soon(self.backoff.on_error())
-                return
-            tasks = [Task.from_json(t) for t in answer.body]
-            self.release(count - len(tasks), poll=False)
-            for task in tasks:
-                self.deliver(task, sent)
-            self._poll_soon(self.backoff.on_tasks() if tasks else self.backoff.on_empty())
+                why = "timed out" if answer.timeout else f"status {answer.status}"
+                self.poller.on_failure(why, "unreachable", now)
+            else:
+                answered = self.poller.on_answer([Task.from_json(t) for t in answer.body], now)
+                for task in answered.run:
+                    self.deliver(task, sent)
+                for task in answered.surplus:
+                    self.hand_back(task)
+                self.poller.taken_up(len(answered.run) + len(answered.surplus))
+            self._poll_soon()
 
-        self.server.poll(self.name, self.config.task_type, count, self.reply(got), self.config.http_timeout)
+        self.server.poll(self.name, request.task_type, request.count, self.reply(got),
+                         self.config.http_timeout)
+
+    def hand_back(self, task: Task) -> None:
+        """A task the poller may not run (claimed by a poll that left before a pause): back to the
+        server unrun, as the product's hand-back does (an unmarked IN_PROGRESS, no lease here)."""
+        self.world.log(f"runner {self.name}: hands {task.task_id} back unrun")
+        self.reports.server_update(task.task_id, task.poll_count, hand_back(task, self.name), False,
+                                   self.reply(lambda _answer: None))
 
     def release(self, n: int = 1, *, poll: bool = True) -> None:
-        self.in_use -= n
-        if self.in_use < 0:
+        if n > self.poller.in_use:
             self.world.violate("slots", f"runner {self.name} released more slots than it held "
-                               f"({self.in_use})")
+                               f"({self.poller.in_use - n})")
+        self.poller.release(n)
         if poll and n > 0:
-            self._poll_soon(0.0)
+            self._poll_soon()
 
     # ----- deliveries and starts ----------------------------------------------------------------
 
