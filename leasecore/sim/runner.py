@@ -32,11 +32,8 @@ from leasecore.lease import (
     TerminateTree,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.chain import hand_back
 from leasecore.runner.leasing.leasebook import LeaseBook
-from leasecore.runner.ports import PollSettings
-from leasecore.runner.upstream.pollcore import PollCore, SendPoll
-from leasecore.runner.upstream.poller import WorkBudget
+from leasecore.sim.claims import Claims
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
@@ -69,16 +66,13 @@ class SimRunner:
         self.dying = DyingTrees(gone=_tree_gone)
         self.gate = StartGate(self.dying)
         self.yields = YieldHold(gone=_tree_gone)
-        c = self.config
-        self.poller = PollCore(PollSettings(c.task_type, concurrency=c.slots, worker_id=self.name),
-                               WorkBudget(None), rand=self.world.rng.random)
-        self.poll_at: float | None = None  # the next look at the poller armed
+        self.claims = Claims(self)
         self.runs: dict[str, Run] = {}
         self.next_runs: dict[str, tuple[Task, float]] = {}
         self.stopping = False
         self.gate_at: float | None = None
         self.reports = Reports(self)
-        self._poll_soon()
+        self.claims.look()
         self.reports.deliver_outbox()
 
     def crash(self) -> None:
@@ -152,77 +146,37 @@ class SimRunner:
 
         return got
 
-    # ----- polling: the product's PollCore, driven by the world's events ------------------------
+    # ----- polling: the product's PollCore, driven by leasecore.sim.claims ---------------------
 
     @property
     def in_use(self) -> int:
         """Slots taken: reserved for the poll out, running or held runs, kept for update-v2."""
-        return self.poller.in_use
+        return self.claims.core.in_use
 
     @property
     def polling(self) -> int:
         """Slots reserved by the poll out now (0: none out)."""
-        return self.poller.in_flight
-
-    def _poll_soon(self, at: float | None = None) -> None:
-        """Look at the poller again in an event of its own at ``at`` (default: now), as the product's
-        poll thread wakes up once the handler that freed a slot is done; one such event at a time,
-        the earliest."""
-        at = self.world.now if at is None else at
-        if self.poll_at is not None and self.poll_at <= at:
-            return
-        self.poll_at = at
-        self.world.at(at, "poll", self.guard(lambda: self._poll_due(at)))
-
-    def _poll_due(self, at: float) -> None:
-        if self.poll_at != at:  # an earlier look replaced this one
-            return
-        self.poll_at = None
-        now = self.world.now
-        if self.stopping and not self.poller.stopped:
-            self.poller.stop()
-        request = self.poller.take_poll(now)
-        if request is None:
-            due = self.poller.next_wakeup(now)  # the backoff; else room, a resume or an answer wakes it
-            if due is not None:
-                self._poll_soon(due)
-            return
-        self._poll(request)
-
-    def _poll(self, request: SendPoll) -> None:
-        sent = self.world.now
-
-        def got(answer: Answer) -> None:
-            now = self.world.now
-            if not answer.ok:
-                why = "timed out" if answer.timeout else f"status {answer.status}"
-                self.poller.on_failure(why, "unreachable", now)
-            else:
-                answered = self.poller.on_answer([Task.from_json(t) for t in answer.body], now)
-                for task in answered.run:
-                    self.deliver(task, sent)
-                for task in answered.surplus:
-                    self.hand_back(task)
-                self.poller.taken_up(len(answered.run) + len(answered.surplus))
-            self._poll_soon()
-
-        self.server.poll(self.name, request.task_type, request.count, self.reply(got),
-                         self.config.http_timeout)
-
-    def hand_back(self, task: Task) -> None:
-        """A task the poller may not run (claimed by a poll that left before a pause): back to the
-        server unrun, as the product's hand-back does (an unmarked IN_PROGRESS, no lease here)."""
-        self.world.log(f"runner {self.name}: hands {task.task_id} back unrun")
-        self.reports.server_update(task.task_id, task.poll_count, hand_back(task, self.name), False,
-                                   self.reply(lambda _answer: None))
+        return self.claims.core.in_flight
 
     def release(self, n: int = 1, *, poll: bool = True) -> None:
-        if n > self.poller.in_use:
-            self.world.violate("slots", f"runner {self.name} released more slots than it held "
-                               f"({self.poller.in_use - n})")
-        self.poller.release(n)
-        if poll and n > 0:
-            self._poll_soon()
+        self.claims.release(n, poll=poll)
+
+    def keep_for_chain(self) -> bool:
+        return self.claims.keep_for_chain()
+
+    def pause(self, seconds: float) -> bool:
+        """The operator pauses the task type here for ``seconds`` (False: the runner is down)."""
+        if self.down:
+            return False
+        self.guard(lambda: self.claims.pause(seconds))()
+        return True
+
+    def drain(self, timeout: float) -> bool:
+        """The operator drains this runner (False: it is down or already stopping)."""
+        if self.down or self.stopping:
+            return False
+        self.guard(lambda: self.claims.drain(timeout))()
+        return True
 
     # ----- deliveries and starts ----------------------------------------------------------------
 
