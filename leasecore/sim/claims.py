@@ -160,7 +160,8 @@ class Claims:
         r = self.r
         self.world.log(f"runner {r.name}: PAUSE for {seconds:.1f} s (operator)")
         self.paused = True
-        self.core.set_paused(True)
+        if not r.bugs.pause_ignored:
+            self.core.set_paused(True)
         self.world.after(seconds, "resume", r.guard(self.resume))
 
     def resume(self) -> None:
@@ -182,7 +183,8 @@ class Claims:
         self.drain_began = now
         self.core.stop()
         for run in list(r.runs.values()):
-            r.act(run, run.lease.on_shutdown(now, None if run.phase == "held" else now + timeout))
+            held = run.phase == "held" and not r.bugs.drain_starts_held  # (held: back unstarted now)
+            r.act(run, run.lease.on_shutdown(now, None if held else now + timeout))
         # (A tree ignoring TERM past the deadline is killed a grace later; then it is reported, or its
         # result saved once its lease is over.)
         hard = now + timeout + r.config.kill_grace + 120.0
@@ -193,14 +195,14 @@ class Claims:
         if (r.runs or self.core.in_flight) and self.world.now < hard:
             self.world.after(0.5, "drain-check", r.guard(lambda: self._drained(hard)))
             return
+        self._check_drained(clean=not (r.runs or self.core.in_flight))
         if r.runs or self.core.in_flight:  # (reports still retried: exits as a stop's deadline does)
             self.world.log(f"runner {r.name}: drain deadline passed, exits ({len(r.runs)} run(s) left)")
         else:
-            self._check_drained()
             self.world.log(f"runner {r.name}: drained, exits")
         r.crash()
 
-    def _check_drained(self) -> None:
+    def _check_drained(self, *, clean: bool) -> None:
         r = self.r
         began = self.drain_began if self.drain_began is not None else self.world.now
         late = [c.label for copies in r.copies.by_key.values() for c in copies
@@ -209,5 +211,5 @@ class Claims:
             self.world.violate("drain", f"runner {r.name} started {late} after its drain began")
         left = {"slots": self.core.in_use, "leases": len(r.book), "held": len(r.gate.held()),
                 "next runs": len(r.next_runs)}
-        if any(left.values()):
+        if clean and any(left.values()):
             self.world.violate("drain", f"runner {r.name} exits its drain with {left}")

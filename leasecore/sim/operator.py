@@ -22,6 +22,8 @@ __all__ = ["Operator"]
 
 PAUSE_SECONDS = (5.0, 60.0)  # a pause lasts this long (uniform), always ending before the quiet phase
 DRAIN_TIMEOUT_SECONDS = (10.0, 120.0)
+HELD_LOOK_SECONDS = 5.0  # how often the operator looks for a runner holding a delivery ...
+HELD_DRAIN_CHANCE = 0.25  # ... and drains it, with this chance
 
 
 class Operator:
@@ -35,6 +37,20 @@ class Operator:
     def begin(self) -> None:
         self.world.log(f"operator: a pause or a drain every {self.every:.0f} s on average")
         self._next()
+        self.world.after(HELD_LOOK_SECONDS, "operator", self._drain_a_holder)
+
+    def _drain_a_holder(self) -> None:
+        """Now and then a drain comes while a delivery is held (waiting for its previous holder): the
+        moment the hand-back rule is for, too brief to be hit often by chance."""
+        world, rng = self.world, self.world.rng
+        if world.now >= self.end:
+            return
+        holding = [x for x in self.runners if x.gate.held() and not x.down and not x.stopping]
+        if holding and rng.random() < HELD_DRAIN_CHANCE and (runner := rng.choice(holding)).drain(
+                rng.uniform(*DRAIN_TIMEOUT_SECONDS)):
+            self.count += 1
+            self._restart_when_down(runner)
+        world.after(HELD_LOOK_SECONDS, "operator", self._drain_a_holder)
 
     def _next(self) -> None:
         self.world.after(self.world.rng.expovariate(1.0 / self.every), "operator", self._fire)
@@ -48,6 +64,9 @@ class Operator:
         polling = [x for x in self.runners if x.polling and not x.down]
         if pause and polling and rng.random() < 0.5:  # a poll out is what a pause must hand back
             runner = rng.choice(polling)
+        holding = [x for x in self.runners if x.gate.held() and not x.down and not x.stopping]
+        if not pause and holding and rng.random() < 0.5:  # a held delivery is what a drain hands back
+            runner = rng.choice(holding)
         if pause:
             seconds = min(rng.uniform(*PAUSE_SECONDS), max(0.0, self.end - world.now))
             if runner.pause(seconds):

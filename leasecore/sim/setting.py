@@ -42,6 +42,10 @@ class Bugs:
     # is sent again even after its next run was polled, so the retry re-queues that run (one result
     # applied twice; the run is fenced as no longer ours). Off: a poll of the next run proves it landed.
     retry_landed_yield: bool = False
+    # The operator's rules (leasecore.sim.claims): a pause never reaches the poller (polls go on), or a
+    # drain lets a held delivery wait out its hold and start instead of handing it back.
+    pause_ignored: bool = False
+    drain_starts_held: bool = False
 
 
 @dataclass(frozen=True)
