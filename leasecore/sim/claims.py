@@ -19,27 +19,53 @@ Threads: none.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from leasecore.handover import StartGate
 from leasecore.lease import FenceReason
 from leasecore.models import Task
 from leasecore.runner.chain import hand_back
+from leasecore.runner.leasing.leasebook import LeaseBook
 from leasecore.runner.ports import PollSettings
 from leasecore.runner.upstream.pollcore import PollCore, SendPoll
 from leasecore.runner.upstream.poller import WorkBudget
-from leasecore.sim.conductor import Answer
-from leasecore.sim.setting import Run
+from leasecore.sim.conductor import Answer, SimConductor
+from leasecore.sim.reports import Reports
+from leasecore.sim.setting import Bugs, Run, RunnerConfig
+from leasecore.sim.trees import Copies
+from leasecore.sim.world import World
 
-if TYPE_CHECKING:
-    from leasecore.sim.runner import SimRunner
+__all__ = ["Claims", "ClaimsRunner"]
 
-__all__ = ["Claims"]
+
+class ClaimsRunner(Protocol):
+    """What ``Claims`` uses of its runner (``leasecore.sim.runner.SimRunner``)."""
+
+    world: World
+    server: SimConductor
+    copies: Copies
+    name: str
+    config: RunnerConfig
+    bugs: Bugs
+    book: LeaseBook
+    gate: StartGate
+    reports: Reports
+    runs: dict[str, Run]
+    next_runs: dict[str, tuple[Task, float]]
+    stopping: bool
+
+    def guard(self, fn: Callable[[], None]) -> Callable[[], None]: ...
+    def reply(self, fn: Callable[[Answer], None]) -> Callable[[Answer], None]: ...
+    def act(self, run: Run, actions: list[Any]) -> None: ...
+    def deliver(self, task: Task, polled_at: float) -> None: ...
+    def crash(self) -> None: ...
 
 
 class Claims:
     """One runner incarnation's poller (its ``PollCore``) and the operator's hold on it."""
 
-    def __init__(self, runner: SimRunner) -> None:
+    def __init__(self, runner: ClaimsRunner) -> None:
         self.r = runner
         self.world = runner.world
         c = runner.config
