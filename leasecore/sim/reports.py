@@ -57,9 +57,10 @@ class Reports:
                                                     enabled=True)
         if run.slot:  # the child is gone: its slot is free (or kept for what update-v2 claims)
             run.slot = False
-            if chain:
+            if chain and r.keep_for_chain():  # (the poller's word: not while paused or stopping)
                 run.chain_slot = True
             else:
+                chain = False
                 r.release()
         self._send(run, result, chain)
 

@@ -6,11 +6,12 @@ driver here, as ``LeaseEngine``'s threads are in the product, and only carries o
 fences), ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the numbers,
 the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (inside the core),
 ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` / ``may_run_elsewhere``
-(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollBackoff`` (poll
-delays) and ``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this
-module and ``leasecore.sim.reports``): what the product's main loop, poller, reporter and outbox do
-with those decisions: slots, starts, exits, the order of a final update's steps. docs/simulator.md
-lists what the next step must replace.
+(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollCore`` (the
+poller's slots and when to poll, with its backoff; driven by ``leasecore.sim.claims``) and
+``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this module and
+``leasecore.sim.reports``): what the product's main loop, reporter and outbox do with those
+decisions: starts, exits, the order of a final update's steps. docs/simulator.md lists what the next
+step must replace.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
@@ -35,7 +36,7 @@ from leasecore.runner.leasing.schedule import (
     check_failed,
     ownership_read,
 )
-from leasecore.runner.upstream.pollpolicy import PollBackoff
+from leasecore.sim.claims import Claims
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
@@ -72,16 +73,13 @@ class SimRunner:
         self.dying = DyingTrees(gone=_tree_gone)
         self.gate = StartGate(self.dying)
         self.yields = YieldHold(gone=_tree_gone)
-        self.backoff = PollBackoff(rand=self.world.rng.random)
+        self.claims = Claims(self)
         self.runs: dict[str, Run] = {}
         self.next_runs: dict[str, tuple[Task, float]] = {}
-        self.in_use = 0
         self.stopping = False
-        self.polling = 0
-        self.poll_pending = False
         self.gate_at: float | None = None
         self.reports = Reports(self)
-        self._poll_soon(0.0)
+        self.claims.look()
         self.reports.deliver_outbox()
 
     def crash(self) -> None:
@@ -154,47 +152,37 @@ class SimRunner:
 
         return got
 
-    # ----- polling -----------------------------------------------------------------------------
+    # ----- polling: the product's PollCore, driven by leasecore.sim.claims ---------------------
 
-    def _poll_soon(self, delay: float) -> None:
-        if self.poll_pending:
-            return
-        self.poll_pending = True
-        self.world.after(delay, "poll", self.guard(self._poll))
+    @property
+    def in_use(self) -> int:
+        """Slots taken: reserved for the poll out, running or held runs, kept for update-v2."""
+        return self.claims.core.in_use
 
-    def _poll(self) -> None:
-        self.poll_pending = False
-        if self.stopping:
-            return
-        free = self.config.slots - self.in_use
-        if free <= 0:
-            return  # a released slot polls again (release)
-        count = min(free, 4)
-        self.in_use += count
-        self.polling = count  # reserved for what the poll brings
-        sent = self.world.now
-
-        def got(answer: Answer) -> None:
-            self.polling = 0
-            if not answer.ok:
-                self.release(count)
-                self._poll_soon(self.backoff.on_error())
-                return
-            tasks = [Task.from_json(t) for t in answer.body]
-            self.release(count - len(tasks), poll=False)
-            for task in tasks:
-                self.deliver(task, sent)
-            self._poll_soon(self.backoff.on_tasks() if tasks else self.backoff.on_empty())
-
-        self.server.poll(self.name, self.config.task_type, count, self.reply(got), self.config.http_timeout)
+    @property
+    def polling(self) -> int:
+        """Slots reserved by the poll out now (0: none out)."""
+        return self.claims.core.in_flight
 
     def release(self, n: int = 1, *, poll: bool = True) -> None:
-        self.in_use -= n
-        if self.in_use < 0:
-            self.world.violate("slots", f"runner {self.name} released more slots than it held "
-                               f"({self.in_use})")
-        if poll and n > 0:
-            self._poll_soon(0.0)
+        self.claims.release(n, poll=poll)
+
+    def keep_for_chain(self) -> bool:
+        return self.claims.keep_for_chain()
+
+    def pause(self, seconds: float) -> bool:
+        """The operator pauses the task type here for ``seconds`` (False: the runner is down)."""
+        if self.down:
+            return False
+        self.guard(lambda: self.claims.pause(seconds))()
+        return True
+
+    def drain(self, timeout: float) -> bool:
+        """The operator drains this runner (False: it is down or already stopping)."""
+        if self.down or self.stopping:
+            return False
+        self.guard(lambda: self.claims.drain(timeout))()
+        return True
 
     # ----- deliveries and starts ----------------------------------------------------------------
 

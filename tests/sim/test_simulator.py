@@ -107,7 +107,7 @@ def test_the_re_delivery_hold_gap_stays_found() -> None:
     """Regression case of a known gap (docs/simulator.md, findings): a re-delivery's hold counts on its
     previous holder's ownership checks; a stalled holder or a lost check lets the copies overlap.
     When the gap is closed, this test must be turned around."""
-    result = run_seed(4, SimOptions(minutes=10, known_gaps=True))
+    result = run_seed(50, SimOptions(minutes=10, known_gaps=True))
     assert result.violations and result.violations[0].startswith("two live copies"), result.violations
 
 
@@ -122,9 +122,9 @@ def test_the_command_prints_the_summary_last_and_exits_0_when_clean(
 
 
 def test_a_violation_exits_1_with_its_seed_and_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--seed", "1", "--minutes", "5", "--bug", "yield_unheld", "--jobs", "1"]) == 1
+    assert main(["--seed", "3", "--minutes", "5", "--bug", "yield_unheld", "--jobs", "1"]) == 1
     out = capsys.readouterr().out
-    assert "seed 1: 1 violation(s)" in out
+    assert "seed 3: 1 violation(s)" in out
     assert "two live copies" in out and "tree r" in out  # the trace leading to it
     assert SUMMARY.match(out.strip().splitlines()[-1]).group(5) == "1"  # type: ignore[union-attr]
 
