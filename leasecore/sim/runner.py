@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
+from leasecore.handover import DyingTrees, StartGate, YieldHold, logical_key, mark_yield, may_run_elsewhere
 from leasecore.lease import (
     CheckOwnership,
     FenceReason,
@@ -32,6 +32,30 @@ from leasecore.lease import (
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.leasing.leasebook import LeaseBook
+from leasecore.runner.loop.decisions import (
+    READ_AGAIN_SECONDS,
+    AckDuplicate,
+    BackUnstarted,
+    ChainedBack,
+    Delivery,
+    Earlier,
+    EndUnstarted,
+    ExitMeaning,
+    HeldStart,
+    HeldView,
+    Hold,
+    HoldOver,
+    LeaseNow,
+    Read,
+    ReportMeaning,
+    Start,
+    WaitBehind,
+    admit,
+    exit_meaning,
+    held_start,
+    hold_over,
+    report_meaning,
+)
 from leasecore.runner.upstream.pollpolicy import PollBackoff
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
@@ -73,6 +97,7 @@ class SimRunner:
         self.polling = 0
         self.poll_pending = False
         self.gate_at: float | None = None
+        self.held_reads: dict[str, tuple[Read, TaskOwnership | None]] = {}  # held runs read back at start
         self.reports = Reports(self)
         self._poll_soon(0.0)
         self.reports.deliver_outbox()
@@ -199,22 +224,25 @@ class SimRunner:
                                      http_timeout_seconds=c.http_timeout)
 
     def deliver(self, task: Task, polled_at: float) -> None:
-        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot."""
+        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot.
+        What it means is the product's ``decisions.admit``; this carries it out."""
         tid = task.task_id
         self.world.log(f"runner {self.name}: got {tid} (pollCount {task.poll_count})")
         current = self.runs.get(tid)
-        if current is not None and task.poll_count > current.task.poll_count and (
-            current.phase == "reporting" or current.fence is FenceReason.OWNERSHIP_LOST
-        ):
-            # Its next run (our yield re-polled before the report's ack, or a re-delivery while our
-            # copy is killed): it keeps the slot its poll took and is delivered once this run is over.
-            if tid in self.next_runs:  # a newer one replaces it: its slot goes back
-                self.release()
-            self.next_runs[tid] = (task, polled_at)
-            return
-        if current is not None:  # the same run delivered again: an ack of its lease, no second copy
+        earlier = None if current is None else Earlier(
+            current.task.poll_count, reporting=current.phase == "reporting",
+            ownership_lost=current.fence is FenceReason.OWNERSHIP_LOST, yield_waiting=tid in self.yields)
+        if current is not None:
+            decision = admit(Delivery(task.poll_count, earlier))
+            if isinstance(decision, WaitBehind):
+                # Its next run: it keeps the slot its poll took and is delivered once this run is over.
+                if tid in self.next_runs:  # a newer one replaces it: its slot goes back
+                    self.release()
+                self.next_runs[tid] = (task, polled_at)
+                return
+            assert isinstance(decision, AckDuplicate)  # the same run again: an ack of its lease
             entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
-            if task.poll_count > current.task.poll_count:
+            if decision.newer:
                 current.task = task
             self.release()
             self.act(current, actions)
@@ -225,27 +253,32 @@ class SimRunner:
         self.runs[tid] = run
         self.attempts += 1
         now = self.world.now
+        # The planted races switch the harness's inputs to the decision, never the decision itself.
         wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
-        here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
-        if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
-            self.gate.hold(task, now + wait, now, here)
+        lease = (LeaseNow.FENCED if run.lease.fence_reason is not None
+                 else LeaseNow.PAST_TERM if now >= run.lease.term_point else LeaseNow.LIVE)
+        dying = False
+        if not self.bugs.no_dying_wait:  # another attempt of the same logical task here counts as dying
+            key = logical_key(task)
+            for other in self.runs.values():
+                if key and other.tree and other.task.task_id != tid and logical_key(other.task) == key:
+                    self.dying.add(other.task, other.tree)
+            dying = self.dying.still_dying(task)
+        decision = admit(Delivery(task.poll_count, stopping=self.stopping, lease=lease, start_delay=wait,
+                                  dying_here=dying))
+        if isinstance(decision, BackUnstarted | ChainedBack):  # polled as the stop began: back, unstarted
+            self.gate.hold(task, now + wait, now)
             actions += run.lease.on_shutdown(now)
-            self.act(run, actions)
-            return
-        why = self.gate.hold(task, now + wait, now, here)
-        if why is not None and self.bugs.no_dying_wait and wait <= 0:
-            self.gate.drop(tid)
-            why = None
-        if why is not None:
+        elif isinstance(decision, Hold):
+            why = self.gate.hold(task, now + wait, now) or "a dying tree"
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
             actions += run.lease.on_start_held(now)
             self._arm_gate()
-        elif run.lease.fence_reason is None:
+        elif isinstance(decision, Start):
             self._start(run)
         else:  # its lease ran out before we got to it (a stall): never started; the fence ends it
-            self.gate.drop(tid)
-            why = run.lease.fence_reason.value
-            self.world.log(f"runner {self.name}: {tid} came too late to start ({why})")
+            assert isinstance(decision, EndUnstarted)
+            self.world.log(f"runner {self.name}: {tid} came too late to start ({decision.why})")
         self.act(run, actions)
 
     def _arm_gate(self) -> None:
@@ -259,9 +292,46 @@ class SimRunner:
         self.gate_at = None
         for task in self.gate.due(self.world.now):
             run = self.runs.get(task.task_id)
-            if run is not None and run.phase == "held" and run.lease.fence_reason is None:
-                self._start(run)
+            if run is not None and run.phase == "held":
+                self._held_step(run)
         self._arm_gate()
+
+    def _held_step(self, run: Run) -> None:
+        """A held run whose hold is over: the product's ``decisions.held_start`` (read it back, start
+        it only while still ours), carried out here."""
+        tid, now = run.task.task_id, self.world.now
+        lease = (LeaseNow.FENCED if run.lease.fence_reason is not None
+                 else LeaseNow.PAST_TERM if now >= run.lease.term_point else LeaseNow.LIVE)
+        read, ownership = self.held_reads.get(tid, (Read.NOT_SENT, None))
+        step, why = held_start(HeldView(run.task.poll_count, lease, read, ownership))
+        if step is HeldStart.READ_BACK:
+            self.held_reads[tid] = (Read.IN_FLIGHT, None)
+
+            def got(answer: Answer) -> None:
+                if self.runs.get(tid) is not run or run.phase != "held":
+                    return
+                if answer.ok or answer.status == 404:
+                    own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
+                    self.held_reads[tid] = (Read.ANSWERED, own)
+                else:
+                    self.held_reads[tid] = (Read.FAILED, None)
+                self._held_step(run)
+
+            self.server.read(self.name, tid, self.reply(got), run.policy.http_timeout_seconds)
+        elif step is HeldStart.READ_AGAIN:
+            self.held_reads[tid] = (Read.NOT_SENT, None)
+            self.gate.hold(run.task, now + READ_AGAIN_SECONDS, now)
+            self._arm_gate()
+        elif step is HeldStart.NOT_OURS:
+            self.held_reads.pop(tid, None)
+            self.world.log(f"runner {self.name}: {tid} is no longer ours once held ({why}): not started")
+            run.phase = "exited"
+            self.act(run, run.lease.on_child_exited(now))
+            self.forget(run)
+        elif step is HeldStart.START:
+            self.held_reads.pop(tid, None)
+            self._start(run)
+        # WAIT: its read-back is in flight, or its lease's fence ends it
 
     def _start(self, run: Run) -> None:
         p, rng = self.profile, self.world.rng
@@ -396,7 +466,8 @@ class SimRunner:
         self.act(run, run.lease.on_child_exited(now))
         run.fence = run.lease.fence_reason
         task = run.task
-        if run.fence is FenceReason.OWNERSHIP_LOST:
+        if exit_meaning(ownership_lost=run.fence is FenceReason.OWNERSHIP_LOST,
+                        start_error=False) is ExitMeaning.FORGET:
             self.forget(run)
             return
         if tree.signalled is not None or run.fence is not None:
@@ -413,23 +484,25 @@ class SimRunner:
             callback = self.world.rng.choice((0, 0, 5, 30))
             result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                                 callback_after_seconds=callback, worker_id=self.name)
-            if self.bugs.yield_unheld or tree.gone:
-                self.reports.report(run, mark_yield(result, task.poll_count))
-            else:
-                self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
-                self._yield_check()
-            return
-        if result.status is TaskStatus.FAILED and not tree.gone and not self.bugs.failed_before_tree_gone:
+        # What the result means is the product's; the planted races tell it the tree is gone early.
+        gone = tree.gone or (self.bugs.yield_unheld if result.status is TaskStatus.IN_PROGRESS
+                             else self.bugs.failed_before_tree_gone)
+        step = report_meaning(result.status, tree_gone=gone)
+        if step is ReportMeaning.HOLD:
             self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
             self._yield_check()
-            return
-        self.reports.report(run, result)
+        elif step is ReportMeaning.REPORT_YIELD:
+            self.reports.report(run, mark_yield(result, task.poll_count))
+        else:
+            self.reports.report(run, result)
 
     def _yield_check(self) -> None:
         for tid, result, gone in self.yields.due(self.world.now):
             run = self.runs.get(tid)
             if run is not None:
-                self.reports.report(run, mark_yield(result, run.task.poll_count) if gone else result)
+                over = hold_over(result.status, tree_gone=gone)
+                self.reports.report(run, mark_yield(result, run.task.poll_count)
+                                    if over is HoldOver.REPORT_YIELD else result)
         if self.yields:
             self.world.after(0.25, "yield-hold", self.guard(self._yield_check))
 

@@ -27,9 +27,10 @@ _RUNNING = object()  # a started task's outcome before it is known
 
 
 class Tally:
-    """Per started task, in start order, its final status (None: nothing reported). Bounded: the
-    statuses of the newest ``kept`` finished tasks (and every unfinished one) are kept; older ones
-    are folded into counts, so ``all_completed`` and ``started`` stay exact in a long run."""
+    """Per started task, in start order, its final status (None: nothing reported). Bounded: at most
+    ``kept`` are listed (the newest; an unfinished one is never dropped, and those are bounded by the
+    slots); older ones are folded into counts, so ``started`` and ``all_completed`` stay exact in a
+    long run."""
 
     def __init__(self, kept: int = TALLY_KEPT) -> None:
         self._kept = kept
