@@ -360,12 +360,14 @@ class TaskEnds:
         if (run := self._t.next_runs.pop(entry.task.task_id)) is not None:
             self._replay(run)  # (its lease may have ended with this run's: admission tracks it again then)
 
-    def end_unstarted(self, entry: InFlight, wait_left: float, *, held: bool = True) -> None:
+    def end_unstarted(self, entry: InFlight, wait_left: float, *, held: bool = True,
+                      why: str | None = None) -> None:
         """A task fenced (or stopped) before its command started: report it, or nothing if lost.
 
         One whose previous holder may still run it (``may_run_elsewhere``) goes back as an unmarked
         IN_PROGRESS, re-queued no sooner than ``wait_left`` (the hold time left): FAILED would make
-        the server create a retry at once that nobody waits for (two copies, and a retry spent)."""
+        the server create a retry at once that nobody waits for (two copies, and a retry spent).
+        ``why``: the reason when its lease was not fenced (yet); else the stop's."""
         task = entry.task
         if entry.tracked:
             self._engine.child_exited(task.task_id)
@@ -376,7 +378,7 @@ class TaskEnds:
             log.warning("task %s: no longer ours before it started; nothing is reported", task.task_id)
             self.forget(entry, None)
             return
-        why = fence_text(entry.fence, task, entry) or SHUTDOWN_REASON
+        why = fence_text(entry.fence, task, entry) or why or SHUTDOWN_REASON
         if may_run_elsewhere(task):
             seconds = max(0, math.ceil(wait_left))
             log.warning("task %s: %s before its command started; its previous holder may still run it: "

@@ -189,7 +189,7 @@ class TaskStarts:
             return
         if isinstance(decision, EndUnstarted):
             log.warning("task %s: not starting it: %s", task.task_id, decision.why)
-            self._ends.end_unstarted(entry, start_delay, held=False)
+            self._ends.end_unstarted(entry, start_delay, held=False, why=decision.why)
             return
         assert isinstance(decision, Hold | Start)
         if decision.track:
