@@ -60,7 +60,8 @@ class ExpiredEngine(FakeEngine):
 class Run:
     def __init__(self, conductor: FakeConductor, marker: Path, *, engine: type[FakeEngine] = FakeEngine,
                  delay: float = HOLD_SECONDS) -> None:
-        self.conductor, self.supervisor, self.engines = conductor, FakeSupervisor(), []  # type: list[FakeEngine]
+        self.conductor, self.supervisor = conductor, FakeSupervisor()
+        self.engines: list[FakeEngine] = []
         plan = TaskTypePlan(
             poll=PollSettings("t", concurrency=1, timeout_ms=200, worker_id="w1"),
             spec=python_spec(f"open({str(marker)!r}, 'w').write('ran')"),
