@@ -32,30 +32,7 @@ from leasecore.lease import (
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.leasing.leasebook import LeaseBook
-from leasecore.runner.loop.decisions import (
-    READ_AGAIN_SECONDS,
-    AckDuplicate,
-    BackUnstarted,
-    ChainedBack,
-    Delivery,
-    Earlier,
-    EndUnstarted,
-    ExitMeaning,
-    HeldStart,
-    HeldView,
-    Hold,
-    HoldOver,
-    LeaseNow,
-    Read,
-    ReportMeaning,
-    Start,
-    WaitBehind,
-    admit,
-    exit_meaning,
-    held_start,
-    hold_over,
-    report_meaning,
-)
+from leasecore.runner.loop import decisions as d
 from leasecore.runner.upstream.pollpolicy import PollBackoff
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
@@ -97,7 +74,7 @@ class SimRunner:
         self.polling = 0
         self.poll_pending = False
         self.gate_at: float | None = None
-        self.held_reads: dict[str, tuple[Read, TaskOwnership | None]] = {}  # held runs read back at start
+        self.held_reads: dict[str, tuple[d.Read, TaskOwnership | None]] = {}  # held runs read back at start
         self.reports = Reports(self)
         self._poll_soon(0.0)
         self.reports.deliver_outbox()
@@ -226,58 +203,49 @@ class SimRunner:
     def deliver(self, task: Task, polled_at: float) -> None:
         """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot.
         What it means is the product's ``decisions.admit``; this carries it out."""
-        tid = task.task_id
+        tid, now = task.task_id, self.world.now
         self.world.log(f"runner {self.name}: got {tid} (pollCount {task.poll_count})")
-        current = self.runs.get(tid)
-        earlier = None if current is None else Earlier(
-            current.task.poll_count, reporting=current.phase == "reporting",
-            ownership_lost=current.fence is FenceReason.OWNERSHIP_LOST, yield_waiting=tid in self.yields)
-        if current is not None:
-            decision = admit(Delivery(task.poll_count, earlier))
-            if isinstance(decision, WaitBehind):
-                # Its next run: it keeps the slot its poll took and is delivered once this run is over.
+        if (current := self.runs.get(tid)) is not None:
+            lost = current.fence is FenceReason.OWNERSHIP_LOST
+            decision = d.admit(d.Delivery(task.poll_count, d.Earlier(
+                current.task.poll_count, current.phase == "reporting", lost, tid in self.yields)))
+            if isinstance(decision, d.WaitBehind):  # its next run: it keeps its poll's slot meanwhile
                 if tid in self.next_runs:  # a newer one replaces it: its slot goes back
                     self.release()
                 self.next_runs[tid] = (task, polled_at)
                 return
-            assert isinstance(decision, AckDuplicate)  # the same run again: an ack of its lease
-            entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
-            if decision.newer:
-                current.task = task
+            assert isinstance(decision, d.AckDuplicate)  # the same run again: an ack of its lease
+            entry, actions = self.book.admit(task, current.policy, polled_at, now)
+            current.task = task if decision.newer else current.task
             self.release()
             self.act(current, actions)
             return
         policy = self.policy_for(task)
-        entry, actions = self.book.admit(task, policy, polled_at, self.world.now)
+        entry, actions = self.book.admit(task, policy, polled_at, now)
         run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
         self.runs[tid] = run
         self.attempts += 1
-        now = self.world.now
         # The planted races switch the harness's inputs to the decision, never the decision itself.
         wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
-        lease = (LeaseNow.FENCED if run.lease.fence_reason is not None
-                 else LeaseNow.PAST_TERM if now >= run.lease.term_point else LeaseNow.LIVE)
-        dying = False
-        if not self.bugs.no_dying_wait:  # another attempt of the same logical task here counts as dying
-            key = logical_key(task)
-            for other in self.runs.values():
-                if key and other.tree and other.task.task_id != tid and logical_key(other.task) == key:
-                    self.dying.add(other.task, other.tree)
-            dying = self.dying.still_dying(task)
-        decision = admit(Delivery(task.poll_count, stopping=self.stopping, lease=lease, start_delay=wait,
-                                  dying_here=dying))
-        if isinstance(decision, BackUnstarted | ChainedBack):  # polled as the stop began: back, unstarted
+        key = logical_key(task)
+        for other in () if self.bugs.no_dying_wait else self.runs.values():  # another attempt here: dying
+            if key and other.tree and other.task.task_id != tid and logical_key(other.task) == key:
+                self.dying.add(other.task, other.tree)
+        dying = not self.bugs.no_dying_wait and self.dying.still_dying(task)
+        decision = d.admit(d.Delivery(task.poll_count, stopping=self.stopping,
+                                      lease=_lease_now(run.lease, now), start_delay=wait, dying_here=dying))
+        if isinstance(decision, d.BackUnstarted | d.ChainedBack):  # polled as the stop began: back unstarted
             self.gate.hold(task, now + wait, now)
             actions += run.lease.on_shutdown(now)
-        elif isinstance(decision, Hold):
+        elif isinstance(decision, d.Hold):
             why = self.gate.hold(task, now + wait, now) or "a dying tree"
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
             actions += run.lease.on_start_held(now)
             self._arm_gate()
-        elif isinstance(decision, Start):
+        elif isinstance(decision, d.Start):
             self._start(run)
         else:  # its lease ran out before we got to it (a stall): never started; the fence ends it
-            assert isinstance(decision, EndUnstarted)
+            assert isinstance(decision, d.EndUnstarted)
             self.world.log(f"runner {self.name}: {tid} came too late to start ({decision.why})")
         self.act(run, actions)
 
@@ -300,38 +268,30 @@ class SimRunner:
         """A held run whose hold is over: the product's ``decisions.held_start`` (read it back, start
         it only while still ours), carried out here."""
         tid, now = run.task.task_id, self.world.now
-        lease = (LeaseNow.FENCED if run.lease.fence_reason is not None
-                 else LeaseNow.PAST_TERM if now >= run.lease.term_point else LeaseNow.LIVE)
-        read, ownership = self.held_reads.get(tid, (Read.NOT_SENT, None))
-        step, why = held_start(HeldView(run.task.poll_count, lease, read, ownership))
-        if step is HeldStart.READ_BACK:
-            self.held_reads[tid] = (Read.IN_FLIGHT, None)
+        read, ownership = self.held_reads.pop(tid, (d.Read.NOT_SENT, None))
+        step, why = d.held_start(d.HeldView(run.task.poll_count, _lease_now(run.lease, now), read, ownership))
+        if step is d.HeldStart.READ_BACK:
+            self.held_reads[tid] = (d.Read.IN_FLIGHT, None)
 
             def got(answer: Answer) -> None:
-                if self.runs.get(tid) is not run or run.phase != "held":
-                    return
-                if answer.ok or answer.status == 404:
+                if self.runs.get(tid) is run and run.phase == "held":
                     own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
-                    self.held_reads[tid] = (Read.ANSWERED, own)
-                else:
-                    self.held_reads[tid] = (Read.FAILED, None)
-                self._held_step(run)
+                    ok = answer.ok or answer.status == 404
+                    self.held_reads[tid] = (d.Read.ANSWERED, own) if ok else (d.Read.FAILED, None)
+                    self._held_step(run)
 
             self.server.read(self.name, tid, self.reply(got), run.policy.http_timeout_seconds)
-        elif step is HeldStart.READ_AGAIN:
-            self.held_reads[tid] = (Read.NOT_SENT, None)
-            self.gate.hold(run.task, now + READ_AGAIN_SECONDS, now)
+        elif step is d.HeldStart.READ_AGAIN:
+            self.gate.hold(run.task, now + d.READ_AGAIN_SECONDS, now)
             self._arm_gate()
-        elif step is HeldStart.NOT_OURS:
-            self.held_reads.pop(tid, None)
+        elif step is d.HeldStart.NOT_OURS:
             self.world.log(f"runner {self.name}: {tid} is no longer ours once held ({why}): not started")
             run.phase = "exited"
             self.act(run, run.lease.on_child_exited(now))
             self.forget(run)
-        elif step is HeldStart.START:
-            self.held_reads.pop(tid, None)
+        elif step is d.HeldStart.START:
             self._start(run)
-        # WAIT: its read-back is in flight, or its lease's fence ends it
+        # WAIT: its lease's fence ends it (a read-back is never in flight here: the gate released it)
 
     def _start(self, run: Run) -> None:
         p, rng = self.profile, self.world.rng
@@ -466,8 +426,8 @@ class SimRunner:
         self.act(run, run.lease.on_child_exited(now))
         run.fence = run.lease.fence_reason
         task = run.task
-        if exit_meaning(ownership_lost=run.fence is FenceReason.OWNERSHIP_LOST,
-                        start_error=False) is ExitMeaning.FORGET:
+        if d.exit_meaning(ownership_lost=run.fence is FenceReason.OWNERSHIP_LOST,
+                        start_error=False) is d.ExitMeaning.FORGET:
             self.forget(run)
             return
         if tree.signalled is not None or run.fence is not None:
@@ -487,11 +447,11 @@ class SimRunner:
         # What the result means is the product's; the planted races tell it the tree is gone early.
         gone = tree.gone or (self.bugs.yield_unheld if result.status is TaskStatus.IN_PROGRESS
                              else self.bugs.failed_before_tree_gone)
-        step = report_meaning(result.status, tree_gone=gone)
-        if step is ReportMeaning.HOLD:
+        step = d.report_meaning(result.status, tree_gone=gone)
+        if step is d.ReportMeaning.HOLD:
             self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
             self._yield_check()
-        elif step is ReportMeaning.REPORT_YIELD:
+        elif step is d.ReportMeaning.REPORT_YIELD:
             self.reports.report(run, mark_yield(result, task.poll_count))
         else:
             self.reports.report(run, result)
@@ -500,9 +460,9 @@ class SimRunner:
         for tid, result, gone in self.yields.due(self.world.now):
             run = self.runs.get(tid)
             if run is not None:
-                over = hold_over(result.status, tree_gone=gone)
+                over = d.hold_over(result.status, tree_gone=gone)
                 self.reports.report(run, mark_yield(result, run.task.poll_count)
-                                    if over is HoldOver.REPORT_YIELD else result)
+                                    if over is d.HoldOver.REPORT_YIELD else result)
         if self.yields:
             self.world.after(0.25, "yield-hold", self.guard(self._yield_check))
 
@@ -521,6 +481,12 @@ class SimRunner:
 
     def may_run_elsewhere(self, task: Task) -> bool:
         return may_run_elsewhere(task)
+
+
+def _lease_now(lease: Lease, now: float) -> d.LeaseNow:
+    if lease.fence_reason is not None:
+        return d.LeaseNow.FENCED
+    return d.LeaseNow.PAST_TERM if now >= lease.term_point else d.LeaseNow.LIVE
 
 
 def _tree_gone(handle: object) -> bool:
