@@ -25,6 +25,7 @@ from tests.integration.runner_fakes import (
     python_spec,
     to_result,
 )
+from tests.support import wait_until
 
 HOLD_SECONDS = 0.3
 
@@ -157,3 +158,34 @@ def test_a_delivery_handled_after_its_lease_ran_out_never_starts(runs: list[Run]
     assert not marker.exists(), "a child ran on a lease whose deadline had passed"
     assert outcome.statuses == (TaskStatus.FAILED,)
     assert conductor.updates[0].reason_for_incompletion == "its lease ran out before the runner handled it"
+
+
+class SlowReadConductor(ReadableConductor):
+    """Its read-back answers only once ``release`` is set (the stop begins meanwhile)."""
+
+    def __init__(self, *answers: TaskOwnership | Exception | None) -> None:
+        super().__init__(*answers)
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def get_task_ownership(self, task_id: str, *, timeout_seconds: float) -> TaskOwnership | None:
+        self.reading.set()
+        self.release.wait(30)
+        return super().get_task_ownership(task_id, timeout_seconds=timeout_seconds)
+
+
+def test_a_stop_while_a_held_task_is_read_back_hands_it_back_unstarted(
+    runs: list[Run], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    conductor = SlowReadConductor(TaskOwnership(TaskStatus.IN_PROGRESS, 2, "w1"))
+    conductor.add(make_task("a", poll_count=2))
+    run = Run(conductor, marker)
+    runs.append(run)
+    assert conductor.reading.wait(30), "the held task was never read back"
+    run.runner.request_stop()
+    wait_until(lambda: conductor.updates, what="the held task handed back before its read's answer")
+    conductor.release.set()
+    run.finish()
+    assert not marker.exists(), "a child started after the stop began"
+    (update,) = conductor.updates
+    assert update.status is TaskStatus.IN_PROGRESS  # back unmarked: its previous holder may still run it

@@ -207,10 +207,6 @@ class Runner:
         """The options in force (a reload may replace them)."""
         return self._t.options
 
-    @property
-    def _plans(self) -> dict[str, TaskTypePlan]:  # (tests look at what a reload changed)
-        return self._t.plans
-
     # ------------------------------------------------------------------ public
 
     @property
@@ -399,6 +395,8 @@ class Runner:
             start_at = self._gate.start_at(task_id) or now
             self._gate.drop(task_id)
             self._ends.end_unstarted(self._t.tasks[task_id], start_at - now)
+        for entry in [e for e in self._t.tasks.values() if e.phase is Phase.WAITING and e.child is None]:
+            self._ends.end_unstarted(entry, 0.0)  # its hold over, its read-back in flight: never started
         running = [e for e in self._t.tasks.values()
                    if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
