@@ -156,9 +156,12 @@ class TaskStarts:
             view = dataclasses.replace(view, dying_here=self._dying_here(task))
         decision = admit(view)
         if isinstance(decision, WaitBehind):
-            log.info("task %s polled again (pollCount %d) while its earlier run here %s: running it once "
-                     "that run is over", task.task_id, task.poll_count,
-                     "is reported" if decision.why == "reporting" else "is killed (no longer ours)")
+            if decision.why == "reporting":  # its own lease (tracked at poll) holds it meanwhile
+                log.info("task %s polled again (pollCount %d) while its result is reported: running it "
+                         "once that report is done", task.task_id, task.poll_count)
+            else:  # no heartbeats meanwhile: the copy's lease is fenced for good
+                log.info("task %s polled again (pollCount %d) while its earlier copy here is killed (no "
+                         "longer ours): running it once that copy is gone", task.task_id, task.poll_count)
             if self._t.next_runs.keep(NextRun(task, polled_at, policy, surplus, chained)):
                 self._give_back(plan)
             return
@@ -184,8 +187,7 @@ class TaskStarts:
             self._ends.report(entry, hand_back(task, plan.worker_id))
             return
         if isinstance(decision, BackUnstarted):  # polled while stopping (a long poll was in flight)
-            self._ends.end_unstarted(entry, (entry.policy or plan.make_policy(task)).start_delay_seconds,
-                                     held=False)
+            self._ends.end_unstarted(entry, start_delay, held=False)
             return
         if isinstance(decision, EndUnstarted):
             log.warning("task %s: not starting it: %s", task.task_id, decision.why)
@@ -297,8 +299,8 @@ class TaskStarts:
         elif step is HeldStart.START:
             entry.phase = Phase.RUNNING
             self._metrics.on_task_held(task.task_type, False)
-            log.info("task %s: its previous holder must have stopped by now%s: starting it", task.task_id,
-                     "" if read is Read.NO_READER else " and it is still ours")
+            log.info("task %s: its previous holder must have stopped by now: starting it%s", task.task_id,
+                     "" if read is Read.NO_READER else " (read back: still ours)")
             self._start_child(entry)
         # WAIT: a read-back is in flight, or the lease's fence is on its way (it ends the task)
 
