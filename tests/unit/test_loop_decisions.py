@@ -24,12 +24,14 @@ from leasecore.runner.loop.decisions import (
     Read,
     ReportMeaning,
     Start,
+    Unstarted,
     WaitBehind,
     admit,
     exit_meaning,
     held_start,
     hold_over,
     report_meaning,
+    unstarted_meaning,
 )
 from leasecore.runner.loop.status import NextRun
 from leasecore.runner.loop.table import NextRuns, Tally
@@ -147,6 +149,16 @@ def test_report_meaning_table(status: TaskStatus, gone: bool, meaning: ReportMea
 ])
 def test_hold_over_table(status: TaskStatus, gone: bool, over: HoldOver) -> None:
     assert hold_over(status, tree_gone=gone) is over
+
+
+@pytest.mark.parametrize(("lost", "elsewhere", "meaning"), [
+    (True, True, Unstarted.FORGET),
+    (True, False, Unstarted.FORGET),
+    (False, True, Unstarted.HAND_BACK),  # never FAILED: its retry would start next to the previous holder
+    (False, False, Unstarted.FAIL),
+])
+def test_unstarted_meaning_table(lost: bool, elsewhere: bool, meaning: Unstarted) -> None:
+    assert unstarted_meaning(ownership_lost=lost, may_run_elsewhere=elsewhere) is meaning
 
 
 # ----- the task table's bounded parts -------------------------------------------------------------

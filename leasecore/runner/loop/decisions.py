@@ -37,12 +37,14 @@ __all__ = [
     "Read",
     "ReportMeaning",
     "Start",
+    "Unstarted",
     "WaitBehind",
     "admit",
     "exit_meaning",
     "held_start",
     "hold_over",
     "report_meaning",
+    "unstarted_meaning",
 ]
 
 READ_AGAIN_SECONDS = 1.0  # a held start's read-back that failed is tried again this much later
@@ -260,3 +262,19 @@ def hold_over(status: TaskStatus, *, tree_gone: bool) -> HoldOver:
     if status is not TaskStatus.IN_PROGRESS:
         return HoldOver.REPORT if tree_gone else HoldOver.REPORT_ANYWAY
     return HoldOver.REPORT_YIELD if tree_gone else HoldOver.REPORT_UNMARKED
+
+
+class Unstarted(Enum):
+    """A task ended before its command started (fenced, stopped, or its lease over when handled)."""
+
+    FORGET = "forget"  # no longer ours: nothing is reported
+    HAND_BACK = "hand back"  # an unmarked IN_PROGRESS, re-queued once its hold would have ended
+    FAIL = "fail"  # FAILED with the reason (a retry follows at once: nobody else may run it)
+
+
+def unstarted_meaning(*, ownership_lost: bool, may_run_elsewhere: bool) -> Unstarted:
+    """One whose previous holder may still run it is never failed: FAILED would make the server
+    create a retry at once that nobody waits for, next to that holder (two copies, a retry spent)."""
+    if ownership_lost:
+        return Unstarted.FORGET
+    return Unstarted.HAND_BACK if may_run_elsewhere else Unstarted.FAIL

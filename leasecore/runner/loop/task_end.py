@@ -37,9 +37,11 @@ from leasecore.runner.loop.decisions import (
     ExitMeaning,
     HoldOver,
     ReportMeaning,
+    Unstarted,
     exit_meaning,
     hold_over,
     report_meaning,
+    unstarted_meaning,
 )
 from leasecore.runner.loop.status import InFlight, NextRun, Phase, undelivered_snapshot
 from leasecore.runner.loop.table import TaskTable
@@ -374,12 +376,14 @@ class TaskEnds:
             entry.fence = self._engine.fence_reason(task.task_id)
         if held:  # its fence (if any) counts: conductor_run_fences_total
             self._metrics.on_task_held(task.task_type, False, entry.fence)
-        if entry.fence is FenceReason.OWNERSHIP_LOST:
+        meaning = unstarted_meaning(ownership_lost=entry.fence is FenceReason.OWNERSHIP_LOST,
+                                    may_run_elsewhere=may_run_elsewhere(task))
+        if meaning is Unstarted.FORGET:
             log.warning("task %s: no longer ours before it started; nothing is reported", task.task_id)
             self.forget(entry, None)
             return
         why = fence_text(entry.fence, task, entry) or why or SHUTDOWN_REASON
-        if may_run_elsewhere(task):
+        if meaning is Unstarted.HAND_BACK:
             seconds = max(0, math.ceil(wait_left))
             log.warning("task %s: %s before its command started; its previous holder may still run it: "
                         "handing it back (re-queued in %d s, its next holder waits too)", task.task_id,
