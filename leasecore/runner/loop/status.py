@@ -36,7 +36,7 @@ from leasecore.snapshot import (
 
 class NextRun(NamedTuple):
     """A delivery of a task that waits behind its run still here (its report, or its copy being
-    killed for lost ownership): ``_on_task``'s arguments, replayed once that run is forgotten."""
+    killed for lost ownership): ``TaskStarts.admit``'s arguments, replayed once that run is forgotten."""
 
     task: Task
     polled_at: float
