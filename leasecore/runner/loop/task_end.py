@@ -76,25 +76,27 @@ class ChainedHook(Protocol):
     def __call__(self, task: Task | None, sent_at: float, *, from_task: str, poller: str) -> None: ...
 
 
-class ChainUpdates(FinalUpdates):
-    """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
-    follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
+class ChainUpdates:
+    """The reporter's update port with update-v2: ``FinalUpdates``' guard around either endpoint, so
+    no heartbeat of the task overlaps or follows its final update, whichever carries it. It holds a
+    ``FinalUpdates`` (not a subclass of it). On the reporter's sender threads."""
 
     def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
                  clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
                  observer: Observer = NO_METRICS) -> None:  # fmt: skip
-        super().__init__(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
-        self._v2_port = port
+        self._final = FinalUpdates(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
+        self._port = port
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        self._final.update(result, timeout_seconds=timeout_seconds)
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
         # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
         # lease from before the attempt, and the park's wait would come off that lease.
-        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
-                            timeout_seconds=timeout_seconds,
-                            send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
-
-    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
-        self._v2_port.update(result, timeout_seconds=timeout_seconds)
+        return self._final.guarded(
+            result, lambda: self._port.update_v2(result, timeout_seconds=timeout_seconds),
+            timeout_seconds=timeout_seconds,
+            send_parked=lambda: self._port.update(result, timeout_seconds=timeout_seconds))
 
 
 class TaskEnds:
