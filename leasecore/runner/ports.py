@@ -252,6 +252,9 @@ class RunOutcome:
     signum: int | None = None  # the signal that stopped the run, if one did
     started: int = 0
     statuses: tuple[TaskStatus | None, ...] = field(default=())  # per started task; None: not reported
+    # Started tasks whose status is no longer in ``statuses`` (the newest are kept) and that ended
+    # other than COMPLETED or IN_PROGRESS: a long run's outcome stays exact with bounded memory.
+    folded_not_completed: int = 0
     poller_failed: bool = False  # a poller ended on an unexpected error: exit 1, not a clean stop
     forced: bool = False  # a second signal ended the running tasks instead of letting them finish
     # The server refused a poller's first polls (a ConductorAuthError): the worker raises it, exit 4.
@@ -260,7 +263,8 @@ class RunOutcome:
     @property
     def all_completed(self) -> bool:
         ok = (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
-        return bool(self.statuses) and all(s in ok for s in self.statuses)
+        return (bool(self.statuses) and self.folded_not_completed == 0
+                and all(s in ok for s in self.statuses))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
+from leasecore.handover import DyingTrees, StartGate, YieldHold, logical_key, mark_yield, may_run_elsewhere
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
 from leasecore.lease.finalcheck import unknown_fate
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
@@ -36,8 +36,10 @@ from leasecore.runner.leasing.schedule import (
     check_failed,
     ownership_read,
 )
+from leasecore.runner.loop import decisions as d
 from leasecore.sim.claims import Claims
 from leasecore.sim.conductor import Answer, SimConductor
+from leasecore.sim.held import held_step, lease_now
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
 from leasecore.sim.world import World
@@ -78,6 +80,7 @@ class SimRunner:
         self.next_runs: dict[str, tuple[Task, float]] = {}
         self.stopping = False
         self.gate_at: float | None = None
+        self.held_reads: dict[str, tuple[d.Read, TaskOwnership | None]] = {}  # held runs read back at start
         self.reports = Reports(self)
         self.claims.look()
         self.reports.deliver_outbox()
@@ -193,23 +196,22 @@ class SimRunner:
                                      http_timeout_seconds=c.http_timeout)
 
     def deliver(self, task: Task, polled_at: float) -> None:
-        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot."""
-        tid = task.task_id
+        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot.
+        What it means is the product's ``decisions.admit``; this carries it out."""
+        tid, now = task.task_id, self.world.now
         self.world.log(f"runner {self.name}: got {tid} (pollCount {task.poll_count})")
-        current = self.runs.get(tid)
-        if current is not None and task.poll_count > current.task.poll_count and (
-            current.phase == "reporting" or current.fence is FenceReason.OWNERSHIP_LOST
-        ):
-            # Its next run (our yield re-polled before the report's ack, or a re-delivery while our
-            # copy is killed): it keeps the slot its poll took and is delivered once this run is over.
-            if tid in self.next_runs:  # a newer one replaces it: its slot goes back
-                self.release()
-            self.next_runs[tid] = (task, polled_at)
-            return
-        if current is not None:  # the same run delivered again: an ack of its lease, no second copy
+        if (current := self.runs.get(tid)) is not None:
+            lost = current.fence is FenceReason.OWNERSHIP_LOST
+            decision = d.admit(d.Delivery(task.poll_count, d.Earlier(
+                current.task.poll_count, current.phase == "reporting", lost, tid in self.yields)))
+            if isinstance(decision, d.WaitBehind):  # its next run: it keeps its poll's slot meanwhile
+                if tid in self.next_runs:  # a newer one replaces it: its slot goes back
+                    self.release()
+                self.next_runs[tid] = (task, polled_at)
+                return
+            assert isinstance(decision, d.AckDuplicate)  # the same run again: an ack of its lease
             effects = self._engine(ec.Track(task, current.policy, polled_at))
-            if task.poll_count > current.task.poll_count:
-                current.task = task
+            current.task = task if decision.newer else current.task
             self.release()
             self.carry_out(effects)
             return
@@ -220,31 +222,31 @@ class SimRunner:
         run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
         self.runs[tid] = run
         self.attempts += 1
-        now = self.world.now
+        # The planted races switch the harness's inputs to the decision, never the decision itself.
         wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
-        here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
-        if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
-            self.gate.hold(task, now + wait, now, here)
+        key = logical_key(task)
+        for other in () if self.bugs.no_dying_wait else self.runs.values():  # another attempt here: dying
+            if key and other.tree and other.task.task_id != tid and logical_key(other.task) == key:
+                self.dying.add(other.task, other.tree)
+        dying = not self.bugs.no_dying_wait and self.dying.still_dying(task)
+        decision = d.admit(d.Delivery(task.poll_count, stopping=self.stopping,
+                                      lease=lease_now(run.lease, now), start_delay=wait, dying_here=dying))
+        if isinstance(decision, d.BackUnstarted | d.ChainedBack):  # polled as the stop began: back unstarted
+            self.gate.hold(task, now + wait, now)
             effects += self._engine(ec.Shutdown(tid))
-            self.carry_out(effects)
-            return
-        why = self.gate.hold(task, now + wait, now, here)
-        if why is not None and self.bugs.no_dying_wait and wait <= 0:
-            self.gate.drop(tid)
-            why = None
-        if why is not None:
+        elif isinstance(decision, d.Hold):
+            why = self.gate.hold(task, now + wait, now) or "a dying tree"
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
             effects += self._engine(ec.StartHeld(tid))
-            self._arm_gate()
-        elif run.lease.fence_reason is None:
-            self._start(run)
+            self.arm_gate()
+        elif isinstance(decision, d.Start):
+            self.start(run)
         else:  # its lease ran out before we got to it (a stall): never started; the fence ends it
-            self.gate.drop(tid)
-            why = run.lease.fence_reason.value
-            self.world.log(f"runner {self.name}: {tid} came too late to start ({why})")
+            assert isinstance(decision, d.EndUnstarted)
+            self.world.log(f"runner {self.name}: {tid} came too late to start ({decision.why})")
         self.carry_out(effects)
 
-    def _arm_gate(self) -> None:
+    def arm_gate(self) -> None:
         at = self.gate.next_at(self.world.now, poll_seconds=0.5)
         if at is None or (self.gate_at is not None and self.gate_at <= at and self.gate_at > self.world.now):
             return
@@ -255,11 +257,11 @@ class SimRunner:
         self.gate_at = None
         for task in self.gate.due(self.world.now):
             run = self.runs.get(task.task_id)
-            if run is not None and run.phase == "held" and run.lease.fence_reason is None:
-                self._start(run)
-        self._arm_gate()
+            if run is not None and run.phase == "held":
+                held_step(self, run)
+        self.arm_gate()
 
-    def _start(self, run: Run) -> None:
+    def start(self, run: Run) -> None:
         p, rng = self.profile, self.world.rng
         draw = rng.random()
         outcome = "failed" if draw < p.fail else "yield" if draw < p.fail + p.yields else "completed"
@@ -418,7 +420,8 @@ class SimRunner:
         self.step(ec.ChildExited(run.task.task_id))
         run.fence = run.lease.fence_reason
         task = run.task
-        if run.fence is FenceReason.OWNERSHIP_LOST:
+        if d.exit_meaning(ownership_lost=run.fence is FenceReason.OWNERSHIP_LOST,
+                        start_error=False) is d.ExitMeaning.FORGET:
             self.forget(run)
             return
         if tree.signalled is not None or run.fence is not None:
@@ -435,23 +438,25 @@ class SimRunner:
             callback = self.world.rng.choice((0, 0, 5, 30))
             result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                                 callback_after_seconds=callback, worker_id=self.name)
-            if self.bugs.yield_unheld or tree.gone:
-                self.reports.report(run, mark_yield(result, task.poll_count))
-            else:
-                self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
-                self._yield_check()
-            return
-        if result.status is TaskStatus.FAILED and not tree.gone and not self.bugs.failed_before_tree_gone:
+        # What the result means is the product's; the planted races tell it the tree is gone early.
+        gone = tree.gone or (self.bugs.yield_unheld if result.status is TaskStatus.IN_PROGRESS
+                             else self.bugs.failed_before_tree_gone)
+        step = d.report_meaning(result.status, tree_gone=gone)
+        if step is d.ReportMeaning.HOLD:
             self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
             self._yield_check()
-            return
-        self.reports.report(run, result)
+        elif step is d.ReportMeaning.REPORT_YIELD:
+            self.reports.report(run, mark_yield(result, task.poll_count))
+        else:
+            self.reports.report(run, result)
 
     def _yield_check(self) -> None:
         for tid, result, gone in self.yields.due(self.world.now):
             run = self.runs.get(tid)
             if run is not None:
-                self.reports.report(run, mark_yield(result, run.task.poll_count) if gone else result)
+                over = d.hold_over(result.status, tree_gone=gone)
+                self.reports.report(run, mark_yield(result, run.task.poll_count)
+                                    if over is d.HoldOver.REPORT_YIELD else result)
         if self.yields:
             self.world.after(0.25, "yield-hold", self.guard(self._yield_check))
 
