@@ -81,6 +81,11 @@ class FinalUpdates:
         self._sleep = sleep
         self._observer = observer
 
+    @property
+    def reader(self) -> TaskReader | None:
+        """What reads a task back (the reporter reads a yield back with it after its answer was lost)."""
+        return self._reader
+
     def attach(self, engine: _Guard) -> _Guard:
         """Use ``engine`` from now on; returns it (for a factory's one-liner)."""
         self._engine = engine

@@ -23,6 +23,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import mark_yield, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.lease.finalfailure import report_budget
 from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
@@ -255,14 +256,10 @@ class TaskEnds(RunnerCore):
         entry.phase = Phase.REPORTING  # (a yield was marked by _yield, once its tree was gone)
         entry.result_status = result.status
         opts = self.options
-        if self._forced:
-            seconds = 0.0
-        elif entry.fence is FenceReason.LEASE_EXPIRED:
-            seconds = 5.0  # best effort: the server has most likely moved on already
-        elif self._stopping_since is not None:
-            seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
-        else:
-            seconds = opts.report_retry_seconds
+        seconds = report_budget(forced=self._forced, lease_expired=entry.fence is FenceReason.LEASE_EXPIRED,
+                                stopping=self._stopping_since is not None,
+                                retry_seconds=opts.report_retry_seconds,
+                                shutdown_retry_seconds=opts.shutdown_report_retry_seconds)  # fmt: skip
         self._metrics.on_result(entry.task.task_type, result)
         self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
                               task_type=entry.task.task_type, on_chained=chain)
