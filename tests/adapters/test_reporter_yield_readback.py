@@ -30,7 +30,7 @@ class Port:
 
 
 class Reader:
-    def __init__(self, clock: FakeClock, reads: list[TaskOwnership | None | ConductorError]) -> None:
+    def __init__(self, clock: FakeClock, reads: list[TaskOwnership | ConductorError | None]) -> None:
         self.clock, self.reads = clock, list(reads)
         self.at: list[float] = []
 
@@ -43,7 +43,7 @@ class Reader:
 
 
 def report(result: TaskResult, answers: list[ConductorError | None],
-           reads: list[TaskOwnership | None | ConductorError]) -> tuple[ReportOutcome, Port, Reader]:
+           reads: list[TaskOwnership | ConductorError | None]) -> tuple[ReportOutcome, Port, Reader]:
     clock = FakeClock(start=100.0)
     port, reader = Port(clock, answers), Reader(clock, reads)
     outcomes: list[ReportOutcome] = []

@@ -69,6 +69,8 @@ def test_a_status_alone_has_the_same_kinds(code: int | None, kind: Failure) -> N
     assert failure_of_status(code) is kind
 
 
+GONE = GiveUp("the task or its workflow is gone (404)")
+NO = GiveUp("the server refused the result")
 # The table: (kind, attempt) -> decision. Time left 60 s unless the row says otherwise.
 TABLE = [
     ("garbled 2xx: taken", Failure.GARBLED, Attempt(C, left=60), Delivered()),
@@ -76,17 +78,18 @@ TABLE = [
      FallBackToV1(endpoint_missing=True)),
     ("update-v2 404: v1 tells", Failure.GONE, Attempt(C, left=60, v2=True, status_code=404),
      FallBackToV1(endpoint_missing=False)),
-    ("v1 404: gone", Failure.GONE, Attempt(C, left=60, status_code=404), GiveUp("the task or its workflow is gone (404)")),
-    ("409: refused", Failure.REFUSED, Attempt(C, left=60, status_code=409), GiveUp("the server refused the result")),
+    ("v1 404: gone", Failure.GONE, Attempt(C, left=60, status_code=404), GONE),
+    ("409: refused", Failure.REFUSED, Attempt(C, left=60, status_code=409), NO),
     ("update-v2 409: as v1's", Failure.REFUSED, Attempt(C, left=60, v2=True, status_code=409),
-     GiveUp("the server refused the result")),
-    ("body refused, COMPLETED: bare FAILED", Failure.BODY_REFUSED, Attempt(C, left=60, has_body=False), SendBare(F)),
+     NO),
+    ("body refused, COMPLETED: bare FAILED", Failure.BODY_REFUSED, Attempt(C, left=60, has_body=False),
+     SendBare(F)),
     ("body refused, FAILED with output", Failure.BODY_REFUSED, Attempt(F, left=60), SendBare(F)),
     ("body refused, no-retry stays no-retry", Failure.BODY_REFUSED, Attempt(FT, left=60), SendBare(FT)),
     ("body refused, a bare FAILED already", Failure.BODY_REFUSED, Attempt(F, left=60, has_body=False),
-     GiveUp("the server refused the result")),
+     NO),
     ("body refused, a yield: no FAILED", Failure.BODY_REFUSED, Attempt(IP, left=60),
-     GiveUp("the server refused the result")),
+     NO),
     ("body refused, saved: bare too", Failure.BODY_REFUSED, Attempt(C, saved=True), SendBare(F)),
     ("5xx, first attempt", Failure.UNAVAILABLE, Attempt(C, number=1, left=60), Retry(0.5)),
     ("5xx, third attempt", Failure.UNAVAILABLE, Attempt(C, number=3, left=60), Retry(2.0)),
@@ -97,8 +100,10 @@ TABLE = [
     ("hurry: outbox", Failure.UNAVAILABLE, Attempt(C, left=60, hurry=True), Save()),
     ("auth, saved: kept", Failure.AUTH, Attempt(C, saved=True), Save()),
     ("unreachable, saved: kept", Failure.NO_ANSWER, Attempt(IP, saved=True), Save()),
-    ("a yield of unknown fate: read back", Failure.NO_ANSWER, Attempt(IP, left=60), ReadBack(LATE_BEAT_MARGIN_SECONDS)),
-    ("a yield of unknown fate, no time: outbox", Failure.NO_ANSWER, Attempt(IP, left=LATE_BEAT_MARGIN_SECONDS), Save()),
+    ("a yield of unknown fate: read back", Failure.NO_ANSWER, Attempt(IP, left=60),
+     ReadBack(LATE_BEAT_MARGIN_SECONDS)),
+    ("a yield of unknown fate, no time: outbox", Failure.NO_ANSWER,
+     Attempt(IP, left=LATE_BEAT_MARGIN_SECONDS), Save()),
     ("a yield refused by a 5xx: retried", Failure.UNAVAILABLE, Attempt(IP, left=60), Retry(0.5)),
 ]  # fmt: skip
 
