@@ -21,8 +21,8 @@ kind                decision
 GARBLED (2xx)       ``Delivered``: the server took it; its answer was unreadable
 V2 405              ``FallBackToV1(endpoint_missing=True)``: the same result through v1 at once
 V2 404              ``FallBackToV1(endpoint_missing=False)``: v1 tells whether the task is gone
-NO_ANSWER           a yield (IN_PROGRESS): ``ReadBack`` once it can no longer land, if time is
-                    left; else as UNAVAILABLE. Saved: ``Save`` (kept; the next round reads back)
+NO_ANSWER           ``ReadBack`` once it can no longer land, if time is left; else ``Save``.
+                    Saved: ``Save`` (kept; the next round reads back before it sends)
 UNAVAILABLE, AUTH   ``Retry(backoff)`` while time is left; ``Save`` when not (and when saved)
 GONE (404)          ``GiveUp``: the task or its workflow is gone
 BODY_REFUSED        a terminal result with a body: ``SendBare`` (FAILED without its output, once;
@@ -30,12 +30,14 @@ BODY_REFUSED        a terminal result with a body: ``SendBare`` (FAILED without 
 REFUSED (409, 4xx)  ``GiveUp``: the server said no to the task, not to the network
 ==================  ==========================================================================
 
-Why a yield is read back: a yield whose answer was lost may have landed, and the server re-queued
-the task; sent again after another worker polled the next run, it would re-queue (undo) that run. So
-it is read back once it can no longer land (``LATE_BEAT_MARGIN_SECONDS`` after the give-up, the rule
-``leasecore.lease.finalcheck`` applies to heartbeats): sent again only if the task is still
-IN_PROGRESS under the poll we held. A terminal result sent twice is harmless (the server ignores an
-update of a terminal task), so it is retried as before.
+Why an update with no answer is read back before anything else is sent: it may still land.
+A yield that landed re-queued the task; sent again after another worker polled the next run, it
+would re-queue (undo) that run. A terminal result that lands late can be undone by a heartbeat that
+loaded the task before it (the lost update of CONDUCTOR_PROTOCOL.md §3), so the task's heartbeats
+stay held meanwhile (``leasecore.runner.leasing.finalupdates``). It is read back once it can no
+longer land (``LATE_BEAT_MARGIN_SECONDS`` after the give-up: the bound ``leasecore.lease.finalcheck``
+applies to heartbeats, the connection being reset the same way) and sent again only if the server
+shows it never landed (``after_read_back``).
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
     # NO_ANSWER, UNAVAILABLE, AUTH: the network, the server's state or our credentials, never the result.
     if attempt.saved or attempt.hurry:
         return Save()
-    if failure is Failure.NO_ANSWER and attempt.status is TaskStatus.IN_PROGRESS:
+    if failure is Failure.NO_ANSWER:
         if attempt.left > LATE_BEAT_MARGIN_SECONDS:
             return ReadBack(LATE_BEAT_MARGIN_SECONDS)
         return Save()  # the outbox reads it back before it sends it again
@@ -215,20 +217,31 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
     return Retry(delay) if attempt.left > delay else Save()
 
 
-def after_read_back(ownership: TaskOwnership | None, poll_count: int) -> Decision:
-    """What a yield's read-back says, once the yield can no longer land: ``Retry(0)`` (send it again
-    now) while the task is IN_PROGRESS under the poll we held (it never landed, or a late heartbeat
-    undid it); ``Delivered`` when the server re-queued it (SCHEDULED) or polled its next run (a higher
-    pollCount): it landed, and sending it again would undo that run; ``GiveUp`` when it ended or is
-    gone (someone else decided it). An unknown ``poll_count`` (0) cannot tell a next run: sent again."""
+def after_read_back(ownership: TaskOwnership | None, poll_count: int, status: TaskStatus) -> Decision:
+    """What the read-back of a final update of unknown fate says, once it can no longer land
+    (``status``: the result's). ``Retry(0)``: send it again now; ``Delivered``: it landed;
+    ``GiveUp``: the task is no longer ours to report (ended otherwise, gone, polled again).
+
+    A yield (IN_PROGRESS) landed when the server re-queued the task (SCHEDULED) or polled its next run
+    (a higher pollCount): sending it again would undo that run. A terminal result landed when the
+    server shows that status. Either is sent again while the task is IN_PROGRESS under the poll we held
+    (it never landed, or a late heartbeat undid it), and a terminal one also while it is SCHEDULED under
+    that poll (its park landed, the result did not). An unknown ``poll_count`` (0) tells no next run."""
     if ownership is None:
         return GiveUp("the task or its workflow is gone (404)")
+    repolled = poll_count > 0 and ownership.poll_count > poll_count
+    if status is TaskStatus.IN_PROGRESS:
+        if ownership.status.is_terminal:
+            return GiveUp(f"the task is {ownership.status.value} on the server")
+        if ownership.status is TaskStatus.SCHEDULED or repolled:
+            return Delivered()
+        return Retry(0.0)
+    if ownership.status is status:
+        return Delivered()
     if ownership.status.is_terminal:
         return GiveUp(f"the task is {ownership.status.value} on the server")
-    if ownership.status is TaskStatus.SCHEDULED:
-        return Delivered()
-    if poll_count > 0 and ownership.poll_count > poll_count:
-        return Delivered()
+    if repolled:
+        return GiveUp(f"the task was polled again (pollCount {ownership.poll_count}, ours {poll_count})")
     return Retry(0.0)
 
 

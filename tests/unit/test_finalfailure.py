@@ -95,7 +95,8 @@ TABLE = [
     ("5xx, third attempt", Failure.UNAVAILABLE, Attempt(C, number=3, left=60), Retry(2.0)),
     ("5xx, capped", Failure.UNAVAILABLE, Attempt(C, number=9, left=60), Retry(5.0)),
     ("auth: retried like 5xx", Failure.AUTH, Attempt(C, number=2, left=60), Retry(1.0)),
-    ("no answer, terminal: retried", Failure.NO_ANSWER, Attempt(F, number=1, left=60), Retry(0.5)),
+    ("no answer, terminal: read back", Failure.NO_ANSWER, Attempt(F, number=1, left=60),
+     ReadBack(LATE_BEAT_MARGIN_SECONDS)),
     ("no time left: outbox", Failure.UNAVAILABLE, Attempt(C, number=3, left=2.0), Save()),
     ("hurry: outbox", Failure.UNAVAILABLE, Attempt(C, left=60, hurry=True), Save()),
     ("auth, saved: kept", Failure.AUTH, Attempt(C, saved=True), Save()),
@@ -140,11 +141,24 @@ def test_the_report_backoff_doubles_from_half_a_second_to_its_cap() -> None:
     (None, GiveUp("the task or its workflow is gone (404)")),
 ])  # fmt: skip
 def test_a_yields_read_back(ownership: TaskOwnership | None, decision: object) -> None:
-    assert after_read_back(ownership, 3) == decision
+    assert after_read_back(ownership, 3, IP) == decision
+
+
+@pytest.mark.parametrize(("ownership", "decision"), [
+    (TaskOwnership(IP, 3, "w1"), Retry(0.0)),  # never landed (or a late beat undid it): sent again
+    (TaskOwnership(TaskStatus.SCHEDULED, 3), Retry(0.0)),  # its park landed, the result did not
+    (TaskOwnership(C, 3), Delivered()),  # landed
+    (TaskOwnership(TaskStatus.TIMED_OUT, 3), GiveUp("the task is TIMED_OUT on the server")),
+    (TaskOwnership(IP, 4, "w2"), GiveUp("the task was polled again (pollCount 4, ours 3)")),
+    (None, GONE),
+])  # fmt: skip
+def test_a_terminal_results_read_back(ownership: TaskOwnership | None, decision: object) -> None:
+    assert after_read_back(ownership, 3, C) == decision
 
 
 def test_an_unknown_poll_count_cannot_tell_a_next_run() -> None:
-    assert after_read_back(TaskOwnership(IP, 9), 0) == Retry(0.0)
+    assert after_read_back(TaskOwnership(IP, 9), 0, IP) == Retry(0.0)
+    assert after_read_back(TaskOwnership(IP, 9), 0, C) == Retry(0.0)
 
 
 def test_a_bare_result_drops_output_and_says_why() -> None:

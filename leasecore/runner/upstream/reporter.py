@@ -4,7 +4,8 @@ What each failed attempt means is ``leasecore.lease.finalfailure``'s table (``de
 carries it out: a result is retried on ``ConductorUnavailable`` (and on ``ConductorAuthError``:
 refused credentials say nothing about the result) with the capped ``REPORT_BACKOFF`` until its
 deadline (the runner keeps the task's heartbeats going meanwhile, so the server keeps waiting for it).
-A yield whose answer was lost is read back first (``reader``) and sent again only if it never landed.
+An update whose answer was lost is read back first (``reader``), once it can no longer land, and sent
+again only if it never landed.
 A 4xx is final: 404 means the task or workflow is gone. A result still undelivered at its deadline is
 saved to the outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the
 runner enqueues it), after which the runner tells the lease engine to stop heartbeating that task.
@@ -238,7 +239,7 @@ class Reporter:
                         self._wait(delay)
                     case ReadBack(after=delay):
                         self._note_retry(result, exc, attempt, deadline)
-                        landed = self._read_back_yield(result, exc, delay, deadline, poll_count)
+                        landed = self._read_back(result, exc, delay, deadline, poll_count)
                         if landed is not None:
                             return landed
 
@@ -247,9 +248,9 @@ class Reporter:
             log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)", result.task_id,
                         result.status.value, exc, deadline - self._clock.monotonic())
 
-    def _read_back_yield(self, result: TaskResult, exc: ConductorError, wait: float, deadline: float,
-                         poll_count: int) -> ReportOutcome | None:  # fmt: skip
-        """A yield whose answer was lost may have landed, and its next run may be polled already:
+    def _read_back(self, result: TaskResult, exc: ConductorError, wait: float, deadline: float,
+                   poll_count: int) -> ReportOutcome | None:  # fmt: skip
+        """An update whose answer was lost may still land (a yield's next run may be polled already):
         read the task back once it can no longer land (``wait``), and send it again (None) only if it
         never did (``finalfailure.after_read_back``). A read that fails is tried again with the
         backoff, up to the deadline; then the result goes to the outbox, which reads back too."""
@@ -269,10 +270,10 @@ class Reporter:
                     return self._give_up(result, err, reads, poll_count)
                 continue
             break
-        match after_read_back(ownership, poll_count):
+        match after_read_back(ownership, poll_count, result.status):
             case Delivered():
-                how = ("re-queued" if ownership is None or ownership.status is TaskStatus.SCHEDULED
-                       else f"its next run was polled, pollCount {ownership.poll_count}")
+                how = "gone" if ownership is None else (
+                    f"{ownership.status.value}, pollCount {ownership.poll_count}")
                 log.info("task %s: read back after its %s went unanswered: it had landed (%s); not "
                          "sending it again", result.task_id, result.status.value, how)
                 return ReportOutcome(result.task_id, delivered=True, via="v1")

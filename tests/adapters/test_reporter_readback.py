@@ -1,6 +1,6 @@
-"""A yield whose answer was lost is read back before it is sent again (leasecore.runner.upstream.reporter
-with the final-update table): sent again after its next run was polled, it would re-queue (undo) that
-run. A scripted port and reader on a FakeClock; the reporter's waits step the clock, nothing sleeps."""
+"""An update whose answer was lost is read back before it is sent again (leasecore.runner.upstream.reporter
+with the final-update table): a yield sent again after its next run was polled would re-queue (undo)
+that run. A scripted port and reader on a FakeClock; the reporter's waits step the clock, nothing sleeps."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_a_lost_yield_the_server_re_queued_landed() -> None:
 
 
 def test_a_lost_yield_that_never_landed_is_sent_again() -> None:
-    outcome, port, reader = report(YIELD, [LOST, None], [TaskOwnership(TaskStatus.IN_PROGRESS, 3, "w1")])
+    outcome, port, _ = report(YIELD, [LOST, None], [TaskOwnership(TaskStatus.IN_PROGRESS, 3, "w1")])
     assert port.sent == [100.0, 100.0 + LATE_BEAT_MARGIN_SECONDS]
     assert outcome.delivered
 
@@ -89,6 +89,16 @@ def test_a_lost_yield_of_a_task_that_ended_meanwhile_is_dropped() -> None:
     assert len(port.sent) == 1 and not outcome.delivered and outcome.saved_to is None
 
 
-def test_a_terminal_result_of_unknown_fate_is_retried_without_a_read() -> None:
-    outcome, port, reader = report(DONE, [LOST, None], [])
+def test_a_terminal_result_of_unknown_fate_that_landed_is_not_sent_again() -> None:
+    outcome, port, reader = report(DONE, [LOST], [TaskOwnership(TaskStatus.COMPLETED, 3)])
+    assert port.sent == [100.0] and reader.at == [100.0 + LATE_BEAT_MARGIN_SECONDS] and outcome.delivered
+
+
+def test_a_terminal_result_of_unknown_fate_that_never_landed_is_sent_again() -> None:
+    outcome, port, _ = report(DONE, [LOST, None], [TaskOwnership(TaskStatus.IN_PROGRESS, 3, "w1")])
+    assert port.sent == [100.0, 100.0 + LATE_BEAT_MARGIN_SECONDS] and outcome.delivered
+
+
+def test_a_terminal_result_refused_by_a_5xx_is_retried_without_a_read() -> None:
+    outcome, port, reader = report(DONE, [ConductorUnavailable("server error", status_code=500), None], [])
     assert port.sent == [100.0, 100.5] and reader.at == [] and outcome.delivered
