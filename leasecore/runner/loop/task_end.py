@@ -59,14 +59,23 @@ class ChainUpdates(FinalUpdates):
         self._v2_port = port
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
-        # lease from before the attempt, and the park's wait would come off that lease.
-        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
-                            timeout_seconds=timeout_seconds,
+        return self.update_v2_timed(result, timeout_seconds=timeout_seconds)[0]
+
+    def update_v2_timed(self, result: TaskResult, *, timeout_seconds: float | None = None
+                        ) -> tuple[Task | None, float]:  # fmt: skip
+        """``update_v2`` and when it went out: after the wait for a heartbeat in flight, which must not
+        come off the claimed task's lease. A parked result goes out through v1 and claims nothing."""
+        def send() -> tuple[Task | None, float]:
+            sent_at = self._clock.monotonic()
+            return self._v2_port.update_v2(result, timeout_seconds=timeout_seconds), sent_at
+
+        return self.guarded(result, send, timeout_seconds=timeout_seconds,
                             send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
 
-    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> tuple[None, float]:
+        sent_at = self._clock.monotonic()
         self._v2_port.update(result, timeout_seconds=timeout_seconds)
+        return None, sent_at
 
 
 class TaskEnds(RunnerCore):

@@ -51,7 +51,7 @@ from leasecore.lease.finalfailure import (
 )
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.ports import ChainPort, TaskReader, UpdatePort
+from leasecore.runner.ports import ChainPort, TaskReader, TimedChainPort, UpdatePort
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
@@ -120,6 +120,8 @@ class Reporter:
         # that v1 took): a plain bool, written by sender threads, read by the runner's main thread.
         self._v2_port = cast(ChainPort, port) if callable(getattr(port, "update_v2", None)) else None
         self._v2 = self._v2_port is not None
+        timed = callable(getattr(port, "update_v2_timed", None))
+        self._timed_port = cast(TimedChainPort, port) if timed else None
 
     @property
     def chaining(self) -> bool:
@@ -176,8 +178,12 @@ class Reporter:
         try:
             if v2:
                 assert chain is not None and self._v2_port is not None
-                claimed = self._v2_port.update_v2(result, timeout_seconds=timeout_seconds)
-                chain.end(claimed if isinstance(claimed, Task) else None, started)
+                timeout = timeout_seconds
+                if self._timed_port is not None:  # the lease counts from the send, after the guard's wait
+                    claimed, sent_at = self._timed_port.update_v2_timed(result, timeout_seconds=timeout)
+                else:
+                    claimed, sent_at = self._v2_port.update_v2(result, timeout_seconds=timeout), started
+                chain.end(claimed if isinstance(claimed, Task) else None, sent_at)
             else:
                 self._port.update(result, timeout_seconds=timeout_seconds)
                 claimed = None
