@@ -5,12 +5,14 @@ that run. A scripted port and reader on a FakeClock; the reporter's waits step t
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from leasecore.clock import FakeClock
 from leasecore.errors import ConductorError, ConductorUnavailable
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
+from leasecore.state.outbox import Outbox
 
 YIELD = TaskResult("t1", "wf1", TaskStatus.IN_PROGRESS, callback_after_seconds=5, worker_id="w1")
 DONE = TaskResult("t1", "wf1", TaskStatus.COMPLETED, worker_id="w1")
@@ -102,3 +104,22 @@ def test_a_terminal_result_of_unknown_fate_that_never_landed_is_sent_again() -> 
 def test_a_terminal_result_refused_by_a_5xx_is_retried_without_a_read() -> None:
     outcome, port, reader = report(DONE, [ConductorUnavailable("server error", status_code=500), None], [])
     assert port.sent == [100.0, 100.5] and reader.at == [] and outcome.delivered
+
+
+def test_a_forced_stop_during_the_wait_leaves_the_result_to_the_outbox_unread(tmp_path: Path) -> None:
+    clock = FakeClock(start=100.0)
+    port, reader = Port(clock, [LOST]), Reader(clock, [])
+    outbox = Outbox(tmp_path / "outbox", server="http://127.0.0.1:1/api", clock=clock)
+    outcomes: list[ReportOutcome] = []
+    reporter: Reporter
+
+    def wait(seconds: float) -> None:  # the stop comes while the reporter waits to read back
+        reporter.hurry()
+        clock.advance(seconds)
+
+    reporter = Reporter(port, outcomes.append, clock=clock, reader=reader, wait=wait, outbox=outbox)
+    reporter.close()  # (after close, submit delivers on this thread)
+    reporter.submit(YIELD, retry_seconds=60.0, poll_count=3)
+    (outcome,) = outcomes
+    assert reader.at == [] and len(port.sent) == 1  # nothing read early, nothing sent again
+    assert not outcome.delivered and outcome.saved_to is not None and outcome.saved_to.exists()

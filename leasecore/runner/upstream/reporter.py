@@ -245,7 +245,7 @@ class Reporter:
                         self._wait(delay)
                     case ReadBack(after=delay):
                         self._note_retry(result, exc, attempt, deadline)
-                        landed = self._read_back(result, exc, delay, deadline, poll_count)
+                        landed = self._read_back(result, exc, delay, deadline, poll_count, attempt)
                         if landed is not None:
                             return landed
 
@@ -255,7 +255,7 @@ class Reporter:
                         result.status.value, exc, deadline - self._clock.monotonic())
 
     def _read_back(self, result: TaskResult, exc: ConductorError, wait: float, deadline: float,
-                   poll_count: int) -> ReportOutcome | None:  # fmt: skip
+                   poll_count: int, attempt: int) -> ReportOutcome | None:  # fmt: skip
         """An update whose answer was lost may still land (a yield's next run may be polled already):
         read the task back once it can no longer land (``wait``), and send it again (None) only if it
         never did (``finalfailure.after_read_back``). A read that fails is tried again with the
@@ -266,6 +266,8 @@ class Reporter:
         reads = 0
         while True:
             self._wait(wait)
+            if self._hurry.is_set():  # a forced stop: to the outbox, which reads back before it sends
+                return self._give_up(result, exc, attempt, poll_count)
             reads += 1
             try:
                 timeout = max(1.0, min(self._timeout, deadline - self._clock.monotonic()))
@@ -273,7 +275,7 @@ class Reporter:
             except ConductorError as err:
                 wait = self._backoff.delay(reads)
                 if self._hurry.is_set() or deadline - self._clock.monotonic() <= wait:
-                    return self._give_up(result, err, reads, poll_count)
+                    return self._give_up(result, err, attempt, poll_count)
                 continue
             break
         match after_read_back(ownership, poll_count, result.status):
