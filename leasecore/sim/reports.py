@@ -21,7 +21,8 @@ import functools
 import math
 from collections.abc import Callable
 
-from leasecore.lease import FenceReason, ownership_lost_reason
+from leasecore.lease import FenceReason, finalcheck, ownership_lost_reason
+from leasecore.lease.finalcheck import read_back_at
 from leasecore.lease.finalfailure import (
     REPORT_BACKOFF,
     Attempt,
@@ -83,10 +84,13 @@ class Reports:
         if run.phase != "reporting":
             return
         wait = 0.0
+        late_until = None  # when a heartbeat of unknown fate can no longer land (this world's bound)
+        if run.unknown_beat_at is not None and not r.bugs.no_final_wait:
+            late_until = run.unknown_beat_at + LAND_BOUND_SECONDS
         if run.beat_in_flight:
             wait = 0.05
-        elif run.unknown_beat_at is not None and not r.bugs.no_final_wait:
-            wait = run.unknown_beat_at + LAND_BOUND_SECONDS - now
+        elif late_until is not None and result.status.is_terminal:
+            wait = late_until - now  # (the product parks the task meanwhile; a yield goes out at once)
         if wait > 0:
             self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
@@ -110,6 +114,12 @@ class Reports:
                 r.book.end(tid, now)
                 claimed = answer.body if chain else None
                 self._end_chain(run, claimed, sent)
+                if (at := read_back_at(late_until, sent)) is not None:
+                    # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
+                    # back once the beat can no longer land, send again (v1, bounded) while undone.
+                    self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
+                                                                             worker_id=r.name))
+                    return
                 r.forget(run)
                 return
             self._end_chain(run, None, sent)
@@ -179,6 +189,38 @@ class Reports:
             r.forget(run)
 
         r.server.read(r.name, result.task_id, r.reply(got), r.config.http_timeout)
+
+    def _stick(self, run: Run, result: TaskResult, poll_count: int, check: finalcheck.ReadBack) -> None:
+        """Drive the product's read-back machine on the world's clock; the run is over when it is."""
+        r, tid = self.runner, result.task_id
+        if run.phase != "reporting":
+            return
+        if check.next_at is None:
+            self.world.log(f"runner {r.name}: {tid}: read back after a late beat: {check.outcome}")
+            r.forget(run)
+            return
+
+        def read() -> None:
+            def got(answer: Answer) -> None:
+                if run.phase != "reporting":
+                    return
+                now = self.world.now
+                own = TaskOwnership(TaskStatus(answer.body[0]), *answer.body[1:3]) if answer.ok else None
+                if not (answer.ok or answer.status == 404):
+                    check.on_read_failed(now)
+                elif check.on_read(now, own) is finalcheck.ReadStep.RESEND:
+                    def resent(again: Answer) -> None:
+                        check.on_resent(self.world.now, again.ok)
+                        self._stick(run, result, poll_count, check)
+
+                    self.server_update(tid, poll_count, result, False, r.reply(resent))
+                    return
+                self._stick(run, result, poll_count, check)
+
+            if run.phase == "reporting":
+                r.server.read(r.name, tid, r.reply(got), r.config.http_timeout)
+
+        self.world.at(max(check.next_at, self.world.now), "final-readback", r.guard(read))
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
                       reply: Callable[[Answer], None]) -> None:
