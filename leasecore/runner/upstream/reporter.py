@@ -101,8 +101,8 @@ class Reporter:
         reader: TaskReader | None = None,
         wait: Callable[[float], object] | None = None,
     ) -> None:
-        """``observer.on_update`` after every attempt (metrics). ``reader`` reads a yield back after
-        its answer was lost (None: the port's ``reader``, if it has one; else never read back).
+        """``observer.on_update`` after every attempt (metrics). ``reader`` reads a task back after
+        its update's answer was lost (None: the port's ``reader``, if it has one; else never read back).
         ``wait(seconds)`` waits between attempts (default: until ``hurry``; tests step a clock)."""
         self._observer = observer
         self._port = port
