@@ -25,10 +25,9 @@ _HOLD_ANSWER_SECONDS = 1.5  # the next run is polled well within this (a long po
 _NEXT_RUN_SECONDS = 3
 
 
-def test_a_yield_whose_answer_was_lost_is_not_sent_again_after_its_next_run_was_polled(
-    world: World, tmp_path: Path
-) -> None:
-    world.define(response_timeout=10)
+def run_lost_yield_scenario(world: World, tmp_path: Path, *, response_timeout: int = 10) -> None:
+    """The scenario above, asserted on ``world``'s server (the embedded one, or the real jar)."""
+    world.define(response_timeout=response_timeout)
     config = tmp_path / "conductor.toml"
     config.write_text("[worker]\nin_progress_exit_code = 75\ncallback_after_seconds = 0\n")
     runs = tmp_path / "runs"
@@ -55,3 +54,9 @@ def test_a_yield_whose_answer_was_lost_is_not_sent_again_after_its_next_run_was_
     assert "had landed" in err, err
     assert code == exitcodes.SIGTERM, err  # (stopped by the test once the workflow ended)
     assert "Traceback" not in err
+
+
+def test_a_yield_whose_answer_was_lost_is_not_sent_again_after_its_next_run_was_polled(
+    world: World, tmp_path: Path
+) -> None:
+    run_lost_yield_scenario(world, tmp_path)
