@@ -44,6 +44,7 @@ __all__ = [
     "StatusPort",
     "SupervisorPort",
     "TaskTypePlan",
+    "TimedChainPort",
     "UpdatePort",
 ]
 
@@ -70,6 +71,15 @@ class ChainPort(UpdatePort, Protocol):
     ``leasecore.runner.chain``); a port without it never chains."""
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
+
+
+class TimedChainPort(ChainPort, Protocol):
+    """A chain port that also says when its update-v2 request went out (``ChainUpdates``: after the
+    wait for a heartbeat in flight), so that a claimed task's lease counts from the send, not from
+    before that wait."""
+
+    def update_v2_timed(self, result: TaskResult, *, timeout_seconds: float | None = None
+                        ) -> tuple[Task | None, float]: ...
 
 
 class LogPort(Protocol):

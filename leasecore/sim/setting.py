@@ -56,7 +56,6 @@ class RunnerConfig:
     kill_grace: float = 10.0
     check_interval: float = 5.0
     http_timeout: float = 5.0
-    report_retry: float = 2.0
     outbox_every: float = 20.0
     chaining: bool = True
     kill_by: bool = False  # the fork server enforces each tree's kill-by time on its own

@@ -30,7 +30,7 @@ PURE = frozenset({
     "leasecore.runner.leasing.schedule", "leasecore.masking", "leasecore.process.secretenv",
     "leasecore.process.forkserver.deadman",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
-    "leasecore.lease.policy", "leasecore.lease.finalcheck",
+    "leasecore.lease.policy", "leasecore.lease.finalcheck", "leasecore.lease.finalfailure",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",

@@ -26,6 +26,7 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
 from leasecore.handover import StartGate, YieldHold, mark_yield, may_run_elsewhere, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.lease.finalfailure import report_budget
 from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
@@ -84,19 +85,32 @@ class ChainUpdates:
     def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
                  clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
                  observer: Observer = NO_METRICS) -> None:  # fmt: skip
-        self._final = FinalUpdates(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
+        self._clock = clock or SystemClock()
+        self._final = FinalUpdates(port, engine, reader=reader, clock=self._clock, sleep=sleep,
+                                   observer=observer)  # fmt: skip
         self._port = port
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
         self._final.update(result, timeout_seconds=timeout_seconds)
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
-        # lease from before the attempt, and the park's wait would come off that lease.
-        return self._final.guarded(
-            result, lambda: self._port.update_v2(result, timeout_seconds=timeout_seconds),
-            timeout_seconds=timeout_seconds,
-            send_parked=lambda: self._port.update(result, timeout_seconds=timeout_seconds))
+        return self.update_v2_timed(result, timeout_seconds=timeout_seconds)[0]
+
+    def update_v2_timed(self, result: TaskResult, *, timeout_seconds: float | None = None
+                        ) -> tuple[Task | None, float]:  # fmt: skip
+        """``update_v2`` and when it went out: after the wait for a heartbeat in flight, which must not
+        come off the claimed task's lease. A parked result goes out through v1 and claims nothing."""
+        def send() -> tuple[Task | None, float]:
+            sent_at = self._clock.monotonic()
+            return self._port.update_v2(result, timeout_seconds=timeout_seconds), sent_at
+
+        return self._final.guarded(result, send, timeout_seconds=timeout_seconds,
+                                   send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> tuple[None, float]:
+        sent_at = self._clock.monotonic()
+        self._port.update(result, timeout_seconds=timeout_seconds)
+        return None, sent_at
 
 
 class TaskEnds:
@@ -305,14 +319,10 @@ class TaskEnds:
         entry.phase = Phase.REPORTING  # (a yield was marked by _yield, once its tree was gone)
         entry.result_status = result.status
         opts = self._t.options
-        if self._t.forced:
-            seconds = 0.0
-        elif entry.fence is FenceReason.LEASE_EXPIRED:
-            seconds = 5.0  # best effort: the server has most likely moved on already
-        elif self._t.stopping_since is not None:
-            seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
-        else:
-            seconds = opts.report_retry_seconds
+        seconds = report_budget(forced=self._t.forced, lease_expired=entry.fence is FenceReason.LEASE_EXPIRED,
+                                stopping=self._t.stopping_since is not None,
+                                retry_seconds=opts.report_retry_seconds,
+                                shutdown_retry_seconds=opts.shutdown_report_retry_seconds)  # fmt: skip
         self._metrics.on_result(entry.task.task_type, result)
         self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
                               task_type=entry.task.task_type, on_chained=chain)
