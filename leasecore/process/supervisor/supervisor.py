@@ -246,8 +246,9 @@ class Supervisor:
                 raise ProcessError(behind)
         cwd = working_directory(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
+        inherited = self._inherited.of(spec)  # (kept per spec: the spawn's environment base too)
         ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
-                        inherited=self._inherited.of(spec), task_dirs=self._task_dirs,
+                        inherited=inherited, task_dirs=self._task_dirs,
                         executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
@@ -276,7 +277,8 @@ class Supervisor:
             except OSError as exc:  # no fd left: this task fails, the runner goes on
                 raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
-                self._request(request, [stdin, out_w, err_w])  # the fork server holds its own copies now
+                # (the fork server holds its own copies of the fds now)
+                self._request(request, [stdin, out_w, err_w], base=inherited)
             finally:
                 os.close(stdin)
             self.kill_by.attach(task.task_id, key, sent_kill_by)
@@ -390,8 +392,14 @@ class Supervisor:
         with self._cond:
             self._lost = False
 
-    def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
-        self._link.send(message, fds)
+    def _request(
+        self, message: dict[str, Any], fds: list[int] | None = None, *, base: dict[str, str] | None = None
+    ) -> None:
+        """Send a request; ``base``: a spawn's inherited environment (``ForkServerLink.send_spawn``)."""
+        if base is not None:
+            self._link.send_spawn(message, fds or [], base)
+        else:
+            self._link.send(message, fds)
 
     def _call(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """A request whose answer the caller waits for (``stats``; the runner's spawns are answered
