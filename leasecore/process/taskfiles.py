@@ -244,6 +244,9 @@ def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     if not stat.S_ISREG(status.st_mode):
         os.close(fd)
         return None, f"{name} is not a regular file"
+    if status.st_size == 0:  # nothing written (most tasks): no read (a regular file's size is exact)
+        os.close(fd)
+        return None, None
     chunks: list[bytes] = []
     size = 0
     try:  # plain reads up to one byte over the limit (os.fdopen would add three syscalls per task)
