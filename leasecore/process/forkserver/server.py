@@ -113,6 +113,7 @@ class ForkServer:
                 ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
                 with turn:
                     self._take_turn(ready)
+                self._launcher.hand_over()  # the starts it took to their threads, the lock free now
         finally:
             with turn:
                 self._answers.flush(block=True)
