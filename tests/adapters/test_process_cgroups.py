@@ -322,6 +322,45 @@ def test_spawn_inside_starts_the_child_in_the_group_and_moves_back(setup: cgroup
         assert wait_until(lambda: cgroups.remove_group(group), 5)
 
 
+AGAIN = """
+import json, os, sys
+from leasecore.process.linux import cgroupfs as _cgroupfs
+group = json.loads(sys.argv[1])
+def cat():
+    r, w = os.pipe()
+    pid = _cgroupfs.spawn_inside(group, lambda: os.posix_spawn(
+        "/bin/cat", ["cat", "/proc/self/cgroup"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)]))
+    os.close(w)
+    os.waitpid(pid, 0)
+    return os.read(r, 65536).decode()
+first, kept = cat(), sorted(_cgroupfs._JOIN_FDS)
+second = cat()
+removed = _cgroupfs.remove(group)
+print(json.dumps({"first": first, "second": second, "kept": kept, "removed": removed,
+                  "left": sorted(_cgroupfs._JOIN_FDS)}))
+"""
+
+
+def test_a_group_joined_again_goes_through_the_kept_file_until_it_is_removed(
+    setup: cgroups.CgroupSetup,
+) -> None:
+    # A pooled group is joined by each tree it holds: its cgroup.procs stays open in between (one
+    # write per directory, no open and close), and removing the group closes it.
+    group = cgroups.create_group(setup, "again", Limits())
+    try:
+        out = subprocess.run([sys.executable, "-c", AGAIN, json.dumps(group)], cwd=REPO, capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        dirs = set(group["dirs"].values())
+        assert result["first"].count(name) == len(dirs) == result["second"].count(name), result
+        assert result["kept"] == sorted(os.path.join(path, "cgroup.procs") for path in dirs)
+        assert result["removed"] and result["left"] == []
+    finally:
+        cgroups.remove_group(group)
+
+
 SPARED = """
 import json, os, subprocess, sys, time
 from leasecore.process.linux import cgroupfs as _cgroupfs

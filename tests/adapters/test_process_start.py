@@ -298,10 +298,10 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
                      reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         real_request = supervisor._request
 
-        def request(message: dict[str, object], fds: list[int] | None = None) -> None:
+        def request(message: dict[str, object], fds: list[int] | None = None, **how: object) -> None:
             if message.get("op") == "signal":
                 sent_from.append(threading.current_thread().name)
-            real_request(message, fds)
+            real_request(message, fds, **how)  # type: ignore[arg-type]
 
         monkeypatch.setattr(supervisor, "_request", request)
         _warm(supervisor)
@@ -370,7 +370,7 @@ def test_a_start_that_fails_on_a_bug_leaves_nothing_registered(
         _warm(supervisor)
         fds = _fd_count()
 
-        def broken(message: dict[str, object], fds: list[int] | None = None) -> None:
+        def broken(message: dict[str, object], fds: list[int] | None = None, **how: object) -> None:
             raise RuntimeError("a bug in sending")
 
         monkeypatch.setattr(supervisor, "_request", broken)
