@@ -123,3 +123,49 @@ def test_a_forced_stop_during_the_wait_leaves_the_result_to_the_outbox_unread(tm
     (outcome,) = outcomes
     assert reader.at == [] and len(port.sent) == 1  # nothing read early, nothing sent again
     assert not outcome.delivered and outcome.saved_to is not None and outcome.saved_to.exists()
+
+
+class Guard:
+    """The engine side of the final-update guard: records which beats were held and released."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
+        self.calls.append("begin")
+        return True
+
+    def late_beats(self, task_id: str) -> None:
+        return None
+
+    def final_update_failed(self, task_id: str) -> None:
+        self.calls.append("failed")
+
+    def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
+        self.calls.append("reported")
+
+
+class ChainPort(Port):
+    def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        self.update(result, timeout_seconds=timeout_seconds)
+
+
+def test_with_update_v2_on_a_lost_yield_is_read_back_through_the_chain_port_too() -> None:
+    # The runner's port when update-v2 is on is ChainUpdates, not FinalUpdates: the reporter must
+    # find the reader behind it. Without it the yield was sent again unread (re-queuing the next
+    # run polled meanwhile) while the guard kept the task's beats held for a read that never came.
+    from leasecore.runner.loop.task_end import ChainUpdates
+
+    clock = FakeClock(start=100.0)
+    port, guard = ChainPort(clock, [LOST]), Guard()
+    reader = Reader(clock, [TaskOwnership(TaskStatus.IN_PROGRESS, 4, "w2")])
+    outcomes: list[ReportOutcome] = []
+    updates = ChainUpdates(port, guard, reader=reader, clock=clock)  # type: ignore[arg-type]
+    reporter = Reporter(updates, outcomes.append, clock=clock, wait=clock.advance)
+    reporter.close()  # (after close, submit delivers on this thread)
+    reporter.submit(YIELD, retry_seconds=60.0, poll_count=3)
+    (outcome,) = outcomes
+    assert port.sent == [100.0]  # once: a second send would re-queue the run of pollCount 4
+    assert reader.at == [100.0 + LATE_BEAT_MARGIN_SECONDS]
+    assert outcome.delivered
+    assert guard.calls == ["begin"]  # beats held from the lost send until the read said it landed
