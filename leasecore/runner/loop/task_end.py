@@ -90,6 +90,12 @@ class ChainUpdates:
                                    observer=observer)  # fmt: skip
         self._port = port
 
+    @property
+    def reader(self) -> TaskReader | None:
+        """What reads a task back: the reporter reads an update of unknown fate back with it before it
+        sends it again (the guard keeps the task's beats held until then)."""
+        return self._final.reader
+
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
         self._final.update(result, timeout_seconds=timeout_seconds)
 
