@@ -60,11 +60,11 @@ class ExpiredEngine(FakeEngine):
 
 class Run:
     def __init__(self, conductor: FakeConductor, marker: Path, *, engine: type[FakeEngine] = FakeEngine,
-                 delay: float = HOLD_SECONDS) -> None:
+                 delay: float = HOLD_SECONDS, concurrency: int = 1, once: bool = True) -> None:
         self.conductor, self.supervisor = conductor, FakeSupervisor()
         self.engines: list[FakeEngine] = []
         plan = TaskTypePlan(
-            poll=PollSettings("t", concurrency=1, timeout_ms=200, worker_id="w1"),
+            poll=PollSettings("t", concurrency=concurrency, timeout_ms=200, worker_id="w1"),
             spec=python_spec(f"open({str(marker)!r}, 'w').write('ran')"),
             worker_id="w1",
             make_policy=lambda task: LeasePolicy(response_timeout_seconds=30,
@@ -78,7 +78,7 @@ class Run:
             return made
 
         self.runner = Runner([plan], conductor=conductor, make_engine=make_engine, supervisor=self.supervisor,
-                             to_result=to_result, options=RunOptions(once=True),
+                             to_result=to_result, options=RunOptions(once=once),
                              reporter=lambda updates, done: Reporter(updates, done, backoff_cap_seconds=0.2))
         self.outcome: RunOutcome | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -189,3 +189,26 @@ def test_a_stop_while_a_held_task_is_read_back_hands_it_back_unstarted(
     assert not marker.exists(), "a child started after the stop began"
     (update,) = conductor.updates
     assert update.status is TaskStatus.IN_PROGRESS  # back unmarked: its previous holder may still run it
+
+
+def test_a_held_task_delivered_again_while_its_read_back_is_in_flight_is_read_again_and_starts(
+    runs: list[Run], tmp_path: Path
+) -> None:
+    """The answer of a read sent for pollCount 2 comes after the task was delivered to us again
+    (pollCount 3: a re-queue landed while it was held): that answer says nothing about the delivery
+    we hold now, so the task is read again, never left waiting for an answer that no longer counts
+    (heartbeated for ever, its slot held, never started)."""
+    marker = tmp_path / "ran"
+    conductor = SlowReadConductor(TaskOwnership(TaskStatus.IN_PROGRESS, 3, "w1"))
+    conductor.add(make_task("a", poll_count=2))
+    run = Run(conductor, marker, concurrency=2, once=False)
+    runs.append(run)
+    assert conductor.reading.wait(30), "the held task was never read back"
+    conductor.add(make_task("a", poll_count=3))
+    wait_until(lambda: run.runner._t.tasks["a"].task.poll_count == 3,  # (the main thread's table)
+               what="the second delivery handled while the read is in flight")
+    conductor.release.set()
+    wait_until(lambda: marker.exists(), timeout_seconds=20, what="the held task to start")
+    assert len(conductor.reads) == 2  # the answer for pollCount 2 did not count: read again
+    run.runner.request_stop()
+    run.finish()
