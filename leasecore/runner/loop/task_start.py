@@ -271,8 +271,15 @@ class TaskStarts:
 
     def on_held_read(self, event: HeldRead) -> None:
         entry = self._t.tasks.get(event.task_id)
-        if entry is None or entry.phase is not Phase.WAITING or entry.task.poll_count != event.poll_count:
+        if entry is None or entry.phase is not Phase.WAITING:
             return  # (ended meanwhile: fenced, stopped)
+        if entry.task.poll_count != event.poll_count:
+            # Delivered to us again while the read was in flight: its answer says nothing about the
+            # delivery held now. Read again (else the task would wait for ever on a read marked sent).
+            if entry.read is Read.IN_FLIGHT:
+                entry.read = Read.NOT_SENT
+                self._held_step(entry)
+            return
         entry.read = Read.ANSWERED if event.ok else Read.FAILED
         entry.ownership = event.ownership
         self._held_step(entry)
