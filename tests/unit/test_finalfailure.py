@@ -175,3 +175,14 @@ def test_a_bare_result_drops_output_and_says_why() -> None:
 def test_report_budget(forced: bool, expired: bool, stopping: bool, seconds: float) -> None:
     assert report_budget(forced=forced, lease_expired=expired, stopping=stopping, retry_seconds=300.0,
                          shutdown_retry_seconds=30.0) == seconds
+
+
+def test_a_final_update_rate_limited_by_a_429_is_retried_not_dropped() -> None:
+    # 429 Too Many Requests (a gateway's or a server's rate limit) says nothing about the task or the
+    # result: it was not applied. Read as a refusal, the result was dropped and the task waited for its
+    # response timeout, to be retried with its output lost.
+    limited = ConductorRejected("POST /tasks -> HTTP 429 rejected", status_code=429)
+    assert failure_of(limited) is Failure.UNAVAILABLE
+    assert failure_of_status(429) is Failure.UNAVAILABLE
+    assert decide(failure_of(limited), Attempt(C, number=1, left=60.0)) == Retry(REPORT_BACKOFF.delay(1))
+    assert decide(failure_of(limited), Attempt(C, left=60.0, saved=True)) == Save()  # the outbox keeps it
