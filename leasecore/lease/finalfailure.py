@@ -23,7 +23,8 @@ V2 405              ``FallBackToV1(endpoint_missing=True)``: the same result thr
 V2 404              ``FallBackToV1(endpoint_missing=False)``: v1 tells whether the task is gone
 NO_ANSWER           ``ReadBack`` once it can no longer land, if time is left; else ``Save``.
                     Saved: ``Save`` (kept; the next round reads back before it sends)
-UNAVAILABLE, AUTH   ``Retry(backoff)`` while time is left; ``Save`` when not (and when saved)
+UNAVAILABLE, AUTH   ``Retry(backoff)`` while time is left; ``Save`` when not (and when saved).
+                    A 429 (rate limited: not applied) is UNAVAILABLE
 GONE (404)          ``GiveUp``: the task or its workflow is gone
 BODY_REFUSED        a terminal result with a body: ``SendBare`` (FAILED without its output, once;
                     the outbox too); otherwise ``GiveUp``
@@ -93,7 +94,7 @@ class Failure(Enum):
     """What kind of failure one attempt of a final update had."""
 
     NO_ANSWER = "no answer"  # timeout, reset, a gateway's 502/503/504: it may still land
-    UNAVAILABLE = "unavailable"  # a 5xx the server gave itself: not applied, try again
+    UNAVAILABLE = "unavailable"  # a 5xx the server gave itself, or a 429: not applied, try again
     AUTH = "auth"  # 401/403: our credentials, not the result
     GONE = "gone"  # 404: the task or its workflow
     BODY_REFUSED = "body refused"  # 400, 413, 422, a 5xx marked not retryable: this body
@@ -102,6 +103,7 @@ class Failure(Enum):
 
 
 _BODY_REFUSED = frozenset({400, 413, 422})
+_RATE_LIMITED = 429  # Too Many Requests (a server's or a gateway's limit): about the pace, not the result
 _FINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.FAILED_WITH_TERMINAL_ERROR})
 
 
@@ -118,7 +120,7 @@ def failure_of_status(status_code: int | None) -> Failure:
         return Failure.BODY_REFUSED
     if 200 <= status_code < 300:
         return Failure.GARBLED
-    if status_code >= 500:
+    if status_code >= 500 or status_code == _RATE_LIMITED:
         return Failure.UNAVAILABLE
     return Failure.REFUSED
 
@@ -134,6 +136,8 @@ def failure_of(exc: ConductorError) -> Failure:
         return Failure.GONE
     if isinstance(exc, ConductorRejected):
         code = exc.status_code or 0
+        if code == _RATE_LIMITED:
+            return Failure.UNAVAILABLE
         return Failure.BODY_REFUSED if code in _BODY_REFUSED or code >= 500 else Failure.REFUSED
     return Failure.NO_ANSWER if unknown_fate(exc.status_code) else Failure.UNAVAILABLE
 
