@@ -103,7 +103,9 @@ class Failure(Enum):
 
 
 _BODY_REFUSED = frozenset({400, 413, 422})
-_RATE_LIMITED = 429  # Too Many Requests (a server's or a gateway's limit): about the pace, not the result
+# 408 Request Timeout (the request never arrived whole) and 429 Too Many Requests (a server's or a
+# gateway's limit): about the pace or the wire, not the result, which was not applied.
+_TRY_LATER = frozenset({408, 429})
 _FINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.FAILED_WITH_TERMINAL_ERROR})
 
 
@@ -120,7 +122,7 @@ def failure_of_status(status_code: int | None) -> Failure:
         return Failure.BODY_REFUSED
     if 200 <= status_code < 300:
         return Failure.GARBLED
-    if status_code >= 500 or status_code == _RATE_LIMITED:
+    if status_code >= 500 or status_code in _TRY_LATER:
         return Failure.UNAVAILABLE
     return Failure.REFUSED
 
@@ -136,7 +138,7 @@ def failure_of(exc: ConductorError) -> Failure:
         return Failure.GONE
     if isinstance(exc, ConductorRejected):
         code = exc.status_code or 0
-        if code == _RATE_LIMITED:
+        if code in _TRY_LATER:
             return Failure.UNAVAILABLE
         return Failure.BODY_REFUSED if code in _BODY_REFUSED or code >= 500 else Failure.REFUSED
     return Failure.NO_ANSWER if unknown_fate(exc.status_code) else Failure.UNAVAILABLE

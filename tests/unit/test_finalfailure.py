@@ -186,3 +186,12 @@ def test_a_final_update_rate_limited_by_a_429_is_retried_not_dropped() -> None:
     assert failure_of_status(429) is Failure.UNAVAILABLE
     assert decide(failure_of(limited), Attempt(C, number=1, left=60.0)) == Retry(REPORT_BACKOFF.delay(1))
     assert decide(failure_of(limited), Attempt(C, left=60.0, saved=True)) == Save()  # the outbox keeps it
+
+
+@pytest.mark.parametrize("code", [408, 429])
+def test_a_request_timeout_or_rate_limit_is_retried_like_an_unavailable_server(code: int) -> None:
+    # 408: the server gave up waiting for the request itself, so nothing was applied; like a 429 it
+    # says to try again, not that the result is refused.
+    refused = ConductorRejected(f"POST /tasks -> HTTP {code} rejected", status_code=code)
+    assert failure_of(refused) is failure_of_status(code) is Failure.UNAVAILABLE
+    assert failure_of_status(400) is Failure.REFUSED  # (a plain 4xx still refuses)
