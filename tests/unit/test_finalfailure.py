@@ -194,4 +194,4 @@ def test_a_request_timeout_or_rate_limit_is_retried_like_an_unavailable_server(c
     # says to try again, not that the result is refused.
     refused = ConductorRejected(f"POST /tasks -> HTTP {code} rejected", status_code=code)
     assert failure_of(refused) is failure_of_status(code) is Failure.UNAVAILABLE
-    assert failure_of_status(400) is Failure.REFUSED  # (a plain 4xx still refuses)
+    assert failure_of_status(409) is Failure.REFUSED  # (another 4xx still refuses)
