@@ -35,6 +35,8 @@ MAX_DURATION_FACTOR = 4.0  # a tree runs at most this many mean durations
 MAX_RUNS_PER_TASK = 3  # a task yields at most twice (then it completes or fails)
 COARSE_LATE_SECONDS = 120.0
 SETTLE_SECONDS = 120.0
+HOLDER_WATCH_SECONDS = 30.0  # after a requeue, how long the fault schedule looks for its re-delivery's holder
+HOLDER_WATCH_EVERY = 0.5
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class _Faults:
             return min(0.2, rng.uniform(0, top) * scale)
 
         self.net = NetFaults(drop_before=p(0.02), drop_after=p(0.02), error_500=p(0.02), slow=p(0.03),
-                             hold_beat=p(0.05))
+                             hold_beat=p(0.05), lose_update_answer=p(0.1))
         self.every = rng.uniform(20.0, 120.0)  # mean seconds between scheduled faults
         self.known_gaps = known_gaps
         self.requeues = known_gaps or rng.random() < 1 / 3
@@ -251,8 +253,8 @@ class _Faults:
             holder = record.worker_id if record is not None else None
             if task_id is not None and self.server.requeue(task_id):
                 self.requeued[task_id] = str(holder)
-                if rng.random() < 0.5:  # then stop whichever runner holds its re-delivery, if one does
-                    world.after(rng.uniform(1.0, 6.0), "fault", lambda: self._stop_holder(task_id))
+                if rng.random() < 0.5:  # then stop whichever runner holds its re-delivery, while it does
+                    self._stop_holder(task_id, world.now + HOLDER_WATCH_SECONDS)
         else:
             running = [w for w in self.workflows[-20:] if not self.server.store.state.workflows[w].terminal]
             if running:
@@ -262,12 +264,26 @@ class _Faults:
                 self.server.arm_timer()
         self._next()
 
-    def _stop_holder(self, task_id: str) -> None:
-        for runner in self.runners:
-            if task_id in runner.gate and not runner.down and self.world.now < self.end:
+    def _stop_holder(self, task_id: str, until: float) -> None:
+        """Watch for the re-delivery of requeued ``task_id`` until ``until``: once a runner holds it
+        (its previous holder may still run it), stop that runner gracefully a moment later, while the
+        hold lasts: the case the hand-back rule of a held delivery is for."""
+        world = self.world
+        if world.now >= min(until, self.end):
+            return
+        holders = [x for x in self.runners if task_id in x.gate and not x.down and not x.stopping]
+        if not holders:
+            world.after(HOLDER_WATCH_EVERY, "fault-watch", lambda: self._stop_holder(task_id, until))
+            return
+        runner = holders[0]
+
+        def stop() -> None:
+            if task_id in runner.gate and not runner.down and not runner.stopping and world.now < self.end:
                 self.count += 1
                 runner.stop(within=60.0)
-                self.world.after(self.world.rng.uniform(61.0, 90.0), "restart", runner.restart)
+                world.after(world.rng.uniform(61.0, 90.0), "restart", runner.restart)
+
+        world.after(world.rng.uniform(0.0, 2.0), "fault", stop)
 
     def _protects(self, runner: SimRunner) -> bool:
         """Does ``runner`` still run a task that was requeued while it held it (its checks are what
@@ -302,7 +318,7 @@ class _Faults:
 
     def heal(self) -> None:
         self.server.faults = replace(self.net, drop_before=0.0, drop_after=0.0, error_500=0.0, slow=0.0,
-                                     hold_beat=0.0)
+                                     hold_beat=0.0, lose_update_answer=0.0)
         self.server.partitioned.clear()
         for runner in self.runners:
             runner.stalled_until = min(runner.stalled_until, self.world.now)

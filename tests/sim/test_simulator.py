@@ -25,10 +25,12 @@ SUMMARY = re.compile(r"^sim: (\d+) seeds, ([\d.]+) simulated task-hours, (\d+) a
                      r"(\d+) violations$")
 
 
-def first_violation(options: SimOptions, seeds: int = 200) -> SeedResult | None:
+def first_violation(options: SimOptions, seeds: int = 200, invariant: str = "") -> SeedResult | None:
+    """The first seed from 1 up with a violation (of ``invariant``, if given: a planted race may break
+    another invariant first in some seed, which is a finding too but not the one asked for)."""
     for seed in range(1, seeds + 1):
         result = run_seed(seed, options)
-        if result.violations:
+        if any(v.startswith(invariant) for v in result.violations):
             return result
     return None
 
@@ -84,7 +86,7 @@ PLANTED = [
 def test_each_planted_race_is_found_within_200_seeds(
     bugs: Bugs, extra: dict[str, float], invariant: str
 ) -> None:
-    result = first_violation(SimOptions(minutes=10, bugs=bugs, **extra))  # type: ignore[arg-type]
+    result = first_violation(SimOptions(minutes=10, bugs=bugs, **extra), invariant=invariant)  # type: ignore[arg-type]
     assert result is not None, f"{bugs} not found in 200 seeds"
     assert result.violations[0].startswith(invariant), result.violations
 
