@@ -350,6 +350,7 @@ class SimRunner:
             if answer.ok:
                 status, poll_count, worker = answer.body
                 actions = lease.on_ownership(now, TaskOwnership(TaskStatus(status), poll_count, worker))
+                self._arm_kill_by(run)  # a check that found it ours moves the kill-by, as an ack does
             elif answer.status == 404:
                 actions = lease.on_ownership(now, None)
             else:

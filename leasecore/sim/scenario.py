@@ -75,7 +75,7 @@ def quiet_bound_seconds(r: float, mean: float, config: RunnerConfig) -> float:
     retry, each attempt up to MAX_RUNS_PER_TASK runs of the longest tree, each run preceded by a
     re-delivery wait and a response timeout noticed up to a coarse sweep late, and ended by a fence
     grace, a report wait and one outbox round."""
-    wait = config.check_interval + 0.5 + config.kill_grace + 0.4
+    wait = r  # a re-delivery's hold: its previous holder's ownership window (handover)
     per_run = MAX_DURATION_FACTOR * mean + r + COARSE_LATE_SECONDS + wait + config.kill_grace
     per_run += LAND_BOUND_SECONDS + config.outbox_every + 30.0  # a yield's callback
     return TASKS_PER_WORKFLOW * (RETRY_COUNT + 1) * MAX_RUNS_PER_TASK * per_run
