@@ -91,7 +91,7 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
     copies = Copies(world)
     config = RunnerConfig(slots=rng.choice((2, 4, 8)), kill_grace=rng.choice((2.0, 5.0, 10.0)),
                           check_interval=rng.choice((2.0, 5.0)), kill_by=options.kill_by)
-    profile = TreeProfile(mean_seconds=mean, fail=rng.uniform(0.0, 0.3), yields=rng.uniform(0.0, 0.1),
+    profile = TreeProfile(mean_seconds=mean, fail=rng.uniform(0.0, 0.3), yields=rng.uniform(0.0, 0.2),
                           ignore_term=rng.uniform(0.0, 0.5),
                           die_within=rng.uniform(0.0, 3 * config.kill_grace),
                           escapee=rng.uniform(0.0, 0.3))
@@ -198,7 +198,7 @@ class _Faults:
                              hold_beat=p(0.05), lose_update_answer=p(0.1))
         self.every = rng.uniform(20.0, 120.0)  # mean seconds between scheduled faults
         self.known_gaps = known_gaps
-        self.requeues = known_gaps or rng.random() < 1 / 3
+        self.requeues = known_gaps or rng.random() < 1 / 2
         if self.requeues and not known_gaps:
             self.net.reliable_reads = True
         self.requeued: dict[str, str] = {}  # task id -> the runner that held it when it was requeued
@@ -218,7 +218,7 @@ class _Faults:
         self.count += 1
         runner = rng.choice(self.runners)
         kind = rng.choice(("partition", "partition", "partition-all", "crash", "crash", "stall", "forkserver",
-                           "terminate", "requeue", "requeue", "stop"))
+                           "terminate", "requeue", "requeue", "requeue", "requeue", "stop"))
         holding = [x for x in self.runners if x.gate.held() and not x.down]
         if holding and rng.random() < 0.5:  # a runner holding a re-delivery is a stop's favourite target
             kind, runner = "stop", rng.choice(holding)
@@ -248,13 +248,17 @@ class _Faults:
             flows = self.server.store.state.workflows
             running = [t.task_id for w in self.workflows[-20:] for t in flows[w].tasks
                        if t.status == "IN_PROGRESS"]
+            slow = [tid for tid in running if self._slow_to_die(tid)]
+            if slow and rng.random() < 0.5:  # where it matters: a copy its holder cannot stop at once
+                running = slow
             task_id = rng.choice(running) if running else None
             record = self.server.record(task_id) if task_id else None
             holder = record.worker_id if record is not None else None
             if task_id is not None and self.server.requeue(task_id):
                 self.requeued[task_id] = str(holder)
-                if rng.random() < 0.5:  # then stop whichever runner holds its re-delivery, while it does
-                    self._stop_holder(task_id, world.now + HOLDER_WATCH_SECONDS)
+                # then stop whichever runner holds its re-delivery, while it does (the case the
+                # hand-back rule of a held delivery is for)
+                self._stop_holder(task_id, world.now + HOLDER_WATCH_SECONDS)
         else:
             running = [w for w in self.workflows[-20:] if not self.server.store.state.workflows[w].terminal]
             if running:
@@ -283,7 +287,16 @@ class _Faults:
                 runner.stop(within=60.0)
                 world.after(world.rng.uniform(61.0, 90.0), "restart", runner.restart)
 
-        world.after(world.rng.uniform(0.0, 2.0), "fault", stop)
+        world.after(world.rng.uniform(0.0, 0.5), "fault", stop)
+
+    def _slow_to_die(self, task_id: str) -> bool:
+        """Is ``task_id``'s copy one that ignores TERM (it lives a whole grace once its holder fences)?
+        A requeue of such a task leaves the widest window for its next holders' mistakes."""
+        for runner in self.runners:
+            run = runner.runs.get(task_id)
+            if run is not None and run.tree is not None and not run.tree.gone:
+                return not run.tree.obeys_term
+        return False
 
     def _protects(self, runner: SimRunner) -> bool:
         """Does ``runner`` still run a task that was requeued while it held it (its checks are what

@@ -75,7 +75,9 @@ PLANTED = [
     (Bugs(yield_unheld=True), {}, "two live copies"),
     (Bugs(retry_landed_yield=True), {}, "delivered twice"),
     (Bugs(failed_before_tree_gone=True), {}, "two live copies"),
-    (Bugs(held_reported_failed=True), {}, "two live copies"),
+    # the retry the wrong FAILED creates must go to a host that neither held the task nor holds the
+    # re-delivery (its previous holder's own retry waits for its dying tree): more hosts, more often
+    (Bugs(held_reported_failed=True), {"runners": 5}, "two live copies"),
     # on one host a FAILED sent while escapees live is caught by the dying-tree wait alone
     (Bugs(failed_before_tree_gone=True, no_dying_wait=True), {"runners": 1}, "two live copies"),
 ]
