@@ -49,11 +49,11 @@ class SimOptions:
     faults: bool = True
     bugs: Bugs = field(default_factory=Bugs)
     keep_trace: bool = False
-    # A re-delivery's hold counts on its previous holder's ownership checks getting through within
-    # one interval: a lost check, a partition or a stall of that holder (the fork server's kill-by
-    # covers only the lease deadline) lets the copies overlap. A known gap of the design, found here
-    # (docs/simulator.md, findings). Off: requeues happen only in a third of the seeds, and in those
-    # ownership reads are never lost and a runner never stalls while it runs a task requeued from it.
+    # Requeues in every seed, with lost ownership reads and stalls of the runner a task was requeued
+    # from. What is left open there (docs/simulator.md, findings: a previous holder whose lease ran
+    # out reports FAILED, which lands on the task's next delivery) keeps it out of the default
+    # campaign. Off: requeues in half the seeds, and in those ownership reads are never lost and a
+    # runner never stalls while it runs a task requeued from it.
     known_gaps: bool = False
     fault_scale: float = 1.0  # multiplies every per-request fault probability (at most 1/5 each)
 
