@@ -234,15 +234,16 @@ class _Faults:
             self._cut("*", rng.uniform(2.0, 60.0))
         elif kind == "crash":
             runner.crash()
-            self._check_orphans(runner)
+            self._check_orphans(runner, "crashed")
             world.after(rng.uniform(0.5, 30.0), "restart", runner.restart)
         elif kind == "stop":
             runner.stop(within=60.0)
-            world.after(rng.uniform(61.0, 90.0), "restart", runner.restart)
+            world.after(rng.uniform(61.0, 90.0), "restart", lambda: self._restart_stopped(runner))
         elif kind == "stall":
             runner.stall(rng.uniform(1.0, 90.0))
         elif kind == "forkserver":
             world.log(f"fault: the fork server of {runner.name} dies")
+            self._check_orphans(runner, "whose fork server died")
             runner.forkserver_dies()
         elif kind == "requeue":
             flows = self.server.store.state.workflows
@@ -285,7 +286,7 @@ class _Faults:
             if task_id in runner.gate and not runner.down and not runner.stopping and world.now < self.end:
                 self.count += 1
                 runner.stop(within=60.0)
-                world.after(world.rng.uniform(61.0, 90.0), "restart", runner.restart)
+                world.after(world.rng.uniform(61.0, 90.0), "restart", lambda: self._restart_stopped(runner))
 
         world.after(world.rng.uniform(0.0, 0.5), "fault", stop)
 
@@ -319,15 +320,27 @@ class _Faults:
 
         self.world.after(seconds, "heal", heal)
 
-    def _check_orphans(self, runner: SimRunner) -> None:
+    def _check_orphans(self, runner: SimRunner, what: str) -> None:
+        """Every tree ``runner``'s fork server holds now must be gone ``ORPHAN_BOUND_SECONDS`` later
+        (its runner crashed, or the fork server died: each kills every tree it holds)."""
         trees = list(runner.forkserver.trees)
 
         def check() -> None:
             alive = [t.copy.label for t in trees if not t.gone]
             if alive:
-                self.world.violate("orphans", f"trees of crashed runner {runner.name} still alive: {alive}")
+                self.world.violate("orphans", f"trees of runner {runner.name} ({what}) still alive: {alive}")
 
         self.world.after(ORPHAN_BOUND_SECONDS, "orphan-check", check)
+
+    def _restart_stopped(self, runner: SimRunner) -> None:
+        """The restart after a graceful stop: the runner exited (at most a minute after the stop, more
+        than ``ORPHAN_BOUND_SECONDS`` ago), so nothing of its trees may be alive any more."""
+        if runner.down:
+            alive = [t.copy.label for t in runner.forkserver.trees if not t.gone]
+            if alive:
+                self.world.violate("orphans", f"trees of runner {runner.name} alive after its stop and "
+                                   f"exit: {alive}")
+        runner.restart()
 
     def heal(self) -> None:
         self.server.faults = replace(self.net, drop_before=0.0, drop_after=0.0, error_500=0.0, slow=0.0,

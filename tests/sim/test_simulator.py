@@ -142,3 +142,18 @@ def test_bad_arguments_are_refused_with_a_message(capsys: pytest.CaptureFixture[
     assert main(["--seeds", "0"]) == 2
     assert "--seeds" in capsys.readouterr().err
 
+
+
+def test_the_orphan_check_catches_trees_left_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check behind "nothing outlives its runner's crash plus the sweep" (after a crash, a fork
+    server's death and a stopped runner's exit) can fail: a fork server that forgets to kill its trees
+    is reported."""
+    from leasecore.sim.trees import SimForkServer
+
+    def kill_nothing(self: SimForkServer, why: str) -> list[object]:
+        return []
+
+    monkeypatch.setattr(SimForkServer, "kill_all", kill_nothing)
+    result = first_violation(SimOptions(minutes=10), seeds=20, invariant="orphans")
+    assert result is not None
+    assert "still alive" in result.violations[0] or "after its stop" in result.violations[0]
