@@ -4,17 +4,19 @@
 
 Starts the bench server (``bench.server``) and one conductor-run worker against it, as the
 throughput section does, waits for "serving", then reads every thread's CPU (user + system, through
-psutil) of the runner and its fork server before and after the N tasks; also
-the children's CPU (the fork server's reaped children: the ``true`` commands) and the server's, and
-the machine's steal time (on a VM, the CPU time the hypervisor gave to others). Prints
-milliseconds per task for each, the sum, and the tasks per second on the server's clock (first claim
-to last final update). Threads that start and end inside the window (none in a plain run) are not
-counted. A diagnostic (docs/benchmarks.md), not a target: no report file is written.
+psutil) of the runner and its fork server before and after the N tasks, and each thread's sleeps
+(voluntary context switches: the hand-offs between threads and processes); also the children's CPU
+(the fork server's reaped children: the ``true`` commands) and the server's, and the machine's steal
+time (on a VM, the CPU time the hypervisor gave to others). Prints milliseconds (and sleeps) per
+task for each, the sums, and the tasks per second on the server's clock (first claim to last final
+update). Threads that start and end inside the window (none in a plain run) are not counted. A
+diagnostic (docs/benchmarks.md), not a target: no report file is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +31,20 @@ from bench.metrics_ab import cpu_at_serving
 def _threads(proc: psutil.Process) -> dict[int, float]:
     """CPU seconds (user + system) per thread id of ``proc``."""
     return {t.id: t.user_time + t.system_time for t in proc.threads()}
+
+
+def _switches(proc: psutil.Process) -> dict[int, int]:
+    """Each thread's voluntary context switches (each a sleep: a wait for another thread, a lock, a
+    socket or the GIL), by thread id; threads gone meanwhile are left out."""
+    found = {}
+    for tid in (t.id for t in proc.threads()):
+        try:
+            with open(f"/proc/{proc.pid}/task/{tid}/status") as status:
+                count = re.search(r"^voluntary_ctxt_switches:\s*(\d+)", status.read(), re.M)
+        except OSError:
+            continue
+        found[tid] = int(count.group(1)) if count else 0
+    return found
 
 
 def _children_cpu(proc: psutil.Process) -> float:
@@ -51,18 +67,25 @@ def one_round(srv: BenchServer, work: Path, round_no: int, tasks: int, concurren
         runner, forkserver = worker_processes(worker.pid)[:2]
         server = psutil.Process(srv.pid)
         runner0, fs0 = _threads(runner), _threads(forkserver)
+        sw0 = {**_switches(runner), **_switches(forkserver)}
         kids0, srv0, jiffies0 = _children_cpu(forkserver), cpu_seconds([server]), read_jiffies()
         srv.wait_settled(ids, timeout_seconds=60 + tasks * 0.2, worker=worker)
         runner1, fs1 = _threads(runner), _threads(forkserver)
+        sw1 = {**_switches(runner), **_switches(forkserver)}
         kids1, srv1, jiffies1 = _children_cpu(forkserver), cpu_seconds([server]), read_jiffies()
     marks = srv.marks(ids)
     first = min(min(c) for c in marks["claims"].values() if c)
     last = max(when for u in marks["updates"].values() for when, status, _ in u if status != "IN_PROGRESS")
     per_task = {f"runner thread {k}": 1000 * (v - runner0.get(k, 0.0)) / tasks for k, v in runner1.items()}
     per_task.update({f"fork server thread {k}": 1000 * (v - fs0.get(k, 0.0)) / tasks for k, v in fs1.items()})
+    switches = {tid: (count - sw0.get(tid, 0)) / tasks for tid, count in sw1.items()}
     worker_ms = sum(per_task.values())
     per_task = {k: v for k, v in per_task.items() if v >= 0.01}
     per_task["worker (runner + fork server)"] = worker_ms
+    for tid, count in switches.items():
+        if count >= 0.05:
+            per_task[f"sleeps/task: thread {tid}"] = count
+    per_task["sleeps/task: worker (all threads)"] = sum(switches.values())
     per_task["children (true)"] = 1000 * (kids1 - kids0) / tasks
     per_task["server"] = 1000 * (srv1 - srv0) / tasks
     per_task["tasks/s"] = tasks / (last - first)
@@ -89,7 +112,7 @@ def main(argv: list[str]) -> int:
             print(f"round {round_no}: {args.tasks} tasks, concurrency {args.concurrency}, "
                   f"cgroup {args.cgroup or 'default'}")
             for name, value in figures.items():
-                unit = "" if name in ("tasks/s", "host steal %") else " ms/task"
+                unit = "" if name in ("tasks/s", "host steal %") or name.startswith("sleeps") else " ms/task"
                 print(f"  {name:40s} {value:8.3f}{unit}")
     finally:
         srv.close()

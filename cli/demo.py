@@ -42,7 +42,7 @@ def demo(
         False, "--keep-files", help="Keep each scene's config, runner log and state files; print where."
     ),
 ) -> None:
-    """Show heartbeats, a server timeout and a fenced kill on the embedded server (about 15 s)."""
+    """Show heartbeats, a masked secret, a server timeout and a fenced kill on the embedded server (~20 s)."""
     from rich.console import Console
 
     from leasecore.demo.plan import DemoSettings, standard_scenes

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-scale", type=float, default=1.0,
                    help="multiply every per-request fault probability (each capped at 0.2; default 1)")
     p.add_argument("--no-faults", action="store_true", help="no injected faults (a baseline)")
+    p.add_argument("--no-operator", action="store_true",
+                   help="no operator pauses and drains among the faults")
     p.add_argument("--bug", action="append", default=[], choices=BUG_NAMES, metavar="NAME",
                    help=f"plant a known race in the simulated runner: {', '.join(BUG_NAMES)}")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: the CPUs available)")
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     options = SimOptions(runners=args.runners, minutes=args.minutes, sweep=args.sweep,
                          lost_update=not args.no_lost_update, kill_by=not args.no_kill_by,
                          faults=not args.no_faults, known_gaps=args.known_gaps,
-                         fault_scale=args.fault_scale,
+                         fault_scale=args.fault_scale, operator=not args.no_operator,
                          bugs=Bugs(**{name: True for name in args.bug}),
                          keep_trace=args.trace)
     jobs = args.jobs or len(os.sched_getaffinity(0))

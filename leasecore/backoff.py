@@ -1,7 +1,9 @@
 """Capped exponential backoff with jitter (pure: the random source is passed in).
 
-Used for heartbeat retries (``Backoff(1.0, 1.5, 2.0)`` gives 1.0 s, 1.5 s, 2.0 s, 2.0 s, ...) and by
-the runner's poll loop after failed polls. Owns no state, sleeps never and reads no clock.
+The product's one backoff: heartbeat retries (``Backoff(1.0, 1.5, 2.0)`` gives 1.0 s, 1.5 s, 2.0 s,
+2.0 s, ...), the poll loop's waits after empty and failed polls (``pollpolicy.PollBackoff``) and the
+waits between attempts of a final update (``lease.finalfailure.REPORT_BACKOFF``). Owns no state,
+sleeps never and reads no clock.
 
 Jitter only ever *shortens* a delay (by up to ``jitter_ratio``): the nominal delay stays an upper
 bound, so a heartbeat retry is never later than planned, and many workers that failed at the same
@@ -64,10 +66,11 @@ class Backoff:
     def delay(self, attempt: int, random_value: float = 0.0) -> float:
         """The delay before retry ``attempt``, shortened by ``jitter_ratio * random_value``.
 
-        ``random_value`` is a draw from [0, 1) (e.g. ``random.random()``); 0 means no jitter.
+        ``random_value`` is a draw from [0, 1] (e.g. ``random.random()``); 0 means no jitter, 1 the
+        shortest delay (still above 0: the ratio is below 1).
         """
-        if not 0 <= random_value < 1:
-            raise ValueError(f"random_value must be in [0, 1), got {random_value}")
+        if not 0 <= random_value <= 1:
+            raise ValueError(f"random_value must be in [0, 1], got {random_value}")
         return self.nominal(attempt) * (1.0 - self.jitter_ratio * random_value)
 
     def delays(self, random: Callable[[], float] = lambda: 0.0) -> Iterator[float]:

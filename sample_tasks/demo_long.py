@@ -5,7 +5,10 @@ It shows the child's side of the contract:
 - input arrives as data: the task's inputData as JSON on stdin (also in $CONDUCTOR_INPUT_FILE and,
   for scalars, in $CONDUCTOR_INPUT_<KEY>); nothing in it is ever run as code;
 - every stdout line streams to the task's execution log while the job runs;
-- the JSON object written to $CONDUCTOR_OUTPUT_FILE becomes the task's output; exit 0 = COMPLETED.
+- the JSON object written to $CONDUCTOR_OUTPUT_FILE becomes the task's output; exit 0 = COMPLETED;
+- the secrets its task def declares (runtimeMetadata) arrive as variables of the same name and in the
+  JSON file $CONDUCTOR_SECRETS_FILE; it prints a line holding each value, which conductor-run masks
+  (***) in the task log and everywhere else it writes.
 
 It also starts a helper grandchild (a `sleep` that would outlive it), the way real scripts start
 tools that fork: when conductor-run fences the task it stops the whole tree, helper included.
@@ -28,6 +31,14 @@ pids_file = task_input.get("pids_file")
 if pids_file:
     with open(pids_file, "a", encoding="utf-8") as f:
         f.write(f"{os.getpid()}\n{helper.pid}\n")
+
+# Only set when the task def declares secrets (the demo declares one): say each arrived both ways.
+secrets_file = os.environ.get("CONDUCTOR_SECRETS_FILE")
+if secrets_file:
+    with open(secrets_file, encoding="utf-8") as f:
+        for name, value in sorted(json.load(f).items()):
+            same = "the same" if os.environ.get(name) == value else "NOT the same"
+            print(f"secret {name}: {same} in ${name} and in $CONDUCTOR_SECRETS_FILE: {value}", flush=True)
 
 started = time.monotonic()
 for step in range(1, seconds + 1):

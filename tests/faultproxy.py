@@ -19,6 +19,10 @@ task and lets it through together with that task's next other update (its final 
 request goes on to the server even after the client gave up on it and closed its connection, as a
 congested network or a healing partition delivers what it already took (``held`` / ``released``).
 
+``lose_answer(pattern)`` lets the first request whose bytes match ``pattern`` reach the server, holds
+its answer for a moment, then resets the client's connection instead of answering (``lost``): the
+update was applied, and its sender cannot know.
+
 One thread accepts; one thread per connection pumps both directions with ``select``. Connections
 are bounded (``max_connections``; extra ones are reset). Leaving the ``with`` block (or ``stop()``)
 closes every socket and joins every thread.
@@ -84,6 +88,9 @@ class FaultProxy:
         self._forwarded: dict[str, threading.Event] = {}  # task id -> its held beat went upstream
         self.held: list[str] = []  # task ids whose heartbeat was held, in order
         self.released: list[str] = []  # task ids whose held heartbeat went on with their final update
+        self._lose: re.Pattern[bytes] | None = None  # lose_answer(): the request whose answer is lost
+        self._lose_after = 0.0
+        self.lost: list[str] = []  # task ids of the requests whose answer was lost
         self._acceptor = threading.Thread(target=self._accept_loop, name="faultproxy-accept", daemon=True)
         self._acceptor.start()
 
@@ -115,6 +122,13 @@ class FaultProxy:
         with self._lock:
             self._holding = True
             self._hold_every = every
+
+    def lose_answer(self, pattern: bytes, *, after_seconds: float = 0.0) -> None:
+        """The first request (of a ``POST .../tasks``) matching ``pattern`` goes to the server; its
+        answer is read, held ``after_seconds``, and dropped: the client's connection is reset."""
+        with self._lock:
+            self._lose = re.compile(pattern)
+            self._lose_after = after_seconds
 
     def open_connections(self) -> int:
         """Connection threads still alive."""
@@ -223,6 +237,9 @@ class FaultProxy:
                     break  # the loop top aborts both sides (or stop() closes them)
                 if self._mode is Mode.LATENCY and self._stopping.wait(self._latency_seconds):
                     return
+                if source is client and self._lose is not None and self._lose_this(data):
+                    self._forward_and_lose(data, client, upstream)
+                    return
                 if source is client and self._holding:
                     held = self._hold_or_release(data)
                     if held is not None:  # a held heartbeat: on now, whatever became of its client
@@ -260,6 +277,24 @@ class FaultProxy:
         release.set()
         forwarded.wait(5.0)
         return None
+
+    def _lose_this(self, data: bytes) -> bool:
+        with self._lock:
+            if self._lose is None or _UPDATE_RE.match(data) is None or not self._lose.search(data):
+                return False
+            self._lose = None  # the first one only
+            found = _TASK_ID_RE.search(data)
+            self.lost.append(found.group(1).decode() if found else "")
+            return True
+
+    def _forward_and_lose(self, data: bytes, client: socket.socket, upstream: socket.socket) -> None:
+        """Send ``data`` on, read the server's answer (it was handled), wait, and reset the client."""
+        with contextlib.suppress(OSError):
+            upstream.sendall(data)
+            upstream.settimeout(5.0)
+            upstream.recv(_CHUNK_BYTES)
+        self._stopping.wait(self._lose_after)
+        _abort(client)
 
     def _forward_held(self, task_id: str, data: bytes, client: socket.socket,
                       upstream: socket.socket) -> None:

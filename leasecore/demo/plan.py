@@ -2,7 +2,8 @@
 
 ``conductor-run demo`` plays three scenes against the embedded server (``leasecore.demo.scenes`` does the
 I/O). Each scene samples the world several times a second into an :class:`Observation` (the server's
-view of the task, the runner's snapshot, which processes of the task's tree still live); a
+view of the task, the runner's snapshot, which processes of the task's tree still live, the line the
+child printed with a server-side secret as the task log has it); a
 :class:`SceneTracker` turns the samples into a timeline of :class:`Event` s, decides when the
 server goes silent (scene 3), and finally judges the scene: every claim becomes a :class:`Check`
 that passed or failed, with the numbers that prove it. No clock, no I/O: times are scene seconds
@@ -18,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from leasecore.demo.secret import SECRET_NAME, secret_checks
 
 __all__ = [
     "Check",
@@ -71,6 +74,7 @@ class Scene:
     silence_after_heartbeats: int = 0  # FENCED: the server goes silent after this many heartbeats
     # Other (task status, workflow status) outcomes that are just as right (a race with no loser).
     also_accept: tuple[tuple[str, str], ...] = ()
+    shows_secret: bool = False  # judge the server-side secret's way to the child, and its masking
 
     def accepts(self, task_status: str | None, workflow_status: str | None) -> bool:
         expected = ((self.expect_task_status, self.expect_workflow_status), *self.also_accept)
@@ -86,13 +90,15 @@ def standard_scenes(settings: DemoSettings, *, completed_exit: int, fenced_exit:
             title="1. Heartbeats keep a long task alive",
             claim=(
                 f"responseTimeoutSeconds is {r}s but the task runs {4 * r - 1}s: extendLease heartbeats "
-                "keep its lease, and it completes"
+                "keep its lease, and it completes; a secret the server holds reaches the child as "
+                f"${SECRET_NAME} and in $CONDUCTOR_SECRETS_FILE, masked (***) in what the runner writes"
             ),
             task_seconds=4 * r - 1,
             expect_task_status="COMPLETED",
             expect_workflow_status="COMPLETED",
             expect_runner_exit=completed_exit,
             budget_seconds=20 + 4 * r,
+            shows_secret=True,
         ),
         Scene(
             kind=SceneKind.NO_LEASE,
@@ -147,12 +153,14 @@ def runner_config(
 
 
 def task_defs_for(task_defs: Sequence[dict[str, Any]], settings: DemoSettings) -> list[dict[str, Any]]:
-    """The sample task defs with the demo's R (the file says 2 s too; this keeps them in step)."""
+    """The sample task defs with the demo's R (the file says 2 s too; this keeps them in step) and the
+    demo's secret declared (``runtimeMetadata``)."""
     out = []
     for td in task_defs:
         copy = dict(td)
         if copy.get("name") == TASK_TYPE:
             copy["responseTimeoutSeconds"] = settings.response_timeout_seconds
+            copy["runtimeMetadata"] = [SECRET_NAME]
         out.append(copy)
     return out
 
@@ -177,6 +185,7 @@ class Observation:
     silent: bool = False  # the relay between runner and server holds everything back
     runner_exit: int | None = None  # the runner's exit code once it has exited
     runner_said: tuple[str, ...] = ()  # the runner's warnings logged since the previous sample
+    secret_line: str | None = None  # the child's line about the secret, as the server's task log has it
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,8 @@ class SceneTracker:
     reason: str | None = None
     runner_exit: int | None = None
     runner_exit_at: float | None = None
+    secret_line: str | None = None
+    secret_leaks: tuple[str, ...] | None = None  # where its value was unmasked, read at the end; None: unread
     events: list[Event] = field(default_factory=list)
 
     @property
@@ -294,6 +305,10 @@ class SceneTracker:
 
         for line in obs.runner_said:
             say(f"runner log: {line}", "warn")
+
+        if obs.secret_line is not None and self.secret_line is None:
+            self.secret_line = obs.secret_line
+            say(f"child says (task log): {obs.secret_line}", "good")
 
         if obs.fence_reason and self.fence_seen is None:
             self.fence_seen = obs.fence_reason
@@ -404,6 +419,8 @@ class SceneTracker:
                 f"{len(self.heartbeats)} heartbeats kept a {scene.task_seconds}s task alive with R = {r:g}s: "
                 f"{self.task_status or 'not finished'}"
             )
+            for ok, text in secret_checks(self.secret_line, self.secret_leaks) if scene.shows_secret else ():
+                check(ok, text)
         elif scene.kind is SceneKind.NO_LEASE:
             grace = self.settings.kill_grace_seconds
             dead_after = _nan(self.tree_dead_at) - _nan(polled)

@@ -21,6 +21,7 @@ import importlib.resources
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from leasecore.demo.plan import (
     task_defs_for,
 )
 from leasecore.demo.proxy import SilenceProxy
+from leasecore.demo.secret import SECRET_NAME, leaks, secret_line
 from leasecore.errors import ConductorError, ConfigError
 from leasecore.server import EmbeddedServer
 from leasecore.snapshot import TaskSnapshot
@@ -207,7 +209,10 @@ def play_scene(
     log_path = scene_dir / "runner.log"
     workflow_def, task_defs = files.definitions()
 
-    with EmbeddedServer() as server, SilenceProxy("127.0.0.1", server.port) as proxy:
+    # The server holds the secret the task def declares, a fresh value per scene (never shown).
+    token = secrets.token_urlsafe(18)
+    server = EmbeddedServer(runtime_environ={f"CONDUCTOR_SECRET_{SECRET_NAME}": token})
+    with server, SilenceProxy("127.0.0.1", server.port) as proxy:
         client = ConductorClient(server.url, timeout_seconds=5.0)
         try:
             admin = ConductorAdmin(client)
@@ -250,6 +255,8 @@ def play_scene(
                 _stop(runner)
                 tree.refresh()
                 leftovers = tree.kill_leftovers()
+            if scene.shows_secret:
+                _read_for_secret(tracker, token, admin, workflow_id, log_path)
             verdict = tracker.verdict(cut_short=cut_short)
             return SceneOutcome(verdict, tracker, _tail(log_path), leftovers)
         finally:
@@ -276,7 +283,10 @@ def _sample_until_done(
     wall_start = clock.now().timestamp()
     while True:
         at = clock.monotonic() - start
-        obs, ended_at = _observe(at, wall_start, admin, workflow_id, runner, tree, proxy, state_dir, clock)
+        want_secret = scene.shows_secret and tracker.secret_line is None
+        obs, ended_at = _observe(
+            at, wall_start, admin, workflow_id, runner, tree, proxy, state_dir, clock, want_secret
+        )
         obs = replace(obs, runner_said=runner_log.new_warnings())
         for event in tracker.observe(obs, ended_at=ended_at):
             on_event(event)
@@ -303,6 +313,7 @@ def _observe(
     proxy: SilenceProxy,
     state_dir: Path,
     clock: Clock,
+    want_secret: bool,
 ) -> tuple[Observation, float | None]:
     def scene_time(epoch_ms: Any) -> float | None:
         if not isinstance(epoch_ms, int | float) or epoch_ms <= 0:
@@ -323,6 +334,10 @@ def _observe(
         task = dict(tasks[-1]) if tasks else {}
     except ConductorError:
         pass  # the embedded server is in-process: a failed read is rare; the next sample retries
+    said_secret = None
+    if want_secret and task.get("taskId"):
+        with contextlib.suppress(ConductorError):  # as above: the next sample reads it again
+            said_secret = secret_line(admin.get_logs(str(task["taskId"])))
     tree.refresh()
     alive = tree.alive()
     snap = _runner_task(state_dir, clock.now(), str(task.get("taskId", "")))
@@ -343,8 +358,29 @@ def _observe(
         tree_alive=len(alive),
         silent=silent,
         runner_exit=exit_code,
+        secret_line=said_secret,
     )
     return obs, scene_time(task.get("endTime"))
+
+
+def _read_for_secret(
+    tracker: SceneTracker, token: str, admin: ConductorAdmin, workflow_id: str, log_path: Path
+) -> None:
+    """Once the scene is over: where the secret's value is to be seen as it is (the task log, the
+    workflow with its tasks' input and output, the runner's log), and the child's line if the
+    samples missed it."""
+    try:
+        workflow = admin.get_workflow(workflow_id)
+        task_ids = [str(task["taskId"]) for task in workflow.get("tasks") or []]
+        logs = [entry for task_id in task_ids for entry in admin.get_logs(task_id)]
+        runner_log = log_path.read_text(encoding="utf-8", errors="replace")
+    except (ConductorError, OSError, KeyError):
+        return  # secret_leaks stays None: the verdict says the places could not be read
+    if tracker.secret_line is None:
+        tracker.secret_line = secret_line(logs)
+    places = {"the task log": json.dumps(logs), "the workflow": json.dumps(workflow),
+              "the runner's log": runner_log}  # fmt: skip
+    tracker.secret_leaks = leaks(token, places)
 
 
 def _runner_task(state_dir: Path, now: datetime, task_id: str) -> TaskSnapshot | None:

@@ -5,7 +5,9 @@
 * ``machine``: ``Lease``, the per-task state machine (events in, actions out, ``next_wakeup``);
 * ``policy``: ``LeasePolicy`` and the measured constants (deadlines, grace cap, heartbeat cadence);
 * ``ownership``: what an ownership check's answer means (``ownership_lost_reason``);
-* ``actions``: the values a lease returns and shows (``SendHeartbeat`` ... ``LeaseView``).
+* ``actions``: the values a lease returns and shows (``SendHeartbeat`` ... ``LeaseView``);
+* ``finalcheck``: making a final result stick after a heartbeat of unknown fate (park, read back);
+* ``finalfailure``: what a failed final update means (``decide``: retry, read back, outbox, give up).
 
 Must not touch: a clock, I/O, threads, processes (``tests/unit/test_layering.py`` checks it). The
 lease engine (``leasecore.runner.leasing.engine``) carries the actions out.

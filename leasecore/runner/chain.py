@@ -21,6 +21,7 @@ from enum import Enum
 
 from leasecore.handover import mark_yield, may_run_elsewhere, with_checkpoint
 from leasecore.lease import FenceReason
+from leasecore.lease.finalfailure import Attempt, FallBackToV1, decide, failure_of_status
 from leasecore.models import Task, TaskResult, TaskStatus
 
 __all__ = ["CHAINABLE", "Refusal", "hand_back", "may_chain", "refusal"]
@@ -47,12 +48,13 @@ class Refusal(Enum):
 
 
 def refusal(status_code: int | None) -> Refusal | None:
-    """How a refused update-v2 call is read (None: an ordinary refusal of the result, as v1's)."""
-    if status_code == 405:
-        return Refusal.MISSING
-    if status_code == 404:
-        return Refusal.UNSURE
-    return None
+    """How a refused update-v2 call is read (None: an ordinary refusal of the result, as v1's): the
+    final-update table's ``FallBackToV1`` (``leasecore.lease.finalfailure``)."""
+    decision = decide(failure_of_status(status_code),
+                      Attempt(TaskStatus.COMPLETED, v2=True, status_code=status_code, left=0.0))
+    if not isinstance(decision, FallBackToV1):
+        return None
+    return Refusal.MISSING if decision.endpoint_missing else Refusal.UNSURE
 
 
 def hand_back(task: Task, worker_id: str | None) -> TaskResult:

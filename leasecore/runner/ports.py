@@ -44,6 +44,7 @@ __all__ = [
     "StatusPort",
     "SupervisorPort",
     "TaskTypePlan",
+    "TimedChainPort",
     "UpdatePort",
 ]
 
@@ -70,6 +71,15 @@ class ChainPort(UpdatePort, Protocol):
     ``leasecore.runner.chain``); a port without it never chains."""
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None: ...
+
+
+class TimedChainPort(ChainPort, Protocol):
+    """A chain port that also says when its update-v2 request went out (``ChainUpdates``: after the
+    wait for a heartbeat in flight), so that a claimed task's lease counts from the send, not from
+    before that wait."""
+
+    def update_v2_timed(self, result: TaskResult, *, timeout_seconds: float | None = None
+                        ) -> tuple[Task | None, float]: ...
 
 
 class LogPort(Protocol):
@@ -113,7 +123,7 @@ class TaskReader(Protocol):
 
 
 class EnginePort(Protocol):
-    """What the runner needs from ``LeaseEngine`` (ARCHITECTURE.md "Lease engine")."""
+    """What the runner needs from ``LeaseEngine`` (ARCHITECTURE.md, "The cores and their drivers": lease engine)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -252,6 +262,9 @@ class RunOutcome:
     signum: int | None = None  # the signal that stopped the run, if one did
     started: int = 0
     statuses: tuple[TaskStatus | None, ...] = field(default=())  # per started task; None: not reported
+    # Started tasks whose status is no longer in ``statuses`` (the newest are kept) and that ended
+    # other than COMPLETED or IN_PROGRESS: a long run's outcome stays exact with bounded memory.
+    folded_not_completed: int = 0
     poller_failed: bool = False  # a poller ended on an unexpected error: exit 1, not a clean stop
     forced: bool = False  # a second signal ended the running tasks instead of letting them finish
     # The server refused a poller's first polls (a ConductorAuthError): the worker raises it, exit 4.
@@ -260,7 +273,8 @@ class RunOutcome:
     @property
     def all_completed(self) -> bool:
         ok = (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS)
-        return bool(self.statuses) and all(s in ok for s in self.statuses)
+        return (bool(self.statuses) and self.folded_not_completed == 0
+                and all(s in ok for s in self.statuses))
 
 
 @dataclass(frozen=True)

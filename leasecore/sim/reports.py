@@ -21,9 +21,25 @@ import functools
 import math
 from collections.abc import Callable
 
-from leasecore.lease import FenceReason, ownership_lost_reason
+from leasecore.lease import FenceReason, finalcheck, ownership_lost_reason
+from leasecore.lease.finalcheck import read_back_at
+from leasecore.lease.finalfailure import (
+    REPORT_BACKOFF,
+    Attempt,
+    Delivered,
+    FallBackToV1,
+    GiveUp,
+    ReadBack,
+    Retry,
+    Save,
+    SendBare,
+    after_read_back,
+    decide,
+    failure_of_status,
+)
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
+from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
 from leasecore.sim.setting import Run, RunnerPort
 
@@ -48,17 +64,20 @@ class Reports:
         self.runner = runner
         self.world = runner.world
         self._outbox_armed = False
+        self._attempts: dict[str, int] = {}  # task id -> attempts of its final update (the backoff's)
 
     def report(self, run: Run, result: TaskResult) -> None:
         r = self.runner
         run.phase = "reporting"
+        self._attempts.pop(result.task_id, None)
         chain = r.config.chaining and may_chain(result, stopping=r.stopping, fence=run.fence,
                                                     enabled=True)
         if run.slot:  # the child is gone: its slot is free (or kept for what update-v2 claims)
             run.slot = False
-            if chain:
+            if chain and r.keep_for_chain():  # (the poller's word: not while paused or stopping)
                 run.chain_slot = True
             else:
+                chain = False
                 r.release()
         self._send(run, result, chain)
 
@@ -67,10 +86,13 @@ class Reports:
         if run.phase != "reporting":
             return
         wait = 0.0
-        if run.beat_in_flight:
+        late_until = None  # when a heartbeat of unknown fate can no longer land (this world's bound)
+        if run.unknown_beat_at is not None and not r.bugs.no_final_wait:
+            late_until = run.unknown_beat_at + LAND_BOUND_SECONDS
+        if r.engine.beat_calling(result.task_id):
             wait = 0.05
-        elif run.unknown_beat_at is not None and not r.bugs.no_final_wait:
-            wait = run.unknown_beat_at + LAND_BOUND_SECONDS - now
+        elif late_until is not None and result.status.is_terminal:
+            wait = late_until - now  # (the product parks the task meanwhile; a yield goes out at once)
         if wait > 0:
             self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
@@ -80,49 +102,70 @@ class Reports:
                 and not r.bugs.retry_landed_yield):
             self.world.log(f"runner {r.name}: {tid}: its next run was polled, so the yield landed")
             r.state.outbox.pop(tid, None)
-            r.book.end(tid, now)
+            r.step(Reported(tid))
             r.forget(run)
             return
-        r.act(run, run.lease.on_final_update_started(now))
+        r.step(BeginFinalUpdate(tid))
         sent = now
+        self._attempts[tid] = self._attempts.get(tid, 0) + 1
 
         def got(answer: Answer) -> None:
             now = self.world.now
             if answer.ok:
                 r.state.outbox.pop(tid, None)
-                r.book.end(tid, now)
+                r.step(Reported(tid))
                 claimed = answer.body if chain else None
                 self._end_chain(run, claimed, sent)
-                r.forget(run)
-                return
-            if answer.status == 404:
-                r.state.outbox.pop(tid, None)
-                self._end_chain(run, None, sent)
+                if (at := read_back_at(late_until, sent)) is not None:
+                    # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
+                    # back once the beat can no longer land, send again (v1, bounded) while undone.
+                    self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
+                                                                             worker_id=r.name))
+                    return
                 r.forget(run)
                 return
             self._end_chain(run, None, sent)
-            r.state.outbox[tid] = (result, poll_count)
             lease = run.lease
-            if run.fence is FenceReason.LEASE_EXPIRED or now >= lease.term_point:
-                self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
-                r.forget(run)
-                self.arm_outbox()
-                return
+            left = 0.0 if run.fence is FenceReason.LEASE_EXPIRED else lease.term_point - now
+            decision = decide(failure_of_status(None if answer.timeout else answer.status),
+                              Attempt(result.status, number=self._attempts[tid], left=left, v2=chain,
+                                      status_code=None if answer.timeout else answer.status))  # fmt: skip
             yielding = result.status is TaskStatus.IN_PROGRESS
-            if answer.timeout and not (r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait):
-                # An update of unknown fate may still land: no heartbeat (which could load the task
-                # before it lands and write it back after) and no second send until it no longer can;
-                # then the task is read back, and the update sent again only if it never landed.
-                self.world.at(sent + LAND_BOUND_SECONDS, "final-confirm",
-                              r.guard(lambda: self._confirm(run, result)))
-                return
-            r.act(run, lease.on_final_update_failed(now))
-            delay = r.config.report_retry * (0.5 + self.world.rng.random())
-            self.world.after(delay, "report-retry", r.guard(lambda: self._send(run, result, False)))
+            planted = r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait
+            if isinstance(decision, ReadBack) and planted:  # the planted race: sent again, no read-back
+                decision = Retry(REPORT_BACKOFF.delay(self._attempts[tid]))
+            match decision:
+                case Delivered():
+                    r.state.outbox.pop(tid, None)
+                    r.step(Reported(tid))
+                    r.forget(run)
+                case GiveUp() | SendBare():  # (the simulated server refuses no body: 404, gone)
+                    r.state.outbox.pop(tid, None)
+                    r.forget(run)
+                case Save():
+                    r.state.outbox[tid] = (result, poll_count)
+                    self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
+                    r.forget(run)
+                    self.arm_outbox()
+                case ReadBack(after=after):
+                    # An update of unknown fate may still land: no heartbeat (which could load the task
+                    # before it lands and write it back after) and no second send until it no longer
+                    # can (this world's bound: a request travels and is held up to LAND_BOUND_SECONDS);
+                    # then the task is read back, and the update sent again only if it never landed.
+                    r.state.outbox[tid] = (result, poll_count)
+                    at = max(now + after, sent + LAND_BOUND_SECONDS)
+                    self.world.at(at, "final-confirm", r.guard(lambda: self._confirm(run, result)))
+                case FallBackToV1():
+                    r.step(FinalUpdateFailed(tid))
+                    self._send(run, result, False)  # the same result through v1, at once
+                case Retry(after=after):
+                    r.state.outbox[tid] = (result, poll_count)
+                    r.step(FinalUpdateFailed(tid))
+                    self.world.after(after, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
 
-    def _confirm(self, run: Run, result: TaskResult) -> None:
+    def _confirm(self, run: Run, result: TaskResult, reads: int = 1) -> None:
         r = self.runner
         if run.phase != "reporting":
             return
@@ -130,20 +173,56 @@ class Reports:
         def got(answer: Answer) -> None:
             if run.phase != "reporting":
                 return
-            if answer.ok and answer.body[0] == "IN_PROGRESS" and answer.body[1] == run.task.poll_count:
-                r.act(run, run.lease.on_final_update_failed(self.world.now))
-                self._send(run, result, False)  # it never landed
-            elif answer.ok or answer.status == 404:
-                self.world.log(f"runner {r.name}: {result.task_id}: read back, the update had landed "
-                               f"(or the task ended otherwise)")
-                r.state.outbox.pop(result.task_id, None)
-                r.book.end(result.task_id, self.world.now)
-                r.forget(run)
-            else:
-                self.world.after(r.config.report_retry, "final-confirm",
-                                 r.guard(lambda: self._confirm(run, result)))
+            if not (answer.ok or answer.status == 404):  # the read failed: again, with the backoff
+                self.world.after(REPORT_BACKOFF.delay(reads), "final-confirm",
+                                 r.guard(lambda: self._confirm(run, result, reads + 1)))
+                return
+            own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
+            decision = after_read_back(own, run.task.poll_count, result.status)
+            if isinstance(decision, Retry):  # it never landed (or a late beat undid it)
+                r.step(FinalUpdateFailed(result.task_id))
+                self._send(run, result, False)
+                return
+            self.world.log(f"runner {r.name}: {result.task_id}: read back, "
+                           + ("the update had landed" if isinstance(decision, Delivered)
+                              else f"no longer ours ({decision})"))  # fmt: skip
+            r.state.outbox.pop(result.task_id, None)
+            r.step(Reported(result.task_id))
+            r.forget(run)
 
         r.server.read(r.name, result.task_id, r.reply(got), r.config.http_timeout)
+
+    def _stick(self, run: Run, result: TaskResult, poll_count: int, check: finalcheck.ReadBack) -> None:
+        """Drive the product's read-back machine on the world's clock; the run is over when it is."""
+        r, tid = self.runner, result.task_id
+        if run.phase != "reporting":
+            return
+        if check.next_at is None:
+            self.world.log(f"runner {r.name}: {tid}: read back after a late beat: {check.outcome}")
+            r.forget(run)
+            return
+
+        def read() -> None:
+            def got(answer: Answer) -> None:
+                if run.phase != "reporting":
+                    return
+                now = self.world.now
+                own = TaskOwnership(TaskStatus(answer.body[0]), *answer.body[1:3]) if answer.ok else None
+                if not (answer.ok or answer.status == 404):
+                    check.on_read_failed(now)
+                elif check.on_read(now, own) is finalcheck.ReadStep.RESEND:
+                    def resent(again: Answer) -> None:
+                        check.on_resent(self.world.now, again.ok)
+                        self._stick(run, result, poll_count, check)
+
+                    self.server_update(tid, poll_count, result, False, r.reply(resent))
+                    return
+                self._stick(run, result, poll_count, check)
+
+            if run.phase == "reporting":
+                r.server.read(r.name, tid, r.reply(got), r.config.http_timeout)
+
+        self.world.at(max(check.next_at, self.world.now), "final-readback", r.guard(read))
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
                       reply: Callable[[Answer], None]) -> None:
@@ -205,8 +284,9 @@ class Reports:
                         return
                     self.server_update(tid, pc, result, False, r.reply(functools.partial(sent, tid=tid)))
 
-            def sent(answer: Answer, *, tid: str) -> None:
-                if answer.ok or answer.status == 404:
+            def sent(answer: Answer, *, tid: str, result: TaskResult = result) -> None:
+                failure = failure_of_status(None if answer.timeout else answer.status)
+                if answer.ok or not isinstance(decide(failure, Attempt(result.status, saved=True)), Save):
                     r.state.outbox.pop(tid, None)
 
             r.server.read(r.name, tid, r.reply(read), r.config.http_timeout)

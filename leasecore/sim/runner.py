@@ -1,13 +1,17 @@
 """A runner in the simulation: stand-in glue that drives the product's real decision objects.
 
-Real, unchanged: ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the
-numbers, the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (which lease a
-delivery or an update reaches), ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` /
-``may_run_elsewhere`` (``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining),
-``PollBackoff`` (poll delays) and ``ownership_lost_reason`` (the outbox's check before a late
-delivery). Stand-in (this module and ``leasecore.sim.reports``): what the product's main loop, poller,
-lease engine threads, reporter and outbox do with those decisions: carrying actions out, slots, the
-order of a final update's steps. docs/simulator.md lists what the next step must replace.
+Real, unchanged: the lease engine's core (``EngineCore``: which lease is ticked when, its requests,
+one beat in flight, a final update's exclusion of beats, fences, kill-by times; ``step`` is its
+driver here, as ``LeaseEngine``'s threads are in the product, and only carries out its requests and
+fences), ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the numbers,
+the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (inside the core),
+``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` / ``may_run_elsewhere``
+(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollCore`` (the
+poller's slots and when to poll, with its backoff; driven by ``leasecore.sim.claims``) and
+``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this module and
+``leasecore.sim.reports``): what the product's main loop, reporter and outbox do with those
+decisions: starts, exits, the order of a final update's steps. docs/simulator.md lists what the next
+step must replace.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).
@@ -18,22 +22,24 @@ Threads: none.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from leasecore.handover import DyingTrees, StartGate, YieldHold, mark_yield, may_run_elsewhere
-from leasecore.lease import (
-    CheckOwnership,
-    FenceReason,
-    KillTree,
-    Lease,
-    LeasePolicy,
-    SendHeartbeat,
-    TerminateTree,
-)
+from leasecore.handover import DyingTrees, StartGate, YieldHold, logical_key, mark_yield, may_run_elsewhere
+from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
+from leasecore.lease.finalcheck import unknown_fate
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.leasing.leasebook import LeaseBook
-from leasecore.runner.upstream.pollpolicy import PollBackoff
+from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
+from leasecore.runner.leasing.core import EngineCore
+from leasecore.runner.leasing.schedule import (
+    beat_acked,
+    beat_failed,
+    beat_not_found,
+    check_failed,
+    ownership_read,
+)
+from leasecore.runner.loop import decisions as d
+from leasecore.sim.claims import Claims
 from leasecore.sim.conductor import Answer, SimConductor
+from leasecore.sim.held import held_step, lease_now
 from leasecore.sim.setting import Bugs, Run, RunnerConfig, StateDir, TreeProfile
 from leasecore.sim.trees import Copies, Copy, SimForkServer, SimTree
 from leasecore.sim.world import World
@@ -61,20 +67,22 @@ class SimRunner:
     def _boot(self) -> None:
         from leasecore.sim.reports import Reports  # (the final-update half of the glue)
 
-        self.book = LeaseBook(random=self.world.rng.random)
+        # The product's lease engine core, driven by this runner's events (``step``): every heartbeat,
+        # check, tick, fence and kill-by time. Senders without limit: each request goes when it may.
+        self.engine = EngineCore(random_source=self.world.rng.random, capacity=_SENDERS, kill_by=True)
+        self.kill_bys: dict[str, tuple[float, float]] = {}  # the latest KillBy of each task
+        self.wake_at: float | None = None
         self.dying = DyingTrees(gone=_tree_gone)
         self.gate = StartGate(self.dying)
         self.yields = YieldHold(gone=_tree_gone)
-        self.backoff = PollBackoff(rand=self.world.rng.random)
+        self.claims = Claims(self)
         self.runs: dict[str, Run] = {}
         self.next_runs: dict[str, tuple[Task, float]] = {}
-        self.in_use = 0
         self.stopping = False
-        self.polling = 0
-        self.poll_pending = False
         self.gate_at: float | None = None
+        self.held_reads: dict[str, tuple[d.Read, TaskOwnership | None]] = {}  # held runs read back at start
         self.reports = Reports(self)
-        self._poll_soon(0.0)
+        self.claims.look()
         self.reports.deliver_outbox()
 
     def crash(self) -> None:
@@ -96,8 +104,7 @@ class SimRunner:
         self.world.log(f"runner {self.name}: STOP (graceful)")
         self.stopping = True
         now = self.world.now
-        for run in list(self.runs.values()):
-            self.act(run, run.lease.on_shutdown(now))
+        self.step(ec.Shutdown())
         self.world.after(0.5, "stop-check", self.guard(lambda: self._exit_when_done(now + within)))
 
     def _exit_when_done(self, deadline: float) -> None:
@@ -148,47 +155,37 @@ class SimRunner:
 
         return got
 
-    # ----- polling -----------------------------------------------------------------------------
+    # ----- polling: the product's PollCore, driven by leasecore.sim.claims ---------------------
 
-    def _poll_soon(self, delay: float) -> None:
-        if self.poll_pending:
-            return
-        self.poll_pending = True
-        self.world.after(delay, "poll", self.guard(self._poll))
+    @property
+    def in_use(self) -> int:
+        """Slots taken: reserved for the poll out, running or held runs, kept for update-v2."""
+        return self.claims.core.in_use
 
-    def _poll(self) -> None:
-        self.poll_pending = False
-        if self.stopping:
-            return
-        free = self.config.slots - self.in_use
-        if free <= 0:
-            return  # a released slot polls again (release)
-        count = min(free, 4)
-        self.in_use += count
-        self.polling = count  # reserved for what the poll brings
-        sent = self.world.now
-
-        def got(answer: Answer) -> None:
-            self.polling = 0
-            if not answer.ok:
-                self.release(count)
-                self._poll_soon(self.backoff.on_error())
-                return
-            tasks = [Task.from_json(t) for t in answer.body]
-            self.release(count - len(tasks), poll=False)
-            for task in tasks:
-                self.deliver(task, sent)
-            self._poll_soon(self.backoff.on_tasks() if tasks else self.backoff.on_empty())
-
-        self.server.poll(self.name, self.config.task_type, count, self.reply(got), self.config.http_timeout)
+    @property
+    def polling(self) -> int:
+        """Slots reserved by the poll out now (0: none out)."""
+        return self.claims.core.in_flight
 
     def release(self, n: int = 1, *, poll: bool = True) -> None:
-        self.in_use -= n
-        if self.in_use < 0:
-            self.world.violate("slots", f"runner {self.name} released more slots than it held "
-                               f"({self.in_use})")
-        if poll and n > 0:
-            self._poll_soon(0.0)
+        self.claims.release(n, poll=poll)
+
+    def keep_for_chain(self) -> bool:
+        return self.claims.keep_for_chain()
+
+    def pause(self, seconds: float) -> bool:
+        """The operator pauses the task type here for ``seconds`` (False: the runner is down)."""
+        if self.down:
+            return False
+        self.guard(lambda: self.claims.pause(seconds))()
+        return True
+
+    def drain(self, timeout: float) -> bool:
+        """The operator drains this runner (False: it is down or already stopping)."""
+        if self.down or self.stopping:
+            return False
+        self.guard(lambda: self.claims.drain(timeout))()
+        return True
 
     # ----- deliveries and starts ----------------------------------------------------------------
 
@@ -199,56 +196,57 @@ class SimRunner:
                                      http_timeout_seconds=c.http_timeout)
 
     def deliver(self, task: Task, polled_at: float) -> None:
-        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot."""
-        tid = task.task_id
+        """A task reached us (a poll, or an update-v2's claim sent at ``polled_at``); it holds a slot.
+        What it means is the product's ``decisions.admit``; this carries it out."""
+        tid, now = task.task_id, self.world.now
         self.world.log(f"runner {self.name}: got {tid} (pollCount {task.poll_count})")
-        current = self.runs.get(tid)
-        if current is not None and task.poll_count > current.task.poll_count and (
-            current.phase == "reporting" or current.fence is FenceReason.OWNERSHIP_LOST
-        ):
-            # Its next run (our yield re-polled before the report's ack, or a re-delivery while our
-            # copy is killed): it keeps the slot its poll took and is delivered once this run is over.
-            if tid in self.next_runs:  # a newer one replaces it: its slot goes back
-                self.release()
-            self.next_runs[tid] = (task, polled_at)
-            return
-        if current is not None:  # the same run delivered again: an ack of its lease, no second copy
-            entry, actions = self.book.admit(task, current.policy, polled_at, self.world.now)
-            if task.poll_count > current.task.poll_count:
-                current.task = task
+        if (current := self.runs.get(tid)) is not None:
+            lost = current.fence is FenceReason.OWNERSHIP_LOST
+            decision = d.admit(d.Delivery(task.poll_count, d.Earlier(
+                current.task.poll_count, current.phase == "reporting", lost, tid in self.yields)))
+            if isinstance(decision, d.WaitBehind):  # its next run: it keeps its poll's slot meanwhile
+                if tid in self.next_runs:  # a newer one replaces it: its slot goes back
+                    self.release()
+                self.next_runs[tid] = (task, polled_at)
+                return
+            assert isinstance(decision, d.AckDuplicate)  # the same run again: an ack of its lease
+            effects = self._engine(ec.Track(task, current.policy, polled_at))
+            current.task = task if decision.newer else current.task
             self.release()
-            self.act(current, actions)
+            self.carry_out(effects)
             return
         policy = self.policy_for(task)
-        entry, actions = self.book.admit(task, policy, polled_at, self.world.now)
+        effects = self._engine(ec.Track(task, policy, polled_at))
+        entry = self.engine.entry(tid)
+        assert entry is not None  # (just tracked)
         run = Run(task, entry, policy, label=f"{self.name}/{tid}/p{task.poll_count}")
         self.runs[tid] = run
         self.attempts += 1
-        now = self.world.now
+        # The planted races switch the harness's inputs to the decision, never the decision itself.
         wait = 0.0 if self.bugs.no_redelivery_hold else policy.start_delay_seconds
-        here = [] if self.bugs.no_dying_wait else [(r.task, r.tree) for r in self.runs.values() if r.tree]
-        if self.stopping:  # polled as the stop began (a poll in flight): back, unstarted
-            self.gate.hold(task, now + wait, now, here)
-            actions += run.lease.on_shutdown(now)
-            self.act(run, actions)
-            return
-        why = self.gate.hold(task, now + wait, now, here)
-        if why is not None and self.bugs.no_dying_wait and wait <= 0:
-            self.gate.drop(tid)
-            why = None
-        if why is not None:
+        key = logical_key(task)
+        for other in () if self.bugs.no_dying_wait else self.runs.values():  # another attempt here: dying
+            if key and other.tree and other.task.task_id != tid and logical_key(other.task) == key:
+                self.dying.add(other.task, other.tree)
+        dying = not self.bugs.no_dying_wait and self.dying.still_dying(task)
+        decision = d.admit(d.Delivery(task.poll_count, stopping=self.stopping,
+                                      lease=lease_now(run.lease, now), start_delay=wait, dying_here=dying))
+        if isinstance(decision, d.BackUnstarted | d.ChainedBack):  # polled as the stop began: back unstarted
+            self.gate.hold(task, now + wait, now)
+            effects += self._engine(ec.Shutdown(tid))
+        elif isinstance(decision, d.Hold):
+            why = self.gate.hold(task, now + wait, now) or "a dying tree"
             self.world.log(f"runner {self.name}: holds {tid}: {why.split(':')[0]}")
-            actions += run.lease.on_start_held(now)
-            self._arm_gate()
-        elif run.lease.fence_reason is None:
-            self._start(run)
+            effects += self._engine(ec.StartHeld(tid))
+            self.arm_gate()
+        elif isinstance(decision, d.Start):
+            self.start(run)
         else:  # its lease ran out before we got to it (a stall): never started; the fence ends it
-            self.gate.drop(tid)
-            why = run.lease.fence_reason.value
-            self.world.log(f"runner {self.name}: {tid} came too late to start ({why})")
-        self.act(run, actions)
+            assert isinstance(decision, d.EndUnstarted)
+            self.world.log(f"runner {self.name}: {tid} came too late to start ({decision.why})")
+        self.carry_out(effects)
 
-    def _arm_gate(self) -> None:
+    def arm_gate(self) -> None:
         at = self.gate.next_at(self.world.now, poll_seconds=0.5)
         if at is None or (self.gate_at is not None and self.gate_at <= at and self.gate_at > self.world.now):
             return
@@ -259,11 +257,11 @@ class SimRunner:
         self.gate_at = None
         for task in self.gate.due(self.world.now):
             run = self.runs.get(task.task_id)
-            if run is not None and run.phase == "held" and run.lease.fence_reason is None:
-                self._start(run)
-        self._arm_gate()
+            if run is not None and run.phase == "held":
+                held_step(self, run)
+        self.arm_gate()
 
-    def _start(self, run: Run) -> None:
+    def start(self, run: Run) -> None:
         p, rng = self.profile, self.world.rng
         draw = rng.random()
         outcome = "failed" if draw < p.fail else "yield" if draw < p.fail + p.yields else "completed"
@@ -278,7 +276,7 @@ class SimRunner:
                        on_exit=self._exit_handler(run))
         run.tree, run.phase = tree, "running"
         self.forkserver.add(tree)
-        self.act(run, run.lease.on_child_started(self.world.now))
+        self.step(ec.ChildStarted(run.task.task_id))
         self._arm_kill_by(run)
 
     def _exit_handler(self, run: Run) -> Callable[[SimTree], None]:
@@ -291,82 +289,107 @@ class SimRunner:
         return on_exit
 
     def _arm_kill_by(self, run: Run) -> None:
-        if run.tree is not None and run.phase == "running" and run.lease.term_point != float("inf"):
-            # (the planted TERM-at-the-deadline bug is in the deadline's arithmetic, which both use)
+        """The fork server's switch for the run's tree: the engine's latest kill-by times (``KillBy``)."""
+        times = self.kill_bys.get(run.task.task_id)
+        if run.tree is not None and run.phase == "running" and times is not None:
+            # (the planted TERM-at-the-deadline bug shifts the switch as it shifts the fence)
             late = run.policy.fence_lead_seconds if self.bugs.term_at_deadline else 0.0
-            grace = run.policy.effective_kill_grace_seconds
-            self.forkserver.arm(run.tree, run.lease.term_point + late, grace)
+            self.forkserver.arm(run.tree, times[0] + late, times[1] - times[0])
 
-    # ----- the lease's actions ------------------------------------------------------------------
+    # ----- the lease engine core's driver -------------------------------------------------------
 
-    def act(self, run: Run, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, SendHeartbeat):
-                self._beat(run, run.lease, action)
-            elif isinstance(action, CheckOwnership):
-                self._check(run, run.lease, action)
-            elif isinstance(action, TerminateTree | KillTree):
-                self._fence(run, action)
-        self._arm(run)
+    def step(self, event: ec.Event) -> None:
+        """Step the engine core at the world's now and carry its effects out."""
+        self.carry_out(self._engine(event))
 
-    def _arm(self, run: Run) -> None:
-        at = run.lease.next_wakeup()
-        if at is None or at == run.wake_at:
+    def _engine(self, event: ec.Event) -> list[ec.Effect]:
+        """The core's effects of ``event``, then every request a sender may take now (no pool limit;
+        the core says when there are some: ``WakeSenders``)."""
+        now = self.world.now
+        effects = self.engine.step(event, now)
+        if any(isinstance(effect, ec.WakeSenders) for effect in effects):
+            while more := self.engine.step(ec.SenderFree(), now):
+                effects += more
+        return effects
+
+    def carry_out(self, effects: list[ec.Effect]) -> None:
+        """The effects' I/O: requests to the simulated server, fences and kill-by times to the simulated
+        fork server (every request goes at once: ``WakeSenders`` and ``AwaitBeat`` need nothing)."""
+        for effect in effects:
+            if isinstance(effect, ec.SendBeat):
+                self._beat(effect)
+            elif isinstance(effect, ec.SendCheck):
+                self._check(effect)
+            elif isinstance(effect, ec.Fence):
+                self._fence(effect.task_id, effect.action)
+            elif isinstance(effect, ec.KillBy):
+                self._kill_by(effect)
+        self._arm()
+
+    def _arm(self) -> None:
+        at = self.engine.next_wakeup(self.world.now)
+        if at is None or (self.wake_at is not None and self.world.now < self.wake_at <= at):
             return
-        run.wake_at = at
+        self.wake_at = at
 
         def wake() -> None:
-            if run.wake_at == at and self.runs.get(run.task.task_id) is run:
-                run.wake_at = None
-                self.act(run, run.lease.on_tick(self.world.now))
+            if self.wake_at == at:
+                self.wake_at = None
+                self.step(ec.Tick())
 
         self.world.at(at, "wake", self.guard(wake))
 
-    def _beat(self, run: Run, lease: Lease, action: SendHeartbeat) -> None:
-        sent = self.world.now
-        run.beat_in_flight = True
+    def _beat(self, send: ec.SendBeat) -> None:
+        run = self.runs.get(send.task_id)
 
         def got(answer: Answer) -> None:
-            run.beat_in_flight = False
-            now = self.world.now
             if answer.ok:
-                actions = lease.on_heartbeat_ok(now, sent)
-                self._arm_kill_by(run)
-            elif answer.status == 404:
-                actions = lease.on_heartbeat_not_found(now)
+                event = ec.Answered(send.call_id, beat_acked(send.sent_at))
+            elif answer.status == 404 and not answer.timeout:
+                event = ec.Answered(send.call_id, beat_not_found())
             else:
-                if answer.timeout:
-                    run.unknown_beat_at = max(run.unknown_beat_at or sent, sent)
-                actions = lease.on_heartbeat_failed(now)
-            if lease is run.lease:
-                self.act(run, actions)
+                if answer.timeout and run is not None:  # (the reports' wait for it to land)
+                    run.unknown_beat_at = max(run.unknown_beat_at or send.sent_at, send.sent_at)
+                fate = unknown_fate(None if answer.timeout else answer.status)
+                event = ec.Answered(send.call_id, beat_failed(unknown_fate=fate))
+            self.step(event)
 
-        self.server.extend(self.name, run.task.task_id, run.task.workflow_id, self.reply(got),
-                           action.timeout_seconds)
+        self.server.extend(self.name, send.task_id, send.workflow_id, self.reply(got), send.timeout_seconds)
 
-    def _check(self, run: Run, lease: Lease, action: CheckOwnership) -> None:
+    def _check(self, send: ec.SendCheck) -> None:
         def got(answer: Answer) -> None:
-            now = self.world.now
             if answer.ok:
                 status, poll_count, worker = answer.body
-                actions = lease.on_ownership(now, TaskOwnership(TaskStatus(status), poll_count, worker))
-                self._arm_kill_by(run)  # a check that found it ours moves the kill-by, as an ack does
-            elif answer.status == 404:
-                actions = lease.on_ownership(now, None)
+                event = ec.Answered(send.call_id, ownership_read(TaskOwnership(TaskStatus(status), poll_count,
+                                                                            worker)))  # fmt: skip
+            elif answer.status == 404 and not answer.timeout:
+                event = ec.Answered(send.call_id, ownership_read(None))
             else:
-                actions = lease.on_ownership_check_failed(now)
-            if lease is run.lease:
-                self.act(run, actions)
+                event = ec.Answered(send.call_id, check_failed())
+            self.step(event)
 
-        self.server.read(self.name, run.task.task_id, self.reply(got), action.timeout_seconds)
+        self.server.read(self.name, send.task_id, self.reply(got), send.timeout_seconds)
 
-    def _fence(self, run: Run, action: TerminateTree | KillTree) -> None:
+    def _kill_by(self, effect: ec.KillBy) -> None:
+        if effect.times is None:
+            self.kill_bys.pop(effect.task_id, None)
+            return
+        self.kill_bys[effect.task_id] = effect.times
+        run = self.runs.get(effect.task_id)
+        if run is not None:
+            self._arm_kill_by(run)
+
+    def _fence(self, task_id: str, action: FenceAction) -> None:
+        """What the runner does with a fence: a held start ends unstarted; a tree is stopped."""
+        run = self.runs.get(task_id)
+        if run is None or run.entry is not self.engine.entry(task_id):
+            return
         run.fence = run.lease.fence_reason
         if run.phase == "held":  # fenced before its command started: no tree
-            start_at = self.gate.start_at(run.task.task_id)
-            self.gate.drop(run.task.task_id)
+            start_at = self.gate.start_at(task_id)
+            self.gate.drop(task_id)
             run.phase = "exited"
-            self.act(run, run.lease.on_child_exited(self.world.now))
+            self.step(ec.ChildExited(task_id))
             self.reports.end_unstarted(run, (start_at or 0.0) - self.world.now)
             return
         tree = run.tree
@@ -394,10 +417,11 @@ class SimRunner:
         self.forkserver.disarm(tree)
         self.forkserver.leader_exited(tree, run.policy.fence_lead_seconds)
         self.dying.add(run.task, tree)  # escapees may outlive the leader
-        self.act(run, run.lease.on_child_exited(now))
+        self.step(ec.ChildExited(run.task.task_id))
         run.fence = run.lease.fence_reason
         task = run.task
-        if run.fence is FenceReason.OWNERSHIP_LOST:
+        if d.exit_meaning(ownership_lost=run.fence is FenceReason.OWNERSHIP_LOST,
+                        start_error=False) is d.ExitMeaning.FORGET:
             self.forget(run)
             return
         if tree.signalled is not None or run.fence is not None:
@@ -414,23 +438,25 @@ class SimRunner:
             callback = self.world.rng.choice((0, 0, 5, 30))
             result = TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
                                 callback_after_seconds=callback, worker_id=self.name)
-            if self.bugs.yield_unheld or tree.gone:
-                self.reports.report(run, mark_yield(result, task.poll_count))
-            else:
-                self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
-                self._yield_check()
-            return
-        if result.status is TaskStatus.FAILED and not tree.gone and not self.bugs.failed_before_tree_gone:
+        # What the result means is the product's; the planted races tell it the tree is gone early.
+        gone = tree.gone or (self.bugs.yield_unheld if result.status is TaskStatus.IN_PROGRESS
+                             else self.bugs.failed_before_tree_gone)
+        step = d.report_meaning(result.status, tree_gone=gone)
+        if step is d.ReportMeaning.HOLD:
             self.yields.hold(task.task_id, tree, result, now + run.policy.fence_lead_seconds + 0.5)
             self._yield_check()
-            return
-        self.reports.report(run, result)
+        elif step is d.ReportMeaning.REPORT_YIELD:
+            self.reports.report(run, mark_yield(result, task.poll_count))
+        else:
+            self.reports.report(run, result)
 
     def _yield_check(self) -> None:
         for tid, result, gone in self.yields.due(self.world.now):
             run = self.runs.get(tid)
             if run is not None:
-                self.reports.report(run, mark_yield(result, run.task.poll_count) if gone else result)
+                over = d.hold_over(result.status, tree_gone=gone)
+                self.reports.report(run, mark_yield(result, run.task.poll_count)
+                                    if over is d.HoldOver.REPORT_YIELD else result)
         if self.yields:
             self.world.after(0.25, "yield-hold", self.guard(self._yield_check))
 
@@ -439,7 +465,7 @@ class SimRunner:
         tid = run.task.task_id
         if self.runs.get(tid) is run:
             del self.runs[tid]
-        self.book.end(tid, self.world.now, poll_count=run.task.poll_count)
+        self.step(ec.Reported(tid, run.task.poll_count))
         run.phase = "done"
         if run.slot:
             run.slot = False
@@ -449,6 +475,9 @@ class SimRunner:
 
     def may_run_elsewhere(self, task: Task) -> bool:
         return may_run_elsewhere(task)
+
+
+_SENDERS = 1_000_000  # the simulated runner's senders: as many as its requests (checks: half)
 
 
 def _tree_gone(handle: object) -> bool:

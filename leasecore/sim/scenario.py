@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, NetFaults, SimConductor
+from leasecore.sim.operator import Operator
 from leasecore.sim.runner import SimRunner
 from leasecore.sim.setting import Bugs, RunnerConfig, TreeProfile
 from leasecore.sim.trees import KILL_LATENCY_SECONDS, Copies
@@ -56,6 +57,7 @@ class SimOptions:
     # runner never stalls while it runs a task requeued from it.
     known_gaps: bool = False
     fault_scale: float = 1.0  # multiplies every per-request fault probability (at most 1/5 each)
+    operator: bool = True  # the operator's pauses and drains (leasecore.sim.operator), with the faults
 
 
 @dataclass
@@ -124,6 +126,9 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
                      scale=options.fault_scale) if options.faults else None
     if faults is not None:
         faults.begin()
+    operator = Operator(world, runners, fault_end) if options.faults and options.operator else None
+    if operator is not None:
+        operator.begin()
     world.run_until(fault_end)
     if faults is not None:
         faults.heal()
@@ -143,7 +148,7 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
     if not world.violations:
         _end_checks(world, server, runners, workflows)
     attempts = sum(x.attempts for x in runners)
-    fault_count = server.fault_count + (faults.count if faults else 0)
+    fault_count = server.fault_count + (faults.count if faults else 0) + (operator.count if operator else 0)
     violations = [f"{v.invariant} at {v.at:.3f}: {v.detail}" for v in world.violations]
     return SeedResult(seed, copies.task_seconds / 3600.0, attempts, fault_count, violations, world.digest(),
                       world.lines if options.keep_trace else list(world.tail), world.events)
@@ -163,7 +168,7 @@ def _end_checks(world: World, server: SimConductor, runners: list[SimRunner], wo
                           f"(tasks: {[(t.task_id, t.status) for t in wf.tasks]})")
             return
     for x in runners:
-        left = {"slots": x.in_use - x.polling, "runs": len(x.runs), "leases": len(x.book),
+        left = {"slots": x.in_use - x.polling, "runs": len(x.runs), "leases": x.engine.tracked(),
                 "held": len(x.gate.held()), "yields": int(bool(x.yields)), "outbox": len(x.state.outbox),
                 "next runs": len(x.next_runs)}
         if any(left.values()):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from leasecore.lease import FenceReason, Lease, LeasePolicy
 from leasecore.models import Task, TaskResult
-from leasecore.runner.leasing.leasebook import LeaseBook, LeaseEntry
+from leasecore.runner.leasing.core import EngineCore, Event
+from leasecore.runner.leasing.leasebook import LeaseEntry
 from leasecore.sim.conductor import Answer, SimConductor
 from leasecore.sim.trees import SimTree
 from leasecore.sim.world import World
@@ -42,6 +43,10 @@ class Bugs:
     # is sent again even after its next run was polled, so the retry re-queues that run (one result
     # applied twice; the run is fenced as no longer ours). Off: a poll of the next run proves it landed.
     retry_landed_yield: bool = False
+    # The operator's rules (leasecore.sim.claims): a pause never reaches the poller (polls go on), or a
+    # drain lets a held delivery wait out its hold and start instead of handing it back.
+    pause_ignored: bool = False
+    drain_starts_held: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,6 @@ class RunnerConfig:
     kill_grace: float = 10.0
     check_interval: float = 5.0
     http_timeout: float = 5.0
-    report_retry: float = 2.0
     outbox_every: float = 20.0
     chaining: bool = True
     kill_by: bool = False  # the fork server enforces each tree's kill-by time on its own
@@ -89,8 +93,6 @@ class Run:
     phase: str = "held"  # held / running / exited / reporting / done
     fence: FenceReason | None = None
     unknown_beat_at: float | None = None  # newest send time of a heartbeat whose fate is unknown
-    beat_in_flight: bool = False
-    wake_at: float | None = None
     slot: bool = True
     chain_slot: bool = False
     label: str = ""
@@ -109,7 +111,7 @@ class RunnerPort(Protocol):
     config: RunnerConfig
     bugs: Bugs
     state: StateDir
-    book: LeaseBook
+    engine: EngineCore
     runs: dict[str, Run]
     next_runs: dict[str, tuple[Task, float]]
     stopping: bool
@@ -117,7 +119,8 @@ class RunnerPort(Protocol):
     def guard(self, fn: Callable[[], None]) -> Callable[[], None]: ...
     def reply(self, fn: Callable[[Answer], None]) -> Callable[[Answer], None]: ...
     def release(self, n: int = 1, *, poll: bool = True) -> None: ...
-    def act(self, run: Run, actions: list[Any]) -> None: ...
+    def step(self, event: Event) -> None: ...
+    def keep_for_chain(self) -> bool: ...
     def forget(self, run: Run) -> None: ...
     def deliver(self, task: Task, polled_at: float) -> None: ...
     def may_run_elsewhere(self, task: Task) -> bool: ...

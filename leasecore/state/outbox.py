@@ -1,5 +1,10 @@
 """Results that could not be delivered, kept on disk and delivered on the next start (or sooner).
 
+What a failed delivery means is the final-update table's (``leasecore.lease.finalfailure.decide``
+with ``saved``): kept while the server is unreachable or refuses our credentials, dropped on a
+refusal (a terminal result whose body was refused goes out bare first, as the reporter does), counted
+delivered on a 2xx we could not read.
+
 Owns: ``<state_dir>/outbox/``, one private file per task (directory 0700, files 0600: outputs are the
 task's data) recording the server it was meant for (a hash of the URL: no credential reaches the
 disk), when it was saved and the pollCount we held. A file is dropped once delivered, on a 4xx (404:
@@ -30,8 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ConductorAuthError, ConductorError, ConductorRejected
+from leasecore.errors import ConductorAuthError, ConductorError
 from leasecore.lease import ownership_lost_reason
+from leasecore.lease.finalfailure import (
+    Attempt,
+    Delivered,
+    GiveUp,
+    Save,
+    SendBare,
+    bare_result,
+    decide,
+    failure_of,
+)
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
 
@@ -320,27 +335,32 @@ class Outbox:
                 if claimed is None:  # another runner of this state directory sends it (or a newer one came)
                     continue
                 update(entry.result)
-            except ConductorAuthError as exc:  # our credentials, not the result: keep it for later
-                if claimed is not None:
-                    _put_back(claimed, entry.path)
-                log.warning("could not deliver %d saved result(s) yet: %s", len(pending) - i, exc)
-                kept = len(pending) - i
-                break
-            except ConductorRejected as exc:  # 4xx, 404 included: it will never be accepted
-                log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id, exc)
-                if claimed is not None:
-                    claimed.unlink(missing_ok=True)
-                else:
-                    entry.forget()
-                dropped += 1
-                continue
-            except ConductorError as exc:  # unreachable or garbled: keep everything for next time
-                if claimed is not None:
-                    _put_back(claimed, entry.path)
-                log.log(logging.DEBUG if quiet else logging.WARNING, "could not deliver %d saved result(s) "
-                        "yet: %s", len(pending) - i, exc)  # fmt: skip
-                kept = len(pending) - i
-                break
+            except ConductorError as exc:
+                decision = decide(failure_of(exc), Attempt(
+                    entry.result.status, saved=True, status_code=exc.status_code,
+                    has_body=bool(entry.result.output_data or entry.result.logs)))
+                if claimed is None:  # the read-back failed, not the delivery: nothing was sent
+                    decision = Save() if isinstance(decision, Delivered) else decision
+                    decision = GiveUp("") if isinstance(decision, SendBare) else decision
+                if isinstance(decision, Save):  # unreachable, or our credentials: keep it all for next time
+                    if claimed is not None:
+                        _put_back(claimed, entry.path)
+                    quiet_now = quiet and not isinstance(exc, ConductorAuthError)
+                    log.log(logging.DEBUG if quiet_now else logging.WARNING, "could not deliver %d saved "
+                            "result(s) yet: %s", len(pending) - i, exc)  # fmt: skip
+                    kept = len(pending) - i
+                    break
+                if not isinstance(decision, Delivered):  # refused (404 included): it will never be accepted
+                    log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id,
+                                exc)
+                    if isinstance(decision, SendBare):
+                        self._send_bare(update, entry.result, decision.status, exc)
+                    if claimed is not None:
+                        claimed.unlink(missing_ok=True)
+                    else:
+                        entry.forget()
+                    dropped += 1
+                    continue
             except BaseException:  # a bug or a signal: the result stays for a later delivery
                 if claimed is not None:
                     _put_back(claimed, entry.path)
@@ -355,3 +375,15 @@ class Outbox:
                 except Exception:  # it was delivered: a failed read-back loses nothing
                     log.exception("task %s: reading the delivered result back failed", task_id)
         return DeliveryReport(sent, dropped, kept)
+
+    @staticmethod
+    def _send_bare(update: Callable[[TaskResult], None], result: TaskResult, status: TaskStatus,
+                   exc: ConductorError) -> None:  # fmt: skip
+        """The task FAILED without the body the server refused, once (``finalfailure.SendBare``): the
+        server retries it now rather than after its response timeout. Refused too: nothing more."""
+        try:
+            update(bare_result(result, status, str(exc)[:200]))
+        except ConductorError as again:
+            log.warning("task %s: the server refused a bare %s too: %s", result.task_id, status.value, again)
+            return
+        log.warning("task %s: reported %s without its output instead", result.task_id, status.value)

@@ -44,7 +44,8 @@ def alive(process: psutil.Process) -> bool:
 
 def live_with_cmdline(cmdline: list[str]) -> list[psutil.Process]:
     """Processes (of anyone's) running exactly ``cmdline``, zombies left out: a test picks a command
-    line no other test uses (``sleep 3217``) to find what it started, wherever it was re-parented."""
+    line no other test or test run uses (``sleep 3217.<random digits>``, tests.daemons) to find what
+    it started, wherever it was re-parented."""
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
         info = process.info

@@ -12,6 +12,7 @@ server shows it undone.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from leasecore.runner.leasing.engine import LeaseEngine
 from leasecore.runner.leasing.finalupdates import FinalUpdates, make_result_stick
 from leasecore.runner.leasing.senders import InlineSenders
 from leasecore.runner.loop.task_end import ChainUpdates
+from leasecore.runner.upstream.reporter import Reporter
 from leasecore.state.outbox import Outbox, OutboxEntry
 from tests.adapters.engine_support import T0, FakePort, Fences, step_until
 from tests.adapters.test_metrics_endpoint import value
@@ -152,8 +154,7 @@ def test_a_parked_update_v2_final_update_goes_through_v1_and_claims_nothing(
 ) -> None:
     engine = start(server, clock, "hang", observer)
     chain = ChainUpdates(server, engine, reader=server, clock=clock, sleep=clock.advance, observer=observer)
-    # (the reporter counts a claimed task's lease from before the attempt: the park's wait would come
-    # off it)
+    # (a claimed task's lease counts from the update-v2's send: the park's wait would come off it)
     assert chain.update_v2(result()) is None
     assert [(r.status, via) for _, r, via in server.updates] == [
         (TaskStatus.IN_PROGRESS, "v1"), (TaskStatus.COMPLETED, "v1")]
@@ -263,3 +264,47 @@ def test_a_saved_result_delivered_while_a_beat_may_land_is_read_back_and_sent_ag
     assert server.reads[0] == read_at and len(server.reads) == 2
     assert sent == [result(TaskStatus.IN_PROGRESS, 30)]
     assert value(observer, "conductor_run_final_results_resent_total", taskType="demo") == 1
+
+
+class WaitingGuard:
+    """The engine side of the guard, with a heartbeat in flight that ``begin_final_update`` waits out
+    (``wait_seconds`` of the clock)."""
+
+    def __init__(self, clock: FakeClock, wait_seconds: float) -> None:
+        self.clock, self.wait_seconds = clock, wait_seconds
+
+    def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
+        self.clock.advance(self.wait_seconds)
+        return True
+
+    def late_beats(self, task_id: str) -> None:
+        return None
+
+    def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
+        pass
+
+    def final_update_failed(self, task_id: str) -> None:
+        pass
+
+
+def test_a_claimed_tasks_lease_counts_from_the_send_after_the_wait_for_a_beat_in_flight(
+    server: Server, clock: FakeClock
+) -> None:
+    # Given a heartbeat of the finished task in flight for 4 s when its update-v2 is due
+    claimed = Task(task_id="t2", workflow_id="w2", task_type="demo", poll_count=1)
+    server.update_v2 = lambda result, *, timeout_seconds=None: (  # type: ignore[method-assign]
+        server.updates.append((clock.monotonic(), result, "v2")) or claimed)
+    chain = ChainUpdates(server, WaitingGuard(clock, 4.0), clock=clock)  # type: ignore[arg-type]
+    chained: list[tuple[str | None, float]] = []
+    done = threading.Event()
+    reporter = Reporter(chain, lambda outcome: done.set(), clock=clock)
+    # When the reporter sends the result, claiming the next task
+    submitted_at = clock.monotonic()
+    reporter.submit(result(), retry_seconds=30.0,
+                    on_chained=lambda task, at: chained.append((task.task_id if task else None, at)))
+    assert done.wait(10)
+    reporter.close()
+    # Then the claimed task's lease counts from the request's send, 4 s after the attempt began (from
+    # the attempt's start, 4 s of the new task's lease would be gone before it was claimed)
+    assert chained == [("t2", submitted_at + 4.0)]
+    assert server.updates[0][0] == submitted_at + 4.0

@@ -24,6 +24,7 @@ from leasecore.limits import Limits
 from leasecore.models import TaskStatus
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.linux import cgroups, leftovers
+from tests.daemons import Daemon, own_daemon
 from tests.support import wait_until
 
 from .process_support import REPO, alive, make_task
@@ -48,10 +49,16 @@ FORK_LOOP = textwrap.dedent("""
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 """)
-# Starts a daemon that leaves the session and wipes its environment (no marker token, no group, no
-# session: nothing of /proc tracking names it), prints its pid, and sleeps.
-DAEMON = "setsid env -i sh -c 'sleep 3319' & echo started; sleep 300"
-DAEMON_CMDLINE = ["sleep", "3319"]
+
+
+def daemon_shell(daemon: Daemon) -> str:
+    """A task that starts ``daemon``, which leaves the session and wipes its environment (no marker
+    token, no group, no session: nothing of /proc tracking names it), says so, and sleeps."""
+    return f"setsid env -i sh -c '{daemon.shell}' & echo started; sleep 300"
+
+
+# This test's own daemon command line (never another test's or another run's), killed after it.
+daemon_cmd = own_daemon(3319)
 
 
 def _setup(mode: str) -> cgroups.CgroupSetup:
@@ -79,22 +86,15 @@ def _our_groups() -> list[str]:
     return found
 
 
-def _daemons(cmdline: list[str] = DAEMON_CMDLINE) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == cmdline and alive(p)]
-
-
 @pytest.fixture(autouse=True)
 def no_leftover_groups() -> Iterator[None]:
     yield
-    check_no_leftovers(DAEMON_CMDLINE)
+    check_no_leftovers()
 
 
-def check_no_leftovers(daemon_cmdline: list[str]) -> None:
-    """After a test: kill its daemons (``daemon_cmdline``: each module its own, as two modules may
-    run at once on two workers), then fail it if a group named by this process's pid is left."""
-    for process in _daemons(daemon_cmdline):
-        process.kill()
-    assert wait_until(lambda: not _daemons(daemon_cmdline), 5)
+def check_no_leftovers() -> None:
+    """After a test (its daemons killed by its ``daemon_cmd``): fail it if a group named by this
+    process's pid is left."""
     left = _our_groups()
     for path in left:  # clean up whatever a failed test left, then fail it
         unified = "/unified/" in path
@@ -162,14 +162,16 @@ def test_the_runner_and_fork_server_stay_in_their_own_groups(setup: cgroups.Cgro
         assert handle.read() == before
 
 
-def test_an_env_wiped_setsid_daemon_dies_with_its_tree_on_a_fence(setup: cgroups.CgroupSetup) -> None:
+def test_an_env_wiped_setsid_daemon_dies_with_its_tree_on_a_fence(
+    setup: cgroups.CgroupSetup, daemon_cmd: Daemon
+) -> None:
     """The lease-loss path: the runner TERMs the tree, the grace passes, the group KILL takes all."""
     lines: list[str] = []
     with Supervisor(None, cgroup_setup=setup) as supervisor:
-        child = supervisor.spawn(make_task(), CommandSpec(shell=DAEMON, kill_grace_seconds=0.5),
-                                 worker_id="w", on_line=lambda _s, line: lines.append(line))  # fmt: skip
-        assert wait_until(lambda: "started" in lines and bool(_daemons()), 10)
-        (daemon,) = _daemons()
+        spec = CommandSpec(shell=daemon_shell(daemon_cmd), kill_grace_seconds=0.5)
+        child = supervisor.spawn(make_task(), spec, worker_id="w", on_line=lambda _s, ln: lines.append(ln))
+        assert wait_until(lambda: "started" in lines and bool(daemon_cmd.running()), 10)
+        (daemon,) = daemon_cmd.running()
         assert child.cgroup is not None
         from leasecore.process.linux import cgroupfs
 
@@ -318,6 +320,45 @@ def test_spawn_inside_starts_the_child_in_the_group_and_moves_back(setup: cgroup
         assert result["failed"] == "cgroup"
     finally:
         assert wait_until(lambda: cgroups.remove_group(group), 5)
+
+
+AGAIN = """
+import json, os, sys
+from leasecore.process.linux import cgroupfs as _cgroupfs
+group = json.loads(sys.argv[1])
+def cat():
+    r, w = os.pipe()
+    pid = _cgroupfs.spawn_inside(group, lambda: os.posix_spawn(
+        "/bin/cat", ["cat", "/proc/self/cgroup"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)]))
+    os.close(w)
+    os.waitpid(pid, 0)
+    return os.read(r, 65536).decode()
+first, kept = cat(), sorted(_cgroupfs._JOIN_FDS)
+second = cat()
+removed = _cgroupfs.remove(group)
+print(json.dumps({"first": first, "second": second, "kept": kept, "removed": removed,
+                  "left": sorted(_cgroupfs._JOIN_FDS)}))
+"""
+
+
+def test_a_group_joined_again_goes_through_the_kept_file_until_it_is_removed(
+    setup: cgroups.CgroupSetup,
+) -> None:
+    # A pooled group is joined by each tree it holds: its cgroup.procs stays open in between (one
+    # write per directory, no open and close), and removing the group closes it.
+    group = cgroups.create_group(setup, "again", Limits())
+    try:
+        out = subprocess.run([sys.executable, "-c", AGAIN, json.dumps(group)], cwd=REPO, capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        name = os.path.basename(next(iter(group["dirs"].values())))
+        dirs = set(group["dirs"].values())
+        assert result["first"].count(name) == len(dirs) == result["second"].count(name), result
+        assert result["kept"] == sorted(os.path.join(path, "cgroup.procs") for path in dirs)
+        assert result["removed"] and result["left"] == []
+    finally:
+        cgroups.remove_group(group)
 
 
 SPARED = """
@@ -501,16 +542,16 @@ time.sleep(600)
 
 
 def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
-    setup: cgroups.CgroupSetup, tmp_path: Path
+    setup: cgroups.CgroupSetup, tmp_path: Path, daemon_cmd: Daemon
 ) -> None:
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(state), setup.mechanism, DAEMON],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO, process_group=0)  # fmt: skip
+    argv = [sys.executable, "-c", RUNNER, str(state), setup.mechanism, daemon_shell(daemon_cmd)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, process_group=0)
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
-        assert wait_until(lambda: bool(_daemons()), 10)
-        (daemon,) = _daemons()
+        assert wait_until(lambda: bool(daemon_cmd.running()), 10)
+        (daemon,) = daemon_cmd.running()
         sigkill_runner_and_forkserver(proc, info["forkserver"])
         assert alive(daemon)  # re-parented to init, outside every session we know: only its group names it
         group_dirs = list(info["group"]["dirs"].values())
@@ -522,7 +563,7 @@ def test_a_wiped_setsid_daemon_dies_after_runner_and_fork_server_are_sigkilled(
         assert not any(os.path.exists(path) for path in group_dirs)  # removed once empty
         assert [tree.survivors for tree in seen] == [0]  # every member confirmed gone
     finally:
-        end_runner(proc, DAEMON_CMDLINE)
+        end_runner(proc, daemon_cmd)
         # The dead runner's pid named its groups: remove any this test left (the fixture checks ours).
         if "info" in locals() and info["group"]:
             leftovers._remove_when_empty(info["group"])
@@ -539,33 +580,36 @@ def sigkill_runner_and_forkserver(proc: subprocess.Popen[str], forkserver_pid: i
     assert wait_until(lambda: not alive(forkserver), 5)
 
 
-def end_runner(proc: subprocess.Popen[str], daemon_cmdline: list[str]) -> None:
+def end_runner(proc: subprocess.Popen[str], daemon: Daemon) -> None:
     """A test's runner subprocess ended whatever happened, and its daemons killed."""
     proc.kill()
     proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-    for process in _daemons(daemon_cmdline):
-        process.kill()
+    daemon.kill_all()
 
 
 # A thousand sessions with a wiped environment, each ignoring TERM: a member list longer than the
-# kernel's one page per read of cgroup.procs, killed through the group alone.
+# kernel's one page per read of cgroup.procs, killed through the group alone. The sleeps run the
+# test's own daemon command line (argv[1]), so whatever a failure leaves is killed after it.
 THOUSAND_IN_GROUP = r"""
 import os, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited across the exec: only KILL works
-pids = [os.posix_spawn("/bin/sleep", ["sleep", "3319"], {}, setsid=True) for _ in range(1000)]
+pids = [os.posix_spawn("/bin/sleep", ["sleep", sys.argv[1]], {}, setsid=True) for _ in range(1000)]
 print("ready", " ".join(map(str, pids)), flush=True)
 signal.pause()
 """
 
 
-def test_a_group_of_a_thousand_members_is_listed_and_killed_whole(setup: cgroups.CgroupSetup) -> None:
+def test_a_group_of_a_thousand_members_is_listed_and_killed_whole(
+    setup: cgroups.CgroupSetup, daemon_cmd: Daemon
+) -> None:
     from leasecore.process.linux import cgroupfs
 
     lines: list[str] = []
     with Supervisor(None, cgroup_setup=setup) as supervisor:
-        command = CommandSpec(argv=(sys.executable, "-c", THOUSAND_IN_GROUP), kill_grace_seconds=0.5)
+        command = CommandSpec(argv=(sys.executable, "-c", THOUSAND_IN_GROUP, daemon_cmd.argv[1]),
+                              kill_grace_seconds=0.5)
         child = supervisor.spawn(make_task(), command, worker_id="w",
                                  on_line=lambda _s, line: lines.append(line))  # fmt: skip
         assert wait_until(lambda: any(line.startswith("ready") for line in lines), 30)

@@ -20,33 +20,32 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from leasecore.limits import Limits
 from leasecore.process import CommandSpec, Supervisor, to_task_result
 from leasecore.process.forkserver import grouppool
 from leasecore.process.linux import cgroupfs, cgroups
+from tests.daemons import Daemon, own_daemon
 from tests.support import wait_until
 
 from .process_support import REPO, alive, forkserver_boot_around_spawn, make_task
-from .test_process_cgroups import _daemons as _daemons_of
-from .test_process_cgroups import _setup, check_no_leftovers, end_runner, sigkill_runner_and_forkserver
+from .test_process_cgroups import (
+    _setup,
+    check_no_leftovers,
+    daemon_shell,
+    end_runner,
+    sigkill_runner_and_forkserver,
+)
 
 MB = 1 << 20
-# Its own daemon (test_process_cgroups' runs `sleep 3319`, maybe at the same time on another worker).
-DAEMON = "setsid env -i sh -c 'sleep 3327' & echo started; sleep 300"
-DAEMON_CMDLINE = ["sleep", "3327"]
-
-
-def _daemons() -> list[psutil.Process]:
-    return _daemons_of(DAEMON_CMDLINE)
+daemon_cmd = own_daemon(3327)  # each test's own daemon command line, killed after it
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_groups() -> Iterator[None]:
     yield
-    check_no_leftovers(DAEMON_CMDLINE)
+    check_no_leftovers()
 
 
 @pytest.fixture
@@ -270,20 +269,20 @@ print(json.dumps({"forkserver": sup.forkserver_pid, "free": free, "group": child
 time.sleep(600)
 """
 def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_next_sweep(
-    v1: cgroups.CgroupSetup, tmp_path: Path
+    v1: cgroups.CgroupSetup, tmp_path: Path, daemon_cmd: Daemon
 ) -> None:
     """The runner's first tree is gone (its group free in the pool), its second runs a daemon; both
     processes are SIGKILLed: the next start's sweep kills the daemon through its recorded group and
     removes both groups, the free one by its dead runner's name."""
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(state), DAEMON], stdout=subprocess.PIPE,
-                            text=True, cwd=REPO, process_group=0)  # fmt: skip
+    argv = [sys.executable, "-c", RUNNER, str(state), daemon_shell(daemon_cmd)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, process_group=0)
     info: dict[str, object] = {}
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
-        assert wait_until(lambda: bool(_daemons()), 10)
-        (daemon,) = _daemons()
+        assert wait_until(lambda: bool(daemon_cmd.running()), 10)
+        (daemon,) = daemon_cmd.running()
         sigkill_runner_and_forkserver(proc, int(info["forkserver"]))  # type: ignore[call-overload]
         free = list(info["free"]["dirs"].values())  # type: ignore[index]
         held = list(info["group"]["dirs"].values())  # type: ignore[index]
@@ -295,7 +294,7 @@ def test_a_free_group_left_by_a_sigkilled_runner_and_fork_server_goes_at_the_nex
         assert wait_until(lambda: not alive(daemon), 5)
         assert not any(os.path.exists(path) for path in free + held)
     finally:
-        end_runner(proc, DAEMON_CMDLINE)
+        end_runner(proc, daemon_cmd)
         for key in ("free", "group"):  # named by the dead runner's pid: the fixture checks only ours
             group = info.get(key)
             if isinstance(group, dict):

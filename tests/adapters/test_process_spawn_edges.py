@@ -16,6 +16,7 @@ import pytest
 
 from leasecore.errors import ProcessError, SpawnError
 from leasecore.process import CommandSpec, Supervisor
+from tests.daemons import Daemon
 from tests.support import wait_until
 
 from .process_support import (
@@ -27,7 +28,9 @@ from .process_support import (
     spec,
 )
 
-MARK_SECONDS = "3217"  # a sleep no other test starts: how its processes are found
+# A sleep no other test, nor another run of this module on the machine, starts: how its processes are
+# found (tests.daemons: 3217.<random digits>, which sleep reads as seconds).
+MARK_SECONDS = Daemon(3217).argv[1]
 
 
 def _ours() -> list[psutil.Process]:

@@ -22,6 +22,7 @@ from leasecore.process.linux import procfs
 from leasecore.process.supervisor.background import Chores
 from leasecore.process.supervisor.forkserver_link import FORKSERVER_BOOT, REPLY_TIMEOUT_SECONDS
 from leasecore.process.supervisor.supervisor import MAX_STARTING
+from tests.daemons import Daemon
 from tests.support import wait_until
 
 from .process_support import (
@@ -32,7 +33,9 @@ from .process_support import (
     spec,
 )
 
-MARK_SECONDS = "3218"  # a sleep no other test starts: how its processes are found
+# A sleep no other test, nor another run of this module on the machine, starts: how its processes are
+# found (tests.daemons: 3218.<random digits>, which sleep reads as seconds).
+MARK_SECONDS = Daemon(3218).argv[1]
 
 
 def _ours() -> list[psutil.Process]:
@@ -295,10 +298,10 @@ def test_given_up_starts_still_count_against_the_bound_until_answered(
                      reply_timeout_seconds=SHORT_REPLY_TIMEOUT_SECONDS) as supervisor:  # fmt: skip
         real_request = supervisor._request
 
-        def request(message: dict[str, object], fds: list[int] | None = None) -> None:
+        def request(message: dict[str, object], fds: list[int] | None = None, **how: object) -> None:
             if message.get("op") == "signal":
                 sent_from.append(threading.current_thread().name)
-            real_request(message, fds)
+            real_request(message, fds, **how)  # type: ignore[arg-type]
 
         monkeypatch.setattr(supervisor, "_request", request)
         _warm(supervisor)
@@ -367,7 +370,7 @@ def test_a_start_that_fails_on_a_bug_leaves_nothing_registered(
         _warm(supervisor)
         fds = _fd_count()
 
-        def broken(message: dict[str, object], fds: list[int] | None = None) -> None:
+        def broken(message: dict[str, object], fds: list[int] | None = None, **how: object) -> None:
             raise RuntimeError("a bug in sending")
 
         monkeypatch.setattr(supervisor, "_request", broken)

@@ -73,6 +73,10 @@ def test_demo_without_a_tty_passes_every_scene_and_leaves_no_process(tmp_path: P
     assert out.count("runner log: terminating the process tree (lease expired)") == 2  # scenes 2 and 3
     assert out.count("the whole tree is gone (2 processes)") == 3
     assert "All 3 scenes showed what they claim." in out
+    # Scene 1: the server's secret reached the child both ways, and the line holding its value is masked.
+    said = "secret DEMO_API_TOKEN: the same in $DEMO_API_TOKEN and in $CONDUCTOR_SECRETS_FILE: ***"
+    assert f"child says (task log): {said}\n" in out
+    assert "[ok] the secret's value is nowhere unmasked (task log, task output, runner log)" in out
 
     # Every pid the demo showed (runners, children, helpers) is gone, and nothing runs in its files.
     pids = {int(p) for p in re.findall(r"runner started \(pid (\d+)\)", out)}

@@ -23,12 +23,13 @@ import pytest
 from cli import exitcodes
 from leasecore.limits import memory_reason
 from leasecore.process.linux import cgroups
+from tests.daemons import Daemon, own_daemon
 from tests.integration.helpers import World, gone
 from tests.support import wait_until
 
-DAEMON_CMDLINE = ["sleep", "3323"]
-COMMAND = ["/bin/sh", "-c", 'if [ -e "$1" ]; then exit 0; fi; setsid env -i sh -c "sleep 3323" & wait',
-           "job"]  # fmt: skip
+# $1: the gate (once it exists the task just succeeds); $2: the daemon's command line, the test's own.
+COMMAND = ["/bin/sh", "-c", 'if [ -e "$1" ]; then exit 0; fi; setsid env -i sh -c "$2" & wait', "job"]
+daemon_cmd = own_daemon(3323)  # each test's own daemon command line, killed after it
 
 
 def _setup() -> cgroups.CgroupSetup:
@@ -40,29 +41,16 @@ def _setup() -> cgroups.CgroupSetup:
     return setup
 
 
-def _daemons() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["cmdline"] == DAEMON_CMDLINE and process.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(process)
-    return found
-
-
-@pytest.fixture(autouse=True)
-def _no_daemons_left() -> object:
-    yield None
-    for process in _daemons():
-        process.kill()
-
-
-def test_a_wiped_daemon_dies_after_runner_and_fork_server_are_sigkilled(world: World) -> None:
+def test_a_wiped_daemon_dies_after_runner_and_fork_server_are_sigkilled(
+    world: World, daemon_cmd: Daemon
+) -> None:
     _setup()
     world.define(response_timeout=300, retry_count=1)
     wf = world.start_workflow()
-    command = [*COMMAND, str(world.gate)]
+    command = [*COMMAND, str(world.gate), daemon_cmd.shell]
     proc = world.run(command=command)
     (pid,) = wait_until(world.child_pids, what="the child to start")
-    (daemon,) = wait_until(_daemons, what="the daemon to start")
+    (daemon,) = wait_until(daemon_cmd.running, what="the daemon to start")
     forkserver = psutil.Process(pid).ppid()
     proc.send_signal(signal.SIGSTOP)  # both die before either can clean up
     os.kill(forkserver, signal.SIGKILL)
@@ -80,13 +68,13 @@ def test_a_wiped_daemon_dies_after_runner_and_fork_server_are_sigkilled(world: W
     assert "task trees: cgroup" in err  # the mechanism in force, said once at start
 
 
-def test_a_wiped_daemon_dies_when_the_lease_is_lost(world: World) -> None:
+def test_a_wiped_daemon_dies_when_the_lease_is_lost(world: World, daemon_cmd: Daemon) -> None:
     _setup()
     world.define(response_timeout=300)
     wf = world.start_workflow()
-    proc = world.run("--kill-grace", "0.5", command=[*COMMAND, str(world.gate)])
+    proc = world.run("--kill-grace", "0.5", command=[*COMMAND, str(world.gate), daemon_cmd.shell])
     wait_until(world.child_pids, what="the child to start")
-    (daemon,) = wait_until(_daemons, what="the daemon to start")
+    (daemon,) = wait_until(daemon_cmd.running, what="the daemon to start")
     # `status` sees the mechanism and the tree's memory now (its group's).
     (snapshot,) = world.state_dir.glob("runner-*.json")
 

@@ -14,6 +14,7 @@ import pytest
 from cli import exitcodes
 from tests.integration.latebeat_scenario import run_late_beat_scenario
 from tests.integration.realworld import RealWorld
+from tests.integration.test_lost_yield_e2e import run_lost_yield_scenario
 
 pytestmark = pytest.mark.real_server
 
@@ -49,3 +50,11 @@ def test_a_yield_undone_by_a_late_heartbeat_is_sent_again(real_world: RealWorld)
     not_yielded = [wf for wf, r in outcome.records.items() if r["task"].get("status") != "SCHEDULED"]
     assert not_yielded == [], f"{outcome.summary(not_yielded)}\n{outcome.stderr}"
     assert outcome.stderr.count("read back after a heartbeat of unknown fate") >= outcome.released
+
+
+def test_a_yield_whose_answer_was_lost_is_not_sent_again_after_its_next_run_was_polled(
+    real_world: RealWorld,
+) -> None:
+    # test_lost_yield_e2e's scenario on the jar: a proxy lets the yield through and loses its answer
+    # until the runner polled the next run; sent again, the yield would re-queue that run
+    run_lost_yield_scenario(real_world, real_world.tmp)

@@ -93,13 +93,13 @@ def test_a_refused_reload_changes_nothing_and_an_accepted_one_serves_new_tasks_w
     run.next_reload = ConfigError("[server] url (from conductor.toml:2) can only change with a restart")
     reply = run.ask("reload")
     assert reply["ok"] is False and "can only change with a restart" in str(reply["error"])
-    assert run.runner._plans["t"] is old and run.runner._pollers["t"].settings.concurrency == 1
+    assert run.runner._t.plans["t"] is old and run.runner._pollers["t"].settings.concurrency == 1
 
     new = plan("t", SLEEP.format(0), concurrency=3)
     run.next_reload = LiveChange((new,), dataclasses.replace(RunOptions(), drain=True),
                                  paused=(("t", True),), changes=("task t: concurrency: 1 -> 3",))
     assert run.ask("reload") == {"ok": True, "changed": ["task t: concurrency: 1 -> 3"], "paused": ["t"]}
-    assert run.runner._plans["t"] is new and run.runner._pollers["t"].settings.concurrency == 3
+    assert run.runner._t.plans["t"] is new and run.runner._pollers["t"].settings.concurrency == 3
     assert run.runner.options.drain is True
 
 

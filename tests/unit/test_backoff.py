@@ -67,7 +67,7 @@ def test_attempt_numbers_and_random_values_are_checked() -> None:
     with pytest.raises(ValueError, match="start at 1"):
         backoff.delay(0)
     with pytest.raises(ValueError, match="random_value"):
-        backoff.delay(1, 1.0)
+        backoff.delay(1, 1.5)
 
 
 @settings(max_examples=50)
@@ -88,3 +88,19 @@ def test_any_delay_lies_between_the_jittered_floor_and_the_cap(
     assert initial <= nominal <= initial + extra
     assert nominal * (1 - jitter) - 1e-9 <= delay <= nominal
     assert backoff.nominal(attempt + 1) >= nominal  # never shrinks as attempts grow
+
+
+def test_the_poll_loop_and_the_reporter_use_this_backoff() -> None:
+    # One implementation: the poller's waits (pollpolicy.PollBackoff, injected draws) and the
+    # reporter's (finalfailure.REPORT_BACKOFF) are this class's delays.
+    from leasecore.lease.finalfailure import REPORT_BACKOFF
+    from leasecore.runner.upstream.pollpolicy import BackoffPolicy, PollBackoff
+
+    draws = iter([0.0, 0.5, 0.9, 0.25, 0.0])
+    poll = PollBackoff(BackoffPolicy(error_base_seconds=0.5, error_cap_seconds=10.0, jitter=0.5),
+                       rand=lambda: next(draws))
+    errors = Backoff(0.5, 2.0, 10.0, jitter_ratio=0.5)
+    assert [poll.on_error() for _ in range(5)] == [errors.delay(n, r) for n, r in
+                                                   zip(range(1, 6), [0.0, 0.5, 0.9, 0.25, 0.0], strict=True)]
+    assert [REPORT_BACKOFF.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 5.0]
+    assert PollBackoff(BackoffPolicy(empty_base_seconds=0.0), rand=lambda: 0.0).on_empty() == 0.0

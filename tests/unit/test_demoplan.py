@@ -15,6 +15,7 @@ from leasecore.demo.plan import (
     standard_scenes,
     task_defs_for,
 )
+from leasecore.demo.secret import SECRET_NAME, leaks, secret_line
 
 SETTINGS = DemoSettings()  # R = 2 s, kill grace 0.3 s, ownership check every 1 s
 SCENES = {s.kind: s for s in standard_scenes(SETTINGS, completed_exit=0, fenced_exit=5)}
@@ -41,9 +42,14 @@ def feed(tracker: SceneTracker, samples: list[Observation], ended_at: float | No
     return tracker
 
 
-def heartbeat_timeline() -> list[Observation]:
-    """Polled at 1.0, heartbeats at 2.6, 4.2, 5.8, 7.4; completes at 8.1."""
+SECRET_SAID = f"secret {SECRET_NAME}: the same in ${SECRET_NAME} and in $CONDUCTOR_SECRETS_FILE: ***"
+
+
+def heartbeat_timeline(secret_said: str | None = SECRET_SAID) -> list[Observation]:
+    """Polled at 1.0, the child's line about the secret in the task log at 1.9, heartbeats at 2.6,
+    4.2, 5.8, 7.4; completes at 8.1."""
     samples = [obs(0.0, task_status="SCHEDULED"), running(1.1, 1.0)]
+    samples.append(running(1.9, 1.0, secret_line=secret_said))
     for beat in (2.6, 4.2, 5.8, 7.4):
         samples.append(running(beat + 0.05, beat, last_output="working"))
     done = {"task_status": "COMPLETED", "workflow_status": "COMPLETED", "tree": TREE, "tree_alive": 0,
@@ -62,8 +68,10 @@ def failed_texts(tracker: SceneTracker, **kw: bool) -> list[str]:
 
 def test_heartbeats_scene_passes_and_counts_each_moved_update_time() -> None:
     tracker = feed(SceneTracker(SCENES[SceneKind.HEARTBEATS], SETTINGS), heartbeat_timeline(), ended_at=8.1)
+    tracker.secret_leaks = ()  # the player read the task log, the workflow and the runner's log: clean
     verdict = tracker.verdict()
     assert verdict.ok, [c.text for c in verdict.checks if not c.ok]
+    assert any(c.text.startswith(f"the child got the server's secret {SECRET_NAME}") for c in verdict.checks)
     assert tracker.heartbeats == [2.6, 4.2, 5.8, 7.4]
     assert tracker.polled_at == 1.0
     assert tracker.finished()
@@ -71,6 +79,42 @@ def test_heartbeats_scene_passes_and_counts_each_moved_update_time() -> None:
     texts = [e.text for e in tracker.events]
     assert any(t.startswith("heartbeat 4: ") and "+9.4s" in t for t in texts)  # 7.4 + R
     assert "runner exited with code 0" in texts
+    assert f"child says (task log): {SECRET_SAID}" in texts
+
+
+@pytest.mark.parametrize(
+    ("said", "leaked", "failing"),
+    [
+        (None, (), "(its line: not in the task log)"),  # the child never got it (or never said)
+        (SECRET_SAID.replace("the same", "NOT the same"), (), "as a variable and in $CONDUCTOR_SECRETS_FILE"),
+        (SECRET_SAID.replace("***", "s3cr3t-value"), (), "is *** in the task log"),  # not masked
+        (SECRET_SAID, ("the runner's log",), "unmasked in: the runner's log"),
+        (SECRET_SAID, None, "nothing was read"),  # nobody looked: no pass by default
+    ],
+)
+def test_the_secret_claims_fail_when_the_value_did_not_arrive_or_was_not_masked(
+    said: str | None, leaked: tuple[str, ...] | None, failing: str
+) -> None:
+    scene = SCENES[SceneKind.HEARTBEATS]
+    tracker = feed(SceneTracker(scene, SETTINGS), heartbeat_timeline(said), ended_at=8.1)
+    tracker.secret_leaks = leaked
+    failed = failed_texts(tracker)
+    assert any(failing in text for text in failed), failed
+    assert all("secret" in text or "*** in the task log" in text for text in failed), failed  # only these
+
+
+def test_only_the_first_scene_judges_the_secret() -> None:
+    scenes = standard_scenes(SETTINGS, completed_exit=0, fenced_exit=5)
+    assert [s.shows_secret for s in scenes] == [True, False, False]
+
+
+def test_the_secret_line_is_found_inside_a_batch_and_leaks_are_named_by_place() -> None:
+    entries = [{"log": "working: step 1 of 7"}, {"log": f"working: step 2\n{SECRET_SAID}\nworking: step 3"}]
+    assert secret_line(entries) == SECRET_SAID
+    assert secret_line([{"log": "working"}, {"nolog": 1}]) is None
+    places = {"the task log": "... ***", "the workflow": '{"token": "abcd1234"}', "the runner's log": ""}
+    assert leaks("abcd1234", places) == ("the workflow",)
+    assert leaks("abcd1234", {"the task log": "***"}) == ()
 
 
 def test_heartbeats_scene_fails_when_the_server_timed_the_task_out() -> None:
@@ -255,5 +299,5 @@ def test_task_defs_get_the_demo_r_and_others_are_untouched() -> None:
     key = "responseTimeoutSeconds"
     defs = [{"name": "demo_long_job", key: 60}, {"name": "x", key: 9}]
     out = task_defs_for(defs, DemoSettings(response_timeout_seconds=3))
-    assert out == [{"name": "demo_long_job", key: 3}, {"name": "x", key: 9}]
+    assert out == [{"name": "demo_long_job", key: 3, "runtimeMetadata": [SECRET_NAME]}, {"name": "x", key: 9}]
     assert defs[0]["responseTimeoutSeconds"] == 60  # not mutated

@@ -26,10 +26,11 @@ PURE = frozenset({
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.config.live",
     "leasecore.http_framing", "leasecore.checkbudget",
     "leasecore.runner.upstream.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
-    "leasecore.runner.leasing.leasebook", "leasecore.masking", "leasecore.process.secretenv",
+    "leasecore.runner.leasing.leasebook", "leasecore.runner.leasing.core",
+    "leasecore.runner.leasing.schedule", "leasecore.masking", "leasecore.process.secretenv",
     "leasecore.process.forkserver.deadman",
     "leasecore.lease.actions", "leasecore.lease.machine", "leasecore.lease.ownership",
-    "leasecore.lease.policy", "leasecore.lease.finalcheck",
+    "leasecore.lease.policy", "leasecore.lease.finalcheck", "leasecore.lease.finalfailure",
     # the packages' own __init__ modules are docstrings only
     "leasecore.conductor", "leasecore.config", "leasecore.demo", "leasecore.fleet", "leasecore.runner",
     "leasecore.state",

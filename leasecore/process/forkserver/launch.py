@@ -81,6 +81,7 @@ class Launcher:
         self._spawners_off = False  # none here (not glibc, no children files)
         self._early: dict[str, list[dict[str, Any]]] = {}  # signal requests for starts in flight
         self._exec_wait = 0.0  # posix_spawn's wait for the exec, smoothed (seconds)
+        self._handed: list[Callable[[], None]] = []  # this turn's starts for spawner threads (hand_over)
         self.start_times = procfs.StartTimes()  # a posix_spawned leader's start time, mostly unread
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
@@ -181,10 +182,20 @@ class Launcher:
             self.spawners = spawners.Spawners(_SPAWNER_THREADS)
         key = str(req.get("key"))
         self._table.inflight[key] = str(req.get("dir") or "")
-        if self.spawners.submit(lambda: self._start_threaded(req, fds)):
+        if self.spawners.reserve():
+            self._handed.append(lambda: self._start_threaded(req, fds))
             return True
         del self._table.inflight[key]
         return False
+
+    def hand_over(self) -> None:
+        """Queue the starts this turn took for their spawner threads. Called by the loop (main thread)
+        once its turn has let go of ``turn``: a spawner woken mid-turn found the lock held and slept
+        again until the turn's end (a sleep and a wake-up more per start, and the GIL fought for)."""
+        handed, self._handed = self._handed, []
+        if self.spawners is not None:  # (None: nothing was handed)
+            for job in handed:
+                self.spawners.put(job)
 
     def _start_threaded(self, req: dict[str, Any], fds: list[int]) -> None:
         """The job, on a spawner thread: the fork server's own start of ``req``, answered at once."""

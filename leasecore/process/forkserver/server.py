@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import errno
 import os
 import select
 import selectors
@@ -53,6 +54,7 @@ from leasecore.process.linux import cgroupfs, procfs
 _GIVE_UP_SECONDS = 10.0
 _BATCH_MAX = 256  # requests served between two looks at exits, fences and kills
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # by the fork server: the runner decides
+_ENV_BASES_MOST = 64  # environment bases kept (the runner's link never counts on more: ENV_BASES_MOST)
 
 
 class ForkServer:
@@ -71,6 +73,7 @@ class ForkServer:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._sigdef: list[int] = []  # filled in by ``run``; the launcher reads it at each start
+        self._env_bases: dict[int, dict[str, str]] = {}  # ``env`` requests: what spawns' env is based on
         children_files = procfs.IS_LINUX and procfs.has_children_files(self._pid)
         self._groups = GroupPool()  # v1 groups without limits, reused once their tree is gone
         self._exits = Exits(self._table, self._selector, self._reply)
@@ -110,6 +113,7 @@ class ForkServer:
                 ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
                 with turn:
                     self._take_turn(ready)
+                self._launcher.hand_over()  # the starts it took to their threads, the lock free now
         finally:
             with turn:
                 self._answers.flush(block=True)
@@ -188,7 +192,9 @@ class ForkServer:
             return False
         message, fds = frame
         op = message.get("op")
-        if op == "spawn":
+        if op == "spawn" and not self._whole_env(message):
+            self._reply({"op": "spawn_failed", "id": message.get("id"), "errno": errno.EINVAL, "what": "env"})
+        elif op == "spawn":
             if self._switches.fire(time.monotonic()):  # a tree past its kill-by time dies before any start
                 self._killer.flush()
             if self._launcher.to_spawner(message, fds):
@@ -207,8 +213,26 @@ class ForkServer:
             self._begin_close(float(message.get("grace", 0.0)))
         elif op == "stats":
             self._reply(self._stats(message))
+        elif op == "env":
+            if len(self._env_bases) >= _ENV_BASES_MOST:
+                del self._env_bases[next(iter(self._env_bases))]  # the oldest
+            self._env_bases[int(message["base"])] = dict(message["env"])
         for fd in fds:
             os.close(fd)
+        return True
+
+    def _whole_env(self, req: dict[str, Any]) -> bool:
+        """Make a spawn's ``env`` whole from the base it names (``env_base``: its own ``env`` is what
+        differs, ``env_drop`` the base's names left out); False when that base is not known."""
+        if "env_base" not in req:
+            return True
+        base = self._env_bases.get(req.pop("env_base"))
+        if base is None:
+            return False
+        env = {**base, **req["env"]}
+        for name in req.pop("env_drop", ()):
+            env.pop(name, None)
+        req["env"] = env
         return True
 
     def _stats(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -142,6 +142,18 @@ class Spawners:
 
     def submit(self, job: Callable[[], None]) -> bool:
         """Queue ``job`` for a thread; False (nothing queued) when no thread runs or can be started."""
+        if not self.reserve():
+            return False
+        self.put(job)
+        return True
+
+    def put(self, job: Callable[[], None]) -> None:
+        """Queue ``job``, for which ``reserve`` said yes."""
+        self._jobs.put(job)
+
+    def reserve(self) -> bool:
+        """Make sure a thread will take one job ``put`` next (a free one, or one started now); False
+        when no thread runs or can be started (then nothing must be put)."""
         with self._lock:
             start = self._free == 0 and self.threads < self._most
             if start:
@@ -158,7 +170,6 @@ class Spawners:
                     self.threads -= 1
                     if self.threads == 0:
                         return False
-        self._jobs.put(job)
         return True
 
     def _serve(self) -> None:

@@ -38,6 +38,12 @@ Group = dict[str, Any]
 _FREEZE_WAIT_SECONDS = 1.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs or tasks, open for writing
+# spawn_inside: the groups' own cgroup.procs or tasks files, open for writing: a pooled v1 group is
+# joined again by each tree it holds (an open and a close per directory and spawn saved, on kernfs).
+# Closed when this process removes the group; bounded (all closed past the bound: a group removed
+# by another process leaves a dead fd here, whose write fails and is retried on a fresh open).
+_JOIN_FDS: dict[str, int] = {}
+_JOIN_FDS_MOST = 512
 _STUCK: set[str] = set()  # spawn_inside: groups this process could not move out of again
 
 
@@ -126,11 +132,35 @@ def can_spawn_inside() -> bool:
 
 
 def _write_procs(path: str) -> None:
+    """Move the caller into the group of ``path`` (its ``cgroup.procs`` or ``tasks``), through an fd
+    kept open (``_JOIN_FDS``); one that fails (its group was removed meanwhile) is dropped and the
+    write tried once more on a fresh open, whose failure is the caller's OSError."""
+    fd = _JOIN_FDS.pop(path, None)
+    if fd is not None:
+        try:
+            os.write(fd, b"0")
+            _JOIN_FDS[path] = fd
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.close(fd)
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, b"0")
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    if len(_JOIN_FDS) >= _JOIN_FDS_MOST:
+        _forget_join_fds(list(_JOIN_FDS))
+    _JOIN_FDS[path] = fd
+
+
+def _forget_join_fds(files: list[str]) -> None:
+    for path in files:
+        fd = _JOIN_FDS.pop(path, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _go_home(home: str) -> bool:
@@ -403,6 +433,8 @@ def remove(group: Group) -> bool:
     """rmdir every directory of the group; True once none is left (False: a member is still in it)."""
     done = True
     for path in paths(group):
+        if _JOIN_FDS:  # (the fork server's own, kept by spawn_inside)
+            _forget_join_fds([os.path.join(path, "tasks"), os.path.join(path, "cgroup.procs")])
         try:
             os.rmdir(path)
         except FileNotFoundError:

@@ -85,8 +85,8 @@ class Latch:
             event.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._flag:
-            return True
+        if self._flag or (timeout is not None and timeout <= 0):  # a look, not a wait: no Event made
+            return self._flag  # (the runner asks wait_gone(0) of every exited task's tree)
         with Latch._making:
             if self._event is None:
                 self._event = threading.Event()

@@ -161,8 +161,7 @@ class Supervisor:
         """Kill the trees recorded in the state directory by runners that died; return their pids.
 
         ``on_orphans(runner_pid, trees)``: each dead runner's ``TreeRecord``s (``meta`` as its
-        ``tree_meta`` made them), once those trees are dead and before the record is deleted.
-        """
+        ``tree_meta`` made them), once those trees are dead and before the record is deleted."""
         killed = set() if self._state_dir is None else leftovers.sweep(self._state_dir, on_orphans)
         cgroups.remove_empty_groups(self._cgroups, own=False)  # a dead runner's free groups (GroupPool)
         return killed
@@ -215,11 +214,10 @@ class Supervisor:
         Supervisor's output thread (shared by every child): it must return quickly (queue the line),
         or every child blocks on a full pipe. Lines longer than 64 KiB arrive in pieces.
         ``on_lines(stream, lines)`` (instead) gets the complete lines of each read as one list: far
-        cheaper for a chatty child. ``on_done(exit)`` is
-        called once, from the output thread, when ``wait`` would return the exit: the caller needs no
-        thread of its own per child to learn of it. None of them (nor ``start``'s ``on_started``) may
-        call ``spawn`` or ``start``: that thread also reads the fork server's answers, which they may
-        wait for.
+        cheaper for a chatty child. ``on_done(exit)`` is called once, from the output thread, when
+        ``wait`` would return the exit: the caller needs no thread of its own per child to learn of it.
+        None of them (nor ``start``'s ``on_started``) may call ``spawn`` or ``start``: that thread
+        also reads the fork server's answers, which they may wait for.
         """
         child = self._start(task, spec, worker_id, on_line, on_lines, on_done, None, None, notify=False)
         if not child._settled.wait(self._reply_timeout_seconds):
@@ -246,8 +244,9 @@ class Supervisor:
                 raise ProcessError(behind)
         cwd = working_directory(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
+        inherited = self._inherited.of(spec)  # (kept per spec: the spawn's environment base too)
         ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
-                        inherited=self._inherited.of(spec), task_dirs=self._task_dirs,
+                        inherited=inherited, task_dirs=self._task_dirs,
                         executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
@@ -276,7 +275,7 @@ class Supervisor:
             except OSError as exc:  # no fd left: this task fails, the runner goes on
                 raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
-                self._request(request, [stdin, out_w, err_w])  # the fork server holds its own copies now
+                self._request(request, [stdin, out_w, err_w], base=inherited)  # (it has its own fds now)
             finally:
                 os.close(stdin)
             self.kill_by.attach(task.task_id, key, sent_kill_by)
@@ -390,8 +389,9 @@ class Supervisor:
         with self._cond:
             self._lost = False
 
-    def _request(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
-        self._link.send(message, fds)
+    def _request(self, message: dict[str, Any], fds: list[int] | None = None, *,
+                 base: dict[str, str] | None = None) -> None:  # base: a spawn's (link.send_spawn)
+        self._link.send(message, fds) if base is None else self._link.send_spawn(message, fds or [], base)
 
     def _call(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """A request whose answer the caller waits for (``stats``; the runner's spawns are answered

@@ -1,5 +1,6 @@
-"""The lease engine: every lease of this process, steppable (``engine``), its book of leases
-(``leasebook``), the requests and what their answers mean (``leasecalls``), who sends them
-(``senders``), its timer (``timer``) and the guard that keeps a task's heartbeats off its final
-update (``finalupdates``).
+"""The lease engine: its scheduling as a pure core stepped by events (``core``, with its wake-up
+times and request queue in ``schedule`` and its book of leases in ``leasebook``), the threaded driver
+(``engine``), the requests and what their answers mean (``leasecalls``), who sends them (``senders``),
+its timer thread (``timer``) and the guard that keeps a task's heartbeats off its final update
+(``finalupdates``).
 """

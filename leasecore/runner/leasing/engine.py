@@ -1,20 +1,20 @@
-"""The lease engine: carries out every lease of this process; steppable by ``run_due``.
+"""The lease engine: the threaded driver of the engine core; steppable by ``run_due``.
 
-Owns the policy of carrying leases out. It keeps each polled task's ``Lease`` (``leasecore.lease``;
-which lease a call reaches: ``leasebook``), queues their heartbeats and ownership checks for its
-senders (``senders``: the queue and the executor), feeds each call's answer back (``leasecalls``),
-hands fences to the runner through ``on_fence``, and keeps a task's final update apart from its beats
-(``begin_final_update`` / ``final_update_failed`` / ``reported``, which ``finalupdates.FinalUpdates``
-calls around each attempt). Wake-up times wait in the ``timer``; ``run_due()`` runs what is due at
-the clock's now and returns: the timer thread does that on each wake-up, a test on a ``FakeClock``
-calls it with ``InlineSenders`` (no threads at all).
+Owns the threads and the I/O of carrying leases out. Every decision (which lease to tick when, the
+requests waiting for a sender, one beat in flight per lease, a final update's exclusion of its beats,
+retiring and ending leases, fences and kill-by times) is ``core.EngineCore``'s: this module steps it
+under one lock with the clock's now and carries its effects out: the requests (``leasecalls``, on the
+senders of ``senders``: the executor), the fences through ``on_fence``, the kill-by times through
+``on_kill_by``, the log lines and metrics of each outcome, and ``begin_final_update``'s bounded wait
+for a beat in flight. Wake-up times come from the core; the ``timer`` thread steps ``Tick`` when they
+come, and ``run_due()`` does the same for a test on a ``FakeClock`` with ``InlineSenders`` (no threads).
 
 Must not touch: processes (fencing is the runner's, through ``on_fence``), the server except through
-``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it), decisions about time (each
-``Lease`` makes them).
+``LeasePort`` (``runner.ports``; ``ConductorClient`` satisfies it), decisions (the core's and each
+``Lease``'s).
 
 Threads: ``lease-timer`` (``start``), the senders' threads, and the runner's loop calling the events.
-Every lease is touched only under the one engine lock; ``on_fence`` is called outside it, from any of
+The core is touched only under the one engine lock; ``on_fence`` is called outside it, from any of
 those threads, and must be quick (putting it on a queue is the intended use).
 """
 
@@ -24,27 +24,42 @@ import functools
 import logging
 import random
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
-from leasecore.lease import (
-    Action,
-    CheckOwnership,
-    FenceAction,
-    FenceReason,
-    Lease,
-    LeasePolicy,
-    LeaseView,
-    SendHeartbeat,
-)
+from leasecore.lease import FenceAction, FenceReason, LeasePolicy, LeaseView
 from leasecore.lease.finalcheck import LateBeats
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
-from leasecore.runner.leasing.leasebook import LeaseBook, LeaseEntry
-from leasecore.runner.leasing.leasecalls import Answer, extend_lease, log_outcome, read_ownership
-from leasecore.runner.leasing.senders import Job, SenderExecutor, SendQueue, SendSource, ThreadedSenders
+from leasecore.runner.leasing.core import (
+    Answered,
+    AwaitBeat,
+    BeatWaitOver,
+    BeginFinalUpdate,
+    ChildExited,
+    ChildStarted,
+    EngineCore,
+    Event,
+    Fence,
+    FinalUpdateFailed,
+    KillBy,
+    Outcome,
+    Reported,
+    SendBeat,
+    SendCheck,
+    SenderFree,
+    Shutdown,
+    StartHeld,
+    Stop,
+    Tick,
+    Track,
+    WakeSenders,
+)
+from leasecore.runner.leasing.leasecalls import extend_lease, log_outcome, read_ownership
+from leasecore.runner.leasing.schedule import Answer, beat_failed, check_failed
+from leasecore.runner.leasing.senders import SenderExecutor, SendSource, ThreadedSenders
 from leasecore.runner.leasing.timer import Timer
 from leasecore.runner.ports import EngineMetrics, LeasePort
 
@@ -52,12 +67,15 @@ __all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
 
 log = logging.getLogger(__name__)
 
-_LATENESS_SAMPLES = 10_000
-# begin_final_update waits for a beat in flight up to that call's own timeout plus this much.
-_FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
 
+@dataclass
+class _Out:
+    """What one locked step hands out after the lock is released."""
 
-Fences = list[tuple[str, FenceAction]]
+    fences: list[Fence] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    awaits: list[AwaitBeat] = field(default_factory=list)
+    call: SendBeat | SendCheck | None = None
 
 
 class LeaseEngine:
@@ -123,15 +141,13 @@ class LeaseEngine:
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._beat_done_cv = threading.Condition(self._lock)  # a heartbeat call returned
-        self._leases = LeaseBook(random_source)
-        self._timer = Timer(self._lock, self._clock)  # by task id: each current lease's next_wakeup()
         self._senders: SenderExecutor = executor or ThreadedSenders(senders, max_senders)
-        self._queue = SendQueue(max(1, self._senders.capacity // 2), check_budget or CheckBudget(0.0))
+        self._core = EngineCore(random_source=random_source, capacity=self._senders.capacity,
+                                check_budget=check_budget, kill_by=on_kill_by is not None)  # fmt: skip
+        self._timer = Timer(self._lock, self._clock, self._core.timer_due)
         self._senders.bind(SendSource(self._lock, self._runnable_locked, self._budget_wait_locked,
                                       self._take_locked))  # fmt: skip
         self._started = False
-        self._heartbeats_sent = 0
-        self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
         self._on_kill_by = on_kill_by
         self._kill_bys: list[tuple[str, tuple[float, float] | None]] = []  # to hand out (``_deliver``)
 
@@ -149,7 +165,7 @@ class LeaseEngine:
     def stop(self, timeout_seconds: float | None = None) -> None:
         """Stop and join every thread (a sender finishes its current request, bounded by its timeout)."""
         with self._lock:
-            self._queue.clear()
+            self._step_locked(Stop())
             threads = self._timer.stop_locked() + self._senders.stop_locked()
         deadline = None if timeout_seconds is None else self._clock.monotonic() + timeout_seconds
         for thread in threads:
@@ -164,27 +180,23 @@ class LeaseEngine:
         return self._timer.alive()
 
     def run_due(self) -> int:
-        """Run every timer entry due at the clock's now, hand out the fences, then return their number.
+        """Step ``Tick`` at the clock's now, hand out the fences, then return their number.
 
         What the timer thread does on each wake-up. With an executor that works in its caller's thread
         (``InlineSenders``) the requests that may go are carried out here too, their answers fed back:
         a test advances a ``FakeClock`` to ``next_wakeup()`` and calls this, with no thread involved.
         """
         with self._lock:
-            fences = self._fire_due_locked()
-        self._deliver(fences)
+            out = self._step_locked(Tick())
+        self._deliver(out)
         self._senders.run_ready()
-        return len(fences)
+        return len(out.fences)
 
     def next_wakeup(self) -> float | None:
-        """When ``run_due`` next has something to do (monotonic seconds): the earliest timer entry, or
-        when the check budget lets a queued check go. None: nothing scheduled."""
+        """When ``run_due`` next has something to do (monotonic seconds): the earliest lease wake-up,
+        or when the check budget lets a queued check go. None: nothing scheduled."""
         with self._lock:
-            times = [self._timer.earliest_locked()]
-            budget_wait = self._budget_wait_locked()
-            if budget_wait is not None:
-                times.append(self._clock.monotonic() + budget_wait)
-            return min((t for t in times if t is not None), default=None)
+            return self._core.next_wakeup(self._clock.monotonic())
 
     # ----- events from the runner ----------------------------------------------------------------
 
@@ -200,27 +212,21 @@ class LeaseEngine:
         lease is retired (inert) and ends with its update's ``reported``; ``reported`` with a
         ``poll_count`` older than the new delivery never ends the new lease.
         """
-        fences: Fences = []
-        with self._lock:
-            now = self._clock.monotonic()
-            at = now if polled_at is None else min(polled_at, now)
-            entry, actions = self._leases.admit(task, policy, at, now)
-            fences = self._apply_locked(entry, actions)
-        self._deliver(fences)
+        self._event(Track(task, policy, polled_at))
 
     def start_held(self, task_id: str) -> None:
         """The runner holds the command back (``StartGate``): its exec timeout counts from its start."""
-        self._event(task_id, lambda lease, now: lease.on_start_held(now))
+        self._event(StartHeld(task_id))
 
     def child_started(self, task_id: str) -> None:
         """The child is being started (its spawn is asked for; the runner does not wait for the exec):
         its exec timeout counts from now."""
-        self._event(task_id, lambda lease, now: lease.on_child_started(now))
+        self._event(ChildStarted(task_id))
 
     def child_exited(self, task_id: str) -> None:
         """The child is dead: no more fencing; no heartbeat before the final update unless the lease
         needs one, then heartbeats between its failed attempts until ``reported``."""
-        self._event(task_id, lambda lease, now: lease.on_child_exited(now))
+        self._event(ChildExited(task_id))
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
         """The final update of ``task_id`` is about to be sent: exclude its heartbeats.
@@ -231,45 +237,30 @@ class LeaseEngine:
         engine does not know); False when the wait ran out (a port that ignores its timeout). Follow
         it with ``reported`` once the update is acknowledged, or ``final_update_failed``.
         """
+        out = self._event(BeginFinalUpdate(task_id))
+        if not out.awaits:
+            return True
         with self._lock:
-            entry = self._leases.in_final_update(task_id)
-            if entry is None:  # unknown, or a retired lease (inert: nothing to stop)
-                return True
-            now = self._clock.monotonic()
-            actions = entry.lease.on_final_update_started(now)
-            if self._queue.withdraw_beats(task_id):
-                actions += entry.lease.on_heartbeat_withdrawn(now)
-            fences = self._apply_locked(entry, actions)
-        self._deliver(fences)
-        with self._lock:
-            if entry.beat_calling_until is None:
-                return True
             if timeout_seconds is None:
-                until = entry.beat_calling_until + _FINAL_UPDATE_WAIT_SLACK_SECONDS
-                timeout_seconds = max(0.0, until - self._clock.monotonic())
-            if self._beat_done_cv.wait_for(lambda: entry.beat_calling_until is None, timeout_seconds):
-                return True
-            if entry.beat_calling_until is not None:  # it may be handled after the update: unknown fate
-                entry.note_unknown_beat(entry.beat_calling_until)
-        log.warning("task %s: a heartbeat call is still in flight past its timeout; sending the final "
-                    "update anyway", task_id)  # fmt: skip
-        return False
+                timeout_seconds = max(0.0, out.awaits[0].until - self._clock.monotonic())
+            done = self._beat_done_cv.wait_for(lambda: not self._core.beat_calling(task_id), timeout_seconds)
+            self._step_locked(BeatWaitOver(task_id))  # one still calling: of unknown fate (late_beats)
+        if not done:
+            log.warning("task %s: a heartbeat call is still in flight past its timeout; sending the final "
+                        "update anyway", task_id)  # fmt: skip
+        return done
 
     def late_beats(self, task_id: str) -> LateBeats | None:
         """Until when a beat of ``task_id`` with no answer may still reach the server, and the lease's
         pollCount (None: no such beat, the common path); between begin_final_update and reported."""
         with self._lock:
-            entry = self._leases.in_final_update(task_id)
-            if entry is None or entry.late_until is None:
-                return None
-            return LateBeats(entry.late_until, entry.lease.poll_count, entry.task.task_type)
+            return self._core.late_beats(task_id)
 
     def final_update_failed(self, task_id: str) -> None:
         """The final update failed and will be retried: heartbeat again meanwhile (an overdue beat now).
 
         A no-op while the task's lease is retired (its next delivery's own lease beats the task)."""
-        self._event(task_id, lambda lease, now: lease.on_final_update_failed(now),
-                    self._leases.in_final_update)  # fmt: skip
+        self._event(FinalUpdateFailed(task_id))
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         """The final update was acknowledged: no heartbeat starts after this returns; forget the task.
@@ -279,12 +270,7 @@ class LeaseEngine:
         a retired one first (``track``); ``poll_count`` (the runner's newest pollCount of the run it
         forgets) ends the current lease only if that lease started no later than that delivery.
         """
-        with self._lock:
-            if self._leases.end(task_id, self._clock.monotonic(), poll_count=poll_count):
-                self._timer.discard_locked(task_id)
-                if self._on_kill_by is not None:
-                    self._kill_bys.append((task_id, None))
-        self._deliver([])
+        self._event(Reported(task_id, poll_count))
 
     def shutdown(
         self, task_id: str | None = None, *, drain_deadline: float | None = None, force: bool = False
@@ -293,55 +279,44 @@ class LeaseEngine:
 
         KeyError for an unknown task id.
         """
-        fences: Fences = []
-        with self._lock:
-            now = self._clock.monotonic()
-            entries = [e for _, e in self._leases.items()] if task_id is None else [self._leases[task_id]]
-            for entry in entries:
-                if force:
-                    actions = entry.lease.on_force_shutdown(now)
-                else:
-                    actions = entry.lease.on_shutdown(now, drain_deadline)
-                fences += self._apply_locked(entry, actions)
-        self._deliver(fences)
+        self._event(Shutdown(task_id, drain_deadline, force))
 
     # ----- queries -------------------------------------------------------------------------------
 
     def fence_reason(self, task_id: str) -> FenceReason | None:
         """Why the task's tree was fenced (None: it was not, or the task is not tracked)."""
         with self._lock:
-            entry = self._leases.get(task_id)
-            return None if entry is None else entry.lease.fence_reason
+            return self._core.fence_reason(task_id)
 
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
         with self._lock:
-            return self._leases[task_id].lease.view()
+            return self._core.view(task_id)
 
     def views(self) -> dict[str, LeaseView]:
         """Snapshots of every tracked lease."""
         with self._lock:
-            return {task_id: entry.lease.view() for task_id, entry in self._leases.items()}
+            return self._core.views()
 
     def retired(self) -> list[str]:
         """Tasks whose old lease still waits for its final update's acknowledgement (see ``track``)."""
         with self._lock:
-            return self._leases.retired()
+            return self._core.retired()
 
     def metrics(self) -> EngineMetrics:
         """Pool load and heartbeat lateness."""
         with self._lock:
             now = self._clock.monotonic()
-            lateness = sorted(self._lateness)
+            lateness = sorted(self._core.lateness)
             load = self._senders.load_locked()
             return EngineMetrics(
-                tracked=len(self._leases),
+                tracked=self._core.tracked(),
                 senders=load.senders,
                 busy_senders=load.busy,
-                queued=len(self._queue),
-                oldest_queued_seconds=now - min(self._queue.queued_times(), default=now),
+                queued=self._core.queued(),
+                oldest_queued_seconds=now - min(self._core.queued_times(), default=now),
                 saturated_waits=load.saturated_waits,
-                heartbeats_sent=self._heartbeats_sent,
+                heartbeats_sent=self._core.heartbeats_sent,
                 heartbeat_lateness_p99_seconds=lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
                 heartbeat_lateness_max_seconds=lateness[-1] if lateness else 0.0,
             )
@@ -349,151 +324,93 @@ class LeaseEngine:
     # ----- internals: under the lock -------------------------------------------------------------
 
     def _runnable_locked(self) -> int:
-        return self._queue.runnable(self._clock.monotonic())
+        return self._core.runnable(self._clock.monotonic())
 
     def _budget_wait_locked(self) -> float | None:
-        return self._queue.budget_wait_seconds(self._clock.monotonic())
+        return self._core.budget_wait_seconds(self._clock.monotonic())
 
-    def _event(
-        self,
-        task_id: str,
-        apply: Callable[[Lease, float], list[Action]],
-        find: Callable[[str], LeaseEntry | None] | None = None,
-    ) -> None:
-        fences: Fences = []
+    def _event(self, event: Event) -> _Out:
         with self._lock:
-            entry = (find or self._leases.get)(task_id)
-            if entry is not None:
-                fences = self._apply_locked(entry, apply(entry.lease, self._clock.monotonic()))
-        self._deliver(fences)
+            out = self._step_locked(event)
+        self._deliver(out)
+        return out
 
-
-    def _apply_locked(self, entry: LeaseEntry, actions: Iterable[Action]) -> Fences:
-        fences: Fences = []
-        for action in actions:
-            if isinstance(action, SendHeartbeat | CheckOwnership):
-                self._enqueue_locked(entry, action)
+    def _step_locked(self, event: Event) -> _Out:
+        """Step the core at the clock's now; carry out under the lock what belongs there (the senders'
+        wake-ups, the timer's, the kill-by queue), return the rest to hand out after."""
+        out = _Out()
+        for effect in self._core.step(event, self._clock.monotonic()):
+            if isinstance(effect, WakeSenders):
+                if effect.grow:
+                    self._senders.work_queued_locked(effect.runnable)
+                else:
+                    self._senders.notify_locked()
+            elif isinstance(effect, Fence):
+                out.fences.append(effect)
+            elif isinstance(effect, KillBy):
+                self._kill_bys.append((effect.task_id, effect.times))
+            elif isinstance(effect, Outcome):
+                out.outcomes.append(effect)
+            elif isinstance(effect, AwaitBeat):
+                out.awaits.append(effect)
             else:
-                fences.append((entry.task.task_id, action))
-        self._timer.schedule_locked(entry.task.task_id, entry.lease.next_wakeup())
-        if self._on_kill_by is not None and (kill_by := entry.lease.kill_by()) != entry.kill_by_sent:
-            entry.kill_by_sent = kill_by
-            self._kill_bys.append((entry.task.task_id, kill_by))
-        return fences
-
-    def _enqueue_locked(self, entry: LeaseEntry, action: SendHeartbeat | CheckOwnership) -> None:
-        now = self._clock.monotonic()
-        job = Job(entry.task.task_id, entry.task.workflow_id, action, entry.lease.policy.min_attempt_seconds,
-                  now, task_type=entry.task.task_type)  # fmt: skip
-        if self._queue.push(job):
-            self._senders.work_queued_locked(self._queue.runnable(now))
-
-    def _fire_due_locked(self) -> Fences:
-        now = self._clock.monotonic()
-        fences: Fences = []
-        while (task_id := self._timer.pop_due_locked(now)) is not None:
-            entry = self._leases.get(task_id)
-            if entry is not None:
-                fences += self._apply_locked(entry, entry.lease.on_tick(now))
-        self._timer.compact_locked()
-        return fences
+                out.call = effect
+        self._timer.poke_locked()
+        return out
 
     def _fire_for_timer_locked(self) -> Callable[[], None] | None:
         """The timer thread's wake-up: ``run_due``'s first half under the lock; the hand-out after."""
-        fences = self._fire_due_locked()
-        return functools.partial(self._deliver, fences) if fences or self._kill_bys else None
+        out = self._step_locked(Tick())
+        return functools.partial(self._deliver, out) if out.fences or self._kill_bys else None
 
     def _take_locked(self) -> Callable[[], None] | None:
-        """A sender's next request, popped in one locked step with its marking (``SendSource.take``)."""
-        job = self._queue.pop()
-        entry = self._leases.get(job.task_id)
-        if entry is None:
-            return None  # reported meanwhile: never send it
-        now = self._clock.monotonic()
-        if isinstance(job.action, CheckOwnership):
-            self._queue.check_started(now)  # in the same locked step as the pop: the cap holds
-            # It may have waited for the budget: bound its call by the lease as it is now.
-            return functools.partial(self._run_check, job, job.action, entry.lease.lease_deadline)
-        # Marked in the same locked step as the pop: begin_final_update sees every beat either still
-        # queued (and withdraws it) or calling (and waits for it).
-        action = job.action
-        entry.beat_calling_until = now + max(0.0, min(action.timeout_seconds, action.expires_at - now))
-        return functools.partial(self._run_beat, entry, job, action)
+        """A sender's next request, popped and marked in one locked step (``SendSource.take``)."""
+        out = self._step_locked(SenderFree())
+        if out.call is not None:
+            return functools.partial(self._call, out)
+        return functools.partial(self._deliver, out) if out.fences or out.outcomes else None
 
     # ----- threads -------------------------------------------------------------------------------
 
-    def _run_beat(self, entry: LeaseEntry, job: Job, action: SendHeartbeat) -> None:
-        unknown = True  # (until the answer says otherwise)
-        try:
-            fences, unknown = self._send_heartbeat(job, action)
-        finally:
-            with self._lock:
-                entry.beat_calling_until = None
-                if unknown:
-                    entry.note_unknown_beat(self._clock.monotonic())
-                self._beat_done_cv.notify_all()
-        self._deliver(fences)
+    def _call(self, taken: _Out) -> None:
+        """Carry out one request on this sender's thread, feed its answer back, hand out the results."""
+        self._deliver(taken)
+        call = taken.call
+        answer: Answer | None = None  # (None: the call raised past its own handling; a failure)
+        if isinstance(call, SendBeat):
+            try:
+                answer = extend_lease(self._port, call.task_id, call.workflow_id,
+                                      timeout_seconds=call.timeout_seconds, sent_at=call.sent_at)  # fmt: skip
+            finally:
+                with self._lock:
+                    out = self._step_locked(Answered(call.call_id, answer or beat_failed(unknown_fate=True)))
+                    self._beat_done_cv.notify_all()
+        elif isinstance(call, SendCheck):
+            try:
+                answer = read_ownership(self._port, call.task_id, timeout_seconds=call.timeout_seconds)
+            finally:
+                with self._lock:
+                    out = self._step_locked(Answered(call.call_id, answer or check_failed()))
+        else:
+            return
+        self._deliver(out)
 
-    def _run_check(self, job: Job, action: CheckOwnership, expires_at: float) -> None:
-        try:
-            fences = self._check_ownership(job, action, expires_at)
-        finally:
-            with self._lock:
-                if self._queue.check_done():  # a check held back by the cap may go now
-                    self._senders.notify_locked()
-        self._deliver(fences)
-
-    def _send_heartbeat(self, job: Job, action: SendHeartbeat) -> tuple[Fences, bool]:
-        """Send one beat: (the fences its answer brings, whether its fate is unknown)."""
-        sent_at = self._clock.monotonic()
-        timeout = min(action.timeout_seconds, action.expires_at - sent_at)
-        if timeout < job.min_attempt_seconds:  # waited too long for a sender: too late to try
-            self._observer.on_heartbeat(job.task_type, False, None)
-            return self._outcome(job.task_id, Answer(Lease.on_heartbeat_failed)), False
-        late = sent_at - action.due_at  # for the metrics
-        with self._lock:
-            self._heartbeats_sent += 1
-            self._lateness.append(late)
-        answer = extend_lease(self._port, job.task_id, job.workflow_id, timeout_seconds=timeout,
-                              sent_at=sent_at)  # fmt: skip
-        self._observer.on_heartbeat(job.task_type, answer.ok, late)
-        return self._outcome(job.task_id, answer), answer.unknown_fate
-
-    def _check_ownership(self, job: Job, action: CheckOwnership, expires_at: float) -> Fences:
-        timeout = min(action.timeout_seconds, expires_at - self._clock.monotonic())
-        answer = Answer(Lease.on_ownership_check_failed)
-        if timeout >= job.min_attempt_seconds:
-            answer = read_ownership(self._port, job.task_id, timeout_seconds=timeout)
-        fences = self._outcome(job.task_id, answer)
-        if self._observer.enabled:  # "lost": the lease, having weighed the answer, holds the task lost
-            with self._lock:
-                entry = self._leases.get(job.task_id)
-                lost = answer.ok and entry is not None and entry.lease.lost_reason is not None
-            result = "lost" if lost else "ok" if answer.ok else "failed"
-            self._observer.on_ownership_check(job.task_type, result)
-        return fences
-
-    def _outcome(self, task_id: str, answer: Answer) -> Fences:
-        with self._lock:
-            entry = self._leases.get(task_id)
-            if entry is None:
-                return []
-            lease = entry.lease
-            failed_before, lost_before = lease.consecutive_failures, lease.lost_reason
-            fences = self._apply_locked(entry, answer.event(lease, self._clock.monotonic()))
-            failed_now, lost_now = lease.consecutive_failures, lease.lost_reason
-        log_outcome(task_id, failed_before=failed_before, failed_now=failed_now, beat_error=answer.beat_error,
-                    lost_before=lost_before, lost_now=lost_now)  # fmt: skip
-        return fences
-
-    def _deliver(self, fences: Fences) -> None:
+    def _deliver(self, out: _Out) -> None:
+        for outcome in out.outcomes:
+            log_outcome(outcome.task_id, failed_before=outcome.failed_before, failed_now=outcome.failed_now,
+                        beat_error=outcome.beat_error, lost_before=outcome.lost_before,
+                        lost_now=outcome.lost_now)  # fmt: skip
+            if outcome.kind == "heartbeat":
+                self._observer.on_heartbeat(outcome.task_type, outcome.result == "ok", outcome.late)
+            elif self._observer.enabled:
+                self._observer.on_ownership_check(outcome.task_type, outcome.result)
         if self._on_kill_by is not None and self._kill_bys:  # (whoever queued one delivers after: safe)
             with self._lock:
                 kill_bys, self._kill_bys = self._kill_bys, []
             for task_id, kill_by in kill_bys:  # (in any order across threads: the switch keeps the latest)
                 self._on_kill_by(task_id, kill_by)  # (KillByTimes.renew raises nothing)
-        for task_id, action in fences:
+        for fence in out.fences:
             try:
-                self._on_fence(task_id, action)
+                self._on_fence(fence.task_id, fence.action)
             except Exception:  # the runner's bug must not stop the timer: log it, fence the rest
-                log.exception("task %s: on_fence(%s) failed", task_id, action)
+                log.exception("task %s: on_fence(%s) failed", fence.task_id, fence.action)

@@ -4,9 +4,10 @@ and a result a late heartbeat may undo is made to stick.
 Owns ``FinalUpdates``, the reporter's update port: around each attempt of the client's ``update`` it
 calls the lease engine's ``begin_final_update`` (no beat of the task starts; one in flight is waited
 for), then ``reported`` once the server acknowledged it, or ``final_update_failed`` when it raised (the
-task beats again until the reporter's retry, so its lease outlives a slow report). DESIGN.md §4: no
-heartbeat overlaps or follows a task's final update. ``runner.ports.FinalUpdateGuard`` is the engine
-side it needs (``LeaseEngine``, and the runner's ``EnginePort``).
+task beats again until the reporter's retry, so its lease outlives a slow report), except after an
+attempt with no answer, which may still land: its beats stay held until the reporter read it back.
+DESIGN.md §4: no heartbeat overlaps or follows a task's final update. ``runner.ports.FinalUpdateGuard``
+is the engine side it needs (``LeaseEngine``, and the runner's ``EnginePort``).
 
 A heartbeat the runner got no answer to may still reach the server after the final update, and the
 real server's extendLease then writes its stale IN_PROGRESS copy over the result (docs/final-results.md).
@@ -41,6 +42,7 @@ from leasecore.lease.finalcheck import (
     plan_final_update,
     read_back_at,
 )
+from leasecore.lease.finalfailure import Failure, failure_of
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import TaskResult, TaskStatus
 from leasecore.runner.ports import FinalUpdateGuard, TaskReader, UpdatePort
@@ -81,6 +83,11 @@ class FinalUpdates:
         self._sleep = sleep
         self._observer = observer
 
+    @property
+    def reader(self) -> TaskReader | None:
+        """What reads a task back (the reporter reads a yield back with it after its answer was lost)."""
+        return self._reader
+
     def attach(self, engine: _Guard) -> _Guard:
         """Use ``engine`` from now on; returns it (for a factory's one-liner)."""
         self._engine = engine
@@ -107,6 +114,14 @@ class FinalUpdates:
             parked = late is not None and self._park(result, late, timeout_seconds)
             sent_at = self._clock.monotonic()
             sent = send_parked() if parked and send_parked is not None else send()
+        except ConductorError as exc:
+            # With no answer the update may still land: a heartbeat now could load the task before it
+            # lands and write it back after (the lost update), so the beats stay held until the
+            # reporter has read the task back (``finalfailure``: ReadBack). Without a reader, as
+            # after any failure: the task beats again until the retry.
+            if self._reader is None or failure_of(exc) is not Failure.NO_ANSWER:
+                engine.final_update_failed(task_id)
+            raise
         except BaseException:
             engine.final_update_failed(task_id)
             raise

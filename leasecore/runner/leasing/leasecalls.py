@@ -2,7 +2,7 @@
 
 Owns making one of the lease engine's two calls (``runner.ports.LeasePort``: extendLease and the
 ownership read) and turning its answer, or its error, into the ``Lease`` event the engine then applies
-(``Answer``), and the log lines an outcome deserves: a failed heartbeat once per task per outage (its
+(``schedule.Answer``), and the log lines an outcome deserves: a failed heartbeat once per task per outage (its
 retries at debug level: with hundreds of tasks and the server away, a line per attempt was thousands a
 minute), its recovery once, a 404 and a loss of ownership when first seen. A port that raises
 something unexpected is logged and counted as a failure, so no lease waits forever on a bug.
@@ -17,33 +17,24 @@ caller with ``InlineSenders``); no state of its own.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from leasecore.errors import ConductorError, ConductorNotFound
-from leasecore.lease import Action, Lease
 from leasecore.lease.finalcheck import unknown_fate
+from leasecore.runner.leasing.schedule import (
+    Answer,
+    LeaseEvent,
+    beat_acked,
+    beat_failed,
+    beat_not_found,
+    check_failed,
+    ownership_read,
+)
 from leasecore.runner.ports import LeasePort
 
 __all__ = ["Answer", "LeaseEvent", "extend_lease", "log_outcome", "read_ownership"]
 
 log = logging.getLogger("leasecore.runner.leasing.engine")
-
-LeaseEvent = Callable[[Lease, float], list[Action]]  # a Lease.on_* method: (lease, now) -> actions
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A call's outcome as the lease's event. ``ok``: acknowledged (a beat) or answered (a check);
-    ``beat_error``: a heartbeat's ``ConductorError``, for ``log_outcome``."""
-
-    event: LeaseEvent
-    ok: bool = False
-    beat_error: str | None = None
-    unknown_fate: bool = False  # no answer came: the request may still reach the server (finalcheck)
-
 
 def extend_lease(port: LeasePort, task_id: str, workflow_id: str, *, timeout_seconds: float,
                  sent_at: float) -> Answer:  # fmt: skip
@@ -52,14 +43,13 @@ def extend_lease(port: LeasePort, task_id: str, workflow_id: str, *, timeout_sec
         port.extend_lease(task_id, workflow_id, timeout_seconds=timeout_seconds)
     except ConductorNotFound:
         log.warning("task %s: the server no longer knows it (404 on a heartbeat)", task_id)
-        return Answer(Lease.on_heartbeat_not_found)
+        return beat_not_found()
     except ConductorError as exc:
-        return Answer(Lease.on_heartbeat_failed, beat_error=str(exc),
-                      unknown_fate=unknown_fate(exc.status_code))
+        return beat_failed(unknown_fate=unknown_fate(exc.status_code), error=str(exc))
     except Exception:  # a bug in the port must not leave the lease waiting forever
         log.exception("task %s: heartbeat raised unexpectedly", task_id)
-        return Answer(Lease.on_heartbeat_failed, unknown_fate=True)
-    return Answer(functools.partial(Lease.on_heartbeat_ok, sent_at=sent_at), ok=True)
+        return beat_failed(unknown_fate=True)
+    return beat_acked(sent_at)
 
 
 def read_ownership(port: LeasePort, task_id: str, *, timeout_seconds: float) -> Answer:
@@ -71,8 +61,8 @@ def read_ownership(port: LeasePort, task_id: str, *, timeout_seconds: float) -> 
     except Exception:
         log.exception("task %s: ownership check raised unexpectedly", task_id)
     else:
-        return Answer(functools.partial(Lease.on_ownership, ownership=ownership), ok=True)
-    return Answer(Lease.on_ownership_check_failed)
+        return ownership_read(ownership)
+    return check_failed()
 
 
 def log_outcome(

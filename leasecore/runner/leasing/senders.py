@@ -1,122 +1,31 @@
-"""The lease engine's senders: the queue of requests waiting for one, and who carries them out.
+"""The lease engine's senders: who carries its requests out.
 
-Owns ``SendQueue`` (heartbeats first, the most overdue first, then ownership checks in arrival order;
-checks in flight capped at half the executor's capacity and started no faster than the runner's
-``CheckBudget``) and the two executors behind ``SenderExecutor``: ``ThreadedSenders``, the product's
-pool (``senders`` threads at start, growing to ``max_senders`` while every one is busy, so that one
-hanging request never delays the other leases), and ``InlineSenders``, which carries the requests out
-in the caller's thread when the engine's ``run_due`` asks (tests on a ``FakeClock``: no threads).
+Owns the two executors behind ``SenderExecutor``: ``ThreadedSenders``, the product's pool (``senders``
+threads at start, growing to ``max_senders`` while every one is busy, so that one hanging request
+never delays the other leases), and ``InlineSenders``, which carries the requests out in the caller's
+thread when the engine's ``run_due`` asks (tests on a ``FakeClock``: no threads). The queue they take
+from (``SendQueue``, ``Job``: heartbeats first, checks capped and budgeted) is the engine core's, in
+``schedule``; re-exported here.
 
 Must not touch: leases, the port or the server. What a request does and what its outcome means is
 the engine's (``SendSource.take`` hands a sender the call to make); this module only decides who makes
-it and when. The queue is not thread-safe: every use holds the engine's lock (``SendSource.lock``).
+it and when. Every use of the queue holds the engine's lock (``SendSource.lock``).
 
 Threads: ``ThreadedSenders`` runs the ``lease-sender-N`` threads; they wait on a condition of the
 engine's lock and call ``take`` under it, then the call outside it. ``InlineSenders`` runs none.
 """
-
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from leasecore.checkbudget import CheckBudget
-from leasecore.lease import CheckOwnership, SendHeartbeat
+from leasecore.runner.leasing.schedule import Job, SendQueue
 
 __all__ = [
     "InlineSenders", "Job", "SendQueue", "SendSource", "SenderExecutor", "SenderLoad", "ThreadedSenders",
 ]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One request waiting for a sender: a lease's ``SendHeartbeat`` or ``CheckOwnership``."""
-
-    task_id: str
-    workflow_id: str
-    action: SendHeartbeat | CheckOwnership
-    min_attempt_seconds: float
-    queued_at: float  # monotonic seconds
-    task_type: str = ""  # the metrics' label
-
-
-class SendQueue:
-    """Requests waiting for a sender. Not thread-safe: the engine's lock."""
-
-    def __init__(self, max_checks_calling: int, budget: CheckBudget) -> None:
-        self._beats: list[tuple[float, int, Job]] = []  # heap by (due time, arrival)
-        self._checks: deque[Job] = deque()
-        self._arrival = itertools.count()
-        self._max_checks_calling = max_checks_calling
-        self._checks_calling = 0
-        self._budget = budget
-
-    def __len__(self) -> int:
-        return len(self._beats) + len(self._checks)
-
-    def push(self, job: Job) -> bool:
-        """Queue ``job``. False for a check beyond the cap: it waits for a check in flight to end, so
-        there is no sender to wake or add for it."""
-        if isinstance(job.action, SendHeartbeat):
-            heapq.heappush(self._beats, (job.action.due_at, next(self._arrival), job))
-            return True
-        self._checks.append(job)
-        return len(self._checks) <= self._max_checks_calling - self._checks_calling
-
-    def runnable(self, now: float) -> int:
-        """How many queued requests a free sender may take now (checks beyond the cap or the budget
-        wait)."""
-        free_check_slots = max(0, self._max_checks_calling - self._checks_calling)
-        if self._checks and free_check_slots:
-            free_check_slots = min(free_check_slots, self._budget.available(now))
-        return len(self._beats) + min(len(self._checks), free_check_slots)
-
-    def budget_wait_seconds(self, now: float) -> float | None:
-        """How long until the budget lets the first queued check go, when only the budget holds it
-        back (None: it does not)."""
-        if not self._checks or self._checks_calling >= self._max_checks_calling:
-            return None
-        wait = self._budget.wait_seconds(now)
-        return wait if wait > 0 else None
-
-    def pop(self) -> Job:
-        """The next request (only while ``runnable``): the most overdue heartbeat, else the oldest check."""
-        return heapq.heappop(self._beats)[2] if self._beats else self._checks.popleft()
-
-    def check_started(self, now: float) -> None:
-        """A popped check goes out: it counts against the cap and takes the budget's token."""
-        self._checks_calling += 1
-        self._budget.take(now)
-
-    def check_done(self) -> bool:
-        """A check in flight ended; True when a check held back by the cap may go now."""
-        self._checks_calling -= 1
-        return bool(self._checks)
-
-    def withdraw_beats(self, task_id: str) -> bool:
-        """Drop ``task_id``'s queued heartbeats (its final update begins); True when there were any."""
-        queued = len(self._beats)
-        self._beats = [b for b in self._beats if b[2].task_id != task_id]
-        if len(self._beats) == queued:
-            return False
-        heapq.heapify(self._beats)
-        return True
-
-    def clear(self) -> None:
-        """Drop everything queued (the engine stops)."""
-        self._beats.clear()
-        self._checks.clear()
-
-    def queued_times(self) -> Iterator[float]:
-        """When the waiting requests were queued (checks: only the oldest, they wait in order)."""
-        yield from (job.queued_at for _, _, job in self._beats)
-        if self._checks:
-            yield self._checks[0].queued_at
 
 
 @dataclass(frozen=True)

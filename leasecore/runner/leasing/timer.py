@@ -1,11 +1,9 @@
-"""The lease engine's timer: one wake-up time per task, and the thread that sleeps until the earliest.
+"""The lease engine's timer thread: it sleeps until the core's earliest lease wake-up.
 
-Owns ``TimerHeap`` (a heap of ``(when, arrival, key)`` entries with at most one live time per key:
-scheduling a key again supersedes its older entry, skipped when it surfaces and dropped by an
-occasional compaction, so the heap stays within a few times the live keys; plain data, no threads)
-and ``Timer``, which keeps the heap under the engine's lock and runs the ``lease-timer`` thread: it
-runs what is due (``LeaseEngine.run_due``'s work) and sleeps on a condition until the earliest time;
-scheduling an earlier one wakes it. No polling loop.
+Owns ``Timer``, the ``lease-timer`` thread: it runs what is due (``LeaseEngine.run_due``'s work) and
+sleeps on a condition until the core's earliest time (``core.EngineCore.timer_due``, the times kept
+in ``schedule.TimerHeap``, re-exported here); a step that makes an earlier time wakes it
+(``poke_locked``). No polling loop.
 
 Must not touch: leases, queues, the port. What a wake-up does is the step's business; ``now`` comes
 from the injected clock.
@@ -17,107 +15,36 @@ lock held, from that thread, the senders and the runner's loop. A test steps the
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import threading
 from collections.abc import Callable
 
 from leasecore.clock import Clock
+from leasecore.runner.leasing.schedule import TimerHeap
 
-__all__ = ["Timer", "TimerHeap"]
-
-_COMPACT_SLACK = 64  # superseded entries tolerated beyond 4 per live key before a compaction
-
-
-class TimerHeap:
-    """Wake-up times by key; ``pop_due(now)`` hands out the due keys, earliest first."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, str]] = []
-        self._live: dict[str, float] = {}
-        self._arrival = itertools.count()
-
-    def __len__(self) -> int:
-        """Keys with a wake-up time."""
-        return len(self._live)
-
-    @property
-    def entries(self) -> int:
-        """Entries held, superseded ones included (what ``compact`` bounds)."""
-        return len(self._heap)
-
-    def schedule(self, key: str, when: float | None) -> bool:
-        """Set ``key``'s wake-up time (None: none); True when it was not already that time."""
-        if self._live.get(key) == when:
-            return False
-        if when is None:
-            del self._live[key]
-            return True
-        self._live[key] = when
-        heapq.heappush(self._heap, (when, next(self._arrival), key))
-        return True
-
-    def discard(self, key: str) -> None:
-        """Forget ``key``'s wake-up time, if it has one."""
-        self._live.pop(key, None)
-
-    def earliest(self) -> float | None:
-        """The earliest live wake-up time (None: nothing scheduled)."""
-        self._drop_superseded()
-        return self._heap[0][0] if self._heap else None
-
-    def pop_due(self, now: float) -> str | None:
-        """The key whose time is earliest and at or before ``now`` (its time cleared), or None."""
-        self._drop_superseded()
-        if not self._heap or self._heap[0][0] > now:
-            return None
-        _, _, key = heapq.heappop(self._heap)
-        del self._live[key]
-        return key
-
-    def compact(self) -> None:
-        """Drop superseded entries once they outnumber the live ones by far (bounds the heap)."""
-        if len(self._heap) > 4 * len(self._live) + _COMPACT_SLACK:
-            self._heap = [(when, next(self._arrival), key) for key, when in self._live.items()]
-            heapq.heapify(self._heap)
-
-    def _drop_superseded(self) -> None:
-        while self._heap and self._live.get(self._heap[0][2]) != self._heap[0][0]:
-            heapq.heappop(self._heap)
+__all__ = ["Timer", "TimerHeap"]  # (TimerHeap: schedule's, re-exported)
 
 
 class Timer:
-    """Wake-up times by task id under the engine's ``lock``, and the thread that acts on them."""
+    """The thread that wakes the engine when the core's earliest lease wake-up comes, under its ``lock``."""
 
-    def __init__(self, lock: threading.Lock, clock: Clock) -> None:
-        self._heap = TimerHeap()
+    def __init__(self, lock: threading.Lock, clock: Clock,
+                 earliest_locked: Callable[[], float | None]) -> None:  # fmt: skip
+        """``earliest_locked()``: the core's earliest wake-up time (None: none), read with the lock held."""
         self._lock, self._clock = lock, clock
+        self._earliest = earliest_locked
         self._cv = threading.Condition(lock)
         self._target = -math.inf  # what the thread sleeps until (-inf: it is awake)
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def schedule_locked(self, key: str, when: float | None) -> None:
-        """Set ``key``'s wake-up time (None: none); wakes the thread if that is earlier than its sleep."""
-        if self._heap.schedule(key, when) and when is not None and when < self._target:
+    def poke_locked(self) -> None:
+        """The core stepped: wake the thread if its earliest time is now before the thread's sleep."""
+        if self._target == -math.inf:  # awake (or never started): it looks again before sleeping
+            return
+        when = self._earliest()
+        if when is not None and when < self._target:
             self._cv.notify()
-
-    def discard_locked(self, key: str) -> None:
-        """Forget ``key``'s wake-up time."""
-        self._heap.discard(key)
-
-    def pop_due_locked(self, now: float) -> str | None:
-        """The next key due at ``now`` (its time cleared), or None."""
-        return self._heap.pop_due(now)
-
-    def compact_locked(self) -> None:
-        """Bound the heap (see ``TimerHeap.compact``)."""
-        self._heap.compact()
-
-    def earliest_locked(self) -> float | None:
-        """The earliest wake-up time (None: nothing scheduled)."""
-        return self._heap.earliest()
 
     def start_locked(self, fire_locked: Callable[[], Callable[[], None] | None]) -> None:
         """Start the thread. Each time it wakes it calls ``fire_locked`` with the lock held (the engine
@@ -145,7 +72,7 @@ class Timer:
                 if hand_out is None:
                     if self._stopping:
                         return
-                    wake = self._heap.earliest()
+                    wake = self._earliest()
                     self._target = math.inf if wake is None else wake
                     wait = self._target - self._clock.monotonic()
                     self._cv.wait(None if wait == math.inf else max(0.0, wait))

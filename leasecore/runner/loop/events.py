@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from leasecore.lease import FenceAction, LeasePolicy
-from leasecore.models import Task
+from leasecore.models import Task, TaskOwnership
 from leasecore.runner.upstream.reporter import ReportOutcome
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "ControlRequest",
     "Event",
     "Fence",
+    "HeldRead",
     "PollerExited",
     "ReloadRequested",
     "ReportDone",
@@ -72,6 +73,17 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class HeldRead:
+    """A held task read back before its start (``ok`` False: the read failed; ``ownership`` None with
+    ``ok``: a 404). From a read-back thread."""
+
+    task_id: str
+    poll_count: int  # the delivery that was read back
+    ok: bool
+    ownership: TaskOwnership | None = None
+
+
+@dataclass(frozen=True)
 class ReportDone:
     outcome: ReportOutcome
 
@@ -110,5 +122,5 @@ class Tick:
     pass
 
 
-Event = (TaskPolled | ChainEnded | ChildExited | Fence | ReportDone | ShutdownRequested | PollerExited
-         | ControlRequest | ReloadRequested | Tick)
+Event = (TaskPolled | ChainEnded | ChildExited | Fence | HeldRead | ReportDone | ShutdownRequested
+         | PollerExited | ControlRequest | ReloadRequested | Tick)

@@ -1,6 +1,7 @@
 """Operating a running runner: pause, resume, reload and drain, on the runner's main thread.
 
-Part of ``Runner`` (``leasecore.runner.loop.runner_base``). Requests come from the control socket's thread
+``LiveControl``, one of the runner's parts (``runner.Runner`` builds it, handing it the shared
+``table.TaskTable``, the pollers, the reload and the stop). Requests come from the control socket's thread
 (``leasecore.state.control``), which calls ``control(request)``: that only puts a ``ControlRequest``
 on the main loop's queue and waits for the answer, so the main thread stays the only writer of the
 runner's state, as with signals (SIGHUP puts a ``ReloadRequested``).
@@ -22,33 +23,46 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from leasecore.clock import Clock
 from leasecore.errors import ConfigError
-from leasecore.runner.loop.events import ControlRequest, ReloadRequested
-from leasecore.runner.loop.runner_base import RunnerCore
+from leasecore.runner.loop.events import ControlRequest, Event, ReloadRequested
+from leasecore.runner.loop.table import TaskTable
 from leasecore.runner.ports import LiveChange
+from leasecore.runner.upstream.poller import Poller
 
 log = logging.getLogger("conductor_run.runner")
 
 CONTROL_ANSWER_SECONDS = 10.0  # a main loop that does not answer within this is reported as such
 
 
-class LiveControl(RunnerCore):
+class LiveControl:
     """The main thread's side of pause, resume, reload and drain (see the module docstring)."""
 
-    _reload: Callable[[], LiveChange] | None
-    _closed: bool
-    _escalate_at: float | None
-    _polling_types: set[str]
-    _any_polling: bool
+    def __init__(
+        self, table: TaskTable, *, events: queue.SimpleQueue[Event], clock: Clock,
+        pollers: dict[str, Poller], reload: Callable[[], LiveChange] | None, begin_stop: BeginStop,
+        escalate_at: Callable[[], float | None],
+    ) -> None:
+        """``begin_stop``: ``Runner``'s stop (drained); ``escalate_at()``: when that stop kills what
+        still runs (None: no stop yet)."""
+        self._t, self._events, self._clock, self._pollers = table, events, clock, pollers
+        self._reload, self._begin_stop, self._escalate_at = reload, begin_stop, escalate_at
+        self.closed = False  # set once the run ends: requests are answered "stopping"
+        # Task types polled (not paused from the start, or resumed since) whose poller still runs:
+        # when the last one ends (budget spent, or it failed) there is no more work. A paused type's
+        # poller only waits for a resume or the stop, so a runner whose every type is paused idles
+        # until stopped; a type paused live stays counted (it is coming back).
+        self.polling_types = {t for t, p in table.plans.items() if not p.poll.paused}
+        self.any_polling = bool(self.polling_types)
 
     # ------------------------------------------------------------------ any thread
 
     def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """Hand a checked control request (``leasecore.state.control.parse_request``) to the main
         loop and wait for its answer. Thread-safe; called by the control socket's thread."""
-        if self._closed:
+        if self.closed:
             return {"ok": False, "error": "the runner is stopping"}
         answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._events.put(ControlRequest(request["command"], tuple(request.get("task_types") or ()),
@@ -68,7 +82,7 @@ class LiveControl(RunnerCore):
 
     # ------------------------------------------------------------------ main thread
 
-    def _on_control(self, event: ControlRequest) -> None:
+    def on_control(self, event: ControlRequest) -> None:
         try:
             reply = self._control(event)
         except Exception:  # a bug here must not end the runner: the operator sees it failed
@@ -79,7 +93,7 @@ class LiveControl(RunnerCore):
     def _control(self, event: ControlRequest) -> dict[str, Any]:
         if event.command == "drain":
             return self._drain(event.timeout_seconds)
-        if self._stopping_since is not None:
+        if self._t.stopping_since is not None:
             return {"ok": False, "error": "the runner is stopping"}
         if event.command == "reload":
             return self._reload_now("conductor-run reload")
@@ -101,12 +115,12 @@ class LiveControl(RunnerCore):
     def _set_paused(self, task_type: str, paused: bool) -> bool:
         poller = self._pollers[task_type]
         if not paused and poller.alive:  # polled from now on: its end counts for "no more work"
-            self._polling_types.add(task_type)
-            self._any_polling = True
+            self.polling_types.add(task_type)
+            self.any_polling = True
         return poller.set_paused(paused)
 
-    def _on_reload_signal(self, _event: ReloadRequested) -> None:
-        if self._stopping_since is not None:
+    def on_reload_signal(self, _event: ReloadRequested) -> None:
+        if self._t.stopping_since is not None:
             log.info("SIGHUP while stopping: not reloading")
             return
         try:
@@ -124,11 +138,11 @@ class LiveControl(RunnerCore):
             return {"ok": False, "error": f"reload refused, nothing changed: {exc}"}
         for plan in change.plans:
             task_type = plan.poll.task_type
-            self._plans[task_type] = plan  # for the tasks started from now on
+            self._t.plans[task_type] = plan  # for the tasks started from now on
             self._pollers[task_type].reconfigure(plan.poll)
         for task_type, paused in change.paused:
             self._set_paused(task_type, paused)
-        self.options = change.options
+        self._t.options = change.options
         for warning in change.warnings:
             log.warning("%s", warning)
         if change.changes:
@@ -138,11 +152,11 @@ class LiveControl(RunnerCore):
         return {"ok": True, "changed": list(change.changes), "paused": self.paused_types()}
 
     def _drain(self, timeout_seconds: float | None) -> dict[str, Any]:
-        running = sum(1 for e in self._tasks.values() if e.child is not None)
-        if self._stopping_since is not None:
+        running = sum(1 for e in self._t.tasks.values() if e.child is not None)
+        if self._t.stopping_since is not None:
             return {"ok": True, "changed": [], "running": running, "already_stopping": True,
                     "exit_within_seconds": self._exit_within()}
-        timeout = self.options.drain_timeout_seconds if timeout_seconds is None else timeout_seconds
+        timeout = self._t.options.drain_timeout_seconds if timeout_seconds is None else timeout_seconds
         self._begin_stop(None, reason="drain requested (conductor-run drain)", drain_timeout=timeout)
         return {"ok": True, "changed": ["draining"], "running": running, "drain_timeout_seconds": timeout,
                 "exit_within_seconds": self._exit_within()}
@@ -150,7 +164,10 @@ class LiveControl(RunnerCore):
     def _exit_within(self) -> float:
         """Seconds until the stop kills whatever still runs (the drain deadline, grace and margin)."""
         now = self._clock.monotonic()
-        return max(0.0, (self._escalate_at or now) - now)
+        return max(0.0, (self._escalate_at() or now) - now)
 
-    def _begin_stop(self, signame: str | None, *, reason: str, drain_timeout: float | None = None) -> None:
-        raise NotImplementedError  # Runner
+
+class BeginStop(Protocol):
+    """``Runner``'s stop: polling ends, the tasks end (drained for ``drain_timeout``)."""
+
+    def __call__(self, signame: str | None, *, reason: str, drain_timeout: float | None = None) -> None: ...

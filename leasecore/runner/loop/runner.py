@@ -9,8 +9,11 @@ and is the only writer of per-task state. Per task the order is fixed:
 A final update may claim the next task (update-v2, ``leasecore.runner.chain``): that task takes the
 finished one's slot and follows the same order from ``engine.track``, its lease counted from the
 update's send time. This module owns the loop, the event dispatch, stopping and the status
-snapshots; a task's start is ``task_start``' and its end ``task_end``'
-(``leasecore.runner.loop.runner_base``); pause, resume, reload and drain while it runs are ``operate``'s.
+snapshots. It is composed of parts, each with one job, handed the shared ``table.TaskTable`` (the
+tasks in flight, their next runs, the tally of outcomes, whether a stop began) and the ports they
+use: ``task_start.TaskStarts`` (a delivery up to its running child, by ``decisions.admit``),
+``task_end.TaskEnds`` (fences, exits and reports, by ``decisions.exit_meaning``) and
+``operate.LiveControl`` (pause, resume, reload and drain while it runs).
 
 Shutdown keeps that order (STYLE.md 2.4): stop polling (and chaining) at once; ask the engine to fence
 every task (now, or at the drain deadline); the children die; their results are reported; heartbeats
@@ -29,14 +32,15 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
-from leasecore.handover import DyingTrees, StartGate, YieldHold
+from leasecore.handover import DyingTrees, StartGate
 from leasecore.lease import FenceAction
 from leasecore.masking import Masker
 from leasecore.metrics import NO_METRICS, Observer
+from leasecore.models import Task
 from leasecore.runner.leasing.finalupdates import FinalUpdates
 from leasecore.runner.loop.checkpoints import CheckpointScan, resume_port
 from leasecore.runner.loop.events import (
@@ -45,6 +49,7 @@ from leasecore.runner.loop.events import (
     ControlRequest,
     Event,
     Fence,
+    HeldRead,
     PollerExited,
     ReloadRequested,
     ReportDone,
@@ -53,10 +58,10 @@ from leasecore.runner.loop.events import (
     Tick,
 )
 from leasecore.runner.loop.operate import LiveControl
-from leasecore.runner.loop.runner_base import ToResult
 from leasecore.runner.loop.signals import capture_signals
-from leasecore.runner.loop.status import Phase, progress_of_entry, server_health, task_snapshot
-from leasecore.runner.loop.task_end import ChainUpdates, _tree_gone
+from leasecore.runner.loop.status import NextRun, Phase, progress_of_entry, server_health, task_snapshot
+from leasecore.runner.loop.table import TaskTable
+from leasecore.runner.loop.task_end import ChainUpdates, TaskEnds, ToResult, _tree_gone
 from leasecore.runner.loop.task_start import TaskStarts
 from leasecore.runner.ports import (
     ConductorPort,
@@ -89,7 +94,7 @@ _STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftove
 _DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
-class Runner(LiveControl, TaskStarts):
+class Runner:
     """Serves every task type of ``plans`` until stopped; see the module docstring."""
 
     def __init__(
@@ -123,36 +128,30 @@ class Runner(LiveControl, TaskStarts):
         (``leasecore.runner.loop.operate``); None: this runner cannot reload. ``secrets``: the values masked
         in the runner's own log (each task's runtime metadata is added while the task is here)."""
         self._on_force = on_force
-        self._reload = reload
-        self._closed = False
-        self._secrets = secrets or SecretBook()
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self._metrics = metrics
         self.loop_at: float | None = None  # monotonic time the main loop last turned (liveness probe)
-        self.options = options or RunOptions()
+        self._t = TaskTable(options or RunOptions(), {p.poll.task_type: p for p in plans})
         self._clock = clock or SystemClock()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._plans = {p.poll.task_type: p for p in plans}
-        self._supervisor = supervisor
-        self._to_result = to_result
         self._status = status
         self._contact = contact or ServerContact(self._clock)
         # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
         # small fakes may not)
-        self._chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
-        self._resume_port = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
+        chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
         self._checkpoint_scan = CheckpointScan(self._clock.monotonic())
         self.task_progress: dict[str, tuple[str, float]] = {}  # task id -> (type, 0..1): the metrics' read
-        # A final update's read-back after a late heartbeat (docs/final-results.md) reads the task with
-        # the client's own call; a small fake without it is never read back.
+        # A final update's read-back after a late heartbeat (docs/final-results.md), and a held task's
+        # before its start, read the task with the client's own call; a small fake without it is not read.
         readable = callable(getattr(conductor, "get_task_ownership", None))
         reader = cast(TaskReader, conductor) if readable else None
+        resume = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
         updates: UpdatePort = (
             ChainUpdates(conductor, self._engine, reader=reader, clock=self._clock, observer=metrics)
-            if self._chaining else
+            if chaining else
             FinalUpdates(conductor, self._engine, reader=reader, clock=self._clock, observer=metrics))
         make_reporter = reporter or (lambda port, done: Reporter(port, done, clock=self._clock,
                                                                  observer=metrics))
@@ -160,54 +159,76 @@ class Runner(LiveControl, TaskStarts):
         self._logs = logs or LogStreamer(conductor, clock=self._clock)
         self._stop_polling = threading.Event()
         self._budget = WorkBudget(self._task_limit())
-        self._pollers = {
-            t: Poller(conductor, p.poll, functools.partial(self._on_polled, poller=t), budget=self._budget,
-                      stop=self._stop_polling,
-                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
-                                                                       self._pollers[tt].refused)),
-                      clock=self._clock, on_surplus=functools.partial(self._on_surplus, poller=t),
-                      end_on_refusal_at_start=True, observer=metrics)
-            for t, p in self._plans.items()
-        }
-        self._tasks = {}
+        self._pollers: dict[str, Poller] = {}  # (filled below: each poller calls into the start side)
         # Tasks polled but not started yet: a re-delivery whose previous holder may still run it, or a
         # retry whose earlier attempt's tree is still dying here (leasecore.handover).
         self._gate = StartGate(DyingTrees(_tree_gone))
-        self._handing_back: set[str] = set()  # surplus tasks whose hand-back update is in flight
-        # A task's next delivery polled while its previous run's result is reported: started after it.
-        self._next_runs = {}
-        self._yields = YieldHold(_tree_gone)  # IN_PROGRESS results waiting for their tree to be gone
+        secrets = secrets or SecretBook()
+        # The end side calls back into the start side (an update-v2's claimed task, a next run): bound
+        # late, once both exist.
+        self._ends = TaskEnds(self._t, clock=self._clock, metrics=metrics, engine=self._engine,
+                              reporter=self._reporter, logs=self._logs, pollers=self._pollers,
+                              gate=self._gate, to_result=to_result, chaining=chaining, secrets=secrets,
+                              chained=self._on_chained, replay=self._replay)
+        self._starts = TaskStarts(self._t, self._ends, events=self._events, clock=self._clock,
+                                  metrics=metrics, engine=self._engine, supervisor=supervisor,
+                                  reporter=self._reporter, logs=self._logs, pollers=self._pollers,
+                                  budget=self._budget, gate=self._gate, secrets=secrets, resume=resume,
+                                  reader=reader)
+        self._pollers.update({
+            t: Poller(conductor, p.poll, functools.partial(self._starts.on_polled, poller=t),
+                      budget=self._budget, stop=self._stop_polling,
+                      on_exit=lambda tt: self._events.put(PollerExited(tt, self._pollers[tt].failed,
+                                                                       self._pollers[tt].refused)),
+                      clock=self._clock, on_surplus=functools.partial(self._starts.on_surplus, poller=t),
+                      end_on_refusal_at_start=True, observer=metrics)
+            for t, p in self._t.plans.items()
+        })
+        self._live = LiveControl(self._t, events=self._events, clock=self._clock, pollers=self._pollers,
+                                 reload=reload, begin_stop=self._begin_stop,
+                                 escalate_at=lambda: self._escalate_at)
         self._pollers_alive = len(self._pollers)
-        # Task types polled (not paused from the start, or resumed since) whose poller still runs:
-        # when the last one ends (budget spent, or it failed) there is no more work. A paused type's
-        # poller only waits for a resume or the stop, so a runner whose every type is paused idles
-        # until stopped; a type paused live stays counted (it is coming back).
-        self._polling_types = {t for t, p in self._plans.items() if not p.poll.paused}
-        self._any_polling = bool(self._polling_types)
         self._poller_failed = False
         self._refused: Exception | None = None  # a poller's first polls were refused (see Poller)
-        # Tasks whose result the reporter saved to the outbox, shown by ``status`` as undelivered
-        # until the file is gone (delivered or dropped by the outbox's redelivery); the newest 100.
-        self._undelivered = {}
-        self._statuses = []  # per started task, in start order
-        self._stopping_since: float | None = None
-        self._forced = False
         self._signum: int | None = None
         self._escalate_at: float | None = None
         self._started_at = self._clock.monotonic()
         self._publish_at = self._started_at
         self._publish_pending = False
 
+    def _on_chained(self, task: Task | None, sent_at: float, *, from_task: str, poller: str) -> None:
+        self._starts.on_chained(task, sent_at, from_task=from_task, poller=poller)
+
+    def _replay(self, run: NextRun) -> None:
+        self._starts.replay(run)
+
+    @property
+    def options(self) -> RunOptions:
+        """The options in force (a reload may replace them)."""
+        return self._t.options
+
     # ------------------------------------------------------------------ public
 
     @property
     def stopping(self) -> bool:
         """A stop has begun (read by the readiness probe's thread)."""
-        return self._stopping_since is not None
+        return self._t.stopping_since is not None
 
     def failed_pollers(self) -> list[str]:
         """Task types whose poller ended on an unexpected error (the liveness probe's)."""
         return [t for t, p in self._pollers.items() if p.failed]
+
+    def paused_types(self) -> list[str]:
+        """The task types not polled now (read by the probes' and metrics' thread too)."""
+        return self._live.paused_types()
+
+    def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An operator's checked request (``LiveControl.control``); thread-safe."""
+        return self._live.control(request)
+
+    def handle_reload_signal(self) -> None:
+        """SIGHUP's handler: enqueue only (``SimpleQueue.put`` is reentrant)."""
+        self._live.handle_reload_signal()
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop as a signal would, without the signal (thread-safe; for tests and embedding)."""
@@ -234,22 +255,24 @@ class Runner(LiveControl, TaskStarts):
                 self._loop()
             finally:
                 self._close()
-        return RunOutcome(signum=self._signum, started=len(self._statuses), statuses=tuple(self._statuses),
+        tally = self._t.tally
+        return RunOutcome(signum=self._signum, started=tally.started, statuses=tally.statuses(),
+                          folded_not_completed=tally.folded_not_completed,
                           poller_failed=self._poller_failed, refused=self._refused,
-                          forced=self._forced)  # fmt: skip
+                          forced=self._t.forced)  # fmt: skip
 
     # ------------------------------------------------------------------ main loop
 
     def _loop(self) -> None:
         self._publish()
         while not self._done():
-            wait = min(0.5, self.options.status_interval_seconds)
+            wait = min(0.5, self._t.options.status_interval_seconds)
             if self._publish_pending:
                 wait = max(0.0, min(wait, self._publish_at - self._clock.monotonic()))
             now = self._clock.monotonic()
             if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
                 wait = max(0.0, min(wait, start_at - now))
-            if self._yields:
+            if self._ends.holding():
                 wait = min(wait, _DYING_POLL_SECONDS)
             try:
                 event: Event = self._events.get(timeout=wait)
@@ -257,8 +280,8 @@ class Runner(LiveControl, TaskStarts):
                 event = Tick()
             self.loop_at = self._clock.monotonic()
             self._handle(event)
-            self._report_yields()
-            self._start_released()
+            self._ends.report_yields()
+            self._starts.start_released()
             self._check_deadlines()
             self._scan_checkpoints()
             self._maybe_publish()
@@ -268,12 +291,12 @@ class Runner(LiveControl, TaskStarts):
             return
         CheckpointScan.look(
             (e.checkpoint, functools.partial(_send_line, e.log_lines, e.masker))
-            for e in self._tasks.values()
+            for e in self._t.tasks.values()
             if e.checkpoint is not None and e.log_lines is not None and e.phase is not Phase.REPORTING
         )
         # Replaced whole (the scrape thread reads it): bounded by the tasks in flight.
         self.task_progress = {
-            task_id: (e.task.task_type, progress) for task_id, e in self._tasks.items()
+            task_id: (e.task.task_type, progress) for task_id, e in self._t.tasks.items()
             if (progress := progress_of_entry(e)) is not None
         }
 
@@ -289,58 +312,60 @@ class Runner(LiveControl, TaskStarts):
         # ... and at most 1/20 of the main loop's time: with 1000 tasks a snapshot costs ~50 ms, and
         # 5 of them a second starved the spawns and heartbeats.
         cost = self._clock.monotonic() - now
-        self._publish_at = now + max(self.options.status_min_interval_seconds, 20 * cost)
+        self._publish_at = now + max(self._t.options.status_min_interval_seconds, 20 * cost)
 
     def _task_limit(self) -> int | None:
-        return 1 if self.options.once else self.options.max_tasks
+        return 1 if self._t.options.once else self._t.options.max_tasks
 
     def _done(self) -> bool:
-        if self._tasks:
+        if self._t.tasks:
             return False
-        if self._stopping_since is not None:
+        if self._t.stopping_since is not None:
             if self._pollers_alive == 0:
                 return True
-            longest_poll = max(p.poll.timeout_ms for p in self._plans.values()) / 1000.0
-            if self._clock.monotonic() - self._stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS:
+            longest_poll = max(p.poll.timeout_ms for p in self._t.plans.values()) / 1000.0
+            if self._clock.monotonic() - self._t.stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS:
                 log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
                             "brings now is retried by the server after its response timeout)")
                 return True
             return False
         limit = self._task_limit()
-        if (limit is not None and len(self._statuses) >= limit) or (
-            self._any_polling and not self._polling_types
+        if (limit is not None and self._t.tally.started >= limit) or (
+            self._live.any_polling and not self._live.polling_types
         ):
             self._begin_stop(None, reason="no more work to do")
         return False
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled) and event.chained_from:  # it takes the slot that task kept
-            self._take_chain_slot(event.chained_from)
-            self._on_task(event.task, event.polled_at, event.policy, chained=True)
+            self._ends.take_chain_slot(event.chained_from)
+            self._starts.admit(event.task, event.polled_at, event.policy, chained=True)
         elif isinstance(event, TaskPolled):
             try:
-                self._on_task(event.task, event.polled_at, event.policy, surplus=event.surplus)
+                self._starts.admit(event.task, event.polled_at, event.policy, surplus=event.surplus)
             finally:  # the poller that claimed it (its plan is found by the task's own type)
                 poller = self._pollers.get(event.poller) or next(iter(self._pollers.values()))
                 poller.taken_up()
         elif isinstance(event, ChainEnded):
-            self._on_chain_ended(event.task_id)
+            self._ends.on_chain_ended(event.task_id)
+        elif isinstance(event, HeldRead):
+            self._starts.on_held_read(event)
         elif isinstance(event, ChildExited):
-            self._on_child_exited(event.task_id, event.exit)
+            self._ends.on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):
-            self._on_fence(event.task_id, event.action)
+            self._ends.on_fence(event.task_id, event.action)
         elif isinstance(event, ReportDone):
-            self._on_reported(event.outcome)
+            self._ends.on_reported(event.outcome)
         elif isinstance(event, ShutdownRequested):
             self._on_shutdown(event)
         elif isinstance(event, ControlRequest):
-            self._on_control(event)
+            self._live.on_control(event)
         elif isinstance(event, ReloadRequested):
-            self._on_reload_signal(event)
+            self._live.on_reload_signal(event)
         elif isinstance(event, PollerExited):
             self._pollers_alive -= 1
             self._poller_failed |= event.failed
-            self._polling_types.discard(event.task_type)
+            self._live.polling_types.discard(event.task_type)
             if event.refused is not None and self._refused is None:
                 self._refused = event.refused
                 self._begin_stop(None, reason=f"the server refused the first poll of {event.task_type}")
@@ -351,7 +376,7 @@ class Runner(LiveControl, TaskStarts):
         if event.signum is not None and self._signum is None:
             self._signum = event.signum
         name = signal.Signals(event.signum).name if event.signum is not None else None
-        if event.force or (self._stopping_since is not None and event.signum is not None):
+        if event.force or (self._t.stopping_since is not None and event.signum is not None):
             self._force_stop(name)
         else:
             self._begin_stop(name, reason="stop requested")
@@ -359,22 +384,25 @@ class Runner(LiveControl, TaskStarts):
     def _begin_stop(self, signame: str | None, *, reason: str, drain_timeout: float | None = None) -> None:
         """Stop polling and end every task: drained (``--drain``, or ``drain_timeout`` given: a drain
         asked for by ``conductor-run drain``) or terminated now."""
-        if self._stopping_since is not None:
+        if self._t.stopping_since is not None:
             return
         now = self._clock.monotonic()
-        self._stopping_since = now
+        self._t.stopping_since = now
         self._stop_polling.set()
         for poller in self._pollers.values():
             poller.wake()
         for task_id in self._gate.held():  # never started: handed back now
             start_at = self._gate.start_at(task_id) or now
             self._gate.drop(task_id)
-            self._end_unstarted(self._tasks[task_id], start_at - now)
-        running = [e for e in self._tasks.values() if e.child is not None and e.phase is not Phase.REPORTING]
+            self._ends.end_unstarted(self._t.tasks[task_id], start_at - now)
+        for entry in [e for e in self._t.tasks.values() if e.phase is Phase.WAITING and e.child is None]:
+            self._ends.end_unstarted(entry, 0.0)  # its hold over, its read-back in flight: never started
+        running = [e for e in self._t.tasks.values()
+                   if e.child is not None and e.phase is not Phase.REPORTING]
         why = f"received {signame}" if signame else reason
         deadline = now
-        drain = self.options.drain or drain_timeout is not None
-        timeout = self.options.drain_timeout_seconds if drain_timeout is None else drain_timeout
+        drain = self._t.options.drain or drain_timeout is not None
+        timeout = self._t.options.drain_timeout_seconds if drain_timeout is None else drain_timeout
         if drain and running:
             deadline = now + timeout
             log.warning("%s: stopped polling; letting %d task(s) finish for up to %.0f s", why,
@@ -390,7 +418,7 @@ class Runner(LiveControl, TaskStarts):
 
     def _force_stop(self, signame: str | None) -> None:
         self._begin_stop(signame, reason="forced stop")
-        self._forced = True
+        self._t.forced = True
         log.warning("second signal: killing every task now")
         if self._on_force is not None:
             self._on_force()  # calls in flight end now, not at their timeout
@@ -399,7 +427,7 @@ class Runner(LiveControl, TaskStarts):
         self._kill_all()
 
     def _kill_all(self) -> None:
-        for entry in self._tasks.values():
+        for entry in self._t.tasks.values():
             if entry.child is not None and entry.phase is not Phase.REPORTING:
                 entry.phase = Phase.STOPPING
                 try:
@@ -409,25 +437,26 @@ class Runner(LiveControl, TaskStarts):
 
     def _check_deadlines(self) -> None:
         now = self._clock.monotonic()
-        opts = self.options
-        if (opts.once and not self._statuses and self._stopping_since is None
+        opts = self._t.options
+        if (opts.once and not self._t.tally.started and self._t.stopping_since is None
                 and now - self._started_at >= opts.once_wait_seconds):
             self._begin_stop(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
         if self._escalate_at is not None and now >= self._escalate_at:
             self._escalate_at = None
-            if any(e.child is not None and e.phase is not Phase.REPORTING for e in self._tasks.values()):
+            if any(e.child is not None and e.phase is not Phase.REPORTING for e in self._t.tasks.values()):
                 log.error("children still alive past the stop deadline: killing them")
                 self._kill_all()
 
     def _close(self) -> None:
         # Order matters: output first (bounded), then the reports (each bounded by its deadline),
         # then the heartbeats: the engine stops last so no task loses its lease while reported.
-        self._closed = True  # control requests are answered "stopping" from now on
+        self._live.closed = True  # control requests are answered "stopping" from now on
         self._stop_polling.set()
         self._logs.stop(timeout_seconds=5.0)
         self._handle_late_events()  # a task from a poll that ended with the loop goes straight back
         self._reporter.close()
         self._handle_late_events()  # reports finished after the loop ended still stop their heartbeats
+        self._starts.close()
         self._engine.stop()
         if self._status is not None:
             self._status.remove()
@@ -449,15 +478,16 @@ class Runner(LiveControl, TaskStarts):
         # The publisher coalesces: it writes at once on a change, else about once a second.
         if self._status is None:
             return
-        tasks = [task_snapshot(e, self._engine, self._clock) for e in self._tasks.values()]
-        waiting = still_saved([path for path, _ in self._undelivered.values()]) if self._undelivered else ()
-        for task_id, (path, snapshot) in list(self._undelivered.items()):
+        tasks = [task_snapshot(e, self._engine, self._clock) for e in self._t.tasks.values()]
+        saved = self._t.undelivered
+        waiting = still_saved([path for path, _ in saved.values()]) if saved else ()
+        for task_id, (path, snapshot) in list(self._t.undelivered.items()):
             if path not in waiting:  # delivered or dropped since
-                del self._undelivered[task_id]
-            elif task_id not in self._tasks:
+                del self._t.undelivered[task_id]
+            elif task_id not in self._t.tasks:
                 tasks.append(snapshot)
         self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock),
-                             paused=self.paused_types(), stopping=self._stopping_since is not None)
+                             paused=self.paused_types(), stopping=self._t.stopping_since is not None)
 
 
 def _send_line(send: Callable[[str, list[str]], None], masker: Masker | None, line: str) -> None:

@@ -17,8 +17,9 @@ from typing import NamedTuple, Protocol
 from leasecore.clock import Clock
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.masking import Masker
-from leasecore.models import Task, TaskStatus
+from leasecore.models import Task, TaskOwnership, TaskStatus
 from leasecore.process.checkpoint import CheckpointWatch, progress_of
+from leasecore.runner.loop.decisions import Read
 from leasecore.runner.ports import ChildPort, StatusPort, TaskTypePlan
 from leasecore.runner.upstream.poller import Poller
 from leasecore.runner.upstream.server_contact import ServerContact
@@ -35,7 +36,7 @@ from leasecore.snapshot import (
 
 class NextRun(NamedTuple):
     """A delivery of a task that waits behind its run still here (its report, or its copy being
-    killed for lost ownership): ``_on_task``'s arguments, replayed once that run is forgotten."""
+    killed for lost ownership): ``TaskStarts.admit``'s arguments, replayed once that run is forgotten."""
 
     task: Task
     polled_at: float
@@ -74,6 +75,8 @@ class InFlight:
     log_lines: Callable[[str, list[str]], None] | None = None  # its task-log stream, while open
     checkpoint: CheckpointWatch | None = None  # its CONDUCTOR_CHECKPOINT_FILE, once its child started
     masker: Masker | None = None  # its secret values (the type's and its runtime metadata's), once known
+    read: Read = Read.NOT_SENT  # a held task's read-back before its start (decisions.held_start)
+    ownership: TaskOwnership | None = None  # that read-back's answer (None: a 404, or none yet)
 
 
 class _Views(Protocol):

@@ -1,10 +1,12 @@
 """The end of a task on the runner's main thread: fences, the child's exit, its result and report.
 
-Part of ``Runner`` (``leasecore.runner.loop.runner_base``): a fence from the lease engine stops the tree (or
-ends a task held before its command started); the child's exit becomes a result (by fence reason; an
-IN_PROGRESS yield waits in ``YieldHold`` until its tree is gone); the result goes to the reporter;
-the reporter's outcome forgets the task (its heartbeats stop only then) and starts its next run if
-one was polled meanwhile. A final update that may claim the next task (``leasecore.runner.chain``)
+``TaskEnds``, one of the runner's parts (``runner.Runner`` builds them, handing each the shared
+``table.TaskTable`` and the ports it needs): a fence from the lease engine stops the tree (or ends a
+task held before its command started); the child's exit becomes a result, by what it means
+(``decisions.exit_meaning``/``report_meaning``: forget, report now, or hold a yield or a FAILED in
+``YieldHold`` until its tree is gone); the result goes to the reporter; the reporter's outcome
+forgets the task (its heartbeats stop only then) and hands its next run, if one was polled
+meanwhile, back to admission. A final update that may claim the next task (``leasecore.runner.chain``)
 keeps its slot for it: the claimed task arrives as a ``TaskPolled`` with ``chained_from`` before the
 report's outcome, or ``ChainEnded`` frees the slot. ``ChainUpdates`` is the reporter's port for it.
 Main thread only, except ``ChainUpdates`` (sender threads). Starting tasks is ``task_start``'.
@@ -15,14 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ProcessError
-from leasecore.handover import mark_yield, with_checkpoint
+from leasecore.handover import StartGate, YieldHold, mark_yield, may_run_elsewhere, with_checkpoint
 from leasecore.lease import FenceAction, FenceReason, KillTree, TerminateTree
+from leasecore.lease.finalfailure import report_budget
 from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
@@ -30,11 +34,23 @@ from leasecore.process.results.reasons import exit_rule
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.runner.chain import may_chain
 from leasecore.runner.leasing.finalupdates import FinalUpdates
-from leasecore.runner.loop.runner_base import RunnerCore
-from leasecore.runner.loop.status import InFlight, Phase, undelivered_snapshot
+from leasecore.runner.loop.decisions import (
+    ExitMeaning,
+    HoldOver,
+    ReportMeaning,
+    Unstarted,
+    exit_meaning,
+    hold_over,
+    report_meaning,
+    unstarted_meaning,
+)
+from leasecore.runner.loop.status import InFlight, NextRun, Phase, undelivered_snapshot
+from leasecore.runner.loop.table import TaskTable
 from leasecore.runner.ports import ChainPort, EnginePort, TaskReader, TaskTypePlan
-from leasecore.runner.upstream.logsink import ENTRY_STREAM
-from leasecore.runner.upstream.reporter import OnChained, ReportOutcome
+from leasecore.runner.secretbook import SecretBook
+from leasecore.runner.upstream.logsink import ENTRY_STREAM, LogStreamer
+from leasecore.runner.upstream.poller import Poller
+from leasecore.runner.upstream.reporter import OnChained, Reporter, ReportOutcome
 
 log = logging.getLogger("conductor_run.runner")
 
@@ -47,35 +63,88 @@ _STALL_SECONDS = 1.0
 _SERVER_FENCES = (FenceReason.LEASE_EXPIRED, FenceReason.HARD_TIMEOUT)
 
 
-class ChainUpdates(FinalUpdates):
-    """``FinalUpdates`` plus update-v2 under the same guard: no heartbeat of the task overlaps or
-    follows its final update, whichever endpoint carries it. On the reporter's sender threads."""
+class ToResult(Protocol):
+    """``leasecore.process.to_task_result`` as the runner calls it (``exit_``: a ChildExit)."""
+
+    def __call__(
+        self, task: Task, exit_: ChildExit, spec: CommandSpec, worker_id: str, *, timed_out: bool = False
+    ) -> TaskResult: ...
+
+
+class ChainedHook(Protocol):
+    """``TaskStarts.on_chained``: the task an update-v2 claimed (None: nothing), on a sender thread."""
+
+    def __call__(self, task: Task | None, sent_at: float, *, from_task: str, poller: str) -> None: ...
+
+
+class ChainUpdates:
+    """The reporter's update port with update-v2: ``FinalUpdates``' guard around either endpoint, so
+    no heartbeat of the task overlaps or follows its final update, whichever carries it. It holds a
+    ``FinalUpdates`` (not a subclass of it). On the reporter's sender threads."""
 
     def __init__(self, port: ChainPort, engine: EnginePort, *, reader: TaskReader | None = None,
                  clock: Clock | None = None, sleep: Callable[[float], None] = time.sleep,
                  observer: Observer = NO_METRICS) -> None:  # fmt: skip
-        super().__init__(port, engine, reader=reader, clock=clock, sleep=sleep, observer=observer)
-        self._v2_port = port
+        self._clock = clock or SystemClock()
+        self._final = FinalUpdates(port, engine, reader=reader, clock=self._clock, sleep=sleep,
+                                   observer=observer)  # fmt: skip
+        self._port = port
+
+    def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
+        self._final.update(result, timeout_seconds=timeout_seconds)
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:
-        # A parked result goes out through v1 and claims nothing: the reporter counts a claimed task's
-        # lease from before the attempt, and the park's wait would come off that lease.
-        return self.guarded(result, lambda: self._v2_port.update_v2(result, timeout_seconds=timeout_seconds),
-                            timeout_seconds=timeout_seconds,
-                            send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+        return self.update_v2_timed(result, timeout_seconds=timeout_seconds)[0]
 
-    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> None:
-        self._v2_port.update(result, timeout_seconds=timeout_seconds)
+    def update_v2_timed(self, result: TaskResult, *, timeout_seconds: float | None = None
+                        ) -> tuple[Task | None, float]:  # fmt: skip
+        """``update_v2`` and when it went out: after the wait for a heartbeat in flight, which must not
+        come off the claimed task's lease. A parked result goes out through v1 and claims nothing."""
+        def send() -> tuple[Task | None, float]:
+            sent_at = self._clock.monotonic()
+            return self._port.update_v2(result, timeout_seconds=timeout_seconds), sent_at
+
+        return self._final.guarded(result, send, timeout_seconds=timeout_seconds,
+                                   send_parked=lambda: self._v1(result, timeout_seconds))  # fmt: skip
+
+    def _v1(self, result: TaskResult, timeout_seconds: float | None) -> tuple[None, float]:
+        sent_at = self._clock.monotonic()
+        self._port.update(result, timeout_seconds=timeout_seconds)
+        return None, sent_at
 
 
-class TaskEnds(RunnerCore):
+class TaskEnds:
     """Fences, exits, results and reports of the runner's tasks (see the module docstring)."""
 
-    def _on_fence(self, task_id: str, action: FenceAction) -> None:
-        entry = self._tasks.get(task_id)
+    def __init__(
+        self, table: TaskTable, *, clock: Clock, metrics: Observer, engine: EnginePort, reporter: Reporter,
+        logs: LogStreamer, pollers: dict[str, Poller], gate: StartGate, to_result: ToResult, chaining: bool,
+        secrets: SecretBook, chained: ChainedHook, replay: Callable[[NextRun], None],
+    ) -> None:
+        """``chained(task, sent_at, from_task=, poller=)``: called on a reporter's sender thread with
+        the task an update-v2 claimed (``TaskStarts.on_chained``); ``replay(run)``: a next run whose
+        earlier run was just forgotten is admitted again (``TaskStarts.admit``)."""
+        self._t = table
+        self._clock, self._metrics, self._engine, self._reporter = clock, metrics, engine, reporter
+        self._logs, self._pollers, self._gate, self._to_result = logs, pollers, gate, to_result
+        self._chaining, self._secrets, self._on_chained, self._replay = chaining, secrets, chained, replay
+        self._yields = YieldHold(_tree_gone)  # yields and FAILEDs waiting for their tree to be gone
+
+    def holding(self) -> bool:
+        """Results wait for their tree to be gone (the loop looks again soon)."""
+        return bool(self._yields)
+
+    def held_for_tree(self, task_id: str) -> bool:
+        """The result of ``task_id`` waits for its tree to be gone."""
+        return task_id in self._yields
+
+    def on_fence(self, task_id: str, action: FenceAction) -> None:
+        entry = self._t.tasks.get(task_id)
         start_at = self._gate.start_at(task_id)
-        if entry is not None and self._gate.drop(task_id):  # fenced before its command started: no tree
-            self._end_unstarted(entry, (start_at or 0.0) - self._clock.monotonic())
+        held = self._gate.drop(task_id)
+        if entry is not None and (held or (entry.phase is Phase.WAITING and entry.child is None)):
+            # fenced before its command started (held, or its hold over and its read-back in flight)
+            self.end_unstarted(entry, (start_at or 0.0) - self._clock.monotonic())
             return
         if entry is None or entry.child is None:
             return
@@ -102,8 +171,8 @@ class TaskEnds(RunnerCore):
         except ProcessError as exc:
             log.error("task %s: could not signal the process tree: %s", task_id, exc)
 
-    def _on_child_exited(self, task_id: str, exit_: ChildExit | None) -> None:
-        entry = self._tasks.get(task_id)
+    def on_child_exited(self, task_id: str, exit_: ChildExit | None) -> None:
+        entry = self._t.tasks.get(task_id)
         if entry is None:
             return
         fenced_before = self._engine.fence_reason(task_id)
@@ -125,30 +194,34 @@ class TaskEnds(RunnerCore):
         self._metrics.on_task_exited(entry.task.task_type, exit_, entry.fence,
                                      _success_code(entry.plan.spec, exit_))
         start_error = None if exit_ is None else exit_.start_error  # the command never ran (an exec failed)
-        if start_error is not None and entry.fence is not FenceReason.OWNERSHIP_LOST:
+        meaning = exit_meaning(ownership_lost=entry.fence is FenceReason.OWNERSHIP_LOST,
+                               start_error=start_error is not None)
+        if meaning is ExitMeaning.NOT_STARTED:
             self._logs.close(task_id)
-            self._report_not_started(entry, start_error)
+            self.report_not_started(entry, start_error)
             return
-        if entry.fence is FenceReason.OWNERSHIP_LOST:
+        if meaning is ExitMeaning.FORGET:
             self._logs.close(task_id)
             log.warning("task %s: no longer ours on the server (cancelled, timed out or re-assigned); "
                         "its tree was killed and nothing is reported", task_id)
-            self._forget(entry, None)
+            self.forget(entry, None)
             return
         result = self._stream_result_logs(entry, _masked(entry, self._result_for(entry, exit_)))
         self._take_final_checkpoint(entry, exit_)
         self._logs.close(task_id)
         why = f" ({result.reason_for_incompletion})" if result.reason_for_incompletion else ""
         log.info("task %s: child exited; reporting %s%s", task_id, result.status.value, why)
-        if result.status is TaskStatus.IN_PROGRESS:
-            self._yield(entry, result)
-            return
-        if result.status is TaskStatus.FAILED and not (entry.child is None or _tree_gone(entry.child)):
-            # A FAILED makes the server create the retry at once, for any worker on any host: it goes
-            # out once nothing of this attempt runs any more (escapees die kill_grace after the exit).
+        # A yield is marked (its next holder starts at once) only once the whole tree is gone; a FAILED
+        # makes the server create the retry at once, for any worker on any host: both wait meanwhile,
+        # lease heartbeated, up to the tree's grace + margin (escapees die kill_grace after the exit).
+        gone = entry.child is None or _tree_gone(entry.child)
+        step = report_meaning(result.status, tree_gone=gone)
+        if step is ReportMeaning.HOLD:
             self._hold_until_gone(entry, result)
-            return
-        self._report(entry, result)
+        elif step is ReportMeaning.REPORT_YIELD:
+            self.report(entry, mark_yield(result, entry.task.poll_count))
+        else:
+            self.report(entry, result)
 
     def _past_term_point(self, entry: InFlight) -> float | None:
         """How long ago the lease's earliest server deadline's TERM point passed (None: not known)."""
@@ -161,15 +234,6 @@ class TaskEnds(RunnerCore):
             return None
         return self._clock.monotonic() - (min(deadlines) - entry.policy.fence_lead_seconds)
 
-    def _yield(self, entry: InFlight, result: TaskResult) -> None:
-        """An IN_PROGRESS result is marked as our yield (its next holder starts at once) only once the
-        whole tree is gone: it waits meanwhile, lease heartbeated, up to the tree's effective grace +
-        margin (the fork server kills escapees by then); still alive then, it goes out unmarked."""
-        if entry.child is None or _tree_gone(entry.child):
-            self._report(entry, mark_yield(result, entry.task.poll_count))
-            return
-        self._hold_until_gone(entry, result)
-
     def _hold_until_gone(self, entry: InFlight, result: TaskResult) -> None:
         """Keep ``result`` (a yield, or a FAILED the server retries at once) until the tree is gone, lease
         heartbeated, up to the tree's effective grace + margin (the fork server kills escapees by then)."""
@@ -179,27 +243,27 @@ class TaskEnds(RunnerCore):
                  result.status.value)
         self._yields.hold(entry.task.task_id, entry.child, result, until)
 
-    def _report_yields(self) -> None:
+    def report_yields(self) -> None:
         if not self._yields:
             return
         for task_id, result, gone in self._yields.due(self._clock.monotonic()):
-            entry = self._tasks.get(task_id)
+            entry = self._t.tasks.get(task_id)
             if entry is None:
                 continue
-            if result.status is not TaskStatus.IN_PROGRESS:  # a FAILED: it goes out now either way
-                if not gone:
-                    log.warning("task %s: its tree outlived its grace; reporting %s anyway", task_id,
-                                result.status.value)
-            elif gone:
+            step = hold_over(result.status, tree_gone=gone)
+            if step is HoldOver.REPORT_ANYWAY:
+                log.warning("task %s: its tree outlived its grace; reporting %s anyway", task_id,
+                            result.status.value)
+            elif step is HoldOver.REPORT_YIELD:
                 result = mark_yield(result, entry.task.poll_count)
-            else:
+            elif step is HoldOver.REPORT_UNMARKED:
                 log.warning("task %s: its tree outlived its grace; reporting IN_PROGRESS without the yield "
                             "marker, so its next holder waits", task_id)
-            self._report(entry, result)
+            self.report(entry, result)
 
-    def _report_not_started(self, entry: InFlight, why: object) -> None:
+    def report_not_started(self, entry: InFlight, why: object) -> None:
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
-        self._report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
+        self.report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
 
     def _result_for(self, entry: InFlight, exit_: ChildExit | None) -> TaskResult:
         task, plan = entry.task, entry.plan
@@ -235,7 +299,7 @@ class TaskEnds(RunnerCore):
         if line is not None and entry.log_lines is not None:  # masked: the checkpoint is the child's data
             entry.log_lines("stdout", [entry.masker.mask(line) if entry.masker else line])
 
-    def _report(self, entry: InFlight, result: TaskResult) -> None:
+    def report(self, entry: InFlight, result: TaskResult) -> None:
         if result.task_id == entry.task.task_id:  # every update for it carries its last checkpoint
             watch = entry.checkpoint
             result = with_checkpoint(result, watch.value if watch is not None and watch.text is not None
@@ -254,66 +318,92 @@ class TaskEnds(RunnerCore):
                 poller.reporting()
         entry.phase = Phase.REPORTING  # (a yield was marked by _yield, once its tree was gone)
         entry.result_status = result.status
-        opts = self.options
-        if self._forced:
-            seconds = 0.0
-        elif entry.fence is FenceReason.LEASE_EXPIRED:
-            seconds = 5.0  # best effort: the server has most likely moved on already
-        elif self._stopping_since is not None:
-            seconds = min(opts.report_retry_seconds, opts.shutdown_report_retry_seconds)
-        else:
-            seconds = opts.report_retry_seconds
+        opts = self._t.options
+        seconds = report_budget(forced=self._t.forced, lease_expired=entry.fence is FenceReason.LEASE_EXPIRED,
+                                stopping=self._t.stopping_since is not None,
+                                retry_seconds=opts.report_retry_seconds,
+                                shutdown_retry_seconds=opts.shutdown_report_retry_seconds)  # fmt: skip
         self._metrics.on_result(entry.task.task_type, result)
         self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
                               task_type=entry.task.task_type, on_chained=chain)
 
     def _may_chain(self, entry: InFlight, result: TaskResult) -> bool:
         enabled = self._chaining and bool(getattr(self._reporter, "chaining", False))
-        return may_chain(result, stopping=self._stopping_since is not None or self._forced,
+        return may_chain(result, stopping=self._t.stopping_since is not None or self._t.forced,
                          fence=entry.fence, enabled=enabled)
 
-    def _on_chain_ended(self, task_id: str) -> None:
+    def on_chain_ended(self, task_id: str) -> None:
         """The update-v2 of ``task_id`` claimed nothing: its kept slot is free, its report waits."""
-        entry = self._tasks.get(task_id)
+        entry = self._t.tasks.get(task_id)
         if entry is not None and entry.chain_slot:
             entry.chain_slot = False
             entry.report_held = True
             self._pollers[entry.plan.poll.task_type].chain_ended()
 
-    def _take_chain_slot(self, task_id: str) -> None:
+    def take_chain_slot(self, task_id: str) -> None:
         """The task claimed by the update-v2 of ``task_id`` takes over its kept slot."""
-        entry = self._tasks.get(task_id)
+        entry = self._t.tasks.get(task_id)
         if entry is not None:
             entry.chain_slot = False
 
-    def _on_reported(self, outcome: ReportOutcome) -> None:
-        if outcome.task_id in self._handing_back:
-            self._handing_back.discard(outcome.task_id)
+    def on_reported(self, outcome: ReportOutcome) -> None:
+        if outcome.task_id in self._t.handing_back:
+            self._t.handing_back.discard(outcome.task_id)
             return
-        entry = self._tasks.get(outcome.task_id)
+        entry = self._t.tasks.get(outcome.task_id)
         if entry is None:
             return
         status = outcome.sent_status or entry.result_status  # a bare FAILED if the result was refused
         if outcome.delivered and status is not None:
             log.debug("task %s: reported %s", outcome.task_id, status.value)  # INFO: start, result
         if outcome.saved_to is not None:
-            self._undelivered[outcome.task_id] = (outcome.saved_to, undelivered_snapshot(entry))
-            while len(self._undelivered) > _UNDELIVERED_SHOWN:
-                del self._undelivered[next(iter(self._undelivered))]
-        self._forget(entry, status if outcome.delivered else None)
+            self._t.undelivered[outcome.task_id] = (outcome.saved_to, undelivered_snapshot(entry))
+            while len(self._t.undelivered) > _UNDELIVERED_SHOWN:
+                del self._t.undelivered[next(iter(self._t.undelivered))]
+        self.forget(entry, status if outcome.delivered else None)
 
-    def _forget(self, entry: InFlight, status: TaskStatus | None) -> None:
+    def forget(self, entry: InFlight, status: TaskStatus | None) -> None:
         if entry.tracked:
             # Only now do this run's heartbeats stop (never those of the task's next delivery).
             self._engine.reported(entry.task.task_id, poll_count=entry.task.poll_count)
         self._release_slot(entry)
         self._metrics.on_task_done(entry.task.task_type, status, entry.fence)
-        del self._tasks[entry.task.task_id]
+        del self._t.tasks[entry.task.task_id]
         self._secrets.leave(entry.task.task_id)  # (entered when its entry was made)
-        self._statuses[entry.index] = status
-        if (run := self._next_runs.pop(entry.task.task_id, None)) is not None:
-            # (its lease may have ended with this run's: _on_task tracks it again then)
-            self._on_task(run.task, run.polled_at, run.policy, surplus=run.surplus, chained=run.chained)
+        self._t.tally.end(entry.index, status)
+        if (run := self._t.next_runs.pop(entry.task.task_id)) is not None:
+            self._replay(run)  # (its lease may have ended with this run's: admission tracks it again then)
+
+    def end_unstarted(self, entry: InFlight, wait_left: float, *, held: bool = True,
+                      why: str | None = None) -> None:
+        """A task fenced (or stopped) before its command started: report it, or nothing if lost.
+
+        One whose previous holder may still run it (``may_run_elsewhere``) goes back as an unmarked
+        IN_PROGRESS, re-queued no sooner than ``wait_left`` (the hold time left): FAILED would make
+        the server create a retry at once that nobody waits for (two copies, and a retry spent).
+        ``why``: the reason when its lease was not fenced (yet); else the stop's."""
+        task = entry.task
+        if entry.tracked:
+            self._engine.child_exited(task.task_id)
+            entry.fence = self._engine.fence_reason(task.task_id)
+        if held:  # its fence (if any) counts: conductor_run_fences_total
+            self._metrics.on_task_held(task.task_type, False, entry.fence)
+        meaning = unstarted_meaning(ownership_lost=entry.fence is FenceReason.OWNERSHIP_LOST,
+                                    may_run_elsewhere=may_run_elsewhere(task))
+        if meaning is Unstarted.FORGET:
+            log.warning("task %s: no longer ours before it started; nothing is reported", task.task_id)
+            self.forget(entry, None)
+            return
+        why = fence_text(entry.fence, task, entry) or why or SHUTDOWN_REASON
+        if meaning is Unstarted.HAND_BACK:
+            seconds = max(0, math.ceil(wait_left))
+            log.warning("task %s: %s before its command started; its previous holder may still run it: "
+                        "handing it back (re-queued in %d s, its next holder waits too)", task.task_id,
+                        why, seconds)
+            self.report(entry, TaskResult(task.task_id, task.workflow_id, TaskStatus.IN_PROGRESS,
+                                          callback_after_seconds=seconds, worker_id=entry.plan.worker_id))
+            return
+        self.report(entry, _failed(task, entry.plan, f"{why} (before its command started)" if held else why))
 
     def _release_slot(self, entry: InFlight) -> None:
         if entry.slot_held:

@@ -2,12 +2,13 @@
 
 The poller only fetches work and hands each task to ``on_task``; the runner's main thread decides
 what to do with it and gives the slot back (``Poller.release``) when the task is finished. A shared
-``WorkBudget`` enforces ``--once`` / ``--max-tasks`` across task types. Delays between polls come
-from the pure ``PollBackoff``; the server's reachability is logged once per change, not per failure.
+``WorkBudget`` enforces ``--once`` / ``--max-tasks`` across task types.
 
-A claimed task is never dropped: the server counts every task of a poll's answer as ours until R,
-even past the count asked. Such extras run too (a slot overshoot of at most the count asked, within
-the work budget); any beyond that go to ``on_surplus``, which hands them back to the server.
+Every decision is the pure ``PollCore``'s (``leasecore.runner.upstream.pollcore``): slots, the work
+budget, pause, the slot kept for update-v2, when the next poll may leave and for how many tasks, what
+an answer or a failure means (surplus handed back, the backoff, the server's reachability logged once
+per change). This module is its driver: a thread that waits until the core lets a poll out, does the
+HTTP, feeds the outcome back, hands the tasks over and logs the lines the core returns.
 
 Must not: start children, track leases or decide a task's fate (the runner does, on its thread);
 sleep past a stop. Its server call is ``runner.ports.PollPort``.
@@ -26,9 +27,12 @@ from leasecore.errors import ConductorAuthError, ConductorError, ConductorReject
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task
 from leasecore.runner.ports import PollPort, PollSettings
-from leasecore.runner.upstream.pollpolicy import BackoffPolicy, FailureKind, PollBackoff, Reachability
+from leasecore.runner.upstream.pollcore import PollCore, SendPoll
+from leasecore.runner.upstream.pollpolicy import FailureKind, PollBackoff, Reachability
 
 log = logging.getLogger("conductor_run.poll")
+
+_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
 
 
 class WorkBudget:
@@ -56,9 +60,6 @@ class WorkBudget:
     def exhausted(self) -> bool:
         with self._lock:
             return self._left == 0
-
-
-_REPORTS_WAITING_MIN = 8  # see Poller._reporting
 
 
 def failure_kind(exc: ConductorError) -> FailureKind:
@@ -97,45 +98,42 @@ class Poller:
         queue (the runner stops and exits 4). Once a poll was answered, refusals are an outage:
         logged once, retried with backoff."""
         self._observer = observer
-        self.settings = settings
         self._port = port
         self._on_task = on_task
         self._on_surplus = on_surplus or on_task
         self._on_exit = on_exit
         self.failed = False  # the thread ended on an unexpected error (set before on_exit is called)
         self.refused: ConductorAuthError | None = None  # set before on_exit: refused before any answer
-        self._end_on_refusal = end_on_refusal_at_start
-        self._answered = False  # some poll of this poller was answered
-        self._budget = budget
         self._stop = stop
-        # Paused: no claim is made (no poll, no update-v2 chaining); starts as configured, then
-        # changed live by ``set_paused`` (the runner's pause/resume/reload).
-        self._paused = settings.paused
-        base = max(0.01, settings.interval_seconds)
-        self._backoff = backoff or PollBackoff(
-            BackoffPolicy(empty_base_seconds=base, empty_cap_seconds=max(1.0, base))
-        )
         self._clock = clock or SystemClock()
+        # Every call into the core holds this lock: the core is not thread-safe, and the thread waits
+        # on it for room (a slot, a task taken up, a result reported) or a resume.
         self._cond = threading.Condition()
-        self._in_use = 0
-        self._unstarted = 0  # handed to on_task / on_surplus, not yet taken up (see taken_up)
-        # Tasks whose child is gone and whose final update is still being sent: they hold no slot,
-        # but at most max(concurrency, 8) of them may wait, or a server refusing updates while it
-        # hands out tasks would have us claim its whole queue (each lease held, each result kept).
-        # Not fewer than 8: with one slot, the next poll must not wait for each report's round trip.
-        self._reporting = 0
-        self.reachability = Reachability()
+        self._core = PollCore(settings, budget, backoff=backoff,
+                              end_on_refusal_at_start=end_on_refusal_at_start)
         self.last_ok_at: datetime | None = None  # wall clock of the last successful poll
-        self.backoff_seconds = 0.0  # the current wait before the next poll
         self._thread = threading.Thread(target=self._run, name=f"poll-{settings.task_type}", daemon=True)
 
     @property
+    def settings(self) -> PollSettings:
+        return self._core.settings
+
+    @property
     def consecutive_errors(self) -> int:
-        return self._backoff.consecutive_errors
+        return self._core.consecutive_errors
+
+    @property
+    def reachability(self) -> Reachability:
+        return self._core.reachability
+
+    @property
+    def backoff_seconds(self) -> float:
+        """The current wait before the next poll."""
+        return self._core.backoff_seconds
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._core.paused
 
     @property
     def alive(self) -> bool:
@@ -148,22 +146,15 @@ class Poller:
         Paused, no poll leaves once the one in flight (if any) has returned, and whatever that poll
         claims is handed back at once (``on_surplus``); running tasks are not touched. Thread-safe."""
         with self._cond:
-            changed = self._paused != paused
-            self._paused = paused
+            changed = self._core.set_paused(paused)
             self._cond.notify_all()
         return changed
 
     def reconfigure(self, settings: PollSettings) -> None:
         """Poll with ``settings`` from the next poll on (a reload: concurrency, poll timeout, domain...);
         the paused state is ``set_paused``'s, not ``settings.paused``. Thread-safe."""
-        if settings.task_type != self.settings.task_type:
-            raise ValueError("a poller's task type cannot change")
         with self._cond:
-            if settings.interval_seconds != self.settings.interval_seconds:
-                base = max(0.01, settings.interval_seconds)
-                self._backoff.policy = BackoffPolicy(empty_base_seconds=base,
-                                                     empty_cap_seconds=max(1.0, base))
-            self.settings = settings
+            self._core.reconfigure(settings)
             self._cond.notify_all()  # more slots may be free now
 
     def start(self) -> None:
@@ -177,15 +168,14 @@ class Poller:
     def release(self, count: int = 1) -> None:
         """A task of this type is finished (or was never started): its slot is free again."""
         with self._cond:
-            self._in_use = max(0, self._in_use - count)
+            self._core.release(count)
             self._wake_if_free_locked()
 
     def reporting(self) -> None:
         """A task's child is gone and its result is being reported: its slot is free for another
-        task, and it counts against the reports that may wait (see ``_take_slots``)."""
+        task, and it counts against the reports that may wait (``PollCore.reporting_started``)."""
         with self._cond:
-            self._in_use = max(0, self._in_use - 1)
-            self._reporting += 1
+            self._core.reporting_started()
             self._wake_if_free_locked()
 
     def keep_for_chain(self) -> bool:
@@ -193,27 +183,28 @@ class Poller:
         slot for that task, with one unit of the work budget. False (nothing kept: call ``reporting``)
         when the budget is spent, the type is paused or polling stopped. The claimed task then takes
         the slot over (no call); if nothing comes, ``chain_ended``."""
-        if self._paused or self._stop.is_set():
-            return False
-        return self._budget.reserve(1) == 1
+        with self._cond:
+            self._see_stop_locked()
+            return self._core.keep_for_chain()
 
     def chain_ended(self) -> None:
         """The update-v2 of a task kept by ``keep_for_chain`` claimed nothing: its budget unit goes
         back, and its slot is free while its result is still reported (as ``reporting``)."""
-        self._budget.give_back(1)
-        self.reporting()
+        with self._cond:
+            self._core.chain_ended()
+            self._wake_if_free_locked()
 
     def reported(self) -> None:
         """A result counted by ``reporting`` is delivered, saved for later or dropped."""
         with self._cond:
-            self._reporting = max(0, self._reporting - 1)
+            self._core.reported()
             self._wake_if_free_locked()
 
     def taken_up(self, count: int = 1) -> None:
         """The runner has dealt with ``count`` tasks this poller handed over (started, refused or
         handed back): room for more claims."""
         with self._cond:
-            self._unstarted = max(0, self._unstarted - count)
+            self._core.taken_up(count)
             self._wake_if_free_locked()
 
     def wake(self) -> None:
@@ -223,115 +214,76 @@ class Poller:
 
     def _run(self) -> None:
         try:
-            if self._paused:
+            if self._core.paused:
                 # Idle, not ended: a runner whose every type is paused stays up until stopped (as the
                 # SDKs' workers do), instead of exiting 0 at once and being restarted in a loop; a
                 # resume starts polling.
                 log.info("task type %s is paused: not polling it", self.settings.task_type)
-            while not self._stop.is_set() and self.refused is None:
-                self._poll_once()
+            while self.refused is None and (request := self._next_poll()) is not None:
+                self._poll(request)
         except Exception:  # a thread's top level: log it; the runner sees the poller end
             self.failed = True
             log.exception("the poller of %s failed", self.settings.task_type)
         finally:
             self._on_exit(self.settings.task_type)
 
-    def _full_locked(self) -> bool:
-        """No claim may be made now: every slot taken, or too many tasks not started or reporting."""
-        return (
-            self._in_use >= self.settings.concurrency
-            or self._unstarted >= max(1, self.settings.max_unstarted)
-            or self._reporting >= max(self.settings.concurrency, _REPORTS_WAITING_MIN)
-        )
+    def _see_stop_locked(self) -> None:
+        if self._stop.is_set() and not self._core.stopped:
+            self._core.stop()
 
     def _wake_if_free_locked(self) -> None:
         # Only when a claim has become possible: a wake-up that finds every slot still taken costs the
         # poller a thread switch and the GIL for nothing, several times per task.
-        if not self._full_locked():
+        if not self._core.full:
             self._cond.notify_all()
 
-    def _take_slots(self) -> int:
-        """Wait for free slots (and not paused), reserve them and the budget; 0 means stop polling."""
-        with self._cond:
-            while (self._paused or self._full_locked()) and not self._stop.is_set():
-                self._cond.wait(timeout=1.0)
-            if self._stop.is_set():
-                return 0
-            cap = max(1, self.settings.max_unstarted)
-            room = min(self.settings.concurrency - self._in_use, cap - self._unstarted)
-            granted = self._budget.reserve(room)
-            self._in_use += granted
-            return granted
+    def _next_poll(self) -> SendPoll | None:
+        """Wait until the core lets a poll out (its slots and budget reserved); None: stopped."""
+        slept_until = float("-inf")
+        while True:
+            with self._cond:
+                self._see_stop_locked()
+                # (After a backoff slept out on the wall clock, it is over even if the clock given
+                # is a test's that did not move.)
+                now = max(self._clock.monotonic(), slept_until)
+                request = self._core.take_poll(now)
+                if request is not None or self._core.stopped:
+                    return request
+                due = self._core.next_wakeup(now)
+                if due is None:
+                    # Room, a resume or another type's budget: those wake us; the stop within 1 s
+                    # even if nobody calls ``wake``.
+                    self._cond.wait(timeout=1.0)
+                    continue
+            self._stop.wait(max(0.0, due - now))  # the backoff: only a stop cuts it short
+            slept_until = due
 
-    def _poll_once(self) -> None:
-        count = self._take_slots()
-        if count == 0:
-            if not self._stop.is_set():  # the budget is spent: nothing more to poll for
-                self._stop_polling()
-            return
+    def _poll(self, request: SendPoll) -> None:
         polled_at = self._clock.monotonic()
         try:
-            tasks = self._port.poll(
-                self.settings.task_type, count=count, timeout_ms=self.settings.timeout_ms,
-                worker_id=self.settings.worker_id, domain=self.settings.domain,
-            )
+            tasks = self._port.poll(request.task_type, count=request.count, timeout_ms=request.timeout_ms,
+                                    worker_id=request.worker_id, domain=request.domain)
         except ConductorError as exc:
-            self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, exc)
-            self._unreserve(count)
-            if isinstance(exc, ConductorAuthError) and self._end_on_refusal and not self._answered:
+            self._observer.on_poll(request.task_type, self._clock.monotonic() - polled_at, exc)
+            with self._cond:
+                failed = self._core.on_failure(str(exc), failure_kind(exc), self._clock.monotonic())
+                self._wake_if_free_locked()
+            if failed.give_up:
+                assert isinstance(exc, ConductorAuthError)  # (the only kind the core gives up on)
                 self.refused = exc  # the client already retried once with a fresh token
-                return
-            self._note(self.reachability.on_failure(str(exc), failure_kind(exc)))
-            self.backoff_seconds = self._backoff.on_error()
-            self._stop.wait(self.backoff_seconds)
+            elif failed.note is not None:
+                log.warning("%s (polling %s)", failed.note, request.task_type)
             return
-        self._observer.on_poll(self.settings.task_type, self._clock.monotonic() - polled_at, None)
-        if self._paused and tasks:  # paused while this poll was out: nothing it claimed runs here
-            self._unreserve(count)
-            run, surplus = list[Task](), tasks
-            log.info("task type %s was paused during a poll: handing its %d task(s) back",
-                     self.settings.task_type, len(tasks))
-        else:
-            run, surplus = self._split(tasks, count)
+        self._observer.on_poll(request.task_type, self._clock.monotonic() - polled_at, None)
         with self._cond:
-            self._unstarted += len(run) + len(surplus)
-        self._answered = True
-        self._note(self.reachability.on_success())
+            answered = self._core.on_answer(tasks, self._clock.monotonic())
+            self._wake_if_free_locked()
+        for level, line in answered.lines:
+            log.log(_LEVELS[level], "%s", line)
+        if answered.note is not None:
+            log.info("%s (polling %s)", answered.note, request.task_type)
         self.last_ok_at = self._clock.now()
-        for task in run:
+        for task in answered.run:
             self._on_task(task, polled_at)
-        for task in surplus:
+        for task in answered.surplus:
             self._on_surplus(task, polled_at)
-        self.backoff_seconds = self._backoff.on_tasks() if tasks else self._backoff.on_empty()
-        if self.backoff_seconds:
-            self._stop.wait(self.backoff_seconds)
-
-    def _split(self, tasks: list[Task], count: int) -> tuple[list[Task], list[Task]]:
-        """The tasks to run and the surplus to hand back; slots and budget follow the tasks run."""
-        extra = len(tasks) - count
-        if extra <= 0:
-            self._unreserve(count - len(tasks))
-            return tasks, []
-        with self._cond:  # overshoot: up to `count` more, as far as the budget allows
-            granted = self._budget.reserve(min(extra, count))
-            self._in_use += granted
-        log.warning("the server returned %d task(s) for a poll of %d (%s): running %d more than asked, "
-                    "handing %d back", len(tasks), count, self.settings.task_type, granted, extra - granted)
-        return tasks[: count + granted], tasks[count + granted :]
-
-    def _stop_polling(self) -> None:
-        # The budget is shared: this poller simply ends; the runner stops when the work is done.
-        with self._cond:
-            while not self._stop.is_set() and self._budget.exhausted:
-                self._cond.wait(timeout=1.0)
-
-    def _unreserve(self, count: int) -> None:
-        if count:
-            self._budget.give_back(count)
-            self.release(count)
-
-    def _note(self, change: tuple[Reachability, str | None]) -> None:
-        self.reachability, line = change
-        if line is not None:
-            level = logging.INFO if self.reachability.reachable else logging.WARNING
-            log.log(level, "%s (polling %s)", line, self.settings.task_type)

@@ -1,4 +1,5 @@
-"""Pure decisions of the poll loop: how long to wait before the next poll, and when to say so.
+"""Pure decisions of the poll loop: how long to wait before the next poll (with the product's one
+backoff, ``leasecore.backoff.Backoff``), and when to say so.
 
 No I/O, no threads, no clock reads: the poller thread (``leasecore.runner.upstream.poller``) feeds outcomes in
 and sleeps for the delays that come out. Randomness (jitter) is injected so tests are deterministic.
@@ -10,6 +11,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from leasecore.backoff import Backoff
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ class PollBackoff:
         return self._jittered(p.error_base_seconds, p.error_cap_seconds, self.consecutive_errors)
 
     def _jittered(self, base: float, cap: float, n: int) -> float:
-        delay = min(cap, base * (2.0 ** min(n - 1, 30)))
-        return delay * (1.0 - self.policy.jitter * self._rand())
+        """The product's one backoff (``leasecore.backoff.Backoff``): doubling from ``base`` up to
+        ``cap``, shortened by up to ``jitter`` with a draw of the injected random source."""
+        if base <= 0 or cap <= 0:  # no wait configured: poll again at once
+            return 0.0
+        return Backoff(base, 2.0, max(base, cap), self.policy.jitter).delay(n, self._rand())
 
 
 FailureKind = Literal["unreachable", "auth", "no_credentials", "rejected"]

@@ -1,11 +1,14 @@
 """Deliver final results (``POST /api/tasks``, or update-v2 to claim the next task) with retries.
 
-A result is retried on ``ConductorUnavailable`` (and on ``ConductorAuthError``: refused credentials
-say nothing about the result) with capped backoff until its deadline (the runner
-keeps the task's heartbeats going meanwhile, so the server keeps waiting for it). A 4xx is final:
-404 means the task or workflow is gone. A result still undelivered at its deadline is saved to the
-outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the runner enqueues
-it), after which the runner tells the lease engine to stop heartbeating that task.
+What each failed attempt means is ``leasecore.lease.finalfailure``'s table (``decide``); this module
+carries it out: a result is retried on ``ConductorUnavailable`` (and on ``ConductorAuthError``:
+refused credentials say nothing about the result) with the capped ``REPORT_BACKOFF`` until its
+deadline (the runner keeps the task's heartbeats going meanwhile, so the server keeps waiting for it).
+An update whose answer was lost is read back first (``reader``), once it can no longer land, and sent
+again only if it never landed.
+A 4xx is final: 404 means the task or workflow is gone. A result still undelivered at its deadline is
+saved to the outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the
+runner enqueues it), after which the runner tells the lease engine to stop heartbeating that task.
 
 Chaining (``submit(on_chained=...)``, ``leasecore.runner.chain``): the first attempt goes out as
 update-v2 and ``on_chained(task or None, sent_at)`` is called exactly once, before ``on_done``, with
@@ -30,17 +33,25 @@ from pathlib import Path
 from typing import cast
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import (
-    ConductorAuthError,
-    ConductorError,
-    ConductorNotFound,
-    ConductorProtocolError,
-    ConductorRejected,
+from leasecore.errors import ConductorError
+from leasecore.lease.finalfailure import (
+    Attempt,
+    Delivered,
+    FallBackToV1,
+    GiveUp,
+    ReadBack,
+    Retry,
+    Save,
+    SendBare,
+    after_read_back,
+    bare_result,
+    decide,
+    failure_of,
+    report_backoff,
 )
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
-from leasecore.runner.chain import Refusal, refusal
-from leasecore.runner.ports import ChainPort, UpdatePort
+from leasecore.runner.ports import ChainPort, TaskReader, TimedChainPort, UpdatePort
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
@@ -87,22 +98,30 @@ class Reporter:
         request_timeout_seconds: float = 10.0,
         backoff_cap_seconds: float = 5.0,
         observer: Observer = NO_METRICS,
+        reader: TaskReader | None = None,
+        wait: Callable[[float], object] | None = None,
     ) -> None:
-        """``observer.on_update`` after every attempt (metrics)."""
+        """``observer.on_update`` after every attempt (metrics). ``reader`` reads a task back after
+        its update's answer was lost (None: the port's ``reader``, if it has one; else never read back).
+        ``wait(seconds)`` waits between attempts (default: until ``hurry``; tests step a clock)."""
         self._observer = observer
         self._port = port
         self._on_done = on_done
         self._outbox = outbox
         self._clock = clock or SystemClock()
         self._timeout = request_timeout_seconds
-        self._cap = backoff_cap_seconds
+        self._backoff = report_backoff(backoff_cap_seconds)
+        self._reader: TaskReader | None = reader if reader is not None else getattr(port, "reader", None)
         self._hurry = threading.Event()
+        self._wait = wait or self._hurry.wait
         self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
         self._closed = False
         # update-v2 is used while the port has it and the server has not refused it (405, or a 404
         # that v1 took): a plain bool, written by sender threads, read by the runner's main thread.
         self._v2_port = cast(ChainPort, port) if callable(getattr(port, "update_v2", None)) else None
         self._v2 = self._v2_port is not None
+        timed = callable(getattr(port, "update_v2_timed", None))
+        self._timed_port = cast(TimedChainPort, port) if timed else None
 
     @property
     def chaining(self) -> bool:
@@ -159,8 +178,12 @@ class Reporter:
         try:
             if v2:
                 assert chain is not None and self._v2_port is not None
-                claimed = self._v2_port.update_v2(result, timeout_seconds=timeout_seconds)
-                chain.end(claimed if isinstance(claimed, Task) else None, started)
+                timeout = timeout_seconds
+                if self._timed_port is not None:  # the lease counts from the send, after the guard's wait
+                    claimed, sent_at = self._timed_port.update_v2_timed(result, timeout_seconds=timeout)
+                else:
+                    claimed, sent_at = self._v2_port.update_v2(result, timeout_seconds=timeout), started
+                chain.end(claimed if isinstance(claimed, Task) else None, sent_at)
             else:
                 self._port.update(result, timeout_seconds=timeout_seconds)
                 claimed = None
@@ -178,9 +201,10 @@ class Reporter:
         self, result: TaskResult, deadline: float, poll_count: int = 0, task_type: str = "",
         chain: _Chain | None = None,
     ) -> ReportOutcome:
-        delay = 0.5
+        """Attempts until one is taken; each failure's meaning is ``finalfailure.decide``'s."""
         attempt = 0
         unsure_v2 = False  # update-v2 answered 404: if v1 takes the result, the endpoint is missing
+        has_body = bool(result.output_data or result.logs)
         while True:
             attempt += 1
             left = deadline - self._clock.monotonic()
@@ -190,32 +214,83 @@ class Reporter:
                 if unsure_v2:
                     self._v2_off("answered 404 to update-v2 but took the same result through v1")
                 return ReportOutcome(result.task_id, delivered=True, via="v2" if v2 else "v1")
-            except ConductorProtocolError as exc:  # a 2xx we could not parse: the server took it
-                log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
-                return ReportOutcome(result.task_id, delivered=True, via="v2" if v2 else "v1")
-            except ConductorRejected as exc:
-                if v2 and (why := refusal(exc.status_code)) is not None:
-                    # No such endpoint (or no such task): the same result through v1, at once.
-                    if why is Refusal.MISSING:
-                        self._v2_off(f"answered {exc.status_code} to update-v2")
-                    unsure_v2 = why is Refusal.UNSURE
-                    attempt -= 1
-                    continue
-                if not isinstance(exc, ConductorAuthError):
-                    log.warning("task %s: the server rejected the result (%s); not retrying",
-                                result.task_id, exc)
-                    return self._bare_failure(result, exc, deadline, task_type)
-                # Refused credentials (rotated, expired) say nothing about the result: retry it, and
-                # keep it in the outbox at the deadline rather than drop it.
-                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
-                                                      poll_count)) is not None:
-                    return outcome
-                delay = min(self._cap, delay * 2)
             except ConductorError as exc:
-                if (outcome := self._retry_or_give_up(result, exc, attempt, deadline, delay,
-                                                      poll_count)) is not None:
-                    return outcome
-                delay = min(self._cap, delay * 2)
+                failure = failure_of(exc)
+                decision = decide(failure, Attempt(
+                    result.status, number=attempt, left=deadline - self._clock.monotonic(), v2=v2,
+                    status_code=exc.status_code, has_body=has_body, hurry=self._hurry.is_set(),
+                    backoff=self._backoff))
+                match decision:
+                    case Delivered():  # a 2xx we could not parse: the server took it
+                        log.warning("task %s: unexpected answer to the final update: %s", result.task_id, exc)
+                        return ReportOutcome(result.task_id, delivered=True, via="v2" if v2 else "v1")
+                    case FallBackToV1(endpoint_missing=missing):
+                        # No such endpoint (or no such task): the same result through v1, at once.
+                        if missing:
+                            self._v2_off(f"answered {exc.status_code} to update-v2")
+                        unsure_v2 = not missing
+                        attempt -= 1
+                    case SendBare(status=status):
+                        log.warning("task %s: the server rejected the result (%s); not retrying",
+                                    result.task_id, exc)
+                        return self._bare_failure(result, exc, status, deadline, task_type)
+                    case GiveUp():
+                        log.warning("task %s: the server rejected the result (%s); not retrying",
+                                    result.task_id, exc)
+                        return ReportOutcome(result.task_id, delivered=False, error=str(exc))
+                    case Save():
+                        return self._give_up(result, exc, attempt, poll_count)
+                    case Retry(after=delay):
+                        self._note_retry(result, exc, attempt, deadline)
+                        self._wait(delay)
+                    case ReadBack(after=delay):
+                        self._note_retry(result, exc, attempt, deadline)
+                        landed = self._read_back(result, exc, delay, deadline, poll_count, attempt)
+                        if landed is not None:
+                            return landed
+
+    def _note_retry(self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float) -> None:
+        if attempt == 1:
+            log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)", result.task_id,
+                        result.status.value, exc, deadline - self._clock.monotonic())
+
+    def _read_back(self, result: TaskResult, exc: ConductorError, wait: float, deadline: float,
+                   poll_count: int, attempt: int) -> ReportOutcome | None:  # fmt: skip
+        """An update whose answer was lost may still land (a yield's next run may be polled already):
+        read the task back once it can no longer land (``wait``), and send it again (None) only if it
+        never did (``finalfailure.after_read_back``). A read that fails is tried again with the
+        backoff, up to the deadline; then the result goes to the outbox, which reads back too."""
+        if self._reader is None:  # nothing to read with: retried as any other failure
+            self._wait(wait)
+            return None
+        reads = 0
+        while True:
+            self._wait(wait)
+            if self._hurry.is_set():  # a forced stop: to the outbox, which reads back before it sends
+                return self._give_up(result, exc, attempt, poll_count)
+            reads += 1
+            try:
+                timeout = max(1.0, min(self._timeout, deadline - self._clock.monotonic()))
+                ownership = self._reader.get_task_ownership(result.task_id, timeout_seconds=timeout)
+            except ConductorError as err:
+                wait = self._backoff.delay(reads)
+                if self._hurry.is_set() or deadline - self._clock.monotonic() <= wait:
+                    return self._give_up(result, err, attempt, poll_count)
+                continue
+            break
+        match after_read_back(ownership, poll_count, result.status):
+            case Delivered():
+                how = "gone" if ownership is None else (
+                    f"{ownership.status.value}, pollCount {ownership.poll_count}")
+                log.info("task %s: read back after its %s went unanswered: it had landed (%s); not "
+                         "sending it again", result.task_id, result.status.value, how)
+                return ReportOutcome(result.task_id, delivered=True, via="v1")
+            case GiveUp(reason=why):
+                log.warning("task %s: read back after its %s went unanswered: %s; not sending it again",
+                            result.task_id, result.status.value, why)
+                return ReportOutcome(result.task_id, delivered=False, error=f"{exc} ({why})")
+            case _:
+                return None  # it never landed: send it again
 
     def _v2_off(self, why: str) -> None:
         if self._v2:
@@ -223,49 +298,21 @@ class Reporter:
             log.warning("the server %s: final updates use v1 POST /api/tasks from now on (each next "
                         "task is polled)", why)
 
-    def _bare_failure(
-        self, result: TaskResult, exc: ConductorRejected, deadline: float, task_type: str = ""
-    ) -> ReportOutcome:
+    def _bare_failure(self, result: TaskResult, exc: ConductorError, status: TaskStatus, deadline: float,
+                      task_type: str = "") -> ReportOutcome:  # fmt: skip
         """The server refused the result itself (400, 413, a 500 marked not retryable: too big, too
-        deep, a value it cannot take), not the task (404: gone). Report the task FAILED without its
+        deep, a value it cannot take), not the task: report the task ``status`` (FAILED) without its
         output and logs, once, so that the server retries it now rather than after its response
-        timeout; if that is refused too, nothing more is sent."""
-        refused = ReportOutcome(result.task_id, delivered=False, error=str(exc))
-        # Only for a run's final result (never an IN_PROGRESS yield or a hand-back: a FAILED there would
-        # spend a retry of a task that did not fail), only for what says "this body" (not a 404: gone;
-        # not a 409 or a redirect), and only if it would change anything.
-        terminal = result.status in _FINAL
-        body_refused = exc.status_code in _BODY_REFUSED or (exc.status_code or 0) >= 500
-        already_bare = result.status is not TaskStatus.COMPLETED and not (result.output_data or result.logs)
-        if not terminal or not body_refused or already_bare or isinstance(exc, ConductorNotFound):
-            return refused
-        no_retry = result.status is TaskStatus.FAILED_WITH_TERMINAL_ERROR  # a "no retry" result stays one
-        status = TaskStatus.FAILED_WITH_TERMINAL_ERROR if no_retry else TaskStatus.FAILED
-        bare = TaskResult(result.task_id, result.workflow_id, status, worker_id=result.worker_id,
-                          reason_for_incompletion=f"the server refused the task's result ({_short(exc)}); "
-                          "reported without its output")  # fmt: skip
+        timeout (``finalfailure.SendBare``); if that is refused too, nothing more is sent."""
+        bare = bare_result(result, status, _short(exc))
         try:
             left = deadline - self._clock.monotonic()
             self._update(bare, max(1.0, min(self._timeout, left)), task_type)
         except ConductorError as again:
             log.warning("task %s: the server refused a bare FAILED too (%s)", result.task_id, again)
-            return refused
+            return ReportOutcome(result.task_id, delivered=False, error=str(exc))
         log.warning("task %s: reported %s without its output instead", result.task_id, status.value)
         return ReportOutcome(result.task_id, delivered=True, error=str(exc), sent_status=status, via="v1")
-
-    def _retry_or_give_up(
-        self, result: TaskResult, exc: ConductorError, attempt: int, deadline: float, delay: float,
-        poll_count: int = 0,
-    ) -> ReportOutcome | None:
-        """Wait ``delay`` before the next attempt (None), or give up when there is no time left."""
-        left = deadline - self._clock.monotonic()
-        if self._hurry.is_set() or left <= delay:
-            return self._give_up(result, exc, attempt, poll_count)
-        if attempt == 1:
-            log.warning("task %s: could not report %s yet: %s (retrying for %.0f s)",
-                        result.task_id, result.status.value, exc, left)
-        self._hurry.wait(delay)
-        return None
 
     def _give_up(
         self, result: TaskResult, exc: ConductorError, attempts: int, poll_count: int = 0
@@ -281,9 +328,6 @@ class Reporter:
                   result.task_id, result.status.value, attempts, exc, where)
         return ReportOutcome(result.task_id, delivered=False, saved_to=saved, error=str(exc))
 
-
-_FINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.FAILED_WITH_TERMINAL_ERROR})
-_BODY_REFUSED = frozenset({400, 413, 422})  # and a 5xx marked not retryable (a parse error on Conductor)
 
 
 def _short(exc: Exception, limit: int = 200) -> str:
