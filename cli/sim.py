@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kill-by", action="store_true",
                    help="fork servers without the dead-man switch (a stalled runner's trees run on)")
     p.add_argument("--known-gaps", action="store_true",
-                   help="requeue running tasks in every seed, under any fault (a known gap of the "
-                   "re-delivery hold: see docs/simulator.md, findings)")
+                   help="requeue running tasks in every seed, under any fault (what is still open "
+                   "around re-deliveries: see docs/simulator.md, findings)")
     p.add_argument("--fault-scale", type=float, default=1.0,
                    help="multiply every per-request fault probability (each capped at 0.2; default 1)")
     p.add_argument("--no-faults", action="store_true", help="no injected faults (a baseline)")

@@ -6,11 +6,16 @@ side, a task handed to *us* whose previous holder may still run it:
 
 * **A re-delivery** (``pollCount`` > 1) that does not follow a yield of ours. The server hands a task
   out again after a re-queue while it still runs elsewhere (a bare IN_PROGRESS update, an operator's
-  requeue, a queue repair, a double delivery). Its previous holder notices at its next ownership check
-  (within ``ownership_check_interval``, plus the longest its runner's check budget may hold a due
-  check: ``check_queue_seconds``), confirms it ``redelivery_grace`` later (that check may wait for
-  the budget too), and its tree is dead ``kill_grace`` + margin after that. So the command starts
-  only that long after our poll (``redelivery_wait_seconds``); the lease is held with heartbeats meanwhile.
+  requeue, a queue repair, a double delivery). Its previous holder's heartbeats still succeed (the
+  server extends any task that is not terminal); what ends its copy is its own ownership checks.
+  Counting on one of them getting through (a check interval, a confirmation, the grace) left a gap: a
+  holder whose checks are lost, partitioned or stalled ran on. So the holder's lease also ends one
+  *ownership window* after the newest check that found the task its own was started
+  (``LeasePolicy.ownership_window_seconds``: the lease timeout, plus twice the longest its runner's
+  check budget may hold a due check, ``check_queue_seconds``), and its fork server's kill-by follows
+  that deadline too. Such a check was started before the re-poll that reached us, so that holder's
+  tree is dead by the window after our poll's answer: the command starts only then
+  (``redelivery_wait_seconds``); the lease is held with heartbeats meanwhile.
 * **A yield of ours** (an IN_PROGRESS update: ``in_progress_exit_code`` with ``callbackAfterSeconds``,
   or a surplus task handed back) ends that delivery on purpose, with nothing left running: the update
   carries the pollCount it ended (``mark_yield``), and the next delivery, pollCount + 1, on any host,
@@ -91,15 +96,22 @@ def redelivery_wait_seconds(
     kill_grace_seconds: float,
     fence_margin_seconds: float,
     check_queue_seconds: float = 0.0,
+    lease_timeout_seconds: float = 0.0,
 ) -> float:
     """How long after the poll the command of ``task`` may start: 0, or (a re-delivery that may still
-    run elsewhere) until its previous holder must have fenced: check interval + confirmation + grace
-    + margin, plus twice ``check_queue_seconds`` (the most a runner's ownership-check budget holds a due
-    check, ``leasecore.checkbudget.max_queue_seconds``: the first check and the confirming one may each
-    wait that long). Without ownership checks nothing bounds that; the wait is still the grace +
-    margin."""
+    run elsewhere) until its previous holder's tree must be dead whatever became of its checks: its
+    ownership window, the task's R (the longest any holder's lease timeout may be; without R, ours,
+    ``lease_timeout_seconds``) plus twice ``check_queue_seconds`` (the most a runner's ownership-check
+    budget holds a due check, ``leasecore.checkbudget.max_queue_seconds``). See the module doc.
+
+    Without a lease deadline the wait is the old one, which counts on the previous holder's checks
+    getting through: check interval + confirmation + grace + margin (+ twice the budget's hold).
+    Without ownership checks nothing bounds it; the wait is still the grace + margin."""
     if not may_run_elsewhere(task):
         return 0.0
+    window = task.response_timeout_seconds or lease_timeout_seconds
+    if ownership_check_interval_seconds > 0 and window > 0:
+        return window + 2 * check_queue_seconds
     check = 0.0
     if ownership_check_interval_seconds > 0:
         check = ownership_check_interval_seconds + redelivery_grace_seconds + 2 * check_queue_seconds

@@ -358,9 +358,10 @@ class TaskSettings:
         5.0, check=seconds(positive=True), help="seconds between GET /api/tasks/{id} ownership checks",
         unit="s",
         doc="With many tasks the runner's `ownership_check_rate` stretches it "
-        "([the budget](leases.md#ownership-checks-per-runner-a-shared-budget)); also how long (+ 0.5 s + "
-        "kill grace + 0.4 s, + twice the budget's longest hold) a re-delivered task waits for its previous "
-        "holder to fence.",
+        "([the budget](leases.md#ownership-checks-per-runner-a-shared-budget)); a short R shortens it "
+        "to fit the ownership window (a task whose checks all fail is fenced R after its last "
+        "confirmed one, so a re-delivered task waits R, + twice the budget's longest hold, for its "
+        "previous holder).",
     )
     secrets: tuple[str, ...] = option(
         (), check=env_names,

@@ -51,7 +51,6 @@ def _no_jitter() -> float:
     return 0.0
 
 
-
 class Lease:
     """The lease of one task, from its poll to its final report. Not thread-safe.
 
@@ -73,9 +72,12 @@ class Lease:
       timeout, shutdown) TERM at the deadline and KILL a grace later, never past a server deadline's
       KILL point. The exec timeout counts from ``on_child_started`` (else the poll; with a start delay
       or after ``on_start_held``, only from the start).
-    * **Ownership** is checked every ``ownership_check_interval_seconds`` and right after the first
+    * **Ownership** is checked every ``ownership_check_every_seconds`` and right after the first
       failed beat of a streak; what an answer means is ``leasecore.lease.ownership``'s. A lost task is
-      fenced with OWNERSHIP_LOST (report nothing); a failed check changes nothing.
+      fenced with OWNERSHIP_LOST (report nothing). A check that finds the task ours keeps the lease
+      for ``ownership_window_seconds`` from when it was started (as an ack does for the lease
+      timeout), until the child exits: the lease deadline is the earlier of the two. A failed check
+      is retried like a beat (sooner, within the time left).
     * After ``on_child_exited`` nothing is terminated or killed any more, and no heartbeat starts
       before the first final update does, unless the lease would run out first (then one goes as late
       as the lease allows: ``EXITED_BEAT_ROOM_SECONDS`` before the last moment an attempt may start).
@@ -108,8 +110,9 @@ class Lease:
         self._beat_in_flight = self._check_in_flight = False
         early = 1.0 - policy.first_attempt_spread * random() if policy.first_attempt_spread else 1.0
         self._next_beat_at = polled_at + self._interval * early if self._interval else _NEVER
-        check_every = policy.ownership_check_interval_seconds
+        check_every = policy.ownership_check_every_seconds
         self._next_check_at = polled_at + check_every * early if check_every > 0 else _NEVER
+        self._confirmed_at = self._check_started_at = polled_at  # newest check that found it ours; in flight
         self._exec_started_at: float | None = None
         self._start_held = False  # the runner holds the command: the exec timeout waits for its start
         self._shutdown_at = self._kill_at = _NEVER
@@ -121,9 +124,14 @@ class Lease:
 
     @property
     def lease_deadline(self) -> float:
-        """When the lease ends unless a newer ack arrives (inf: never)."""
-        timeout = self.policy.lease_timeout_seconds
-        return self._acked_sent_at + timeout if timeout > 0 else _NEVER
+        """When the lease ends unless a newer ack (or, while the child may run, a check that finds
+        the task ours) arrives (inf: never)."""
+        timeout, window = self.policy.lease_timeout_seconds, self.policy.ownership_window_seconds
+        if timeout <= 0:
+            return _NEVER
+        if window > 0 and not self._child_exited:
+            return min(self._acked_sent_at + timeout, self._confirmed_at + window)
+        return self._acked_sent_at + timeout
 
     @property
     def term_point(self) -> float:
@@ -211,8 +219,9 @@ class Lease:
     def kill_by(self) -> tuple[float, float] | None:
         """(TERM at, KILL at) of the earliest server deadline (the lease's, the hard ceiling): what the
         fork server's dead-man's switch enforces if the runner stalls (None: no server deadline). It
-        moves only with an ack (or a re-delivery) processed before the TERM point, never past the
-        lease's own fence points: TERM at deadline - grace - margin, KILL at deadline - margin."""
+        moves only with an ack, a re-delivery or a check that found the task ours, processed before
+        the TERM point, never past the lease's own fence points: TERM at deadline - grace - margin,
+        KILL at deadline - margin."""
         kill_at = self._server_kill_point()
         if kill_at == _NEVER:
             return None
@@ -293,14 +302,13 @@ class Lease:
         now = self._enter(now)
         actions = self._advance(now)
         self._check_in_flight = False
-        self._next_check_at = now + self.policy.ownership_check_interval_seconds
+        self._next_check_at = now + self.policy.ownership_check_every_seconds
         if self._final_update or self._reported:
             return actions + self._advance(now)  # our own update is changing the status: proves nothing
         grace = self.policy.redelivery_grace_seconds
-        verdict = judge_ownership(
-            ownership, self._poll_count, unconfirmed_poll_count=self._unconfirmed_poll_count,
-            redelivery_grace_seconds=grace,
-        )  # fmt: skip
+        unconfirmed = self._unconfirmed_poll_count
+        verdict = judge_ownership(ownership, self._poll_count, unconfirmed_poll_count=unconfirmed,
+                                  redelivery_grace_seconds=grace)  # fmt: skip
         if verdict.confirm_poll_count is not None:
             # Maybe a re-delivery to us that is still on its way to the runner: give it the grace to
             # arrive (``on_redelivered``), then look again.
@@ -308,19 +316,21 @@ class Lease:
             self._next_check_at = now + grace
             return actions + self._advance(now)
         self._unconfirmed_poll_count = None
-        why = verdict.lost_reason
-        if why is not None:
-            if self._lost_reason is None:
-                self._lost_reason = why
+        if (why := verdict.lost_reason) is not None:
+            self._lost_reason = self._lost_reason or why
             actions += self._fence(now, FenceReason.OWNERSHIP_LOST)
+        elif not self._expired:  # still ours as of the check's start: that keeps the lease
+            self._confirmed_at = max(self._confirmed_at, self._check_started_at)
         return actions + self._advance(now)
 
     def on_ownership_check_failed(self, now: float) -> list[Action]:
-        """An ownership check could not be answered; try again at the next interval."""
+        """An ownership check could not be answered: again at the next interval, or sooner (at most
+        half the time left to the TERM point, which the ownership window may set)."""
         now = self._enter(now)
         actions = self._advance(now)
         self._check_in_flight = False
-        self._next_check_at = now + self.policy.ownership_check_interval_seconds
+        left = max(MIN_RETRY_GAP_SECONDS, (self.term_point - now) / 2)
+        self._next_check_at = now + min(self.policy.ownership_check_every_seconds, left)
         return actions + self._advance(now)
 
     def on_redelivered(self, now: float, polled_at: float, poll_count: int = 0) -> list[Action]:
@@ -329,6 +339,8 @@ class Lease:
         now = self._enter(now)
         actions = self._advance(now)
         self._record_ack(min(polled_at, now))
+        if not self._expired:  # our own poll handed it to us: ours as of then
+            self._confirmed_at = max(self._confirmed_at, min(polled_at, now))
         self._poll_count = max(self._poll_count, poll_count)
         return actions + self._advance(now)
 
@@ -483,5 +495,6 @@ class Lease:
         check_due = self._check_due_at()
         if check_due is not None and check_due <= now:
             self._check_in_flight = True
+            self._check_started_at = now
             actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self.term_point))
         return actions

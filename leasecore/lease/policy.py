@@ -79,6 +79,14 @@ class LeasePolicy:
       survives re-deliveries: poll + timeoutSeconds - ``hard_elapsed_seconds`` (what the server had
       already counted at the poll, from its own timestamps: no clock skew enters). Heartbeats cannot
       extend it. ``exec_timeout_seconds`` is ours and counts from the child's start.
+    * **Ownership keeps the lease too.** With ownership checks on and a lease deadline, the lease
+      also ends ``ownership_window_seconds`` (the lease timeout, plus twice the check budget's longest
+      hold) after the newest check that found the task still ours was started (or the poll), while
+      the command may run: heartbeats to a task handed to someone else still succeed, so only a check
+      can tell, and a holder whose checks fail (lost answers, a partition, a stall) must not outlive
+      the hold of the task's next holder (``leasecore.handover.redelivery_wait_seconds``). Checks come
+      every ``ownership_check_every_seconds`` (the interval, at most a heartbeat-like share of that
+      window) and a failed one is retried sooner, so a healthy lease keeps its window.
     * ``start_delay_seconds`` (``from_task``, for a re-delivery that may still run elsewhere,
       ``leasecore.handover``) is the runner's to honour; the lease is held from the poll meanwhile.
     """
@@ -103,6 +111,9 @@ class LeasePolicy:
     # The command starts this long after the delivery reached the runner: a re-delivery whose previous
     # holder may still run it (``leasecore.handover``); 0: at once.
     start_delay_seconds: float = 0.0
+    # The most the runner's ownership-check budget holds a due check (leasecore.checkbudget): it widens
+    # the ownership window (and so the re-delivery wait) by twice that.
+    check_queue_seconds: float = 0.0
     # The first heartbeat and ownership check come after (1 - spread * random()) of their interval:
     # leases polled in one batch (1000 at once) then beat spread over the interval instead of all at
     # the same instant, which no server answers within the 0.2 R of slack. 0: exactly on time.
@@ -114,6 +125,7 @@ class LeasePolicy:
             "ownership_check_interval_seconds", "kill_grace_seconds", "hard_timeout_seconds",
             "hard_elapsed_seconds", "exec_timeout_seconds", "min_attempt_seconds",
             "redelivery_grace_seconds", "fence_margin_seconds", "start_delay_seconds",
+            "check_queue_seconds",
         ):  # fmt: skip
             _positive_or_zero(name, getattr(self, name))
         if self.heartbeat_timeout_seconds is not None:
@@ -160,6 +172,7 @@ class LeasePolicy:
             ownership_check_interval_seconds=ownership_check_interval_seconds,
             http_timeout_seconds=http_timeout_seconds,
             first_attempt_spread=first_attempt_spread,
+            check_queue_seconds=check_queue_seconds,
         )
         wait = redelivery_wait_seconds(
             task,
@@ -168,6 +181,7 @@ class LeasePolicy:
             kill_grace_seconds=policy.effective_kill_grace_seconds,
             fence_margin_seconds=policy.fence_margin_seconds,
             check_queue_seconds=check_queue_seconds,
+            lease_timeout_seconds=policy.lease_timeout_seconds,
         )
         return dataclasses.replace(policy, start_delay_seconds=wait) if wait > 0 else policy
 
@@ -224,6 +238,27 @@ class LeasePolicy:
     def fence_lead_seconds(self) -> float:
         """How long before a server deadline the TERM goes out: the (capped) grace + the margin."""
         return self.effective_kill_grace_seconds + self.fence_margin_seconds
+
+    @cached_property
+    def ownership_window_seconds(self) -> float:
+        """How long a check that found the task ours keeps the lease while the command may run: the
+        lease timeout + twice ``check_queue_seconds``; 0: no such limit (no checks, or no lease
+        deadline). The lease deadline is the earlier of the heartbeats' and this one's."""
+        lease = self.lease_timeout_seconds
+        if self.ownership_check_interval_seconds <= 0 or lease <= 0:
+            return 0.0
+        return lease + 2 * self.check_queue_seconds
+
+    @cached_property
+    def ownership_check_every_seconds(self) -> float:
+        """Seconds between ownership checks: the interval, but no more than ``heartbeat_ratio`` of the
+        time from a confirming check to the TERM point its window sets (so one failed check still
+        leaves room for retries before it); 0: never check."""
+        every = self.ownership_check_interval_seconds
+        room = self.ownership_window_seconds - self.fence_lead_seconds
+        if every <= 0 or room <= 0:
+            return every
+        return min(every, max(self.min_heartbeat_interval_seconds, self.heartbeat_ratio * room))
 
     @cached_property
     def heartbeat_interval_seconds(self) -> float | None:

@@ -19,6 +19,7 @@ from leasecore.server.records import (
     TaskRecord,
     WorkflowRecord,
     as_int,
+    passed,
     queue_name,
 )
 from leasecore.server.storestate import StoreState
@@ -105,7 +106,7 @@ class Decider:
         while not wf.terminal:
             wd = wf.definition
             wf_timeout = as_int(wd.get("timeoutSeconds"), 0)
-            if wf_timeout > 0 and now - wf.create_time >= wf_timeout:
+            if wf_timeout > 0 and passed(now, wf.create_time, wf_timeout):
                 if wd.get("timeoutPolicy") == "TIME_OUT_WF":
                     self.end_workflow(
                         wf,
@@ -141,7 +142,7 @@ class Decider:
         td = task.task_def
         policy = td.get("timeoutPolicy", "TIME_OUT_WF")
         total = as_int(td.get("totalTimeoutSeconds"), 0)
-        if total > 0 and "total" not in task.alerted and now - task.first_scheduled_time >= total:
+        if total > 0 and "total" not in task.alerted and passed(now, task.first_scheduled_time, total):
             reason = (
                 f"Task total timeout exceeded: {int(now - task.first_scheduled_time)} seconds since first"
                 f" scheduled. Total timeout configured as {total} seconds. Timeout policy configured to"
@@ -155,7 +156,7 @@ class Decider:
             timeout > 0
             and task.start_time is not None
             and "task" not in task.alerted
-            and now - (task.start_time + task.start_delay_seconds) >= timeout
+            and passed(now, task.start_time, task.start_delay_seconds, timeout)
         ):
             elapsed = int(now - task.start_time)
             reason = (
@@ -169,8 +170,8 @@ class Decider:
             task.status == "SCHEDULED"
             and poll_timeout > 0
             and "poll" not in task.alerted
-            and now - (task.scheduled_time + task.start_delay_seconds)
-            >= poll_timeout + task.callback_after_seconds
+            and passed(now, task.scheduled_time, task.start_delay_seconds, poll_timeout,
+                       task.callback_after_seconds)
         ):
             reason = (
                 f"Task poll timed out after {int(now - task.scheduled_time)} seconds. Poll timeout "
@@ -183,7 +184,7 @@ class Decider:
             task.status == "IN_PROGRESS"
             and r != 0
             and task.update_time is not None
-            and now - task.update_time >= r + task.callback_after_seconds
+            and passed(now, task.update_time, r, task.callback_after_seconds)
         ):
             task.status = "TIMED_OUT"
             task.reason = (

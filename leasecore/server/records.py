@@ -165,6 +165,23 @@ class WorkflowRecord:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
+def due_at(start: float, *lengths: float) -> float:
+    """The store time a timeout counted from ``start`` falls due: ``start`` plus each length, added in
+    this order. The due schedule (``timers.next_check``) and the decider's "has it passed" test
+    (``passed``) both use it, so they agree to the last bit: were one ``t + R`` and the other
+    ``now - t >= R``, floating point could make a check due that the decider finds not passed, and the
+    timer loop would look again at once, forever under a clock that does not move."""
+    due = start
+    for length in lengths:
+        due += length
+    return due
+
+
+def passed(now: float, start: float, *lengths: float) -> bool:
+    """True once ``now`` has reached ``due_at(start, *lengths)``."""
+    return now >= due_at(start, *lengths)
+
+
 def as_int(value: Any, default: int) -> int:
     if value is None or isinstance(value, bool):
         return default

@@ -18,36 +18,37 @@ import itertools
 import math
 from collections.abc import Callable
 
-from leasecore.server.records import COARSE_UNACK_PERIOD_SECONDS, SweepMode, WorkflowRecord, as_int
+from leasecore.server.records import COARSE_UNACK_PERIOD_SECONDS, SweepMode, WorkflowRecord, as_int, due_at
 from leasecore.server.storestate import StoreState
 
 
 def next_check(wf: WorkflowRecord) -> float | None:
-    """The store time a timeout of ``wf`` (or of its running task) is next due; None: nothing to time."""
+    """The store time a timeout of ``wf`` (or of its running task) is next due; None: nothing to time.
+    Each time is ``due_at`` of the same terms the decider's ``passed`` tests (records.due_at)."""
     if wf.terminal:
         return None
     times: list[float] = []
     wf_timeout = as_int(wf.definition.get("timeoutSeconds"), 0)
     if wf_timeout > 0 and not wf.alerted:
-        times.append(wf.create_time + wf_timeout)
+        times.append(due_at(wf.create_time, wf_timeout))
     if wf.tasks:
         t = wf.tasks[-1]
         if not t.terminal:
             td = t.task_def
             total = as_int(td.get("totalTimeoutSeconds"), 0)
             if total > 0 and "total" not in t.alerted:
-                times.append(t.first_scheduled_time + total)
+                times.append(due_at(t.first_scheduled_time, total))
             timeout = as_int(td.get("timeoutSeconds"), 0)
             if timeout > 0 and t.start_time is not None and "task" not in t.alerted:
-                times.append(t.start_time + t.start_delay_seconds + timeout)
+                times.append(due_at(t.start_time, t.start_delay_seconds, timeout))
             poll_timeout = as_int(td.get("pollTimeoutSeconds"), 0)
             if t.status == "SCHEDULED" and poll_timeout > 0 and "poll" not in t.alerted:
                 times.append(
-                    t.scheduled_time + t.start_delay_seconds + poll_timeout + t.callback_after_seconds
+                    due_at(t.scheduled_time, t.start_delay_seconds, poll_timeout, t.callback_after_seconds)
                 )
             r = t.response_timeout_seconds
             if t.status == "IN_PROGRESS" and r != 0 and t.update_time is not None:
-                times.append(t.update_time + r + t.callback_after_seconds)
+                times.append(due_at(t.update_time, r, t.callback_after_seconds))
     return min(times) if times else None
 
 

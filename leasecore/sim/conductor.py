@@ -55,6 +55,9 @@ class NetFaults:
     slow: float = 0.0  # a request delayed by up to MAX_TRAVEL_SECONDS (reordered past later ones)
     hold_beat: float = 0.0  # a heartbeat held between load and write-back (lost-update window)
     reliable_reads: bool = False  # reads (ownership checks) pass every fault and partition
+    # A final update applied with its answer lost (a gateway's timeout after the server did it): the
+    # case the read-back before a second send is for; on top of ``drop_after``, for updates only.
+    lose_update_answer: float = 0.0
 
 
 @dataclass
@@ -135,9 +138,9 @@ class SimConductor:
         return self.partitioned.get(runner, False) or self.partitioned.get("*", False)
 
     def call(self, runner: str, what: str, apply: Callable[[], Answer], reply: Callable[[Answer], None],
-             timeout: float, *, reliable: bool = False) -> None:
+             timeout: float, *, reliable: bool = False, lose_answer: float = 0.0) -> None:
         """Send one request from ``runner``; ``reply`` gets its answer (or a timeout) later."""
-        self.send(runner, what, self._sync(apply), reply, timeout, reliable=reliable)
+        self.send(runner, what, self._sync(apply), reply, timeout, reliable=reliable, lose_answer=lose_answer)
 
     def _sync(self, apply: Callable[[], Answer]) -> Callable[[Callable[[Answer], None]], None]:
         def serve(respond: Callable[[Answer], None]) -> None:
@@ -151,8 +154,10 @@ class SimConductor:
         return serve
 
     def send(self, runner: str, what: str, serve: Callable[[Callable[[Answer], None]], None],
-             reply: Callable[[Answer], None], timeout: float, *, reliable: bool = False) -> None:
-        """As ``call``, for a request the store serves over simulated time (``serve(respond)``)."""
+             reply: Callable[[Answer], None], timeout: float, *, reliable: bool = False,
+             lose_answer: float = 0.0) -> None:
+        """As ``call``, for a request the store serves over simulated time (``serve(respond)``);
+        ``lose_answer``: a chance of losing the answer added to the network's ``drop_after``."""
         world, rng, f = self.world, self.world.rng, self.faults
         if reliable:
             f = NetFaults()
@@ -193,12 +198,12 @@ class SimConductor:
             self.fault_count += 1
             travel = rng.uniform(0.5, MAX_TRAVEL_SECONDS)
             world.log(f"net {runner} {what}: FAULT delayed {travel:.2f} s")
-        lose_answer = rng.random() < f.drop_after
+        lost = rng.random() < f.drop_after + lose_answer
         back = rng.uniform(0.0005, 0.02)
 
         def arrive() -> None:
             def respond(a: Answer) -> None:
-                if lose_answer:
+                if lost:
                     self.fault_count += 1
                     world.log(f"net {runner} {what}: FAULT answer lost ({'ok' if a.ok else a.status})")
                     return
@@ -269,7 +274,7 @@ class SimConductor:
             return Answer(True, body=claimed)
 
         self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {result.get('status')}", apply, reply,
-                  timeout)
+                  timeout, lose_answer=self.faults.lose_update_answer)
 
     def poll(self, runner: str, task_type: str, count: int, reply: Callable[[Answer], None],
              timeout: float) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 __all__ = ["SimClock", "Violation", "World"]
 
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-TICKS = 1024  # the clock's resolution: 1/1024 s
 _TAIL_LINES = 400  # trace lines kept for a violation report when the full trace is not kept
 
 
@@ -76,10 +74,10 @@ class World:
     def at(self, when: float, label: str, callback: Callable[[], None]) -> None:
         """Run ``callback`` at simulated time ``when`` (never in the past)."""
         self._seq += 1
-        # Times are whole ticks of 1/1024 s: sums and differences of them and whole seconds are exact
-        # in binary floating point, so the store's "due at t" and "timed out when now - t >= R" agree
-        # (with arbitrary floats they may not, and its timer loop would run forever at a frozen time).
-        when = math.ceil(max(when, self.clock.t) * TICKS) / TICKS
+        # Any float: the store computes a due time and tests it with the same sum (server.records.due_at),
+        # so a timer event at ``next_due()`` always finds its check due. Float arithmetic is the same on
+        # every run, so the same seed still gives the same times.
+        when = max(when, self.clock.t)
         heapq.heappush(self._heap, (when, self._seq, label, callback))
 
     def after(self, delay: float, label: str, callback: Callable[[], None]) -> None:
@@ -115,4 +113,4 @@ class World:
             if stop():
                 return
         if not self.violations and clock.t < end:
-            clock.t = math.ceil(end * TICKS) / TICKS
+            clock.t = end

@@ -37,8 +37,10 @@ from leasecore.state.outbox import Outbox, OutboxEntry
 from tests.adapters.engine_support import T0, FakePort, Fences, step_until
 from tests.adapters.test_metrics_endpoint import value
 
+# No ownership checks (0: never; a long interval is cut down to fit the ownership window): the reads
+# these tests count are the final update's own read-backs.
 POLICY = LeasePolicy(response_timeout_seconds=10, kill_grace_seconds=1.0,
-                     ownership_check_interval_seconds=3600)
+                     ownership_check_interval_seconds=0)
 
 
 class Server(FakePort):

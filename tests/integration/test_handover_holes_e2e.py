@@ -97,8 +97,9 @@ def test_a_held_redelivery_handed_back_at_a_stop_is_requeued_not_failed(
     assert value(samples, "conductor_run_slots_free", taskType=world.task_type) == 0
     c = world.run("--config", str(config), "--kill-grace", "1", command=copies.command())
     wait_until(lambda: "serving" in world.stderr(c), what="C to poll")
-    stop(world, b)  # while it holds the task (its hold is 2 + 0.5 + 1 + margin)
-    wait_until(lambda: len(copies.read()) == 2, timeout_seconds=30, what="C's copy to start")
+    stop(world, b)  # while it holds the task (its hold is A's ownership window: R + twice the budget's)
+    # B hands it back with the rest of its hold as callback, then C holds it a whole window: ~2 R
+    wait_until(lambda: len(copies.read()) == 2, timeout_seconds=75, what="C's copy to start")
     first, second = copies.assert_never_overlapped()
     wait_until(lambda: copies.read()[0].exited is not None or not psutil_alive(first.pid),
                what="A's copy's exit to be seen")  # fmt: skip

@@ -25,10 +25,12 @@ SUMMARY = re.compile(r"^sim: (\d+) seeds, ([\d.]+) simulated task-hours, (\d+) a
                      r"(\d+) violations$")
 
 
-def first_violation(options: SimOptions, seeds: int = 200) -> SeedResult | None:
+def first_violation(options: SimOptions, seeds: int = 200, invariant: str = "") -> SeedResult | None:
+    """The first seed from 1 up with a violation (of ``invariant``, if given: a planted race may break
+    another invariant first in some seed, which is a finding too but not the one asked for)."""
     for seed in range(1, seeds + 1):
         result = run_seed(seed, options)
-        if result.violations:
+        if any(v.startswith(invariant) for v in result.violations):
             return result
     return None
 
@@ -75,7 +77,9 @@ PLANTED = [
     # often than it did with the stand-in's 1-3 s: heavier faults find it within 20 seeds, not ~70
     (Bugs(retry_landed_yield=True), {"fault_scale": 4.0}, "delivered twice"),
     (Bugs(failed_before_tree_gone=True), {}, "two live copies"),
-    (Bugs(held_reported_failed=True), {}, "two live copies"),
+    # the retry the wrong FAILED creates must go to a host that neither held the task nor holds the
+    # re-delivery (its previous holder's own retry waits for its dying tree): more hosts, more often
+    (Bugs(held_reported_failed=True), {"runners": 5}, "two live copies"),
     # on one host a FAILED sent while escapees live is caught by the dying-tree wait alone
     (Bugs(failed_before_tree_gone=True, no_dying_wait=True), {"runners": 1}, "two live copies"),
 ]
@@ -86,7 +90,7 @@ PLANTED = [
 def test_each_planted_race_is_found_within_200_seeds(
     bugs: Bugs, extra: dict[str, float], invariant: str
 ) -> None:
-    result = first_violation(SimOptions(minutes=10, bugs=bugs, **extra))  # type: ignore[arg-type]
+    result = first_violation(SimOptions(minutes=10, bugs=bugs, **extra), invariant=invariant)  # type: ignore[arg-type]
     assert result is not None, f"{bugs} not found in 200 seeds"
     assert result.violations[0].startswith(invariant), result.violations
 
@@ -105,12 +109,18 @@ def test_without_the_fork_servers_kill_by_a_stalled_runner_lets_two_copies_run()
     assert any("STALL" in line for line in result.trace)
 
 
-def test_the_re_delivery_hold_gap_stays_found() -> None:
-    """Regression case of a known gap (docs/simulator.md, findings): a re-delivery's hold counts on its
-    previous holder's ownership checks; a stalled holder or a lost check lets the copies overlap.
-    When the gap is closed, this test must be turned around."""
-    result = run_seed(50, SimOptions(minutes=10, known_gaps=True))
-    assert result.violations and result.violations[0].startswith("two live copies"), result.violations
+@pytest.mark.parametrize("seed", [17, 20])
+def test_the_re_delivery_hold_gap_is_closed(seed: int) -> None:
+    """Finding 4 (docs/simulator.md): a re-delivery's hold counted on its previous holder's ownership
+    checks getting through; with lost checks or a stalled holder the copies overlapped. These seeds,
+    with every requeue and lost reads on, broke "two live copies" before the ownership window at the
+    draws of that commit (seed 17 at 343 s, seed 20 at 440 s); the draws moved since (the merged
+    engine, poller and runner cores), so the case that fails without the window is the unit test
+    test_lease_ownership_window's last one; here they must stay clean and still hold re-deliveries."""
+    result = run_seed(seed, SimOptions(minutes=10, known_gaps=True, keep_trace=True))
+    assert result.violations == [], result.violations
+    assert any("pushed back to its queue" in line for line in result.trace)  # the requeue happened
+    assert any("handed out before" in line for line in result.trace)  # and its re-delivery was held
 
 
 def test_the_command_prints_the_summary_last_and_exits_0_when_clean(
@@ -139,3 +149,18 @@ def test_bad_arguments_are_refused_with_a_message(capsys: pytest.CaptureFixture[
     assert main(["--seeds", "0"]) == 2
     assert "--seeds" in capsys.readouterr().err
 
+
+
+def test_the_orphan_check_catches_trees_left_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check behind "nothing outlives its runner's crash plus the sweep" (after a crash, a fork
+    server's death and a stopped runner's exit) can fail: a fork server that forgets to kill its trees
+    is reported."""
+    from leasecore.sim.trees import SimForkServer
+
+    def kill_nothing(self: SimForkServer, why: str) -> list[object]:
+        return []
+
+    monkeypatch.setattr(SimForkServer, "kill_all", kill_nothing)
+    result = first_violation(SimOptions(minutes=10), seeds=20, invariant="orphans")
+    assert result is not None
+    assert "still alive" in result.violations[0] or "after its stop" in result.violations[0]

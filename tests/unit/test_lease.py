@@ -472,8 +472,8 @@ def test_a_failed_ownership_check_changes_nothing_and_is_retried_at_the_next_int
 
 
 def test_the_first_failed_heartbeat_brings_an_ownership_check_forward() -> None:
-    # Given checks every 30 s and a beat failing at poll+8
-    h = Harness(policy(r=10.0, ownership_check_interval_seconds=30.0))
+    # Given checks every 30 s (R = 100 leaves them that interval) and a beat failing at poll+8
+    h = Harness(policy(r=100.0, ownership_check_interval_seconds=30.0))
     h.at(8)
     actions = h.lease.on_heartbeat_failed(h.now)
     # Then a check goes out at once (is the task still ours at all?)
@@ -1186,19 +1186,19 @@ def test_a_redelivery_that_may_still_run_elsewhere_starts_after_its_holder_must_
 ) -> None:
     p = LeasePolicy.from_task(server_delivery(poll_count, output), kill_grace_seconds=4.0,
                               ownership_check_interval_seconds=5.0)  # fmt: skip
-    # check interval + the holder's confirmation (redelivery grace) + its kill grace + margin
-    expected = 5.0 + p.redelivery_grace_seconds + 4.0 + FENCE_MARGIN_SECONDS if waits else 0.0
+    # the previous holder's ownership window: R (its lease ends R after its newest check that found
+    # the task its own, which was started before the re-poll), whatever became of its checks
+    expected = 60.0 if waits else 0.0
     assert p.start_delay_seconds == pytest.approx(expected)
 
 
 def test_a_redelivery_also_waits_twice_the_longest_the_check_budget_holds_a_check() -> None:
-    # The previous holder's runner may hold its checks for its turn in the budget (up to
-    # its most leases / rate): the first check that sees the re-poll and the confirming one.
+    # The previous holder's runner may hold its checks for its turn in the budget (up to its most
+    # leases / rate): its ownership window is wider by twice that, and so is the wait.
     p = LeasePolicy.from_task(server_delivery(2), kill_grace_seconds=4.0,
                               ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
-    assert p.start_delay_seconds == pytest.approx(
-        5.0 + p.redelivery_grace_seconds + 2 * 0.6 + 4.0 + FENCE_MARGIN_SECONDS
-    )
+    assert p.ownership_window_seconds == pytest.approx(60.0 + 2 * 0.6)
+    assert p.start_delay_seconds == pytest.approx(60.0 + 2 * 0.6)
     first = LeasePolicy.from_task(server_delivery(1), kill_grace_seconds=4.0,
                                   ownership_check_interval_seconds=5.0, check_queue_seconds=0.6)  # fmt: skip
     assert first.start_delay_seconds == 0.0  # a first delivery still starts at once

@@ -64,6 +64,35 @@ def test_response_timeout_fires_exactly_at_r_after_the_last_update() -> None:
     assert store.next_due() is None
 
 
+@pytest.mark.parametrize("start", [1000.0001234567, 1014.0009774336])
+def test_a_timeout_due_now_is_decided_once_under_a_frozen_clock(start: float) -> None:
+    """At these start times ``(t + R) - t < R`` in floating point: a schedule computing ``t + R`` and a
+    decider testing ``now - t >= R`` disagreed, and ``run_due`` looked at the workflow again and again
+    without the clock moving. The decider's looks are counted (a spin is cut at 50, never waited on)."""
+    clock = FakeClock(start=start)
+    store = Store(clock=clock)
+    r = 30 if start == 1000.0001234567 else 10
+    wf_id = _setup(store, responseTimeoutSeconds=r)
+    task = _poll(store)
+    sweeper = store._sweeper  # (the one place the timer loop's looks can be counted)
+    decide, looks = sweeper._decide, []
+
+    def counted(wf: Any, now: float) -> None:
+        looks.append(now)
+        if len(looks) > 50:
+            raise AssertionError(f"run_due spins: {len(looks)} looks at a frozen {now!r}")
+        decide(wf, now)
+
+    sweeper._decide = counted
+    clock.advance(r)
+    assert store.next_due() == clock.monotonic()  # due exactly now
+    assert (clock.monotonic() - start) < r  # the disagreement this test is about is there
+    assert store.run_due() == 1
+    assert looks == [clock.monotonic()]
+    assert store.get_task(task["taskId"])["status"] == "TIMED_OUT"
+    assert store.get_workflow(wf_id)["status"] == "TIMED_OUT"
+
+
 def test_extend_lease_moves_the_deadline_and_nothing_else() -> None:
     store, clock = _store()
     _setup(store, responseTimeoutSeconds=10)
