@@ -1,7 +1,8 @@
 """``Supervisor``: runs task commands through the fork server and owns what is under way.
 
-Owns the table of children, the spawns asked of the fork server and not answered yet (bounded by
-``max_starting``; given up after ``reply_timeout_seconds``), the state directory's record of the
+Owns the table of children, the spawns asked of the fork server and not answered yet (their table
+is ``inflight.StartsInFlight``: bounded by ``max_starting``; given up after ``reply_timeout_seconds``),
+the state directory's record of the
 trees (``leftovers.StateRecord``) and the wiring of its parts: the fork server link
 (``forkserver_link.py``), the reader thread (``reader.py``), the chores thread (``background.py``),
 what a spawn needs (``prepare.py``, ``caches.py``) and this process's hardening. It turns the
@@ -47,6 +48,7 @@ from leasecore.process.supervisor.child import (
     PendingStart,
     StartedSink,
 )
+from leasecore.process.supervisor.inflight import StartsInFlight
 from leasecore.process.supervisor.killby import KillByTimes
 from leasecore.process.supervisor.prepare import prepare, working_directory
 from leasecore.process.supervisor.reader import OutputReader
@@ -105,14 +107,9 @@ class Supervisor:
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
         self._reply_timeout_seconds = reply_timeout_seconds
-        self._max_starting = max_starting
         self._executables = ExecutablePaths(path_cache_seconds)
         self._inherited = InheritedEnvs(self._environ)
-        self._starting: dict[int, PendingStart] = {}  # spawns asked of the fork server, by request id
-        # Spawns given up unanswered (the task failed): still queued at the fork server, so they count
-        # against max_starting, and a fork server lost before answering kills them by token too.
-        self._given_up: dict[int, leftovers.TreeRecord] = {}
-        self._late: dict[str, leftovers.TreeRecord] = {}  # given up, started late, killed: until gone
+        self._inflight = StartsInFlight(self._cond, max_starting)  # spawns asked, not answered yet
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -240,8 +237,8 @@ class Supervisor:
         self._ensure_forkserver()
         with self._cond:  # a bound on spawns queued at the fork server: claims follow the starts
             if not self._cond.wait_for(self._room_locked, timeout=self._reply_timeout_seconds):
-                behind = f"the fork server has not answered its last {self._max_starting} spawn requests"
-                raise ProcessError(behind)
+                behind = self._inflight.max_starting
+                raise ProcessError(f"the fork server has not answered its last {behind} spawn requests")
         cwd = working_directory(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
         inherited = self._inherited.of(spec)  # (kept per spec: the spawn's environment base too)
@@ -264,7 +261,7 @@ class Supervisor:
                                on_started, record)  # fmt: skip
         with self._cond:
             self._children[key] = child
-            self._starting[request_id] = pending
+            self._inflight.add(pending)
         request = ready.message(request_id, key, argv, spec)
         request["kill_by"] = sent_kill_by = self.kill_by.spawning(task.task_id)  # its dead-man's switch
         if group is not None and cgroups.spawns_inside(self._cgroups, spec.limits, self._link.pid):
@@ -294,14 +291,8 @@ class Supervisor:
 
     def _drop_start(self, pending: PendingStart) -> bool:
         """Undo a spawn whose request was never sent; False if someone else has ended it already."""
-        with self._cond:
-            if self._starting.pop(pending.request_id, None) is None:
-                # Given up (or lost) while the send was under way: ended already. A request that
-                # failed to go out will get no answer, so it holds no room either.
-                if self._given_up.pop(pending.request_id, None) is not None:
-                    self._cond.notify_all()
-                return False
-            self._cond.notify_all()  # room for a start waiting on max_starting
+        if not self._inflight.drop(pending):  # given up (or lost) while the send was under way
+            return False
         self._release(pending)
         return True
 
@@ -327,12 +318,7 @@ class Supervisor:
 
     def _give_up_starts(self, which: Callable[[PendingStart], bool]) -> None:
         """Fail the unanswered spawns ``which`` picks; an answer that comes later kills the tree."""
-        with self._cond:
-            given_up = [pending for pending in self._starting.values() if which(pending)]
-            for pending in given_up:
-                del self._starting[pending.request_id]
-                self._given_up[pending.request_id] = pending.record
-        for pending in given_up:
+        for pending in self._inflight.give_up(which):
             self._fail_start(pending, ProcessError("the fork server did not answer a spawn request"))
 
     def _expire_starts(self) -> float:
@@ -340,11 +326,11 @@ class Supervisor:
         limit = self._reply_timeout_seconds
         now = time.monotonic()
         self._give_up_starts(lambda pending: now - pending.sent_at >= limit)
-        with self._cond:  # idle: rarely (a start sent meanwhile is checked that much later)
-            return min(1.0 if self._starting else 10.0, limit / 3)
+        # idle: rarely (a start sent meanwhile is checked that much later)
+        return min(1.0 if len(self._inflight) else 10.0, limit / 3)
 
     def _room_locked(self) -> bool:
-        return len(self._starting) + len(self._given_up) < self._max_starting or self._lost
+        return self._lost or self._inflight.has_room()
 
     def close(self, grace_seconds: float = 0.0) -> None:
         """Kill every tree still held (TERM, KILL after ``grace_seconds``), stop the fork server."""
@@ -407,7 +393,7 @@ class Supervisor:
             child = self._children.get(str(event.get("key")))
             if child is None:
                 if op == "gone":  # a late-started tree, killed: accounted for now
-                    self._late.pop(str(event.get("key")), None)
+                    self._inflight.gone(str(event.get("key")))
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
                 self._children.pop(child.key, None)
@@ -426,14 +412,8 @@ class Supervisor:
         request_id = int(event.get("id") or 0)
         with self._cond:
             # None: given up already (the task was failed), and a command that started must not run
-            pending = self._starting.pop(request_id, None)
-            late = None if pending is not None else self._given_up.pop(request_id, None)
-            if late is not None and op == "spawned":  # known by pid too now, until its tree is gone
-                self._late[key] = dataclasses.replace(late, pid=int(event["pid"]), start_time=int(
-                    event.get("start") or 0), cgroup=event.get("cgroup", late.cgroup))  # fmt: skip
-            if pending is not None or late is not None:
-                self._cond.notify_all()  # room for a start waiting on max_starting
-            elif self._link.answered(request_id, event):
+            pending, given_up = self._inflight.answered(request_id, op, event)
+            if pending is None and not given_up and self._link.answered(request_id, event):
                 return
             if op == "stats":
                 return
@@ -475,13 +455,8 @@ class Supervisor:
             self._lost = True
             self._link.lost()
             self._cond.notify_all()
-            starting = list(self._starting.values())
-            self._starting.clear()
-            # The latter two by token only: maybe started, never answered.
-            records = (self._record.trees() + [p.record for p in starting] + list(self._given_up.values())
-                       + list(self._late.values()))  # fmt: skip
-            self._given_up.clear()
-            self._late.clear()
+            starting, unseen = self._inflight.take_all()  # by token only: maybe started, never answered
+            records = self._record.trees() + unseen
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.
