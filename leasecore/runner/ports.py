@@ -123,7 +123,8 @@ class TaskReader(Protocol):
 
 
 class EnginePort(Protocol):
-    """What the runner needs from ``LeaseEngine`` (ARCHITECTURE.md, "The cores and their drivers": lease engine)."""
+    """What the runner needs from ``LeaseEngine`` (ARCHITECTURE.md, "The cores and their drivers":
+    lease engine)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
