@@ -38,7 +38,7 @@ from leasecore.process.linux.hardening import protect_from_children, warn_if_not
 from leasecore.process.spec import STDIO, CommandSpec
 from leasecore.process.supervisor import forkserver_link
 from leasecore.process.supervisor.background import Chores
-from leasecore.process.supervisor.caches import PATH_CACHE_SECONDS, ExecutablePaths, InheritedEnvs
+from leasecore.process.supervisor.caches import PATH_CACHE_SECONDS
 from leasecore.process.supervisor.child import (
     Child,
     ChildLinks,
@@ -50,7 +50,7 @@ from leasecore.process.supervisor.child import (
 )
 from leasecore.process.supervisor.inflight import StartsInFlight
 from leasecore.process.supervisor.killby import KillByTimes
-from leasecore.process.supervisor.prepare import prepare, working_directory
+from leasecore.process.supervisor.prepare import SpawnPreparer, TreeMeta
 from leasecore.process.supervisor.reader import OutputReader
 from leasecore.process.taskfiles import TaskDirs
 
@@ -58,7 +58,6 @@ __all__ = ["Child", "DoneSink", "LineSink", "LinesSink", "StartedSink", "Supervi
 
 log = logging.getLogger(__name__)
 
-TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
 MAX_STARTING = 32  # spawns sent to the fork server and not answered yet; start() waits beyond that
 
 
@@ -96,19 +95,18 @@ class Supervisor:
         ``start`` waits; ``path_cache_seconds``: how long a command found on PATH is reused;
         ``forkserver_boot``: the Python source the fork server runs (tests prepend to it)."""
         self._clock: Clock = clock or SystemClock()
-        self._environ = dict(os.environ if environ is None else environ)
+        environ = dict(os.environ if environ is None else environ)
         self._state_dir = state_dir
         self._drain_seconds = output_drain_seconds
-        self._task_dirs = TaskDirs.pick(tmp_dir, self._environ)  # a tmpfs where usable (taskfiles.py)
-        self._tree_meta = tree_meta
         # None: no cgroups (posix_spawn; limits as rlimits); else each tree gets a group of its own
         self._cgroups = cgroup_setup if cgroup_setup is not None else cgroups.CgroupSetup()
+        self._spawns = SpawnPreparer(environ, task_dirs=TaskDirs.pick(tmp_dir, environ),  # a tmpfs if usable
+                                     cgroup_setup=self._cgroups, tree_meta=tree_meta,
+                                     path_cache_seconds=path_cache_seconds)  # fmt: skip
         self._children: dict[str, Child] = {}
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
         self._reply_timeout_seconds = reply_timeout_seconds
-        self._executables = ExecutablePaths(path_cache_seconds)
-        self._inherited = InheritedEnvs(self._environ)
         self._inflight = StartsInFlight(self._cond, max_starting)  # spawns asked, not answered yet
         self._closing = False
         self._lost = False
@@ -134,7 +132,7 @@ class Supervisor:
     @property
     def task_dirs(self) -> TaskDirs:
         """Where the tasks' private directories are made (``taskfiles.TaskDirs``)."""
-        return self._task_dirs
+        return self._spawns.task_dirs
 
     @property
     def forkserver_pid(self) -> int:
@@ -239,12 +237,7 @@ class Supervisor:
             if not self._cond.wait_for(self._room_locked, timeout=self._reply_timeout_seconds):
                 behind = self._inflight.max_starting
                 raise ProcessError(f"the fork server has not answered its last {behind} spawn requests")
-        cwd = working_directory(spec)
-        meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
-        inherited = self._inherited.of(spec)  # (kept per spec: the spawn's environment base too)
-        ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
-                        inherited=inherited, task_dirs=self._task_dirs,
-                        executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
+        ready = self._spawns.prepare(task, spec, argv, worker_id=worker_id, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
         child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done, spec.masker)
@@ -256,7 +249,7 @@ class Supervisor:
         # Until its record is written, the tree is known by its marker token only: should the fork
         # server die right after the spawn (no parent-death signal any more), it is killed by that.
         # The pipes' read ends are ours until the reader thread takes them with the `spawned` answer.
-        record = leftovers.TreeRecord(key, 0, 0, ready.token, files.directory, meta, group)
+        record = leftovers.TreeRecord(key, 0, 0, ready.token, files.directory, ready.meta, group)
         pending = PendingStart(child, request_id, (out_r, err_r), argv[0], time.monotonic(), notify,
                                on_started, record)  # fmt: skip
         with self._cond:
@@ -272,7 +265,7 @@ class Supervisor:
             except OSError as exc:  # no fd left: this task fails, the runner goes on
                 raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
-                self._request(request, [stdin, out_w, err_w], base=inherited)  # (it has its own fds now)
+                self._request(request, [stdin, out_w, err_w], base=ready.base)  # (it has its own fds now)
             finally:
                 os.close(stdin)
             self.kill_by.attach(task.task_id, key, sent_kill_by)
