@@ -1,11 +1,10 @@
 """``Supervisor``: runs task commands through the fork server and owns what is under way.
 
-Owns the table of children, the spawns asked of the fork server and not answered yet (their table
-is ``inflight.StartsInFlight``: bounded by ``max_starting``; given up after ``reply_timeout_seconds``),
-the state directory's record of the
-trees (``leftovers.StateRecord``) and the wiring of its parts: the fork server link
-(``forkserver_link.py``), the reader thread (``reader.py``), the chores thread (``background.py``),
-what a spawn needs (``prepare.py``, ``caches.py``) and this process's hardening. It turns the
+Owns the children and their tree records (``running.RunningTrees``), the spawns asked of the fork
+server and not answered yet (``inflight.StartsInFlight``: bounded by ``max_starting``; given up after
+``reply_timeout_seconds``), what every spawn is prepared with (``prepare.SpawnPreparer``), and the
+wiring of its parts: the fork server link (``forkserver_link.py``), the reader thread
+(``reader.py``), the chores thread (``background.py``) and this process's hardening. It turns the
 fork server's events into each ``Child``'s start, exit and end; if the fork server dies, its trees
 are killed (``_on_forkserver_lost``) and the next start makes a new one.
 
@@ -19,7 +18,6 @@ reader thread; ``_kill_quietly`` on the chores thread. ``_cond`` guards the tabl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -52,6 +50,7 @@ from leasecore.process.supervisor.inflight import StartsInFlight
 from leasecore.process.supervisor.killby import KillByTimes
 from leasecore.process.supervisor.prepare import SpawnPreparer, TreeMeta
 from leasecore.process.supervisor.reader import OutputReader
+from leasecore.process.supervisor.running import RunningTrees
 from leasecore.process.taskfiles import TaskDirs
 
 __all__ = ["Child", "DoneSink", "LineSink", "LinesSink", "StartedSink", "Supervisor", "TreeMeta"]
@@ -103,7 +102,6 @@ class Supervisor:
         self._spawns = SpawnPreparer(environ, task_dirs=TaskDirs.pick(tmp_dir, environ),  # a tmpfs if usable
                                      cgroup_setup=self._cgroups, tree_meta=tree_meta,
                                      path_cache_seconds=path_cache_seconds)  # fmt: skip
-        self._children: dict[str, Child] = {}
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
         self._reply_timeout_seconds = reply_timeout_seconds
@@ -119,7 +117,7 @@ class Supervisor:
         self._child_links = ChildLinks(self._request, self._output.exited, self._chores.rmtree)
         self._link = forkserver_link.ForkServerLink(forkserver_boot, reply_timeout_seconds)
         self.kill_by = KillByTimes(self._request)  # each task's kill-by times, for its tree's switch
-        self._record = leftovers.StateRecord(state_dir, self._link.pid)
+        self._trees = RunningTrees(self._cond, leftovers.StateRecord(state_dir, self._link.pid), self.kill_by)
         self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
                                                       self._on_forkserver_lost)  # fmt: skip
 
@@ -253,7 +251,7 @@ class Supervisor:
         pending = PendingStart(child, request_id, (out_r, err_r), argv[0], time.monotonic(), notify,
                                on_started, record)  # fmt: skip
         with self._cond:
-            self._children[key] = child
+            self._trees.add(child)
             self._inflight.add(pending)
         request = ready.message(request_id, key, argv, spec)
         request["kill_by"] = sent_kill_by = self.kill_by.spawning(task.task_id)  # its dead-man's switch
@@ -299,8 +297,7 @@ class Supervisor:
     def _release(self, pending: PendingStart) -> None:
         """What a spawn that never ran holds: its place among the children, its pipes' read ends
         (never taken by the reader) and the task's directory."""
-        with self._cond:
-            self._children.pop(pending.child.key, None)
+        self._trees.discard(pending.child.key)
         for fd in pending.pipes:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -335,15 +332,15 @@ class Supervisor:
         with contextlib.suppress(ProcessError):
             self._request({"op": "shutdown", "grace": grace_seconds})
         if not self._link.wait_exit(grace_seconds + 15.0):
-            leftovers.kill_trees(self._record.trees(), leaders_just_died=True)
+            leftovers.kill_trees(self._trees.trees(), leaders_just_died=True)
         self._link.shutdown()
         self._server_done.wait(timeout=10.0)
         self._link.close()
-        for child in list(self._children.values()):
+        for child in self._trees.children():
             child.wait(timeout=self._drain_seconds + 5.0)
         self._output.stop()
         self._chores.close(timeout_seconds=30.0)
-        self._record.delete()
+        self._trees.record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------
 
@@ -358,7 +355,7 @@ class Supervisor:
             self._server_done.wait(timeout=30.0)  # what the old server held is killed once it is set
             self._link.restart(on_swap=self._forkserver_back)
             with self._cond:
-                self._record.set_forkserver(self._link.pid)
+                self._trees.record.set_forkserver(self._link.pid)
             self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
                                                           self._on_forkserver_lost)  # fmt: skip
             log.warning("started a new fork server (pid %d) after the last one died", self._link.pid)
@@ -383,18 +380,13 @@ class Supervisor:
             self._on_answer(op, event)
             return
         with self._cond:
-            child = self._children.get(str(event.get("key")))
+            child = self._trees.get(str(event.get("key")))
             if child is None:
                 if op == "gone":  # a late-started tree, killed: accounted for now
                     self._inflight.gone(str(event.get("key")))
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
-                self._children.pop(child.key, None)
-                self.kill_by.gone(child.key)
-                try:
-                    self._record.remove(child.key)
-                finally:  # an unwritable record must not leave wait_gone waiting for ever
-                    child._on_gone()
+                self._trees.gone(child)
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
             child._on_exit(event.get("code"), event.get("signal"), event)
 
@@ -411,16 +403,7 @@ class Supervisor:
             if op == "stats":
                 return
             if pending is not None and op == "spawned":
-                child = pending.child
-                child.pid = int(event["pid"])
-                start_time = int(event.get("start") or 0)  # read by the fork server, which holds the pid
-                child.cgroup = event.get("cgroup", child.cgroup)  # the fork server's choice (GroupPool)
-                record = dataclasses.replace(pending.record, pid=child.pid, start_time=start_time,
-                                             cgroup=child.cgroup)  # fmt: skip
-                try:
-                    self._record.add(record)
-                except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
-                    log.error("task %s: could not record its tree in the state directory: %s", child.key, exc)
+                self._trees.started(pending, event)  # its record written, under the same lock
         if pending is None:
             if op == "spawned":  # not from this thread: the send may block (see background.py)
                 log.warning("a task's command started after its spawn had been given up: killing it")
@@ -449,7 +432,7 @@ class Supervisor:
             self._link.lost()
             self._cond.notify_all()
             starting, unseen = self._inflight.take_all()  # by token only: maybe started, never answered
-            records = self._record.trees() + unseen
+            records = self._trees.trees() + unseen
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.
@@ -459,10 +442,4 @@ class Supervisor:
         for pending in starting:  # maybe started, never answered: failed (killed by token above)
             lost = {"errno": 0, "what": "fork server lost"}
             self._fail_start(pending, SpawnError(forkserver_link.spawn_failure(pending.argv0, lost)))
-        with self._cond:
-            children = list(self._children.values())
-            for child in children:
-                child._on_exit(None, signal.SIGKILL)
-                child._on_gone()
-                self._record.remove(child.key)
-            self._children.clear()
+        self._trees.all_killed()
