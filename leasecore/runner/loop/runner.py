@@ -59,7 +59,7 @@ from leasecore.runner.loop.operate import LiveControl
 from leasecore.runner.loop.publishing import SnapshotPublisher
 from leasecore.runner.loop.signals import capture_signals
 from leasecore.runner.loop.status import NextRun, Phase, progress_of_entry
-from leasecore.runner.loop.stopping import RunStop
+from leasecore.runner.loop.stopping import Finished, RunStop, RunView, StopFor, run_end
 from leasecore.runner.loop.table import TaskTable
 from leasecore.runner.loop.task_end import ChainUpdates, TaskEnds, ToResult, _tree_gone
 from leasecore.runner.loop.task_start import TaskStarts
@@ -85,10 +85,6 @@ __all__ = ["Runner", "ToResult"]
 
 log = logging.getLogger("conductor_run.runner")
 
-# A long poll in flight when a stop starts is waited for up to its poll timeout (<= 5 s) + this, so
-# that a task it brings can be handed straight back; a poll stuck past that (a server that accepted
-# the connection but does not answer) is abandoned rather than allowed to delay the exit.
-_POLLER_JOIN_SLACK_SECONDS = 0.5
 _DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
@@ -301,23 +297,20 @@ class Runner:
         return 1 if self._t.options.once else self._t.options.max_tasks
 
     def _done(self) -> bool:
-        if self._t.tasks:
-            return False
-        if self._t.stopping_since is not None:
-            if self._pollers_alive == 0:
-                return True
-            longest_poll = max(p.poll.timeout_ms for p in self._t.plans.values()) / 1000.0
-            if self._clock.monotonic() - self._t.stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS:
-                log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
-                            "brings now is retried by the server after its response timeout)")
-                return True
-            return False
-        limit = self._task_limit()
-        if (limit is not None and self._t.tally.started >= limit) or (
-            self._live.any_polling and not self._live.polling_types
-        ):
-            self._stop.begin(None, reason="no more work to do")
-        return False
+        stopping_since = self._t.stopping_since
+        end = run_end(RunView(
+            in_flight=len(self._t.tasks),
+            stopping_for=None if stopping_since is None else self._clock.monotonic() - stopping_since,
+            pollers_alive=self._pollers_alive,
+            longest_poll_seconds=max(p.poll.timeout_ms for p in self._t.plans.values()) / 1000.0,
+            started=self._t.tally.started, task_limit=self._task_limit(),
+            polled_any=self._live.any_polling, polling=bool(self._live.polling_types)))  # fmt: skip
+        if isinstance(end, StopFor):
+            self._stop.begin(None, reason=end.reason)
+        elif isinstance(end, Finished) and end.abandoned_poll:
+            log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
+                        "brings now is retried by the server after its response timeout)")
+        return isinstance(end, Finished)
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled) and event.chained_from:  # it takes the slot that task kept

@@ -9,6 +9,10 @@ deadline); the children die and their results are reported (``task_end``); heart
 here. A second signal (``force``) kills every tree at once and stops waiting between report
 retries (undelivered results go to the outbox).
 
+When the run ends is a pure decision, ``run_end`` over a ``RunView``: carry on, stop (no more work:
+the task limit is reached, or every polled type's poller ended), or finished (nothing in flight once
+a stop began, and every poller gone or the last poll past its timeout and abandoned).
+
 Main thread only.
 """
 
@@ -18,6 +22,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
@@ -30,11 +35,65 @@ from leasecore.runner.ports import EnginePort
 from leasecore.runner.upstream.poller import Poller
 from leasecore.runner.upstream.reporter import Reporter
 
-__all__ = ["RunStop"]
+__all__ = ["Carry", "Finished", "RunStop", "RunView", "StopFor", "run_end"]
 
 log = logging.getLogger("conductor_run.runner")
 
 STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
+# A long poll in flight when a stop starts is waited for up to its poll timeout (<= 5 s) + this, so
+# that a task it brings can be handed straight back; a poll stuck past that (a server that accepted
+# the connection but does not answer) is abandoned rather than allowed to delay the exit.
+POLLER_JOIN_SLACK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What ``run_end`` reads of the run, once per turn of the main loop."""
+
+    in_flight: int  # tasks the runner holds (polled, running, reporting)
+    stopping_for: float | None  # seconds since the stop began (None: no stop yet)
+    pollers_alive: int
+    longest_poll_seconds: float  # the longest poll timeout of the task types
+    started: int  # tasks started so far
+    task_limit: int | None  # --once (1) or max_tasks; None: no limit
+    polled_any: bool  # some task type was polled at all (not every one paused from the start)
+    polling: bool  # some polled task type's poller still runs
+
+
+@dataclass(frozen=True)
+class Carry:
+    """The run goes on."""
+
+
+@dataclass(frozen=True)
+class StopFor:
+    """No more work: begin the stop, for ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The run is over; ``abandoned_poll``: a poll still in flight past its timeout is not waited for."""
+
+    abandoned_poll: bool = False
+
+
+def run_end(view: RunView) -> Carry | StopFor | Finished:
+    """Whether the run goes on, must begin its stop, or is over (see the module docstring)."""
+    if view.in_flight:
+        return Carry()
+    if view.stopping_for is not None:
+        if view.pollers_alive == 0:
+            return Finished()
+        if view.stopping_for > view.longest_poll_seconds + POLLER_JOIN_SLACK_SECONDS:
+            return Finished(abandoned_poll=True)
+        return Carry()
+    if view.task_limit is not None and view.started >= view.task_limit:
+        return StopFor("no more work to do")
+    if view.polled_any and not view.polling:
+        return StopFor("no more work to do")
+    return Carry()
 
 
 class RunStop:
