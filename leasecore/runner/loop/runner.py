@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.handover import DyingTrees, StartGate
@@ -64,6 +64,7 @@ from leasecore.runner.loop.table import TaskTable
 from leasecore.runner.loop.task_end import ChainUpdates, TaskEnds, ToResult, _tree_gone
 from leasecore.runner.loop.task_start import TaskStarts
 from leasecore.runner.ports import (
+    ChainPort,
     ConductorPort,
     EnginePort,
     LiveChange,
@@ -132,13 +133,12 @@ class Runner:
         self._contact = contact or ServerContact(self._clock)
         # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
         # small fakes may not)
-        chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
+        chaining = self.options.update_v2 and isinstance(conductor, ChainPort)
         self._checkpoint_scan = CheckpointScan(self._clock.monotonic())
         self.task_progress: dict[str, tuple[str, float]] = {}  # task id -> (type, 0..1): the metrics' read
         # A final update's read-back after a late heartbeat (docs/final-results.md), and a held task's
         # before its start, read the task with the client's own call; a small fake without it is not read.
-        readable = callable(getattr(conductor, "get_task_ownership", None))
-        reader = cast(TaskReader, conductor) if readable else None
+        reader = conductor if isinstance(conductor, TaskReader) else None
         resume = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
