@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 from typing import Any, cast
 
+import pytest
+
 from leasecore.process.linux.leftovers import TreeRecord
 from leasecore.process.supervisor.child import Child, PendingStart
-from leasecore.process.supervisor.inflight import StartsInFlight
+from leasecore.process.supervisor.inflight import Answer, StartsInFlight, answer_meaning
 
 
 def pending(request_id: int, sent_at: float = 0.0) -> PendingStart:
@@ -75,3 +77,24 @@ def test_a_late_tree_gone_is_no_longer_killed_with_a_lost_fork_server() -> None:
 def test_an_answer_to_no_spawn_is_left_to_the_caller() -> None:
     table = StartsInFlight(threading.Condition(), max_starting=8)
     assert table.answered(9, "stats", {"op": "stats", "id": 9}) == (None, False)
+
+
+@pytest.mark.parametrize(
+    ("op", "in_flight", "given_up", "call_answer", "meaning"),
+    [
+        ("spawned", True, False, False, Answer.STARTED),
+        ("spawn_failed", True, False, False, Answer.FAILED),
+        # Given up (its task failed already): a command that started anyway must not run.
+        ("spawned", False, True, False, Answer.KILL_LATE),
+        ("spawn_failed", False, True, False, Answer.NOTHING),
+        # A call waiting for its answer (stats) took it.
+        ("stats", False, False, True, Answer.NOTHING),
+        ("stats", False, False, False, Answer.NOTHING),  # its caller gave up waiting
+        # An unknown spawn that started (lost track of): killed, never left running unowned.
+        ("spawned", False, False, False, Answer.KILL_LATE),
+        ("spawn_failed", False, False, False, Answer.NOTHING),
+    ],
+)
+def test_what_an_answer_of_the_fork_server_means(op: str, in_flight: bool, given_up: bool, call_answer: bool,
+                                                 meaning: Answer) -> None:  # fmt: skip
+    assert answer_meaning(op, in_flight=in_flight, given_up=given_up, call_answer=call_answer) is meaning

@@ -5,7 +5,8 @@ A spawn is in flight from its request until the fork server's answer (``spawned`
 ``spawn_failed``). One left unanswered too long is given up (its task fails) but stays counted: it is
 still queued at the fork server, so it holds room against ``max_starting``, and if it starts after
 all (a late start) its tree is known by pid until it is gone, so that a fork server lost meanwhile
-kills it too. The table holds no processes and does no I/O; the ``Supervisor`` acts on what it says.
+kills it too. The table holds no processes and does no I/O; the ``Supervisor`` acts on what it says,
+and on what the fork server's answer means (``answer_meaning``, a pure table).
 
 Threads: the runner's main thread (add, drop), the reader thread (answers, expiry, a lost fork
 server). Every method takes the condition it is handed (the Supervisor's, a re-entrant lock, which
@@ -17,12 +18,34 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from leasecore.process.linux.leftovers import TreeRecord
 from leasecore.process.supervisor.child import PendingStart
 
-__all__ = ["StartsInFlight"]
+__all__ = ["Answer", "StartsInFlight", "answer_meaning"]
+
+
+class Answer(Enum):
+    """What the Supervisor does with one answer of the fork server."""
+
+    STARTED = "started"  # a spawn in flight runs: record its tree, read its pipes, call on_started
+    FAILED = "failed"  # a spawn in flight could not start: its task fails with the reason
+    KILL_LATE = "kill late"  # a command started whose spawn was given up (or is unknown): kill it
+    NOTHING = "nothing"  # a call's answer, stats, or a given-up spawn that did not start
+
+
+def answer_meaning(op: str, *, in_flight: bool, given_up: bool, call_answer: bool) -> Answer:
+    """``op`` answered a spawn still ``in_flight``, one ``given_up``, or neither (then
+    ``call_answer``: a waiting call took it)."""
+    if in_flight:
+        if op == "spawned":
+            return Answer.STARTED
+        return Answer.FAILED if op == "spawn_failed" else Answer.NOTHING
+    if op == "spawned" and not call_answer:  # a command must not run unowned
+        return Answer.KILL_LATE
+    return Answer.NOTHING
 
 
 class StartsInFlight:

@@ -46,7 +46,7 @@ from leasecore.process.supervisor.child import (
     PendingStart,
     StartedSink,
 )
-from leasecore.process.supervisor.inflight import StartsInFlight
+from leasecore.process.supervisor.inflight import Answer, StartsInFlight, answer_meaning
 from leasecore.process.supervisor.killby import KillByTimes
 from leasecore.process.supervisor.prepare import SpawnPreparer, TreeMeta
 from leasecore.process.supervisor.reader import OutputReader
@@ -398,27 +398,23 @@ class Supervisor:
         with self._cond:
             # None: given up already (the task was failed), and a command that started must not run
             pending, given_up = self._inflight.answered(request_id, op, event)
-            if pending is None and not given_up and self._link.answered(request_id, event):
-                return
-            if op == "stats":
-                return
-            if pending is not None and op == "spawned":
+            call = pending is None and not given_up and self._link.answered(request_id, event)
+            meaning = answer_meaning(op, in_flight=pending is not None, given_up=given_up, call_answer=call)
+            if meaning is Answer.STARTED and pending is not None:
                 self._trees.started(pending, event)  # its record written, under the same lock
-        if pending is None:
-            if op == "spawned":  # not from this thread: the send may block (see background.py)
-                log.warning("a task's command started after its spawn had been given up: killing it")
-                self._chores.submit(lambda: self._kill_quietly(key), urgent=True)
-            return
-        if op != "spawned":
+        if meaning is Answer.KILL_LATE:  # not from this thread: the send may block (see background.py)
+            log.warning("a task's command started after its spawn had been given up: killing it")
+            self._chores.submit(lambda: self._kill_quietly(key), urgent=True)
+        elif meaning is Answer.FAILED and pending is not None:
             self._fail_start(pending, SpawnError(forkserver_link.spawn_failure(pending.argv0, event)))
-            return
-        self._output.add_here(pending.child, *pending.pipes)
-        pending.child._settled.set()
-        if pending.on_started is not None:
-            try:
-                pending.on_started(pending.child)
-            except Exception:  # the sink's bug must not be lost silently
-                log.exception("on_started sink failed for task %s", pending.child.key)
+        elif meaning is Answer.STARTED and pending is not None:
+            self._output.add_here(pending.child, *pending.pipes)
+            pending.child._settled.set()
+            if pending.on_started is not None:
+                try:
+                    pending.on_started(pending.child)
+                except Exception:  # the sink's bug must not be lost silently
+                    log.exception("on_started sink failed for task %s", pending.child.key)
 
     def _kill_quietly(self, key: str) -> None:
         with contextlib.suppress(ProcessError):
