@@ -1,7 +1,7 @@
 """``conductor-run demo``: the whole idea in three short scenes on the embedded server.
 
 The scenes are played by ``leasecore.demo.scenes`` (real server, real runner process, real children) and
-judged by ``leasecore.demo.plan``; this module only renders: a rich live view on a terminal, plain
+judged by ``leasecore.demo.judge``; this module only renders: a rich live view on a terminal, plain
 timestamped lines otherwise (or with ``--plain``). Exit 0 only if every scene showed what it claims,
 so the demo doubles as a smoke test.
 """
@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # rich and the demo modules are imported when the demo runs, 
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from leasecore.demo.plan import DemoSettings, Event, Scene, SceneTracker, Verdict
+    from leasecore.demo.judge import Event, SceneTracker, Verdict
+    from leasecore.demo.plan import DemoSettings, Scene
     from leasecore.demo.scenes import DemoFiles
 
 LIVE_EVENTS = 12  # events shown under the live table

@@ -36,16 +36,8 @@ import tomli_w
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.conductor.client import ConductorAdmin, ConductorClient
-from leasecore.demo.plan import (
-    DemoSettings,
-    Event,
-    Observation,
-    Scene,
-    SceneTracker,
-    Verdict,
-    runner_config,
-    task_defs_for,
-)
+from leasecore.demo.judge import Event, Observation, SceneTracker, Verdict
+from leasecore.demo.plan import DemoSettings, Scene, runner_config, task_defs_for
 from leasecore.demo.proxy import SilenceProxy
 from leasecore.demo.secret import SECRET_NAME, leaks, secret_line
 from leasecore.errors import ConductorError, ConfigError

@@ -1,6 +1,6 @@
 """The demo's server-side secret: its name, how the child's line about it reads, and the judge's
 checks of its way to the child and of its masking. Pure: the scene player (``leasecore.demo.scenes``)
-reads the task log and the files, the scene's tracker (``leasecore.demo.plan``) holds what was found.
+reads the task log and the files, the scene's tracker (``leasecore.demo.judge``) holds what was found.
 
 The task def declares ``SECRET_NAME`` (``runtimeMetadata``; declared by the demo when it registers
 the def, not in the sample file, so that a def registered by hand needs no secret); each scene's

@@ -1,9 +1,9 @@
 """What the runner tells an operator's metrics: plain method calls at the existing event points.
 
-``Observer`` is the interface and its own no-op: every hook does nothing, so with metrics off
-(``NO_METRICS``, the default everywhere) an event costs one empty method call. The Prometheus side
-(``leasecore.metrics.prom``) subclasses it, and is imported only when ``--metrics-port`` is given:
-prometheus-client is never loaded by a runner without metrics (idle footprint).
+``Observer`` is the interface (a protocol); ``NoMetrics`` its no-op: every hook does nothing, so with
+metrics off (``NO_METRICS``, the default everywhere) an event costs one empty method call. The
+Prometheus side (``leasecore.metrics.prom``) implements it, and is imported only when
+``--metrics-port`` is given: prometheus-client is never loaded by a runner without metrics (idle footprint).
 
 Who calls what (each on its own thread; an implementation must be thread-safe and quick):
 
@@ -22,18 +22,38 @@ The label values these hooks produce are functions here (pure), so they are test
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from leasecore.lease import FenceReason
-from leasecore.models import TaskResult
+from leasecore.models import TaskResult, TaskStatus
 
-__all__ = ["NO_METRICS", "Observer", "error_label", "execute_error", "final_status"]
+__all__ = [
+    "NO_METRICS",
+    "ExitView",
+    "NoMetrics",
+    "Observer",
+    "error_label",
+    "execute_error",
+    "final_status",
+]
 
 
-class Observer:
-    """The metrics hooks; this base class does nothing (metrics off)."""
+class ExitView(Protocol):
+    """What the hooks read of a command's exit (``leasecore.process.spec.ChildExit``)."""
 
-    enabled = False
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def duration_seconds(self) -> float: ...
+    @property
+    def start_error(self) -> str | None: ...
+
+
+class Observer(Protocol):
+    """The metrics hooks. ``enabled``: False when every hook does nothing (callers skip work done
+    only for a hook)."""
+
+    enabled: bool
 
     def on_poll(self, task_type: str, seconds: float, error: BaseException | None) -> None:
         """One poll request ended after ``seconds`` (``error``: it raised)."""
@@ -60,8 +80,8 @@ class Observer:
     def on_task_started(self, task_type: str) -> None:
         """The runner asked for the task's command to start."""
 
-    def on_task_exited(self, task_type: str, exit_: Any, fence: FenceReason | None,
-                       in_progress_exit_code: int | None) -> None:
+    def on_task_exited(self, task_type: str, exit_: ExitView | BaseException | None,
+                       fence: FenceReason | None, in_progress_exit_code: int | None) -> None:
         """The task's command is gone (``exit_``: a ``ChildExit``, None if lost track of, or the
         exception that kept it from starting); ``fence``: why its tree was stopped, if it was."""
 
@@ -72,12 +92,55 @@ class Observer:
     def on_result(self, task_type: str, result: TaskResult) -> None:
         """The runner hands ``result`` to the reporter (the first attempt is on its way)."""
 
-    def on_task_done(self, task_type: str, status: Any, fence: FenceReason | None) -> None:
+    def on_task_done(self, task_type: str, status: TaskStatus | None, fence: FenceReason | None) -> None:
         """The task left the runner: ``status`` the server accepted (a ``TaskStatus``; None: none
         was, see ``final_status``), ``fence`` the reason its tree was stopped, if it was."""
 
 
-NO_METRICS = Observer()
+class NoMetrics:
+    """Metrics off: every hook does nothing."""
+
+    enabled = False
+
+    def on_poll(self, task_type: str, seconds: float, error: BaseException | None) -> None:
+        pass
+
+    def on_update(self, task_type: str, seconds: float, error: BaseException | None) -> None:
+        pass
+
+    def on_request(self, method: str, uri: str, status: str, seconds: float) -> None:
+        pass
+
+    def on_heartbeat(self, task_type: str, ok: bool, lateness_seconds: float | None) -> None:
+        pass
+
+    def on_final_result_resent(self, task_type: str) -> None:
+        pass
+
+    def on_ownership_check(self, task_type: str, result: str) -> None:
+        pass
+
+    def on_task_held(self, task_type: str, held: bool, fence: FenceReason | None = None) -> None:
+        pass
+
+    def on_task_started(self, task_type: str) -> None:
+        pass
+
+    def on_task_exited(self, task_type: str, exit_: ExitView | BaseException | None,
+                       fence: FenceReason | None, in_progress_exit_code: int | None) -> None:
+        pass
+
+    def on_switch_fenced(self, task_type: str, fence: FenceReason | None) -> None:
+        pass
+
+    def on_result(self, task_type: str, result: TaskResult) -> None:
+        pass
+
+    def on_task_done(self, task_type: str, status: TaskStatus | None, fence: FenceReason | None) -> None:
+        pass
+
+
+NO_METRICS: Observer = NoMetrics()
 
 
 def error_label(error: BaseException | None) -> str:
@@ -85,7 +148,8 @@ def error_label(error: BaseException | None) -> str:
     return "None" if error is None else type(error).__name__
 
 
-def execute_error(exit_: Any, fence: FenceReason | None, in_progress_exit_code: int | None) -> str | None:
+def execute_error(exit_: ExitView | BaseException | None, fence: FenceReason | None,
+                  in_progress_exit_code: int | None) -> str | None:
     """Why a task's command counts as an execute error (None: it does not).
 
     A non-zero exit is this product's execute error (``NonZeroExit``), except the exit code that
@@ -98,11 +162,11 @@ def execute_error(exit_: Any, fence: FenceReason | None, in_progress_exit_code: 
         return type(exit_).__name__
     if exit_ is None:
         return "LostChild"
-    if getattr(exit_, "start_error", None) is not None:
+    if exit_.start_error is not None:
         return "StartError"
     if fence is not None:
         return "Fenced"
-    code = getattr(exit_, "exit_code", None)
+    code = exit_.exit_code
     if code is None:
         return "KilledBySignal"
     if code == 0 or code == in_progress_exit_code:
@@ -110,10 +174,10 @@ def execute_error(exit_: Any, fence: FenceReason | None, in_progress_exit_code: 
     return "NonZeroExit"
 
 
-def final_status(status: Any, fence: FenceReason | None) -> str:
+def final_status(status: TaskStatus | None, fence: FenceReason | None) -> str:
     """The ``status`` label of ``conductor_run_task_results_total`` for a task leaving the runner:
     the status the server accepted (``TaskStatus``), ``OWNERSHIP_LOST`` (nothing reported: the task
     is someone else's) or ``UNDELIVERED`` (not accepted: kept in the outbox, or refused)."""
     if status is not None:
-        return str(getattr(status, "value", status))
+        return status.value
     return "OWNERSHIP_LOST" if fence is FenceReason.OWNERSHIP_LOST else "UNDELIVERED"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -30,9 +30,9 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from leasecore.lease import FenceReason
-from leasecore.metrics import Observer, error_label, execute_error, final_status
+from leasecore.metrics import ExitView, error_label, execute_error, final_status
 from leasecore.metrics.tally import Tallies
-from leasecore.models import TaskResult
+from leasecore.models import TaskResult, TaskStatus
 
 # The SDKs' canonical buckets (python-sdk canonical_metrics_collector.py).
 TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -60,7 +60,7 @@ class GaugeSource(Protocol):
     def task_progress(self) -> Mapping[str, tuple[str, float]]: ...  # task id -> (type, 0..1)
 
 
-class PrometheusObserver(Observer):
+class PrometheusObserver:
     """Counts the runner's events in its own registry (plus the process, platform and GC metrics)."""
 
     enabled = True
@@ -178,12 +178,12 @@ class PrometheusObserver(Observer):
             self._started[key] = self._started.get(key, 0) + 1
             self.running_by_type[task_type] = self.running_by_type.get(task_type, 0) + 1
 
-    def on_task_exited(self, task_type: str, exit_: Any, fence: FenceReason | None,
-                       in_progress_exit_code: int | None) -> None:
+    def on_task_exited(self, task_type: str, exit_: ExitView | BaseException | None,
+                       fence: FenceReason | None, in_progress_exit_code: int | None) -> None:
         error = execute_error(exit_, fence, in_progress_exit_code)
-        seconds = getattr(exit_, "duration_seconds", None)
-        if not isinstance(seconds, int | float) or getattr(exit_, "start_error", None) is not None:
-            seconds = None  # never ran: no run time
+        seconds = None  # never ran (or lost track of): no run time
+        if exit_ is not None and not isinstance(exit_, BaseException) and exit_.start_error is None:
+            seconds = exit_.duration_seconds
         with self._lock:
             running = self.running_by_type.get(task_type, 0)
             self.running_by_type[task_type] = max(0, running - 1)
@@ -203,7 +203,7 @@ class PrometheusObserver(Observer):
         with self._lock:
             self._result_size((task_type,), size)
 
-    def on_task_done(self, task_type: str, status: Any, fence: FenceReason | None) -> None:
+    def on_task_done(self, task_type: str, status: TaskStatus | None, fence: FenceReason | None) -> None:
         key = (task_type, final_status(status, fence))
         with self._lock:
             self._results[key] = self._results.get(key, 0) + 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from leasecore.lease import FenceReason, LeasePolicy, LeaseView
 from leasecore.lease.finalcheck import LateBeats
@@ -66,6 +66,7 @@ class UpdatePort(Protocol):
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None: ...
 
 
+@runtime_checkable
 class ChainPort(UpdatePort, Protocol):
     """An update port that can also claim the next task with the update (``ConductorClient.update_v2``,
     ``leasecore.runner.chain``); a port without it never chains."""
@@ -116,6 +117,7 @@ class FinalUpdateGuard(Protocol):
     def reported(self, task_id: str) -> None: ...
 
 
+@runtime_checkable
 class TaskReader(Protocol):
     """Reads a task back (``ConductorClient``): a final update's read-back after a late heartbeat."""
 

@@ -1,9 +1,10 @@
 """Results that could not be delivered, kept on disk and delivered on the next start (or sooner).
 
 What a failed delivery means is the final-update table's (``leasecore.lease.finalfailure.decide``
-with ``saved``): kept while the server is unreachable or refuses our credentials, dropped on a
-refusal (a terminal result whose body was refused goes out bare first, as the reporter does), counted
-delivered on a 2xx we could not read.
+with ``saved``), and what that means for the file is ``leasecore.state.redelivery``'s: kept while
+the server is unreachable or refuses our credentials, dropped on a refusal (a terminal result whose
+body was refused goes out bare first, as the reporter does), counted delivered on a 2xx we could not
+read.
 
 Owns: ``<state_dir>/outbox/``, one private file per task (directory 0700, files 0600: outputs are the
 task's data) recording the server it was meant for (a hash of the URL: no credential reaches the
@@ -37,17 +38,9 @@ from typing import Any
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError
 from leasecore.lease import ownership_lost_reason
-from leasecore.lease.finalfailure import (
-    Attempt,
-    Delivered,
-    GiveUp,
-    Save,
-    SendBare,
-    bare_result,
-    decide,
-    failure_of,
-)
+from leasecore.lease.finalfailure import Attempt, bare_result, decide, failure_of
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
+from leasecore.state.redelivery import Done, Drop, Fate, KeepRest, Send, after_failure, before_send
 from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
 
 log = logging.getLogger("conductor_run.outbox")
@@ -306,7 +299,6 @@ class Outbox:
         may still undo it: docs/final-results.md); what it raises is logged, never lost results.
         """
         sent = dropped = kept = 0
-        after = delivered
         now = self._clock.now().timestamp()
         self._recover_claims()
         pending = self.entries()
@@ -314,35 +306,26 @@ class Outbox:
             if stop():
                 kept = len(pending) - i
                 break
-            task_id = entry.result.task_id
             claimed: Path | None = None
-            if now - entry.saved_at > self.max_age_seconds:
-                log.warning("dropping the saved result of task %s: older than %.0f s", task_id,
-                            self.max_age_seconds)
-                entry.forget()
-                dropped += 1
-                continue
+            failed: ConductorError | None = None
+            age = now - entry.saved_at
             try:
-                why = None if read_task is None else ownership_lost_reason(read_task(task_id),
-                                                                           entry.poll_count)
-                if why is not None:
-                    log.warning("dropping the saved result of task %s (%s): no longer ours: %s", task_id,
-                                entry.result.status.value, why)
-                    entry.forget()
-                    dropped += 1
-                    continue
-                claimed = entry.claim(self._owner)
-                if claimed is None:  # another runner of this state directory sends it (or a newer one came)
-                    continue
-                update(entry.result)
+                lost = None
+                if read_task is not None and age <= self.max_age_seconds:  # too old: dropped unread
+                    lost = ownership_lost_reason(read_task(entry.result.task_id), entry.poll_count)
+                fate: Fate = before_send(age_seconds=age, max_age_seconds=self.max_age_seconds, not_ours=lost)
+                if isinstance(fate, Send):
+                    claimed = entry.claim(self._owner)
+                    if claimed is None:  # another runner of this directory sends it (or a newer one came)
+                        continue
+                    update(entry.result)
+                    fate = Done()
             except ConductorError as exc:
                 decision = decide(failure_of(exc), Attempt(
                     entry.result.status, saved=True, status_code=exc.status_code,
                     has_body=bool(entry.result.output_data or entry.result.logs)))
-                if claimed is None:  # the read-back failed, not the delivery: nothing was sent
-                    decision = Save() if isinstance(decision, Delivered) else decision
-                    decision = GiveUp("") if isinstance(decision, SendBare) else decision
-                if isinstance(decision, Save):  # unreachable, or our credentials: keep it all for next time
+                fate = after_failure(decision, sent=claimed is not None)
+                if isinstance(fate, KeepRest):  # unreachable, or our credentials: keep it all for next time
                     if claimed is not None:
                         _put_back(claimed, entry.path)
                     quiet_now = quiet and not isinstance(exc, ConductorAuthError)
@@ -350,39 +333,51 @@ class Outbox:
                             "result(s) yet: %s", len(pending) - i, exc)  # fmt: skip
                     kept = len(pending) - i
                     break
-                if not isinstance(decision, Delivered):  # refused (404 included): it will never be accepted
-                    log.warning("dropping the saved result of task %s: the server rejected it: %s", task_id,
-                                exc)
-                    if isinstance(decision, SendBare):
-                        self._send_bare(update, entry.result, decision.status, exc)
-                    if claimed is not None:
-                        claimed.unlink(missing_ok=True)
-                    else:
-                        entry.forget()
-                    dropped += 1
-                    continue
+                failed = exc
             except BaseException:  # a bug or a signal: the result stays for a later delivery
                 if claimed is not None:
                     _put_back(claimed, entry.path)
                 raise
-            if claimed is not None:
-                claimed.unlink(missing_ok=True)
-            log.info("delivered the saved result of task %s (%s)", task_id, entry.result.status.value)
-            sent += 1
-            if after is not None:
-                try:
-                    after(entry)
-                except Exception:  # it was delivered: a failed read-back loses nothing
-                    log.exception("task %s: reading the delivered result back failed", task_id)
+            if isinstance(fate, Drop):
+                dropped += 1
+                self._drop(entry, claimed, fate, update, failed)
+            elif isinstance(fate, Done):
+                sent += 1
+                self._delivered(entry, claimed, delivered)
         return DeliveryReport(sent, dropped, kept)
+
+    def _drop(self, entry: OutboxEntry, claimed: Path | None, fate: Drop,
+              update: Callable[[TaskResult], None], failed: ConductorError | None) -> None:  # fmt: skip
+        result = entry.result
+        log.warning("dropping the saved result of task %s (%s): %s%s", result.task_id, result.status.value,
+                    fate.why, f": {failed}" if failed is not None else "")  # fmt: skip
+        if fate.bare is not None:
+            self._send_bare(update, result, fate.bare, str(failed or fate.why))
+        if claimed is not None:
+            claimed.unlink(missing_ok=True)
+        else:
+            entry.forget()
+
+    @staticmethod
+    def _delivered(entry: OutboxEntry, claimed: Path | None,
+                   after: Callable[[OutboxEntry], None] | None) -> None:  # fmt: skip
+        if claimed is not None:
+            claimed.unlink(missing_ok=True)
+        result = entry.result
+        log.info("delivered the saved result of task %s (%s)", result.task_id, result.status.value)
+        if after is not None:
+            try:
+                after(entry)
+            except Exception:  # it was delivered: a failed read-back loses nothing
+                log.exception("task %s: reading the delivered result back failed", entry.result.task_id)
 
     @staticmethod
     def _send_bare(update: Callable[[TaskResult], None], result: TaskResult, status: TaskStatus,
-                   exc: ConductorError) -> None:  # fmt: skip
+                   why: str) -> None:  # fmt: skip
         """The task FAILED without the body the server refused, once (``finalfailure.SendBare``): the
         server retries it now rather than after its response timeout. Refused too: nothing more."""
         try:
-            update(bare_result(result, status, str(exc)[:200]))
+            update(bare_result(result, status, why[:200]))
         except ConductorError as again:
             log.warning("task %s: the server refused a bare %s too: %s", result.task_id, status.value, again)
             return

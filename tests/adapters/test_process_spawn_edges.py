@@ -124,7 +124,7 @@ def test_a_temp_dir_or_fd_table_that_fails_fails_the_task_not_the_runner(
         for fd in made:  # the first pipe was closed again
             with pytest.raises(OSError):
                 os.fstat(fd)
-        assert not sup._children and not sup._starting
+        assert not len(sup._trees) and not len(sup._inflight)
         assert list(tasks_tmp.iterdir()) == []
         exit_ = sup.spawn(make_task({}), spec("true"), worker_id="w").wait(30)
         assert exit_ is not None and exit_.exit_code == 0
@@ -141,7 +141,7 @@ def test_a_state_record_that_cannot_be_written_at_a_trees_end_stops_nothing(tmp_
         def full(key: str) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        sup._record.remove = full  # type: ignore[method-assign]
+        sup._trees.record.remove = full  # type: ignore[method-assign]
         child = sup.spawn(make_task({}), spec("true"), worker_id="w")
         assert child.wait(30) is not None
         assert child.wait_gone(30)

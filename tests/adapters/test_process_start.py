@@ -142,7 +142,7 @@ def test_a_start_whose_exec_fails_ends_in_on_done_with_why_and_leaves_nothing(tm
         child = seen.start(supervisor, CommandSpec(argv=(str(script),)))
         exit_ = seen.exit()
         assert child.wait(0) is exit_ and child.wait_gone(0)
-        assert not supervisor._starting and not supervisor._children
+        assert not len(supervisor._inflight) and not len(supervisor._trees)
         assert _fd_count() <= fds
     assert [name for name, _ in seen.events] == ["done"]  # never "started"
     assert exit_.exit_code is None and exit_.signal is None
@@ -376,7 +376,7 @@ def test_a_start_that_fails_on_a_bug_leaves_nothing_registered(
         monkeypatch.setattr(supervisor, "_request", broken)
         with pytest.raises(RuntimeError, match="a bug in sending"):
             supervisor.start(make_task(), spec("true"), worker_id="w")
-        assert not supervisor._starting and not supervisor._children
+        assert not len(supervisor._inflight) and not len(supervisor._trees)
         assert _fd_count() <= fds
         assert list((tmp_path / "task-tmp").iterdir()) == []
         monkeypatch.undo()  # the close below talks to the fork server
@@ -438,7 +438,7 @@ def test_each_recorded_start_time_is_the_leaders_own_though_most_were_not_read(
             seen = Seen()
             children.append((seen.start(supervisor, spec("sleep", MARK_SECONDS), task_id=f"t{i}"), seen))
             assert seen.started.wait(30)
-        recorded = {tree.pid: tree.start_time for tree in supervisor._record.trees()}
+        recorded = {tree.pid: tree.start_time for tree in supervisor._trees.trees()}
         assert len(recorded) == starts
         for pid, start_time in recorded.items():
             info = procfs.read_stat(pid)

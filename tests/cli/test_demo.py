@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from cli import exitcodes
 from cli.demo import live_view, plain_verdict
 from cli.main import _register, app
-from leasecore.demo.plan import DemoSettings, Observation, SceneTracker, standard_scenes
+from leasecore.demo.judge import Observation, SceneTracker
+from leasecore.demo.plan import DemoSettings, standard_scenes
 from leasecore.demo.scenes import DemoFiles
 from leasecore.errors import ConfigError
 

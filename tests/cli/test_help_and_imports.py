@@ -84,7 +84,8 @@ def test_other_commands_say_units_and_defaults() -> None:
         assert squeezed(part) in flat, part
 
 
-HEAVY = ("rich", "leasecore.server", "leasecore.demo.scenes", "leasecore.demo.plan", "leasecore.demo.proxy",
+HEAVY = ("rich", "leasecore.server", "leasecore.demo.scenes", "leasecore.demo.plan", "leasecore.demo.judge",
+         "leasecore.demo.proxy",
          # prometheus-client only with --metrics-port (idle footprint)
          "prometheus_client", "leasecore.metrics.prom", "leasecore.metrics.tally",
          "leasecore.metrics.service")

@@ -6,15 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from leasecore.demo.plan import (
-    DemoSettings,
-    Observation,
-    SceneKind,
-    SceneTracker,
-    runner_config,
-    standard_scenes,
-    task_defs_for,
-)
+from leasecore.demo.judge import Observation, SceneTracker
+from leasecore.demo.plan import DemoSettings, SceneKind, runner_config, standard_scenes, task_defs_for
 from leasecore.demo.secret import SECRET_NAME, leaks, secret_line
 
 SETTINGS = DemoSettings()  # R = 2 s, kill grace 0.3 s, ownership check every 1 s

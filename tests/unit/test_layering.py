@@ -24,7 +24,7 @@ PURE = frozenset({
     "leasecore.fleet.view", "leasecore.handover", "leasecore.lease", "leasecore.limits", "leasecore.snapshot",
     "leasecore.config.settings", "leasecore.config.checks", "leasecore.config.keys",
     "leasecore.config.tomlfile", "leasecore.config.merge", "leasecore.config.live",
-    "leasecore.http_framing", "leasecore.checkbudget",
+    "leasecore.http_framing", "leasecore.checkbudget", "leasecore.state.redelivery",
     "leasecore.runner.upstream.pollpolicy", "leasecore.runner.ports", "leasecore.runner.chain",
     "leasecore.runner.leasing.leasebook", "leasecore.runner.leasing.core",
     "leasecore.runner.leasing.schedule", "leasecore.masking", "leasecore.process.secretenv",

@@ -4,7 +4,9 @@ Owns the steps between a ``CommandSpec`` and a ``spawn`` request: the working di
 task's private files (``TaskFiles``, named by the tree's random marker token), the child's
 environment (``build_child_env``), the executable on PATH (``caches.ExecutablePaths``), the two
 output pipes, and the tree's cgroup (``cgroups.group_for``: made here, or on v1 without limits asked of
-the fork server's pool) with the rlimits its command gets.
+the fork server's pool) with the rlimits its command gets. ``SpawnPreparer`` holds what every spawn
+of one Supervisor is prepared with (its environment, where task directories go, the PATH and
+inherited-environment caches, the cgroup setup, the tree records' meta).
 A step that fails (a ``SpawnError`` naming what) undoes the steps before it: no file, fd or group
 is left. ``Prepared.message`` is the request the fork server gets.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from leasecore.errors import SpawnError
@@ -30,8 +32,10 @@ from leasecore.process.checkpoint import seed_of
 from leasecore.process.linux import cgroupfs, cgroups
 from leasecore.process.results.stdio_protocol import task_json
 from leasecore.process.spec import STDIO, CommandSpec, build_child_env
-from leasecore.process.supervisor.caches import ExecutablePaths
+from leasecore.process.supervisor.caches import ExecutablePaths, InheritedEnvs
 from leasecore.process.taskfiles import TaskDirs, TaskFiles
+
+TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
 
 
 def working_directory(spec: CommandSpec) -> str:
@@ -56,6 +60,8 @@ class Prepared:
     pipes: tuple[int, int, int, int]  # stdout read, stdout write, stderr read, stderr write
     group: cgroupfs.Group | None  # the tree's cgroup, or a request for a pooled one (None: no cgroups)
     rlimits: list[tuple[str, int]]
+    base: dict[str, str] | None = None  # the environment inherited (kept per spec: the spawn's base)
+    meta: dict[str, Any] | None = None  # kept with the tree's record (``TreeMeta``)
 
     def message(self, request_id: int, key: str, argv: list[str], spec: CommandSpec) -> dict[str, Any]:
         """The ``spawn`` request (its fds: the input file, then the pipes' write ends)."""
@@ -126,3 +132,28 @@ def prepare(
         raise
     out_r, out_w, err_r, err_w = pipes
     return Prepared(token, cwd, files, env, path, (out_r, out_w, err_r, err_w), group, rlimits)
+
+
+class SpawnPreparer:
+    """Prepares every spawn of one Supervisor (see the module docstring)."""
+
+    def __init__(self, environ: Mapping[str, str], *, task_dirs: TaskDirs, cgroup_setup: cgroups.CgroupSetup,
+                 tree_meta: TreeMeta | None, path_cache_seconds: float) -> None:  # fmt: skip
+        self.environ = dict(environ)
+        self.task_dirs = task_dirs
+        self.cgroup_setup = cgroup_setup
+        self._tree_meta = tree_meta
+        self._executables = ExecutablePaths(path_cache_seconds)
+        self._inherited = InheritedEnvs(self.environ)
+
+    def prepare(self, task: Task, spec: CommandSpec, argv: list[str], *, worker_id: str,
+                deadline: float | None) -> Prepared:  # fmt: skip
+        """``prepare`` for this Supervisor, with the spawn's environment base and the tree's meta
+        (made before any file)."""
+        cwd = working_directory(spec)
+        meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)
+        inherited = self._inherited.of(spec)
+        ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self.environ, inherited=inherited,
+                        task_dirs=self.task_dirs, executables=self._executables,
+                        cgroup_setup=self.cgroup_setup, deadline=deadline)  # fmt: skip
+        return dataclasses.replace(ready, base=inherited, meta=meta)

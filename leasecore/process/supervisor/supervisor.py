@@ -1,10 +1,10 @@
 """``Supervisor``: runs task commands through the fork server and owns what is under way.
 
-Owns the table of children, the spawns asked of the fork server and not answered yet (bounded by
-``max_starting``; given up after ``reply_timeout_seconds``), the state directory's record of the
-trees (``leftovers.StateRecord``) and the wiring of its parts: the fork server link
-(``forkserver_link.py``), the reader thread (``reader.py``), the chores thread (``background.py``),
-what a spawn needs (``prepare.py``, ``caches.py``) and this process's hardening. It turns the
+Owns the children and their tree records (``running.RunningTrees``), the spawns asked of the fork
+server and not answered yet (``inflight.StartsInFlight``: bounded by ``max_starting``; given up after
+``reply_timeout_seconds``), what every spawn is prepared with (``prepare.SpawnPreparer``), and the
+wiring of its parts: the fork server link (``forkserver_link.py``), the reader thread
+(``reader.py``), the chores thread (``background.py``) and this process's hardening. It turns the
 fork server's events into each ``Child``'s start, exit and end; if the fork server dies, its trees
 are killed (``_on_forkserver_lost``) and the next start makes a new one.
 
@@ -18,7 +18,6 @@ reader thread; ``_kill_quietly`` on the chores thread. ``_cond`` guards the tabl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -37,7 +36,7 @@ from leasecore.process.linux.hardening import protect_from_children, warn_if_not
 from leasecore.process.spec import STDIO, CommandSpec
 from leasecore.process.supervisor import forkserver_link
 from leasecore.process.supervisor.background import Chores
-from leasecore.process.supervisor.caches import PATH_CACHE_SECONDS, ExecutablePaths, InheritedEnvs
+from leasecore.process.supervisor.caches import PATH_CACHE_SECONDS
 from leasecore.process.supervisor.child import (
     Child,
     ChildLinks,
@@ -47,16 +46,17 @@ from leasecore.process.supervisor.child import (
     PendingStart,
     StartedSink,
 )
+from leasecore.process.supervisor.inflight import Answer, StartsInFlight, answer_meaning
 from leasecore.process.supervisor.killby import KillByTimes
-from leasecore.process.supervisor.prepare import prepare, working_directory
+from leasecore.process.supervisor.prepare import SpawnPreparer, TreeMeta
 from leasecore.process.supervisor.reader import OutputReader
+from leasecore.process.supervisor.running import RunningTrees
 from leasecore.process.taskfiles import TaskDirs
 
 __all__ = ["Child", "DoneSink", "LineSink", "LinesSink", "StartedSink", "Supervisor", "TreeMeta"]
 
 log = logging.getLogger(__name__)
 
-TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
 MAX_STARTING = 32  # spawns sent to the fork server and not answered yet; start() waits beyond that
 
 
@@ -94,25 +94,18 @@ class Supervisor:
         ``start`` waits; ``path_cache_seconds``: how long a command found on PATH is reused;
         ``forkserver_boot``: the Python source the fork server runs (tests prepend to it)."""
         self._clock: Clock = clock or SystemClock()
-        self._environ = dict(os.environ if environ is None else environ)
+        environ = dict(os.environ if environ is None else environ)
         self._state_dir = state_dir
         self._drain_seconds = output_drain_seconds
-        self._task_dirs = TaskDirs.pick(tmp_dir, self._environ)  # a tmpfs where usable (taskfiles.py)
-        self._tree_meta = tree_meta
         # None: no cgroups (posix_spawn; limits as rlimits); else each tree gets a group of its own
         self._cgroups = cgroup_setup if cgroup_setup is not None else cgroups.CgroupSetup()
-        self._children: dict[str, Child] = {}
+        self._spawns = SpawnPreparer(environ, task_dirs=TaskDirs.pick(tmp_dir, environ),  # a tmpfs if usable
+                                     cgroup_setup=self._cgroups, tree_meta=tree_meta,
+                                     path_cache_seconds=path_cache_seconds)  # fmt: skip
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
         self._reply_timeout_seconds = reply_timeout_seconds
-        self._max_starting = max_starting
-        self._executables = ExecutablePaths(path_cache_seconds)
-        self._inherited = InheritedEnvs(self._environ)
-        self._starting: dict[int, PendingStart] = {}  # spawns asked of the fork server, by request id
-        # Spawns given up unanswered (the task failed): still queued at the fork server, so they count
-        # against max_starting, and a fork server lost before answering kills them by token too.
-        self._given_up: dict[int, leftovers.TreeRecord] = {}
-        self._late: dict[str, leftovers.TreeRecord] = {}  # given up, started late, killed: until gone
+        self._inflight = StartsInFlight(self._cond, max_starting)  # spawns asked, not answered yet
         self._closing = False
         self._lost = False
         self._start_lock = threading.Lock()
@@ -124,7 +117,7 @@ class Supervisor:
         self._child_links = ChildLinks(self._request, self._output.exited, self._chores.rmtree)
         self._link = forkserver_link.ForkServerLink(forkserver_boot, reply_timeout_seconds)
         self.kill_by = KillByTimes(self._request)  # each task's kill-by times, for its tree's switch
-        self._record = leftovers.StateRecord(state_dir, self._link.pid)
+        self._trees = RunningTrees(self._cond, leftovers.StateRecord(state_dir, self._link.pid), self.kill_by)
         self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
                                                       self._on_forkserver_lost)  # fmt: skip
 
@@ -137,7 +130,7 @@ class Supervisor:
     @property
     def task_dirs(self) -> TaskDirs:
         """Where the tasks' private directories are made (``taskfiles.TaskDirs``)."""
-        return self._task_dirs
+        return self._spawns.task_dirs
 
     @property
     def forkserver_pid(self) -> int:
@@ -240,14 +233,9 @@ class Supervisor:
         self._ensure_forkserver()
         with self._cond:  # a bound on spawns queued at the fork server: claims follow the starts
             if not self._cond.wait_for(self._room_locked, timeout=self._reply_timeout_seconds):
-                behind = f"the fork server has not answered its last {self._max_starting} spawn requests"
-                raise ProcessError(behind)
-        cwd = working_directory(spec)
-        meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)  # before any file
-        inherited = self._inherited.of(spec)  # (kept per spec: the spawn's environment base too)
-        ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self._environ,
-                        inherited=inherited, task_dirs=self._task_dirs,
-                        executables=self._executables, cgroup_setup=self._cgroups, deadline=deadline)
+                behind = self._inflight.max_starting
+                raise ProcessError(f"the fork server has not answered its last {behind} spawn requests")
+        ready = self._spawns.prepare(task, spec, argv, worker_id=worker_id, deadline=deadline)
         files, group, (out_r, out_w, err_r, err_w) = ready.files, ready.group, ready.pipes
         key = f"t{next(self._ids)}"
         child = Child(self._child_links, key, files, on_line, self._clock, on_lines, on_done, spec.masker)
@@ -259,12 +247,12 @@ class Supervisor:
         # Until its record is written, the tree is known by its marker token only: should the fork
         # server die right after the spawn (no parent-death signal any more), it is killed by that.
         # The pipes' read ends are ours until the reader thread takes them with the `spawned` answer.
-        record = leftovers.TreeRecord(key, 0, 0, ready.token, files.directory, meta, group)
+        record = leftovers.TreeRecord(key, 0, 0, ready.token, files.directory, ready.meta, group)
         pending = PendingStart(child, request_id, (out_r, err_r), argv[0], time.monotonic(), notify,
                                on_started, record)  # fmt: skip
         with self._cond:
-            self._children[key] = child
-            self._starting[request_id] = pending
+            self._trees.add(child)
+            self._inflight.add(pending)
         request = ready.message(request_id, key, argv, spec)
         request["kill_by"] = sent_kill_by = self.kill_by.spawning(task.task_id)  # its dead-man's switch
         if group is not None and cgroups.spawns_inside(self._cgroups, spec.limits, self._link.pid):
@@ -275,7 +263,7 @@ class Supervisor:
             except OSError as exc:  # no fd left: this task fails, the runner goes on
                 raise SpawnError(f"cannot open the task's input: {exc.strerror or exc}") from exc
             try:
-                self._request(request, [stdin, out_w, err_w], base=inherited)  # (it has its own fds now)
+                self._request(request, [stdin, out_w, err_w], base=ready.base)  # (it has its own fds now)
             finally:
                 os.close(stdin)
             self.kill_by.attach(task.task_id, key, sent_kill_by)
@@ -294,14 +282,8 @@ class Supervisor:
 
     def _drop_start(self, pending: PendingStart) -> bool:
         """Undo a spawn whose request was never sent; False if someone else has ended it already."""
-        with self._cond:
-            if self._starting.pop(pending.request_id, None) is None:
-                # Given up (or lost) while the send was under way: ended already. A request that
-                # failed to go out will get no answer, so it holds no room either.
-                if self._given_up.pop(pending.request_id, None) is not None:
-                    self._cond.notify_all()
-                return False
-            self._cond.notify_all()  # room for a start waiting on max_starting
+        if not self._inflight.drop(pending):  # given up (or lost) while the send was under way
+            return False
         self._release(pending)
         return True
 
@@ -315,8 +297,7 @@ class Supervisor:
     def _release(self, pending: PendingStart) -> None:
         """What a spawn that never ran holds: its place among the children, its pipes' read ends
         (never taken by the reader) and the task's directory."""
-        with self._cond:
-            self._children.pop(pending.child.key, None)
+        self._trees.discard(pending.child.key)
         for fd in pending.pipes:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -327,12 +308,7 @@ class Supervisor:
 
     def _give_up_starts(self, which: Callable[[PendingStart], bool]) -> None:
         """Fail the unanswered spawns ``which`` picks; an answer that comes later kills the tree."""
-        with self._cond:
-            given_up = [pending for pending in self._starting.values() if which(pending)]
-            for pending in given_up:
-                del self._starting[pending.request_id]
-                self._given_up[pending.request_id] = pending.record
-        for pending in given_up:
+        for pending in self._inflight.give_up(which):
             self._fail_start(pending, ProcessError("the fork server did not answer a spawn request"))
 
     def _expire_starts(self) -> float:
@@ -340,11 +316,11 @@ class Supervisor:
         limit = self._reply_timeout_seconds
         now = time.monotonic()
         self._give_up_starts(lambda pending: now - pending.sent_at >= limit)
-        with self._cond:  # idle: rarely (a start sent meanwhile is checked that much later)
-            return min(1.0 if self._starting else 10.0, limit / 3)
+        # idle: rarely (a start sent meanwhile is checked that much later)
+        return min(1.0 if len(self._inflight) else 10.0, limit / 3)
 
     def _room_locked(self) -> bool:
-        return len(self._starting) + len(self._given_up) < self._max_starting or self._lost
+        return self._lost or self._inflight.has_room()
 
     def close(self, grace_seconds: float = 0.0) -> None:
         """Kill every tree still held (TERM, KILL after ``grace_seconds``), stop the fork server."""
@@ -356,15 +332,15 @@ class Supervisor:
         with contextlib.suppress(ProcessError):
             self._request({"op": "shutdown", "grace": grace_seconds})
         if not self._link.wait_exit(grace_seconds + 15.0):
-            leftovers.kill_trees(self._record.trees(), leaders_just_died=True)
+            leftovers.kill_trees(self._trees.trees(), leaders_just_died=True)
         self._link.shutdown()
         self._server_done.wait(timeout=10.0)
         self._link.close()
-        for child in list(self._children.values()):
+        for child in self._trees.children():
             child.wait(timeout=self._drain_seconds + 5.0)
         self._output.stop()
         self._chores.close(timeout_seconds=30.0)
-        self._record.delete()
+        self._trees.record.delete()
 
     # fork server plumbing -----------------------------------------------------------------------
 
@@ -379,7 +355,7 @@ class Supervisor:
             self._server_done.wait(timeout=30.0)  # what the old server held is killed once it is set
             self._link.restart(on_swap=self._forkserver_back)
             with self._cond:
-                self._record.set_forkserver(self._link.pid)
+                self._trees.record.set_forkserver(self._link.pid)
             self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
                                                           self._on_forkserver_lost)  # fmt: skip
             log.warning("started a new fork server (pid %d) after the last one died", self._link.pid)
@@ -404,18 +380,13 @@ class Supervisor:
             self._on_answer(op, event)
             return
         with self._cond:
-            child = self._children.get(str(event.get("key")))
+            child = self._trees.get(str(event.get("key")))
             if child is None:
                 if op == "gone":  # a late-started tree, killed: accounted for now
-                    self._late.pop(str(event.get("key")), None)
+                    self._inflight.gone(str(event.get("key")))
                 return
             if op == "gone":  # the record first: once wait_gone returns, the tree is accounted for
-                self._children.pop(child.key, None)
-                self.kill_by.gone(child.key)
-                try:
-                    self._record.remove(child.key)
-                finally:  # an unwritable record must not leave wait_gone waiting for ever
-                    child._on_gone()
+                self._trees.gone(child)
         if op == "exited":  # outside the lock: on this (the reader) thread it may finish the child now
             child._on_exit(event.get("code"), event.get("signal"), event)
 
@@ -426,43 +397,24 @@ class Supervisor:
         request_id = int(event.get("id") or 0)
         with self._cond:
             # None: given up already (the task was failed), and a command that started must not run
-            pending = self._starting.pop(request_id, None)
-            late = None if pending is not None else self._given_up.pop(request_id, None)
-            if late is not None and op == "spawned":  # known by pid too now, until its tree is gone
-                self._late[key] = dataclasses.replace(late, pid=int(event["pid"]), start_time=int(
-                    event.get("start") or 0), cgroup=event.get("cgroup", late.cgroup))  # fmt: skip
-            if pending is not None or late is not None:
-                self._cond.notify_all()  # room for a start waiting on max_starting
-            elif self._link.answered(request_id, event):
-                return
-            if op == "stats":
-                return
-            if pending is not None and op == "spawned":
-                child = pending.child
-                child.pid = int(event["pid"])
-                start_time = int(event.get("start") or 0)  # read by the fork server, which holds the pid
-                child.cgroup = event.get("cgroup", child.cgroup)  # the fork server's choice (GroupPool)
-                record = dataclasses.replace(pending.record, pid=child.pid, start_time=start_time,
-                                             cgroup=child.cgroup)  # fmt: skip
-                try:
-                    self._record.add(record)
-                except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
-                    log.error("task %s: could not record its tree in the state directory: %s", child.key, exc)
-        if pending is None:
-            if op == "spawned":  # not from this thread: the send may block (see background.py)
-                log.warning("a task's command started after its spawn had been given up: killing it")
-                self._chores.submit(lambda: self._kill_quietly(key), urgent=True)
-            return
-        if op != "spawned":
+            pending, given_up = self._inflight.answered(request_id, op, event)
+            call = pending is None and not given_up and self._link.answered(request_id, event)
+            meaning = answer_meaning(op, in_flight=pending is not None, given_up=given_up, call_answer=call)
+            if meaning is Answer.STARTED and pending is not None:
+                self._trees.started(pending, event)  # its record written, under the same lock
+        if meaning is Answer.KILL_LATE:  # not from this thread: the send may block (see background.py)
+            log.warning("a task's command started after its spawn had been given up: killing it")
+            self._chores.submit(lambda: self._kill_quietly(key), urgent=True)
+        elif meaning is Answer.FAILED and pending is not None:
             self._fail_start(pending, SpawnError(forkserver_link.spawn_failure(pending.argv0, event)))
-            return
-        self._output.add_here(pending.child, *pending.pipes)
-        pending.child._settled.set()
-        if pending.on_started is not None:
-            try:
-                pending.on_started(pending.child)
-            except Exception:  # the sink's bug must not be lost silently
-                log.exception("on_started sink failed for task %s", pending.child.key)
+        elif meaning is Answer.STARTED and pending is not None:
+            self._output.add_here(pending.child, *pending.pipes)
+            pending.child._settled.set()
+            if pending.on_started is not None:
+                try:
+                    pending.on_started(pending.child)
+                except Exception:  # the sink's bug must not be lost silently
+                    log.exception("on_started sink failed for task %s", pending.child.key)
 
     def _kill_quietly(self, key: str) -> None:
         with contextlib.suppress(ProcessError):
@@ -475,13 +427,8 @@ class Supervisor:
             self._lost = True
             self._link.lost()
             self._cond.notify_all()
-            starting = list(self._starting.values())
-            self._starting.clear()
-            # The latter two by token only: maybe started, never answered.
-            records = (self._record.trees() + [p.record for p in starting] + list(self._given_up.values())
-                       + list(self._late.values()))  # fmt: skip
-            self._given_up.clear()
-            self._late.clear()
+            starting, unseen = self._inflight.take_all()  # by token only: maybe started, never answered
+            records = self._trees.trees() + unseen
         if not self._closing:
             log.error("the fork server died; killing every task tree it held")
         # A leader that died a moment ago (its own exit) still names our processes by session/group id.
@@ -491,10 +438,4 @@ class Supervisor:
         for pending in starting:  # maybe started, never answered: failed (killed by token above)
             lost = {"errno": 0, "what": "fork server lost"}
             self._fail_start(pending, SpawnError(forkserver_link.spawn_failure(pending.argv0, lost)))
-        with self._cond:
-            children = list(self._children.values())
-            for child in children:
-                child._on_exit(None, signal.SIGKILL)
-                child._on_gone()
-                self._record.remove(child.key)
-            self._children.clear()
+        self._trees.all_killed()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from leasecore.conductor.calls import Reply, path_segment
 from leasecore.errors import ConductorError
@@ -59,10 +59,10 @@ def task_log(port: ResumePort, task_id: str) -> list[Any]:
     return data if isinstance(data, list) else []
 
 
-def resume_port(conductor: Any) -> ResumePort | None:
+def resume_port(conductor: object) -> ResumePort | None:
     """``conductor`` if it can look a retried attempt up (the client can; small fakes may not)."""
     has = all(callable(getattr(conductor, name, None)) for name in ("get_task", "request"))
-    return conductor if has else None
+    return cast(ResumePort, conductor) if has else None
 
 
 def resume_retry(task: Task, port: ResumePort | None) -> Task:

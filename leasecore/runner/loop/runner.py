@@ -13,12 +13,12 @@ snapshots. It is composed of parts, each with one job, handed the shared ``table
 tasks in flight, their next runs, the tally of outcomes, whether a stop began) and the ports they
 use: ``task_start.TaskStarts`` (a delivery up to its running child, by ``decisions.admit``),
 ``task_end.TaskEnds`` (fences, exits and reports, by ``decisions.exit_meaning``) and
-``operate.LiveControl`` (pause, resume, reload and drain while it runs).
+``operate.LiveControl`` (pause, resume, reload and drain while it runs), ``stopping.RunStop`` (the
+order of a stop and its escalation) and ``publishing.SnapshotPublisher`` (the status snapshots).
 
-Shutdown keeps that order (STYLE.md 2.4): stop polling (and chaining) at once; ask the engine to fence
-every task (now, or at the drain deadline); the children die; their results are reported; heartbeats
-stop last (``engine.reported`` per task, ``engine.stop`` at the very end). A second signal kills
-every tree at once and stops waiting between report retries (undelivered results go to the outbox).
+Shutdown keeps that order (STYLE.md 2.4; ``stopping``): stop polling (and chaining) at once; the engine
+fences every task; the children die; their results are reported; heartbeats stop last
+(``engine.reported`` per task, ``engine.stop`` at the very end, in ``_close``).
 Main thread, except ``request_stop``/``handle_signal``/``handle_reload_signal``/``control`` and the
 probes' reads (any thread).
 """
@@ -29,13 +29,11 @@ import contextlib
 import functools
 import logging
 import queue
-import signal
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from leasecore.clock import Clock, SystemClock
-from leasecore.errors import ProcessError
 from leasecore.handover import DyingTrees, StartGate
 from leasecore.lease import FenceAction
 from leasecore.masking import Masker
@@ -58,12 +56,15 @@ from leasecore.runner.loop.events import (
     Tick,
 )
 from leasecore.runner.loop.operate import LiveControl
+from leasecore.runner.loop.publishing import SnapshotPublisher
 from leasecore.runner.loop.signals import capture_signals
-from leasecore.runner.loop.status import NextRun, Phase, progress_of_entry, server_health, task_snapshot
+from leasecore.runner.loop.status import NextRun, Phase, progress_of_entry
+from leasecore.runner.loop.stopping import Finished, RunStop, RunView, StopFor, run_end
 from leasecore.runner.loop.table import TaskTable
 from leasecore.runner.loop.task_end import ChainUpdates, TaskEnds, ToResult, _tree_gone
 from leasecore.runner.loop.task_start import TaskStarts
 from leasecore.runner.ports import (
+    ChainPort,
     ConductorPort,
     EnginePort,
     LiveChange,
@@ -80,17 +81,11 @@ from leasecore.runner.upstream.logsink import LogStreamer
 from leasecore.runner.upstream.poller import Poller, WorkBudget
 from leasecore.runner.upstream.reporter import Reporter, ReportOutcome
 from leasecore.runner.upstream.server_contact import RecordedCalls, ServerContact
-from leasecore.state.outbox import still_saved
 
 __all__ = ["Runner", "ToResult"]
 
 log = logging.getLogger("conductor_run.runner")
 
-# A long poll in flight when a stop starts is waited for up to its poll timeout (<= 5 s) + this, so
-# that a task it brings can be handed straight back; a poll stuck past that (a server that accepted
-# the connection but does not answer) is abandoned rather than allowed to delay the exit.
-_POLLER_JOIN_SLACK_SECONDS = 0.5
-_STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftovers itself
 _DYING_POLL_SECONDS = 0.05  # how often a task held for an earlier attempt's dying tree looks again
 
 
@@ -127,7 +122,6 @@ class Runner:
         loaded again, as a ``LiveChange``, or a ``ConfigError`` refusing it
         (``leasecore.runner.loop.operate``); None: this runner cannot reload. ``secrets``: the values masked
         in the runner's own log (each task's runtime metadata is added while the task is here)."""
-        self._on_force = on_force
         if not plans:
             raise ValueError("a runner needs at least one task type")
         self._metrics = metrics
@@ -139,13 +133,12 @@ class Runner:
         self._contact = contact or ServerContact(self._clock)
         # update-v2 chaining: allowed (update_v2 = true) and the call on the port (the client has it;
         # small fakes may not)
-        chaining = self.options.update_v2 and callable(getattr(conductor, "update_v2", None))
+        chaining = self.options.update_v2 and isinstance(conductor, ChainPort)
         self._checkpoint_scan = CheckpointScan(self._clock.monotonic())
         self.task_progress: dict[str, tuple[str, float]] = {}  # task id -> (type, 0..1): the metrics' read
         # A final update's read-back after a late heartbeat (docs/final-results.md), and a held task's
         # before its start, read the task with the client's own call; a small fake without it is not read.
-        readable = callable(getattr(conductor, "get_task_ownership", None))
-        reader = cast(TaskReader, conductor) if readable else None
+        reader = conductor if isinstance(conductor, TaskReader) else None
         resume = resume_port(conductor)  # where a retry finds its earlier attempt's checkpoint
         conductor = RecordedCalls(conductor, self._contact)  # every call counts as server contact
         self._engine = make_engine(lambda task_id, action: self._events.put(Fence(task_id, action)))
@@ -184,17 +177,19 @@ class Runner:
                       end_on_refusal_at_start=True, observer=metrics)
             for t, p in self._t.plans.items()
         })
+        self._stop = RunStop(self._t, clock=self._clock, engine=self._engine, reporter=self._reporter,
+                             pollers=self._pollers, stop_polling=self._stop_polling, gate=self._gate,
+                             ends=self._ends, on_force=on_force)
         self._live = LiveControl(self._t, events=self._events, clock=self._clock, pollers=self._pollers,
-                                 reload=reload, begin_stop=self._begin_stop,
-                                 escalate_at=lambda: self._escalate_at)
+                                 reload=reload, begin_stop=self._stop.begin,
+                                 escalate_at=lambda: self._stop.escalate_at)
+        self._snapshots = SnapshotPublisher(self._t, clock=self._clock, engine=self._engine, status=status,
+                                            pollers=self._pollers, contact=self._contact,
+                                            paused_types=self.paused_types)
         self._pollers_alive = len(self._pollers)
         self._poller_failed = False
         self._refused: Exception | None = None  # a poller's first polls were refused (see Poller)
-        self._signum: int | None = None
-        self._escalate_at: float | None = None
         self._started_at = self._clock.monotonic()
-        self._publish_at = self._started_at
-        self._publish_pending = False
 
     def _on_chained(self, task: Task | None, sent_at: float, *, from_task: str, poller: str) -> None:
         self._starts.on_chained(task, sent_at, from_task=from_task, poller=poller)
@@ -256,7 +251,7 @@ class Runner:
             finally:
                 self._close()
         tally = self._t.tally
-        return RunOutcome(signum=self._signum, started=tally.started, statuses=tally.statuses(),
+        return RunOutcome(signum=self._stop.signum, started=tally.started, statuses=tally.statuses(),
                           folded_not_completed=tally.folded_not_completed,
                           poller_failed=self._poller_failed, refused=self._refused,
                           forced=self._t.forced)  # fmt: skip
@@ -264,11 +259,9 @@ class Runner:
     # ------------------------------------------------------------------ main loop
 
     def _loop(self) -> None:
-        self._publish()
+        self._snapshots.publish()
         while not self._done():
-            wait = min(0.5, self._t.options.status_interval_seconds)
-            if self._publish_pending:
-                wait = max(0.0, min(wait, self._publish_at - self._clock.monotonic()))
+            wait = self._snapshots.wait_seconds(min(0.5, self._t.options.status_interval_seconds))
             now = self._clock.monotonic()
             if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
                 wait = max(0.0, min(wait, start_at - now))
@@ -284,7 +277,7 @@ class Runner:
             self._starts.start_released()
             self._check_deadlines()
             self._scan_checkpoints()
-            self._maybe_publish()
+            self._snapshots.maybe_publish()
 
     def _scan_checkpoints(self) -> None:
         if not self._checkpoint_scan.due(self._clock.monotonic()):
@@ -300,41 +293,24 @@ class Runner:
             if (progress := progress_of_entry(e)) is not None
         }
 
-    def _maybe_publish(self) -> None:
-        # A snapshot costs O(tasks) to build and a file write: at most every status_min_interval
-        # (a burst of events, e.g. 1000 tasks polled at once, is one publish, not one per event).
-        now = self._clock.monotonic()
-        if now < self._publish_at:
-            self._publish_pending = True
-            return
-        self._publish_pending = False
-        self._publish()
-        # ... and at most 1/20 of the main loop's time: with 1000 tasks a snapshot costs ~50 ms, and
-        # 5 of them a second starved the spawns and heartbeats.
-        cost = self._clock.monotonic() - now
-        self._publish_at = now + max(self._t.options.status_min_interval_seconds, 20 * cost)
-
     def _task_limit(self) -> int | None:
         return 1 if self._t.options.once else self._t.options.max_tasks
 
     def _done(self) -> bool:
-        if self._t.tasks:
-            return False
-        if self._t.stopping_since is not None:
-            if self._pollers_alive == 0:
-                return True
-            longest_poll = max(p.poll.timeout_ms for p in self._t.plans.values()) / 1000.0
-            if self._clock.monotonic() - self._t.stopping_since > longest_poll + _POLLER_JOIN_SLACK_SECONDS:
-                log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
-                            "brings now is retried by the server after its response timeout)")
-                return True
-            return False
-        limit = self._task_limit()
-        if (limit is not None and self._t.tally.started >= limit) or (
-            self._live.any_polling and not self._live.polling_types
-        ):
-            self._begin_stop(None, reason="no more work to do")
-        return False
+        stopping_since = self._t.stopping_since
+        end = run_end(RunView(
+            in_flight=len(self._t.tasks),
+            stopping_for=None if stopping_since is None else self._clock.monotonic() - stopping_since,
+            pollers_alive=self._pollers_alive,
+            longest_poll_seconds=max(p.poll.timeout_ms for p in self._t.plans.values()) / 1000.0,
+            started=self._t.tally.started, task_limit=self._task_limit(),
+            polled_any=self._live.any_polling, polling=bool(self._live.polling_types)))  # fmt: skip
+        if isinstance(end, StopFor):
+            self._stop.begin(None, reason=end.reason)
+        elif isinstance(end, Finished) and end.abandoned_poll:
+            log.warning("a poll is still in flight past its timeout: not waiting for it (a task it "
+                        "brings now is retried by the server after its response timeout)")
+        return isinstance(end, Finished)
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, TaskPolled) and event.chained_from:  # it takes the slot that task kept
@@ -357,7 +333,7 @@ class Runner:
         elif isinstance(event, ReportDone):
             self._ends.on_reported(event.outcome)
         elif isinstance(event, ShutdownRequested):
-            self._on_shutdown(event)
+            self._stop.on_shutdown(event)
         elif isinstance(event, ControlRequest):
             self._live.on_control(event)
         elif isinstance(event, ReloadRequested):
@@ -368,84 +344,17 @@ class Runner:
             self._live.polling_types.discard(event.task_type)
             if event.refused is not None and self._refused is None:
                 self._refused = event.refused
-                self._begin_stop(None, reason=f"the server refused the first poll of {event.task_type}")
+                self._stop.begin(None, reason=f"the server refused the first poll of {event.task_type}")
 
     # ------------------------------------------------------------------ stopping
-
-    def _on_shutdown(self, event: ShutdownRequested) -> None:
-        if event.signum is not None and self._signum is None:
-            self._signum = event.signum
-        name = signal.Signals(event.signum).name if event.signum is not None else None
-        if event.force or (self._t.stopping_since is not None and event.signum is not None):
-            self._force_stop(name)
-        else:
-            self._begin_stop(name, reason="stop requested")
-
-    def _begin_stop(self, signame: str | None, *, reason: str, drain_timeout: float | None = None) -> None:
-        """Stop polling and end every task: drained (``--drain``, or ``drain_timeout`` given: a drain
-        asked for by ``conductor-run drain``) or terminated now."""
-        if self._t.stopping_since is not None:
-            return
-        now = self._clock.monotonic()
-        self._t.stopping_since = now
-        self._stop_polling.set()
-        for poller in self._pollers.values():
-            poller.wake()
-        for task_id in self._gate.held():  # never started: handed back now
-            start_at = self._gate.start_at(task_id) or now
-            self._gate.drop(task_id)
-            self._ends.end_unstarted(self._t.tasks[task_id], start_at - now)
-        for entry in [e for e in self._t.tasks.values() if e.phase is Phase.WAITING and e.child is None]:
-            self._ends.end_unstarted(entry, 0.0)  # its hold over, its read-back in flight: never started
-        running = [e for e in self._t.tasks.values()
-                   if e.child is not None and e.phase is not Phase.REPORTING]
-        why = f"received {signame}" if signame else reason
-        deadline = now
-        drain = self._t.options.drain or drain_timeout is not None
-        timeout = self._t.options.drain_timeout_seconds if drain_timeout is None else drain_timeout
-        if drain and running:
-            deadline = now + timeout
-            log.warning("%s: stopped polling; letting %d task(s) finish for up to %.0f s", why,
-                        len(running), timeout)
-            self._engine.shutdown(None, drain_deadline=deadline)
-        elif running:
-            log.warning("%s: stopped polling; terminating %d task(s)", why, len(running))
-            self._engine.shutdown(None, drain_deadline=None)
-        else:
-            log.info("%s: stopping", why)
-        grace = max((e.plan.kill_grace_seconds for e in running), default=0.0)
-        self._escalate_at = deadline + grace + _STOP_SAFETY_MARGIN_SECONDS
-
-    def _force_stop(self, signame: str | None) -> None:
-        self._begin_stop(signame, reason="forced stop")
-        self._t.forced = True
-        log.warning("second signal: killing every task now")
-        if self._on_force is not None:
-            self._on_force()  # calls in flight end now, not at their timeout
-        self._reporter.hurry()
-        self._engine.shutdown(None, force=True)
-        self._kill_all()
-
-    def _kill_all(self) -> None:
-        for entry in self._t.tasks.values():
-            if entry.child is not None and entry.phase is not Phase.REPORTING:
-                entry.phase = Phase.STOPPING
-                try:
-                    entry.child.kill_tree()
-                except ProcessError as exc:
-                    log.error("task %s: could not kill the process tree: %s", entry.task.task_id, exc)
 
     def _check_deadlines(self) -> None:
         now = self._clock.monotonic()
         opts = self._t.options
         if (opts.once and not self._t.tally.started and self._t.stopping_since is None
                 and now - self._started_at >= opts.once_wait_seconds):
-            self._begin_stop(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
-        if self._escalate_at is not None and now >= self._escalate_at:
-            self._escalate_at = None
-            if any(e.child is not None and e.phase is not Phase.REPORTING for e in self._t.tasks.values()):
-                log.error("children still alive past the stop deadline: killing them")
-                self._kill_all()
+            self._stop.begin(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
+        self._stop.escalate_if_due()
 
     def _close(self) -> None:
         # Order matters: output first (bounded), then the reports (each bounded by its deadline),
@@ -471,23 +380,6 @@ class Runner:
                 self._handle(event)
             elif isinstance(event, ControlRequest):
                 event.answer({"ok": False, "error": "the runner is stopping"})
-
-    # ------------------------------------------------------------------ status
-
-    def _publish(self) -> None:
-        # The publisher coalesces: it writes at once on a change, else about once a second.
-        if self._status is None:
-            return
-        tasks = [task_snapshot(e, self._engine, self._clock) for e in self._t.tasks.values()]
-        saved = self._t.undelivered
-        waiting = still_saved([path for path, _ in saved.values()]) if saved else ()
-        for task_id, (path, snapshot) in list(self._t.undelivered.items()):
-            if path not in waiting:  # delivered or dropped since
-                del self._t.undelivered[task_id]
-            elif task_id not in self._t.tasks:
-                tasks.append(snapshot)
-        self._status.publish(tasks, server=server_health(self._pollers.values(), self._contact, self._clock),
-                             paused=self.paused_types(), stopping=self._t.stopping_since is not None)
 
 
 def _send_line(send: Callable[[str, list[str]], None], masker: Masker | None, line: str) -> None:
