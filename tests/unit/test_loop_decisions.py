@@ -145,7 +145,7 @@ def test_report_meaning_table(status: TaskStatus, gone: bool, meaning: ReportMea
 
 @pytest.mark.parametrize(("fence", "check"), [
     (None, ReportCheck.SEND),  # the lease held to the end
-    (FenceReason.LEASE_EXPIRED, ReportCheck.READ_FIRST),  # beats or checks lost, or a stall: maybe re-delivered
+    (FenceReason.LEASE_EXPIRED, ReportCheck.READ_FIRST),  # beats or checks lost, a stall: re-delivered?
     (FenceReason.HARD_TIMEOUT, ReportCheck.READ_FIRST),  # the server's ceiling: it may have moved on
     (FenceReason.OWNERSHIP_LOST, ReportCheck.READ_FIRST),  # (forgotten anyway: never reported)
     (FenceReason.EXEC_TIMEOUT, ReportCheck.SEND),  # our own limit, the lease still held

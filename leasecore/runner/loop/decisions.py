@@ -5,8 +5,9 @@ here, ack a duplicate, hand back, end unstarted), the start of a held task once 
 (``held_start``: read the task back first; start only while it is still ours), and what a child's exit
 means (``exit_meaning``, ``report_meaning``, ``hold_over``: forget, report now, hold until the tree is
 gone, mark a yield or not), and whether a result is sent only after reading the task back
-(``report_check``: after a lease that ran out, the task may be another runner's delivery now). Each returns a frozen value; the caller (the runner's main thread, or the
-simulator's driver) carries it out. No I/O, no clock, no state: the views carry everything.
+(``report_check``: after a lease that ran out, the task may be another runner's delivery now).
+Each returns a frozen value; the caller (the runner's main thread, or the simulator's driver)
+carries it out. No I/O, no clock, no state: the views carry everything.
 
 Must not: call the engine, the supervisor, the reporter or the server; import anything threaded.
 Threads: none (pure).
