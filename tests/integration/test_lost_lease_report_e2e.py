@@ -54,7 +54,8 @@ def test_a_stalled_runners_failed_never_lands_on_the_delivery_another_runner_hol
     code, err = world.finish(a)
     assert "reporting FAILED (lease expired while the runner was stalled" in err, err
     record_now = world.task_of(wf)
-    assert len(world.admin.get_workflow(wf)["tasks"]) == 1, "A's FAILED created a retry next to the other holder"
+    tasks = world.admin.get_workflow(wf)["tasks"]
+    assert len(tasks) == 1, "A's FAILED created a retry next to the other holder"
     assert record_now["taskId"] == other.task_id
     assert (record_now["status"], record_now["pollCount"], record_now["workerId"]) == (
         "IN_PROGRESS", 2, "other-holder"), "A's FAILED landed on the other holder's delivery"
