@@ -35,6 +35,11 @@ def beating(world: World, workflow_id: str, task_id: str, worker_id: str) -> Cal
 
 
 def test_a_stalled_runners_failed_never_lands_on_the_delivery_another_runner_holds(world: World) -> None:
+    scenario(world)
+
+
+def scenario(world: World) -> None:
+    """(Also run on the real server: ``test_real_server_lost_lease.py``.)"""
     world.define(response_timeout=R, retry_count=1)
     record = world.tmp / "copies"
     a = world.run("--max-tasks", "1", "--worker-id", "host-a", command=command(record))
