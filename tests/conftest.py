@@ -37,6 +37,7 @@ REAL_SERVER_MODULES = frozenset({
     "tests/integration/test_real_server_chain.py",
     "tests/integration/test_real_server_fleet.py",
     "tests/integration/test_real_server_late_heartbeat.py",
+    "tests/integration/test_real_server_lost_lease.py",
     "tests/integration/test_real_server_protocol.py",
     "tests/integration/test_real_server_resume.py",
     "tests/integration/test_real_server_smoke.py",

@@ -10,6 +10,9 @@ outbox and update-v2 chaining all act on the answer. The rules live here once:
   outbox, give up, count it delivered, or send it again through v1 (update-v2 refused).
 * ``after_read_back(ownership, poll_count)``: what a yield's read-back says (landed, never landed,
   over).
+* ``lost_lease_read(ownership, poll_count)``: what the read before a result of a lease that ran out
+  says (send it, or drop it: the task may be another runner's delivery now; see
+  ``runner.loop.decisions.report_check``).
 * ``report_budget(...)``: how long a result may be retried before it goes to the outbox.
 
 The table, by failure kind (``Attempt.saved``: a result the outbox delivers; ``v2``: the attempt
@@ -55,6 +58,7 @@ from leasecore.errors import (
     ConductorRejected,
 )
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS, unknown_fate
+from leasecore.lease.ownership import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 
 __all__ = [
@@ -74,6 +78,7 @@ __all__ = [
     "decide",
     "failure_of",
     "failure_of_status",
+    "lost_lease_read",
     "report_backoff",
     "report_budget",
 ]
@@ -249,6 +254,15 @@ def after_read_back(ownership: TaskOwnership | None, poll_count: int, status: Ta
     if repolled:
         return GiveUp(f"the task was polled again (pollCount {ownership.poll_count}, ours {poll_count})")
     return Retry(0.0)
+
+
+def lost_lease_read(ownership: TaskOwnership | None, poll_count: int) -> Retry | GiveUp:
+    """The read before a result of a lease that ran out: ``Retry(0)``, send it now (the server still
+    has the task IN_PROGRESS with our pollCount, or the pollCount is unknown: 0); ``GiveUp``, send
+    nothing: the task was polled again (our update would land on the other runner's delivery: it
+    carries no pollCount), re-queued, ended, or is gone. The outbox's rule for saved results."""
+    why = ownership_lost_reason(ownership, poll_count)
+    return Retry(0.0) if why is None else GiveUp(why)
 
 
 def bare_result(result: TaskResult, status: TaskStatus, why: str) -> TaskResult:

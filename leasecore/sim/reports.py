@@ -36,10 +36,12 @@ from leasecore.lease.finalfailure import (
     after_read_back,
     decide,
     failure_of_status,
+    lost_lease_read,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
+from leasecore.runner.loop.decisions import ReportCheck, report_check
 from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
 from leasecore.sim.setting import Run, RunnerPort
 
@@ -79,7 +81,33 @@ class Reports:
             else:
                 chain = False
                 r.release()
+        if report_check(run.fence) is ReportCheck.READ_FIRST:  # the product's read-first, as the reporter's
+            self._read_first(run, result, chain)
+            return
         self._send(run, result, chain)
+
+    def _read_first(self, run: Run, result: TaskResult, chain: bool) -> None:
+        """A result of a lease that ran out goes out only if the task read back is still ours
+        (``finalfailure.lost_lease_read``); a failed read keeps it in the outbox (no budget is left
+        here after a lost lease, as in ``_send``), which reads back before it sends."""
+        r, tid, pc = self.runner, result.task_id, run.task.poll_count
+
+        def got(answer: Answer) -> None:
+            if run.phase != "reporting":
+                return
+            if not (answer.ok or answer.status == 404):
+                r.state.outbox[tid] = (result, pc)
+                r.forget(run)
+                self.arm_outbox()
+                return
+            own = TaskOwnership(TaskStatus(answer.body[0]), *answer.body[1:3]) if answer.ok else None
+            if isinstance(verdict := lost_lease_read(own, pc), GiveUp):
+                self.world.log(f"runner {r.name}: {tid}: lease over, not reported: {verdict.reason}")
+                r.forget(run)
+                return
+            self._send(run, result, chain)
+
+        r.server.read(r.name, tid, r.reply(got), r.config.http_timeout)
 
     def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
         r, now = self.runner, self.world.now

@@ -465,6 +465,7 @@ class SimRunner:
         tid = run.task.task_id
         if self.runs.get(tid) is run:
             del self.runs[tid]
+            self.held_reads.pop(tid, None)  # a read-back still in flight is its, not the next run's
         self.step(ec.Reported(tid, run.task.poll_count))
         run.phase = "done"
         if run.slot:

@@ -31,6 +31,7 @@ from leasecore.lease.finalfailure import (
     decide,
     failure_of,
     failure_of_status,
+    lost_lease_read,
     report_backoff,
     report_budget,
 )
@@ -154,6 +155,22 @@ def test_a_yields_read_back(ownership: TaskOwnership | None, decision: object) -
 ])  # fmt: skip
 def test_a_terminal_results_read_back(ownership: TaskOwnership | None, decision: object) -> None:
     assert after_read_back(ownership, 3, C) == decision
+
+
+@pytest.mark.parametrize(("ownership", "decision"), [
+    (TaskOwnership(IP, 3, "w1"), Retry(0.0)),  # still ours: report it (the server retries at once)
+    (TaskOwnership(IP, 4, "w2"), GiveUp("the task was polled again by worker 'w2' (pollCount 4, ours 3)")),
+    (TaskOwnership(TaskStatus.SCHEDULED, 3),
+     GiveUp("the task was re-queued (SCHEDULED) and will be handed out again")),
+    (TaskOwnership(TaskStatus.TIMED_OUT, 3), GiveUp("the task is TIMED_OUT on the server")),
+    (None, GiveUp("the server no longer knows the task (404)")),
+])  # fmt: skip
+def test_the_read_before_a_lost_leases_result(ownership: TaskOwnership | None, decision: object) -> None:
+    assert lost_lease_read(ownership, 3) == decision
+
+
+def test_a_lost_leases_result_with_an_unknown_poll_count_is_sent_while_in_progress() -> None:
+    assert lost_lease_read(TaskOwnership(IP, 9), 0) == Retry(0.0)
 
 
 def test_an_unknown_poll_count_cannot_tell_a_next_run() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leasecore.lease import LeasePolicy
+from leasecore.lease import FenceReason, LeasePolicy
 from leasecore.models import Task, TaskOwnership, TaskStatus
 from leasecore.runner.loop.decisions import (
     AckDuplicate,
@@ -22,6 +22,7 @@ from leasecore.runner.loop.decisions import (
     HoldOver,
     LeaseNow,
     Read,
+    ReportCheck,
     ReportMeaning,
     Start,
     Unstarted,
@@ -30,6 +31,7 @@ from leasecore.runner.loop.decisions import (
     exit_meaning,
     held_start,
     hold_over,
+    report_check,
     report_meaning,
     unstarted_meaning,
 )
@@ -139,6 +141,23 @@ def test_exit_meaning_table(lost: bool, start_error: bool, meaning: ExitMeaning)
 ])
 def test_report_meaning_table(status: TaskStatus, gone: bool, meaning: ReportMeaning) -> None:
     assert report_meaning(status, tree_gone=gone) is meaning
+
+
+@pytest.mark.parametrize(("fence", "check"), [
+    (None, ReportCheck.SEND),  # the lease held to the end
+    (FenceReason.LEASE_EXPIRED, ReportCheck.READ_FIRST),  # beats or checks lost, a stall: re-delivered?
+    (FenceReason.HARD_TIMEOUT, ReportCheck.READ_FIRST),  # the server's ceiling: it may have moved on
+    (FenceReason.OWNERSHIP_LOST, ReportCheck.READ_FIRST),  # (forgotten anyway: never reported)
+    (FenceReason.EXEC_TIMEOUT, ReportCheck.SEND),  # our own limit, the lease still held
+    (FenceReason.SHUTDOWN, ReportCheck.SEND),
+])  # fmt: skip
+def test_report_check_table(fence: FenceReason | None, check: ReportCheck) -> None:
+    assert report_check(fence) is check
+
+
+def test_every_fence_has_a_report_check() -> None:
+    assert {f for f in FenceReason if report_check(f) is ReportCheck.READ_FIRST} == {
+        FenceReason.LEASE_EXPIRED, FenceReason.HARD_TIMEOUT, FenceReason.OWNERSHIP_LOST}
 
 
 @pytest.mark.parametrize(("status", "gone", "over"), [

@@ -4,8 +4,10 @@ Owns: the admission of a polled or chained task (``admit``: start, hold, wait be
 here, ack a duplicate, hand back, end unstarted), the start of a held task once its hold is over
 (``held_start``: read the task back first; start only while it is still ours), and what a child's exit
 means (``exit_meaning``, ``report_meaning``, ``hold_over``: forget, report now, hold until the tree is
-gone, mark a yield or not). Each returns a frozen value; the caller (the runner's main thread, or the
-simulator's driver) carries it out. No I/O, no clock, no state: the views carry everything.
+gone, mark a yield or not), and whether a result is sent only after reading the task back
+(``report_check``: after a lease that ran out, the task may be another runner's delivery now).
+Each returns a frozen value; the caller (the runner's main thread, or the simulator's driver)
+carries it out. No I/O, no clock, no state: the views carry everything.
 
 Must not: call the engine, the supervisor, the reporter or the server; import anything threaded.
 Threads: none (pure).
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from leasecore.lease.actions import FenceReason
 from leasecore.lease.ownership import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskStatus
 
@@ -35,6 +38,7 @@ __all__ = [
     "HoldOver",
     "LeaseNow",
     "Read",
+    "ReportCheck",
     "ReportMeaning",
     "Start",
     "Unstarted",
@@ -43,6 +47,7 @@ __all__ = [
     "exit_meaning",
     "held_start",
     "hold_over",
+    "report_check",
     "report_meaning",
     "unstarted_meaning",
 ]
@@ -248,6 +253,29 @@ def report_meaning(status: TaskStatus, *, tree_gone: bool) -> ReportMeaning:
     if status is TaskStatus.FAILED and not tree_gone:
         return ReportMeaning.HOLD
     return ReportMeaning.REPORT
+
+
+class ReportCheck(Enum):
+    SEND = "send"  # as it is
+    READ_FIRST = "read first"  # only if the task read back is still ours (``finalfailure.lost_lease_read``)
+
+
+# The fences after which the server may have handed the task out again: our lease ran out (beats or
+# ownership checks lost, or the runner stalled past it), the task's hard ceiling passed, or the task
+# is known to be no longer ours (whose results are forgotten anyway: ``exit_meaning``).
+_LEASE_RAN_OUT = frozenset({FenceReason.LEASE_EXPIRED, FenceReason.HARD_TIMEOUT, FenceReason.OWNERSHIP_LOST})
+
+
+def report_check(fence: FenceReason | None) -> ReportCheck:
+    """Whether a result (any status: a FAILED, a hand-back) of a task fenced by ``fence`` is read back
+    before it is sent. Conductor's update carries no pollCount: once our lease ran out, the server may
+    have re-delivered the task (same taskId, a higher pollCount) to another runner, and our FAILED
+    would end that runner's delivery (the server creates the retry at once, next to its copy), an
+    IN_PROGRESS would re-queue it. So it goes out only if the server still has the task IN_PROGRESS
+    with our pollCount (as the outbox delivers saved results); otherwise nothing is sent. Reporting
+    nothing at all would cost the fast retry (the server times the task out by itself, R after the
+    last beat, and the real server's sweep comes up to 90 s late) and the reason an operator reads."""
+    return ReportCheck.READ_FIRST if fence in _LEASE_RAN_OUT else ReportCheck.SEND
 
 
 class HoldOver(Enum):

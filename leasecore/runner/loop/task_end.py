@@ -37,10 +37,12 @@ from leasecore.runner.leasing.finalupdates import FinalUpdates
 from leasecore.runner.loop.decisions import (
     ExitMeaning,
     HoldOver,
+    ReportCheck,
     ReportMeaning,
     Unstarted,
     exit_meaning,
     hold_over,
+    report_check,
     report_meaning,
     unstarted_meaning,
 )
@@ -330,8 +332,10 @@ class TaskEnds:
                                 retry_seconds=opts.report_retry_seconds,
                                 shutdown_retry_seconds=opts.shutdown_report_retry_seconds)  # fmt: skip
         self._metrics.on_result(entry.task.task_type, result)
+        # after a lease that ran out, only if the task is still ours (not another runner's delivery now)
+        read_first = report_check(entry.fence) is ReportCheck.READ_FIRST
         self._reporter.submit(result, retry_seconds=seconds, poll_count=entry.task.poll_count,
-                              task_type=entry.task.task_type, on_chained=chain)
+                              task_type=entry.task.task_type, on_chained=chain, read_first=read_first)
 
     def _may_chain(self, entry: InFlight, result: TaskResult) -> bool:
         enabled = self._chaining and bool(getattr(self._reporter, "chaining", False))

@@ -5,7 +5,9 @@ carries it out: a result is retried on ``ConductorUnavailable`` (and on ``Conduc
 refused credentials say nothing about the result) with the capped ``REPORT_BACKOFF`` until its
 deadline (the runner keeps the task's heartbeats going meanwhile, so the server keeps waiting for it).
 An update whose answer was lost is read back first (``reader``), once it can no longer land, and sent
-again only if it never landed.
+again only if it never landed. A result of a lease that ran out (``submit(read_first=True)``) is
+sent only if the task read back is still ours (``finalfailure.lost_lease_read``): otherwise it could
+land on another runner's delivery of the same task.
 A 4xx is final: 404 means the task or workflow is gone. A result still undelivered at its deadline is
 saved to the outbox and delivered on the next start. Each outcome is handed to ``on_done`` (the
 runner enqueues it), after which the runner tells the lease engine to stop heartbeating that task.
@@ -47,6 +49,7 @@ from leasecore.lease.finalfailure import (
     bare_result,
     decide,
     failure_of,
+    lost_lease_read,
     report_backoff,
 )
 from leasecore.metrics import NO_METRICS, Observer
@@ -130,21 +133,23 @@ class Reporter:
         return self._v2
 
     def submit(self, result: TaskResult, *, retry_seconds: float, poll_count: int = 0,
-               task_type: str = "", on_chained: OnChained | None = None) -> None:
+               task_type: str = "", on_chained: OnChained | None = None, read_first: bool = False) -> None:
         """Deliver ``result`` in the background, retrying for up to ``retry_seconds``.
 
         ``poll_count`` (the task's newest pollCount delivered to us) is kept with the result if it
         goes to the outbox: the next start delivers it only if nobody polled the task since.
         ``task_type`` labels the attempts' metrics. ``on_chained``: send the first attempt as
         update-v2 (if ``chaining``) and call it once with what it claimed (see the module doc).
+        ``read_first``: read the task back before the first attempt and send nothing unless the server
+        still has it IN_PROGRESS with ``poll_count`` (``_read_first``).
         After ``close`` the delivery runs on the calling thread (a late hand-back at exit).
         """
         deadline = self._clock.monotonic() + retry_seconds
         chain = _Chain(on_chained)
         if self._closed:
-            self._deliver_safely(result, deadline, poll_count, task_type, chain)
+            self._deliver_safely(result, deadline, poll_count, task_type, chain, read_first)
             return
-        self._pool.submit(self._deliver_safely, result, deadline, poll_count, task_type, chain)
+        self._pool.submit(self._deliver_safely, result, deadline, poll_count, task_type, chain, read_first)
 
     def hurry(self) -> None:
         """Stop waiting between retries: one more attempt each, then to the outbox (a forced stop)."""
@@ -156,10 +161,12 @@ class Reporter:
         self._closed = True
 
     def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0,
-                        task_type: str = "", chain: _Chain | None = None) -> None:
+                        task_type: str = "", chain: _Chain | None = None, read_first: bool = False) -> None:
         chain = chain or _Chain(None)
         try:
-            outcome = self._deliver(result, deadline, poll_count, task_type, chain)
+            outcome = self._read_first(result, deadline, poll_count) if read_first else None
+            if outcome is None:
+                outcome = self._deliver(result, deadline, poll_count, task_type, chain)
         except Exception as exc:  # a thread's top level: never lose the outcome
             log.exception("reporting task %s failed unexpectedly", result.task_id)
             outcome = ReportOutcome(result.task_id, delivered=False, error=repr(exc))
@@ -291,6 +298,35 @@ class Reporter:
                 return ReportOutcome(result.task_id, delivered=False, error=f"{exc} ({why})")
             case _:
                 return None  # it never landed: send it again
+
+    def _read_first(self, result: TaskResult, deadline: float, poll_count: int) -> ReportOutcome | None:
+        """A result of a lease that ran out: None (send it) only if the task read back is still ours;
+        else the outcome without sending (dropped, or saved when no read got an answer in time: the
+        outbox reads back before it sends). The update can still land on a re-delivery made in the
+        read's round trip (between the server's answer and the update's arrival). With no reader
+        (small test ports) it is sent as before."""
+        if self._reader is None:
+            return None
+        reads = 0
+        while True:
+            reads += 1
+            try:
+                timeout = max(1.0, min(self._timeout, deadline - self._clock.monotonic()))
+                ownership = self._reader.get_task_ownership(result.task_id, timeout_seconds=timeout)
+            except ConductorError as err:
+                wait = self._backoff.delay(reads)
+                if self._hurry.is_set() or deadline - self._clock.monotonic() <= wait:
+                    return self._give_up(result, err, 0, poll_count)
+                self._wait(wait)
+                continue
+            break
+        match lost_lease_read(ownership, poll_count):
+            case GiveUp(reason=why):
+                log.warning("task %s: its lease ran out and the task is no longer ours (%s): not reporting "
+                            "%s", result.task_id, why, result.status.value)
+                return ReportOutcome(result.task_id, delivered=False, error=f"not reported: {why}")
+            case _:
+                return None
 
     def _v2_off(self, why: str) -> None:
         if self._v2:
