@@ -212,6 +212,8 @@ class Claims:
         self.drain_began = now
         self.core.stop()
         for run in list(r.runs.values()):
+            if r.engine.entry(run.task.task_id) is None:  # reported: only its read-back is left
+                continue
             held = run.phase == "held" and not r.bugs.drain_starts_held  # (held: back unstarted now)
             r.step(ec.Shutdown(run.task.task_id, drain_deadline=None if held else now + timeout))
         # (A tree ignoring TERM past the deadline is killed a grace later; then it is reported, or its

@@ -63,6 +63,7 @@ class ServerFacts:
 
     applied: dict[tuple[str, int], int] = field(default_factory=dict)  # (taskId, pollCount) -> finals
     written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # last final write
+    parked: dict[tuple[str, int], int] = field(default_factory=dict)  # (taskId, pollCount) -> parks
     undone: int = 0  # final updates a lost-update write-back undid
 
 
@@ -250,8 +251,10 @@ class SimConductor:
             self.call(runner, f"extendLease {task_id}", apply, reply, timeout)
 
     def update(self, runner: str, attempt: tuple[str, int], result: dict[str, Any], *, v2: bool,
-               reply: Callable[[Answer], None], timeout: float) -> None:
-        """A final update (v1 or update-v2), noting what it changed on the server."""
+               reply: Callable[[Answer], None], timeout: float, park: bool = False) -> None:
+        """A final update (v1 or update-v2), noting what it changed on the server. ``park``: the
+        product's park before a result (IN_PROGRESS with a long callback), one more update of the
+        same attempt and not a result of its own: counted apart (``ServerFacts.parked``)."""
         task_id = str(result["taskId"])
 
         def apply() -> Answer:
@@ -260,7 +263,10 @@ class SimConductor:
             claimed = self.store.update_task_v2(result) if v2 else (self.store.update_task(result), None)[1]
             task = self.record(task_id)
             changed = task is not None and before is not None and task.status != before
-            if task is not None and changed and before not in TERMINAL_TASK:
+            if task is not None and changed and before not in TERMINAL_TASK and park:
+                self.facts.parked[attempt] = self.facts.parked.get(attempt, 0) + 1
+                self.world.log(f"server park {task_id} (pollCount {attempt[1]}): {before} -> {task.status}")
+            elif task is not None and changed and before not in TERMINAL_TASK:
                 self.facts.applied[attempt] = self.facts.applied.get(attempt, 0) + 1
                 if task.terminal:
                     self.facts.written[task_id] = (task.status, dict(task.output_data))
@@ -268,8 +274,8 @@ class SimConductor:
                 self.world.log(f"server update {task_id} (pollCount {attempt[1]}): {before} -> {task.status}")
             return Answer(True, body=claimed)
 
-        self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {result.get('status')}", apply, reply,
-                  timeout)
+        what = "park" if park else result.get("status")
+        self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {what}", apply, reply, timeout)
 
     def poll(self, runner: str, task_type: str, count: int, reply: Callable[[Answer], None],
              timeout: float) -> None:

@@ -1,10 +1,10 @@
 """The final-update half of a simulated runner's stand-in glue: reports, retries, the outbox.
 
-Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight and (unless the
-``no_final_wait`` bug is planted) once no heartbeat of unknown fate can still land on the server
-(``LAND_BOUND_SECONDS`` after it was sent: the lost update of CONDUCTOR_PROTOCOL.md §3 needs a beat
-loaded before the final update and written after it); through update-v2 when the real ``may_chain``
-says so (the slot is kept for what it claims); retried while the lease lasts, kept in the state
+Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight, and after a
+heartbeat of unknown fate by the product's own plan (``finalcheck.plan_final_update`` on the engine
+core's ``late_beats``, as ``FinalUpdates`` does: a terminal result is parked, then sent at
+``parked_send_at``; a yield is read back; the ``no_final_wait`` bug skips the plan); through
+update-v2 when the real ``may_chain`` says so (the slot is kept for what it claims); retried while the lease lasts, kept in the state
 dir's outbox otherwise and delivered later after a read-back judged by the real
 ``ownership_lost_reason``. A run fenced before its command started goes back as the product's
 ``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
@@ -40,7 +40,7 @@ from leasecore.lease.finalfailure import (
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import may_chain
 from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
-from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
+from leasecore.sim.conductor import Answer
 from leasecore.sim.setting import Run, RunnerPort
 
 __all__ = ["Reports", "result_body"]
@@ -82,19 +82,15 @@ class Reports:
         self._send(run, result, chain)
 
     def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
+        """One attempt of ``result``'s final update, as ``FinalUpdates.guarded`` makes it: the task's
+        heartbeats excluded (``BeginFinalUpdate``), then, after a heartbeat of unknown fate the engine
+        core knows (``late_beats``), the product's plan: a terminal result parked first and sent at
+        ``parked_send_at``, a yield sent at once and read back once the beat can no longer land."""
         r, now = self.runner, self.world.now
         if run.phase != "reporting":
             return
-        wait = 0.0
-        late_until = None  # when a heartbeat of unknown fate can no longer land (this world's bound)
-        if run.unknown_beat_at is not None and not r.bugs.no_final_wait:
-            late_until = run.unknown_beat_at + LAND_BOUND_SECONDS
         if r.engine.beat_calling(result.task_id):
-            wait = 0.05
-        elif late_until is not None and result.status.is_terminal:
-            wait = late_until - now  # (the product parks the task meanwhile; a yield goes out at once)
-        if wait > 0:
-            self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
+            self.world.after(0.05, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
         tid, poll_count = result.task_id, run.task.poll_count
         nxt = r.next_runs.get(tid)
@@ -106,64 +102,96 @@ class Reports:
             r.forget(run)
             return
         r.step(BeginFinalUpdate(tid))
-        sent = now
         self._attempts[tid] = self._attempts.get(tid, 0) + 1
+        # (the planted race: the product's rule is not applied, the result goes out at once)
+        late = None if r.bugs.no_final_wait else r.engine.late_beats(tid)
+        plan = finalcheck.plan_final_update(result.status, None if late is None else late.until, now)
+        if not plan.park:
+            self._put(run, result, chain, late)
+            return
+        self.world.log(f"runner {r.name}: {tid}: a heartbeat of unknown fate may land until "
+                       f"{plan.send_at:.3f}: parked, then {result.status.value}")
+        park = TaskResult(tid, result.workflow_id, TaskStatus.IN_PROGRESS, output_data=result.output_data,
+                          callback_after_seconds=finalcheck.PARK_CALLBACK_SECONDS, worker_id=result.worker_id)
+        sent = now
+
+        def parked(answer: Answer) -> None:
+            if run.phase != "reporting":
+                return
+            if not answer.ok:  # as the product's: the park's failure is this attempt's
+                self._failed(run, result, chain, answer, sent)
+                return
+            at = finalcheck.parked_send_at(plan, self.world.now)
+            # A parked result goes out through v1 and claims nothing (``ChainUpdates``).
+            self.world.at(at, "parked-send", r.guard(lambda: self._put(run, result, False, late)))
+
+        self.server_update(tid, poll_count, park, False, r.reply(parked), park=True)
+
+    def _put(self, run: Run, result: TaskResult, chain: bool, late: finalcheck.LateBeats | None) -> None:
+        """The result itself goes out (the heartbeats are already excluded)."""
+        r = self.runner
+        if run.phase != "reporting":
+            return
+        tid, poll_count, sent = result.task_id, run.task.poll_count, self.world.now
 
         def got(answer: Answer) -> None:
-            now = self.world.now
-            if answer.ok:
-                r.state.outbox.pop(tid, None)
-                r.step(Reported(tid))
-                claimed = answer.body if chain else None
-                self._end_chain(run, claimed, sent)
-                if (at := read_back_at(late_until, sent)) is not None:
-                    # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
-                    # back once the beat can no longer land, send again (v1, bounded) while undone.
-                    self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
-                                                                             worker_id=r.name))
-                    return
-                r.forget(run)
+            if not answer.ok:
+                self._failed(run, result, chain, answer, sent)
                 return
-            self._end_chain(run, None, sent)
-            lease = run.lease
-            left = 0.0 if run.fence is FenceReason.LEASE_EXPIRED else lease.term_point - now
-            decision = decide(failure_of_status(None if answer.timeout else answer.status),
-                              Attempt(result.status, number=self._attempts[tid], left=left, v2=chain,
-                                      status_code=None if answer.timeout else answer.status))  # fmt: skip
-            yielding = result.status is TaskStatus.IN_PROGRESS
-            planted = r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait
-            if isinstance(decision, ReadBack) and planted:  # the planted race: sent again, no read-back
-                decision = Retry(REPORT_BACKOFF.delay(self._attempts[tid]))
-            match decision:
-                case Delivered():
-                    r.state.outbox.pop(tid, None)
-                    r.step(Reported(tid))
-                    r.forget(run)
-                case GiveUp() | SendBare():  # (the simulated server refuses no body: 404, gone)
-                    r.state.outbox.pop(tid, None)
-                    r.forget(run)
-                case Save():
-                    r.state.outbox[tid] = (result, poll_count)
-                    self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
-                    r.forget(run)
-                    self.arm_outbox()
-                case ReadBack(after=after):
-                    # An update of unknown fate may still land: no heartbeat (which could load the task
-                    # before it lands and write it back after) and no second send until it no longer
-                    # can (this world's bound: a request travels and is held up to LAND_BOUND_SECONDS);
-                    # then the task is read back, and the update sent again only if it never landed.
-                    r.state.outbox[tid] = (result, poll_count)
-                    at = max(now + after, sent + LAND_BOUND_SECONDS)
-                    self.world.at(at, "final-confirm", r.guard(lambda: self._confirm(run, result)))
-                case FallBackToV1():
-                    r.step(FinalUpdateFailed(tid))
-                    self._send(run, result, False)  # the same result through v1, at once
-                case Retry(after=after):
-                    r.state.outbox[tid] = (result, poll_count)
-                    r.step(FinalUpdateFailed(tid))
-                    self.world.after(after, "report-retry", r.guard(lambda: self._send(run, result, False)))
+            r.state.outbox.pop(tid, None)
+            r.step(Reported(tid))
+            claimed = answer.body if chain else None
+            self._end_chain(run, claimed, sent)
+            if (at := read_back_at(None if late is None else late.until, sent)) is not None:
+                # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
+                # back once the beat can no longer land, send again (v1, bounded) while undone.
+                self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
+                                                                         worker_id=r.name))
+                return
+            r.forget(run)
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
+
+    def _failed(self, run: Run, result: TaskResult, chain: bool, answer: Answer, sent: float) -> None:
+        """What a failed attempt (its park or its result) means: the product's table, carried out."""
+        r, now, tid, poll_count = self.runner, self.world.now, result.task_id, run.task.poll_count
+        self._end_chain(run, None, sent)
+        lease = run.lease
+        left = 0.0 if run.fence is FenceReason.LEASE_EXPIRED else lease.term_point - now
+        decision = decide(failure_of_status(None if answer.timeout else answer.status),
+                          Attempt(result.status, number=self._attempts[tid], left=left, v2=chain,
+                                  status_code=None if answer.timeout else answer.status))  # fmt: skip
+        yielding = result.status is TaskStatus.IN_PROGRESS
+        planted = r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait
+        if isinstance(decision, ReadBack) and planted:  # the planted race: sent again, no read-back
+            decision = Retry(REPORT_BACKOFF.delay(self._attempts[tid]))
+        match decision:
+            case Delivered():
+                r.state.outbox.pop(tid, None)
+                r.step(Reported(tid))
+                r.forget(run)
+            case GiveUp() | SendBare():  # (the simulated server refuses no body: 404, gone)
+                r.state.outbox.pop(tid, None)
+                r.forget(run)
+            case Save():
+                r.state.outbox[tid] = (result, poll_count)
+                self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
+                r.forget(run)
+                self.arm_outbox()
+            case ReadBack(after=after):
+                # An update of unknown fate may still land: no heartbeat (which could load the task
+                # before it lands and write it back after) and no second send until it no longer
+                # can (the product's margin after the give-up); then the task is read back, and the
+                # update sent again only if it never landed.
+                r.state.outbox[tid] = (result, poll_count)
+                self.world.at(now + after, "final-confirm", r.guard(lambda: self._confirm(run, result)))
+            case FallBackToV1():
+                r.step(FinalUpdateFailed(tid))
+                self._send(run, result, False)  # the same result through v1, at once
+            case Retry(after=after):
+                r.state.outbox[tid] = (result, poll_count)
+                r.step(FinalUpdateFailed(tid))
+                self.world.after(after, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
     def _confirm(self, run: Run, result: TaskResult, reads: int = 1) -> None:
         r = self.runner
@@ -225,10 +253,10 @@ class Reports:
         self.world.at(max(check.next_at, self.world.now), "final-readback", r.guard(read))
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
-                      reply: Callable[[Answer], None]) -> None:
+                      reply: Callable[[Answer], None], *, park: bool = False) -> None:
         r = self.runner
         r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,
-                        timeout=r.config.http_timeout)
+                        timeout=r.config.http_timeout, park=park)
 
     def _end_chain(self, run: Run, claimed: object, sent: float) -> None:
         if not run.chain_slot:
