@@ -4,7 +4,8 @@ Owns ``SimConductor``: a ``leasecore.server.store.Store`` on the world's clock (
 ids from a per-seed counter), its timer (``run_due`` scheduled as world events at ``next_due``), the
 network between the runners and the store (``call``: a request may be dropped before it is applied,
 applied with its answer lost, answered 500, delayed and so reordered, or black-holed by a partition
-of its runner or of all runners), the real server's lost update in extendLease as a switch
+of its runner or of all runners; a request its sender gave up on arrives within
+``RESET_REACH_SECONDS`` of the give-up or never: the sender reset its connection), the real server's lost update in extendLease as a switch
 (``lost_update``: a heartbeat loads the task when it arrives and writes the whole copy back a moment
 later, undoing a final update applied in between, CONDUCTOR_PROTOCOL.md §3), and the server-side
 facts the invariants need: every final update applied, per attempt, and what it wrote.
@@ -33,6 +34,10 @@ __all__ = ["LAND_BOUND_SECONDS", "Answer", "NetFaults", "SimConductor"]
 MAX_TRAVEL_SECONDS = 6.0
 MAX_HOLD_SECONDS = 1.5
 LAND_BOUND_SECONDS = MAX_TRAVEL_SECONDS + MAX_HOLD_SECONDS
+# A client resets the connection of a request it gave up on: a delayed request still arrives up to
+# this long after its sender's give-up (held by a middlebox that had taken it), else never. This is
+# the network the product assumes (``finalcheck.LATE_ARRIVAL_SECONDS``), not one the simulator checks.
+RESET_REACH_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,10 @@ class SimConductor:
         back = rng.uniform(0.0005, 0.02)
 
         def arrive() -> None:
+            if world.now > deadline + RESET_REACH_SECONDS:
+                world.log(f"net {runner} {what}: reset by its sender before it arrived")
+                return
+
             def respond(a: Answer) -> None:
                 if lose_answer:
                     self.fault_count += 1
