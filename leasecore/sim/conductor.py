@@ -5,7 +5,8 @@ ids from a per-seed counter), its timer (``run_due`` scheduled as world events a
 network between the runners and the store (``call``: a request may be dropped before it is applied,
 applied with its answer lost, answered 500, delayed and so reordered, or black-holed by a partition
 of its runner or of all runners; a request its sender gave up on arrives within
-``RESET_REACH_SECONDS`` of the give-up or never: the sender reset its connection), the real server's lost update in extendLease as a switch
+``RESET_REACH_SECONDS`` of the give-up or never: the sender reset its connection), the real server's
+lost update in extendLease as a switch
 (``lost_update``: a heartbeat loads the task when it arrives and writes the whole copy back a moment
 later, undoing a final update applied in between, CONDUCTOR_PROTOCOL.md §3), and the server-side
 facts the invariants need: every final update applied, per attempt, and what it wrote.
