@@ -6,8 +6,8 @@ core's ``late_beats``, as ``FinalUpdates`` does: a terminal result is parked, th
 at ``parked_send_at``; a yield is read back; the ``no_final_wait`` bug skips the plan); through
 update-v2 when the real ``may_chain`` says so (the slot is kept for what it claims); retried while
 the lease lasts, kept in the state dir's outbox otherwise and delivered later after a read-back
-judged by the real ``ownership_lost_reason``. A run fenced before its command started goes back as the product's
-``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
+judged by the real ``ownership_lost_reason``. A run fenced before its command started goes back as
+the product's ``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
 
 This is stand-in glue for the product's reporter, outbox and ``ends``/``starts`` modules, which run on
 threads today; docs/simulator.md says what replaces it.
