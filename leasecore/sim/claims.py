@@ -138,6 +138,29 @@ class Claims:
         if poll and n > 0:
             self.look()
 
+    def reporting_started(self) -> None:
+        """A run's child is gone and its result goes out: its slot is free, its report counts against
+        the reports that may wait (the product's ``Poller.reporting``)."""
+        self._slot_freed()
+        self.core.reporting_started()
+        self.look()
+
+    def reported(self) -> None:
+        """A result counted by ``reporting_started`` (or ``chain_ended``) is over: sent, saved or dropped."""
+        self.core.reported()
+        self.look()
+
+    def chain_ended(self) -> None:
+        """The update-v2 a slot was kept for claimed nothing: its slot is free, its report still counts."""
+        self._slot_freed()
+        self.core.chain_ended()
+        self.look()
+
+    def _slot_freed(self) -> None:
+        if self.core.in_use < 1:
+            self.world.violate("slots", f"runner {self.r.name} released more slots than it held "
+                               f"({self.core.in_use - 1})")
+
     def keep_for_chain(self) -> bool:
         """The core's word on keeping a reporting run's slot for what its update-v2 claims."""
         self._see_stop()

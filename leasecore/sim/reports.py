@@ -76,9 +76,10 @@ class Reports:
             run.slot = False
             if chain and r.keep_for_chain():  # (the poller's word: not while paused or stopping)
                 run.chain_slot = True
-            else:
+            else:  # free for another task; the report counts against those waiting (Poller.reporting)
                 chain = False
-                r.release()
+                run.report_held = True
+                r.reporting_started()
         self._send(run, result, chain)
 
     def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
@@ -265,8 +266,9 @@ class Reports:
         if isinstance(claimed, dict):
             run.slot = False
             self.runner.deliver(Task.from_json(claimed), sent)  # takes over the kept slot
-        else:
-            self.runner.release()
+        else:  # claimed nothing: the slot is free, the report still waits (Poller.chain_ended)
+            run.report_held = True
+            self.runner.chain_ended()
 
     def end_unstarted(self, run: Run, wait_left: float) -> None:
         r, task = self.runner, run.task

@@ -173,6 +173,12 @@ class SimRunner:
     def keep_for_chain(self) -> bool:
         return self.claims.keep_for_chain()
 
+    def reporting_started(self) -> None:
+        self.claims.reporting_started()
+
+    def chain_ended(self) -> None:
+        self.claims.chain_ended()
+
     def pause(self, seconds: float) -> bool:
         """The operator pauses the task type here for ``seconds`` (False: the runner is down)."""
         if self.down:
@@ -470,6 +476,9 @@ class SimRunner:
         if run.slot:
             run.slot = False
             self.release()
+        if run.report_held:  # its report is over: no longer among those waiting (PollCore.reported)
+            run.report_held = False
+            self.claims.reported()
         if self.runs.get(tid) is None and (nxt := self.next_runs.pop(tid, None)) is not None:
             self.deliver(*nxt)  # (it holds the slot its poll took)
 
