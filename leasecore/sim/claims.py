@@ -25,7 +25,6 @@ from typing import Protocol
 from leasecore.handover import StartGate
 from leasecore.lease import FenceReason
 from leasecore.models import Task
-from leasecore.runner.chain import hand_back
 from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
 from leasecore.runner.leasing.core import EngineCore
 from leasecore.runner.ports import PollSettings
@@ -198,12 +197,11 @@ class Claims:
 
     def _hand_back(self, task: Task) -> None:
         """Back to the server unrun, no lease here (``hand_back``: IN_PROGRESS, callbackAfterSeconds
-        0; unmarked when a previous holder may still run it). One try: a lost one is re-queued by the
-        server's response timeout."""
+        0; unmarked when a previous holder may still run it), sent and retried as the product's
+        reporter does (``Reports.hand_back``)."""
         r = self.r
         self.world.log(f"runner {r.name}: hands {task.task_id} (pollCount {task.poll_count}) back unrun")
-        r.reports.server_update(task.task_id, task.poll_count, hand_back(task, r.name), False,
-                                r.reply(lambda _answer: None))
+        r.reports.hand_back(task)
 
     # ----- the operator -----------------------------------------------------------------------
 

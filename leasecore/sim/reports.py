@@ -38,12 +38,14 @@ from leasecore.lease.finalfailure import (
     failure_of_status,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.chain import may_chain
+from leasecore.runner.chain import hand_back, may_chain
 from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
 from leasecore.sim.conductor import Answer
 from leasecore.sim.setting import Run, RunnerPort
 
-__all__ = ["Reports", "result_body"]
+__all__ = ["HAND_BACK_RETRY_SECONDS", "Reports", "result_body"]
+
+HAND_BACK_RETRY_SECONDS = 5.0  # the product's retry budget of a hand-back (``TaskStarts._hand_back``)
 
 
 def result_body(result: TaskResult) -> dict[str, object]:
@@ -283,6 +285,64 @@ class Reports:
             result = TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
                                 reason_for_incompletion=why, worker_id=r.name)
         self.report(run, result)
+
+    # ----- hand-backs ----------------------------------------------------------------------------
+
+    def hand_back(self, task: Task, attempt: int = 1, deadline: float | None = None) -> None:
+        """A task polled beyond the slots goes back unrun as the product's reporter sends it
+        (``TaskStarts._hand_back``): no lease, retried for ``HAND_BACK_RETRY_SECONDS`` by the failure
+        table, read back after an attempt with no answer, kept in the outbox when time runs out."""
+        r = self.runner
+        deadline = self.world.now + HAND_BACK_RETRY_SECONDS if deadline is None else deadline
+        result = hand_back(task, r.name)
+
+        def got(answer: Answer) -> None:
+            if answer.ok:
+                return
+            decision = decide(failure_of_status(None if answer.timeout else answer.status),
+                              Attempt(TaskStatus.IN_PROGRESS, number=attempt, left=deadline - self.world.now,
+                                      status_code=None if answer.timeout else answer.status,
+                                      has_body=False))  # fmt: skip
+            match decision:
+                case Retry(after=after):
+                    self.world.after(after, "hand-back-retry",
+                                     r.guard(lambda: self.hand_back(task, attempt + 1, deadline)))
+                case ReadBack(after=after):
+                    self.world.after(after, "hand-back-read",
+                                     r.guard(lambda: self._hand_back_read(task, attempt, deadline, 1)))
+                case Save():
+                    self._save_hand_back(task, result)
+                case _:  # delivered, gone, refused
+                    pass
+
+        self.server_update(task.task_id, task.poll_count, result, False, r.reply(got))
+
+    def _hand_back_read(self, task: Task, attempt: int, deadline: float, reads: int) -> None:
+        """The reporter's read-back after a hand-back with no answer (``Reporter._read_back``)."""
+        r = self.runner
+
+        def got(answer: Answer) -> None:
+            if not (answer.ok or answer.status == 404):  # a failed read: again with the backoff, or saved
+                wait = REPORT_BACKOFF.delay(reads)
+                if deadline - self.world.now <= wait:
+                    self._save_hand_back(task, hand_back(task, r.name))
+                    return
+                self.world.after(wait, "hand-back-read",
+                                 r.guard(lambda: self._hand_back_read(task, attempt, deadline, reads + 1)))
+                return
+            own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
+            if isinstance(after_read_back(own, task.poll_count, TaskStatus.IN_PROGRESS), Retry):
+                self.hand_back(task, attempt + 1, deadline)  # it never landed: sent again
+
+        r.server.read(r.name, task.task_id, r.reply(got), r.config.http_timeout)
+
+    def _save_hand_back(self, task: Task, result: TaskResult) -> None:
+        r = self.runner
+        if task.task_id in r.runs or task.task_id in r.state.outbox:
+            return  # (a run's own result is the one to keep)
+        r.state.outbox[task.task_id] = (result, task.poll_count)
+        self.world.log(f"runner {r.name}: {task.task_id}: hand-back kept in the outbox")
+        self.arm_outbox()
 
     # ----- the outbox ---------------------------------------------------------------------------
 
