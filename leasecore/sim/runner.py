@@ -346,16 +346,12 @@ class SimRunner:
         self.world.at(at, "wake", self.guard(wake))
 
     def _beat(self, send: ec.SendBeat) -> None:
-        run = self.runs.get(send.task_id)
-
         def got(answer: Answer) -> None:
             if answer.ok:
                 event = ec.Answered(send.call_id, beat_acked(send.sent_at))
             elif answer.status == 404 and not answer.timeout:
                 event = ec.Answered(send.call_id, beat_not_found())
             else:
-                if answer.timeout and run is not None:  # (the reports' wait for it to land)
-                    run.unknown_beat_at = max(run.unknown_beat_at or send.sent_at, send.sent_at)
                 fate = unknown_fate(None if answer.timeout else answer.status)
                 event = ec.Answered(send.call_id, beat_failed(unknown_fate=fate))
             self.step(event)

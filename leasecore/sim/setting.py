@@ -92,7 +92,6 @@ class Run:
     tree: SimTree | None = None
     phase: str = "held"  # held / running / exited / reporting / done
     fence: FenceReason | None = None
-    unknown_beat_at: float | None = None  # newest send time of a heartbeat whose fate is unknown
     slot: bool = True
     chain_slot: bool = False
     report_held: bool = False  # counted among the poller's reports waiting (PollCore.reporting_started)
