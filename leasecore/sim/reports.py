@@ -39,7 +39,7 @@ from leasecore.lease.finalfailure import (
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back, may_chain
-from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
+from leasecore.runner.leasing.core import BeatWaitOver, BeginFinalUpdate, FinalUpdateFailed, Reported
 from leasecore.sim.conductor import Answer
 from leasecore.sim.setting import Run, RunnerPort
 
@@ -89,11 +89,8 @@ class Reports:
         heartbeats excluded (``BeginFinalUpdate``), then, after a heartbeat of unknown fate the engine
         core knows (``late_beats``), the product's plan: a terminal result parked first and sent at
         ``parked_send_at``, a yield sent at once and read back once the beat can no longer land."""
-        r, now = self.runner, self.world.now
+        r = self.runner
         if run.phase != "reporting":
-            return
-        if r.engine.beat_calling(result.task_id):
-            self.world.after(0.05, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
         tid, poll_count = result.task_id, run.task.poll_count
         nxt = r.next_runs.get(tid)
@@ -106,6 +103,18 @@ class Reports:
             return
         r.step(BeginFinalUpdate(tid))
         self._attempts[tid] = self._attempts.get(tid, 0) + 1
+        self._plan(run, result, chain)
+
+    def _plan(self, run: Run, result: TaskResult, chain: bool) -> None:
+        """Once no heartbeat of the task calls (the core said ``AwaitBeat``: its answer or its timeout
+        ends it; no new one starts meanwhile), ``BeatWaitOver``, then the product's plan."""
+        r, now, tid, poll_count = self.runner, self.world.now, result.task_id, run.task.poll_count
+        if run.phase != "reporting":
+            return
+        if r.engine.beat_calling(tid):
+            self.world.after(0.05, "report-wait", r.guard(lambda: self._plan(run, result, chain)))
+            return
+        r.step(BeatWaitOver(tid))
         # (the planted race: the product's rule is not applied, the result goes out at once)
         late = None if r.bugs.no_final_wait else r.engine.late_beats(tid)
         plan = finalcheck.plan_final_update(result.status, None if late is None else late.until, now)
