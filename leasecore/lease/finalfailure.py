@@ -54,6 +54,7 @@ from leasecore.errors import (
     ConductorRejected,
 )
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS, unknown_fate
+from leasecore.lease.ownership import ownership_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "failure_of_status",
     "report_backoff",
     "report_budget",
+    "saved_result_lost_reason",
 ]
 
 # The reporter's waits between attempts of one final update: 0.5 s, 1, 2, 4, then the cap (5 s by
@@ -243,6 +245,19 @@ def after_read_back(ownership: TaskOwnership | None, poll_count: int, status: Ta
     if repolled:
         return GiveUp(f"the task was polled again (pollCount {ownership.poll_count}, ours {poll_count})")
     return Retry(0.0)
+
+
+def saved_result_lost_reason(ownership: TaskOwnership | None, poll_count: int,
+                             result: TaskResult) -> str | None:
+    """Why a result kept in the outbox is no longer ours to send (None: send it), as read back before
+    its delivery: ``ownership_lost_reason``, except that a terminal result may find its own park
+    (``SCHEDULED`` under the pollCount it was saved with, by this worker): the park landed, the
+    result did not, and dropping it would run the task again after the park's callback."""
+    if (result.status in _FINAL and ownership is not None and ownership.status is TaskStatus.SCHEDULED
+            and poll_count > 0 and ownership.poll_count == poll_count
+            and result.worker_id is not None and ownership.worker_id == result.worker_id):
+        return None
+    return ownership_lost_reason(ownership, poll_count)
 
 
 def bare_result(result: TaskResult, status: TaskStatus, why: str) -> TaskResult:

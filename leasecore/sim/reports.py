@@ -21,7 +21,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from leasecore.lease import FenceReason, finalcheck, ownership_lost_reason
+from leasecore.lease import FenceReason, finalcheck
 from leasecore.lease.finalcheck import read_back_at
 from leasecore.lease.finalfailure import (
     REPORT_BACKOFF,
@@ -36,6 +36,7 @@ from leasecore.lease.finalfailure import (
     after_read_back,
     decide,
     failure_of_status,
+    saved_result_lost_reason,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back, may_chain
@@ -375,8 +376,8 @@ class Reports:
                 if r.state.outbox.get(tid, (None, 0))[0] is not result:
                     return
                 if answer.ok or answer.status == 404:
-                    own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
-                    why = ownership_lost_reason(own, pc)
+                    own = TaskOwnership(TaskStatus(answer.body[0]), *answer.body[1:3]) if answer.ok else None
+                    why = saved_result_lost_reason(own, pc, result)
                     if why is not None:
                         self.world.log(f"runner {r.name}: outbox drops {tid}: {why}")
                         del r.state.outbox[tid]
