@@ -9,7 +9,9 @@ server after the runner gave up on it. These rules bound that and decide what to
 
 * **When such a beat may still land** (``beat_may_land_until``): the runner cuts the connection of a
   request it gave up on (a TCP reset), so only a middlebox that already took the request can still
-  deliver it; that is assumed to take at most ``LATE_BEAT_MARGIN_SECONDS`` after the give-up.
+  deliver it; that is assumed to take at most ``LATE_ARRIVAL_SECONDS`` after the give-up. What undoes
+  a result is the beat's write-back, not its arrival: the server writes the copy it loaded back up to
+  ``EXTEND_HOLD_SECONDS`` later. ``LATE_BEAT_MARGIN_SECONDS`` is both.
 * **How a final update goes out** (``plan_final_update``): with no such beat, at once (the common
   path: nothing is read or waited for). Otherwise a terminal result is first *parked*: an IN_PROGRESS
   update with a long callback, which a late beat may undo harmlessly (the workflow cannot end while
@@ -36,6 +38,8 @@ from leasecore.models import TaskOwnership, TaskStatus
 
 __all__ = [
     "CONFIRM_AFTER_SECONDS",
+    "EXTEND_HOLD_SECONDS",
+    "LATE_ARRIVAL_SECONDS",
     "LATE_BEAT_MARGIN_SECONDS",
     "MAX_READS",
     "MAX_RESENDS",
@@ -56,7 +60,15 @@ __all__ = [
 
 # A request given up on, its connection reset, is assumed to reach the server within this much after
 # the give-up, or never (a middlebox that took it forwards it at once or fails it).
-LATE_BEAT_MARGIN_SECONDS = 2.0
+LATE_ARRIVAL_SECONDS = 2.0
+# The server's extendLease loads the task, then writes that copy back (CONDUCTOR_PROTOCOL.md §3): a read
+# and a write with nothing between, milliseconds on a healthy server. A beat arriving just inside
+# LATE_ARRIVAL_SECONDS still writes back after it; this allows for a pause of the server or its store
+# between the two (a JVM collection, a locked row). Found by the simulator: with the arrival alone as
+# the margin, a beat loaded 1.1 s before the margin ended wrote its copy over the result after it.
+EXTEND_HOLD_SECONDS = 1.5
+# Until a beat given up on may still undo a result: its latest arrival plus its write-back.
+LATE_BEAT_MARGIN_SECONDS = LATE_ARRIVAL_SECONDS + EXTEND_HOLD_SECONDS
 # The park update's callbackAfterSeconds: if the runner dies between the park and the result, the
 # task is polled again after this (as after a yield), never left IN_PROGRESS.
 PARK_CALLBACK_SECONDS = 60
@@ -77,7 +89,8 @@ def unknown_fate(status_code: int | None) -> bool:
 
 
 def beat_may_land_until(gave_up_at: float) -> float:
-    """The latest time a heartbeat given up on at ``gave_up_at`` (monotonic) is taken to reach the server."""
+    """The latest time a heartbeat given up on at ``gave_up_at`` (monotonic) is taken to reach the server
+    and write back what it loaded."""
     return gave_up_at + LATE_BEAT_MARGIN_SECONDS
 
 

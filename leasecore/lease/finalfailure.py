@@ -81,6 +81,7 @@ __all__ = [
     "lost_lease_read",
     "report_backoff",
     "report_budget",
+    "saved_result_lost_reason",
 ]
 
 # The reporter's waits between attempts of one final update: 0.5 s, 1, 2, 4, then the cap (5 s by
@@ -263,6 +264,17 @@ def lost_lease_read(ownership: TaskOwnership | None, poll_count: int) -> Retry |
     carries no pollCount), re-queued, ended, or is gone. The outbox's rule for saved results."""
     why = ownership_lost_reason(ownership, poll_count)
     return Retry(0.0) if why is None else GiveUp(why)
+def saved_result_lost_reason(ownership: TaskOwnership | None, poll_count: int,
+                             result: TaskResult) -> str | None:
+    """Why a result kept in the outbox is no longer ours to send (None: send it), as read back before
+    its delivery: ``ownership_lost_reason``, except that a terminal result may find its own park
+    (``SCHEDULED`` under the pollCount it was saved with, by this worker): the park landed, the
+    result did not, and dropping it would run the task again after the park's callback."""
+    if (result.status in _FINAL and ownership is not None and ownership.status is TaskStatus.SCHEDULED
+            and poll_count > 0 and ownership.poll_count == poll_count
+            and result.worker_id is not None and ownership.worker_id == result.worker_id):
+        return None
+    return ownership_lost_reason(ownership, poll_count)
 
 
 def bare_result(result: TaskResult, status: TaskStatus, why: str) -> TaskResult:

@@ -25,7 +25,6 @@ from typing import Protocol
 from leasecore.handover import StartGate
 from leasecore.lease import FenceReason
 from leasecore.models import Task
-from leasecore.runner.chain import hand_back
 from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
 from leasecore.runner.leasing.core import EngineCore
 from leasecore.runner.ports import PollSettings
@@ -138,6 +137,29 @@ class Claims:
         if poll and n > 0:
             self.look()
 
+    def reporting_started(self) -> None:
+        """A run's child is gone and its result goes out: its slot is free, its report counts against
+        the reports that may wait (the product's ``Poller.reporting``)."""
+        self._slot_freed()
+        self.core.reporting_started()
+        self.look()
+
+    def reported(self) -> None:
+        """A result counted by ``reporting_started`` (or ``chain_ended``) is over: sent, saved or dropped."""
+        self.core.reported()
+        self.look()
+
+    def chain_ended(self) -> None:
+        """The update-v2 a slot was kept for claimed nothing: its slot is free, its report still counts."""
+        self._slot_freed()
+        self.core.chain_ended()
+        self.look()
+
+    def _slot_freed(self) -> None:
+        if self.core.in_use < 1:
+            self.world.violate("slots", f"runner {self.r.name} released more slots than it held "
+                               f"({self.core.in_use - 1})")
+
     def keep_for_chain(self) -> bool:
         """The core's word on keeping a reporting run's slot for what its update-v2 claims."""
         self._see_stop()
@@ -175,12 +197,11 @@ class Claims:
 
     def _hand_back(self, task: Task) -> None:
         """Back to the server unrun, no lease here (``hand_back``: IN_PROGRESS, callbackAfterSeconds
-        0; unmarked when a previous holder may still run it). One try: a lost one is re-queued by the
-        server's response timeout."""
+        0; unmarked when a previous holder may still run it), sent and retried as the product's
+        reporter does (``Reports.hand_back``)."""
         r = self.r
         self.world.log(f"runner {r.name}: hands {task.task_id} (pollCount {task.poll_count}) back unrun")
-        r.reports.server_update(task.task_id, task.poll_count, hand_back(task, r.name), False,
-                                r.reply(lambda _answer: None))
+        r.reports.hand_back(task)
 
     # ----- the operator -----------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ Owns ``SimConductor``: a ``leasecore.server.store.Store`` on the world's clock (
 ids from a per-seed counter), its timer (``run_due`` scheduled as world events at ``next_due``), the
 network between the runners and the store (``call``: a request may be dropped before it is applied,
 applied with its answer lost, answered 500, delayed and so reordered, or black-holed by a partition
-of its runner or of all runners), the real server's lost update in extendLease as a switch
+of its runner or of all runners; a request its sender gave up on arrives within
+``RESET_REACH_SECONDS`` of the give-up or never: the sender reset its connection), the real server's
+lost update in extendLease as a switch
 (``lost_update``: a heartbeat loads the task when it arrives and writes the whole copy back a moment
 later, undoing a final update applied in between, CONDUCTOR_PROTOCOL.md §3), and the server-side
 facts the invariants need: every final update applied, per attempt, and what it wrote.
@@ -33,6 +35,10 @@ __all__ = ["LAND_BOUND_SECONDS", "Answer", "NetFaults", "SimConductor"]
 MAX_TRAVEL_SECONDS = 6.0
 MAX_HOLD_SECONDS = 1.5
 LAND_BOUND_SECONDS = MAX_TRAVEL_SECONDS + MAX_HOLD_SECONDS
+# A client resets the connection of a request it gave up on: a delayed request still arrives up to
+# this long after its sender's give-up (held by a middlebox that had taken it), else never. This is
+# the network the product assumes (``finalcheck.LATE_ARRIVAL_SECONDS``), not one the simulator checks.
+RESET_REACH_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class ServerFacts:
 
     applied: dict[tuple[str, int], int] = field(default_factory=dict)  # (taskId, pollCount) -> finals
     written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # last final write
+    parked: dict[tuple[str, int], int] = field(default_factory=dict)  # (taskId, pollCount) -> parks
     undone: int = 0  # final updates a lost-update write-back undid
 
 
@@ -202,6 +209,10 @@ class SimConductor:
         back = rng.uniform(0.0005, 0.02)
 
         def arrive() -> None:
+            if world.now > deadline + RESET_REACH_SECONDS:
+                world.log(f"net {runner} {what}: reset by its sender before it arrived")
+                return
+
             def respond(a: Answer) -> None:
                 if lost:
                     self.fault_count += 1
@@ -255,8 +266,10 @@ class SimConductor:
             self.call(runner, f"extendLease {task_id}", apply, reply, timeout)
 
     def update(self, runner: str, attempt: tuple[str, int], result: dict[str, Any], *, v2: bool,
-               reply: Callable[[Answer], None], timeout: float) -> None:
-        """A final update (v1 or update-v2), noting what it changed on the server."""
+               reply: Callable[[Answer], None], timeout: float, park: bool = False) -> None:
+        """A final update (v1 or update-v2), noting what it changed on the server. ``park``: the
+        product's park before a result (IN_PROGRESS with a long callback), one more update of the
+        same attempt and not a result of its own: counted apart (``ServerFacts.parked``)."""
         task_id = str(result["taskId"])
 
         def apply() -> Answer:
@@ -265,7 +278,10 @@ class SimConductor:
             claimed = self.store.update_task_v2(result) if v2 else (self.store.update_task(result), None)[1]
             task = self.record(task_id)
             changed = task is not None and before is not None and task.status != before
-            if task is not None and changed and before not in TERMINAL_TASK:
+            if task is not None and changed and before not in TERMINAL_TASK and park:
+                self.facts.parked[attempt] = self.facts.parked.get(attempt, 0) + 1
+                self.world.log(f"server park {task_id} (pollCount {attempt[1]}): {before} -> {task.status}")
+            elif task is not None and changed and before not in TERMINAL_TASK:
                 self.facts.applied[attempt] = self.facts.applied.get(attempt, 0) + 1
                 if task.terminal:
                     self.facts.written[task_id] = (task.status, dict(task.output_data))
@@ -273,7 +289,8 @@ class SimConductor:
                 self.world.log(f"server update {task_id} (pollCount {attempt[1]}): {before} -> {task.status}")
             return Answer(True, body=claimed)
 
-        self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {result.get('status')}", apply, reply,
+        what = "park" if park else result.get("status")
+        self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {what}", apply, reply,
                   timeout, lose_answer=self.faults.lose_update_answer)
 
     def poll(self, runner: str, task_type: str, count: int, reply: Callable[[Answer], None],

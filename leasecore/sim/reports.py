@@ -1,13 +1,13 @@
 """The final-update half of a simulated runner's stand-in glue: reports, retries, the outbox.
 
-Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight and (unless the
-``no_final_wait`` bug is planted) once no heartbeat of unknown fate can still land on the server
-(``LAND_BOUND_SECONDS`` after it was sent: the lost update of CONDUCTOR_PROTOCOL.md §3 needs a beat
-loaded before the final update and written after it); through update-v2 when the real ``may_chain``
-says so (the slot is kept for what it claims); retried while the lease lasts, kept in the state
-dir's outbox otherwise and delivered later after a read-back judged by the real
-``ownership_lost_reason``. A run fenced before its command started goes back as the product's
-``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
+Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight, and after a
+heartbeat of unknown fate by the product's own plan (``finalcheck.plan_final_update`` on the engine
+core's ``late_beats``, as ``FinalUpdates`` does: a terminal result is parked, then sent
+at ``parked_send_at``; a yield is read back; the ``no_final_wait`` bug skips the plan); through
+update-v2 when the real ``may_chain`` says so (the slot is kept for what it claims); retried while
+the lease lasts, kept in the state dir's outbox otherwise and delivered later after a read-back
+judged by the real ``ownership_lost_reason``. A run fenced before its command started goes back as
+the product's ``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
 
 This is stand-in glue for the product's reporter, outbox and ``ends``/``starts`` modules, which run on
 threads today; docs/simulator.md says what replaces it.
@@ -21,7 +21,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from leasecore.lease import FenceReason, finalcheck, ownership_lost_reason
+from leasecore.lease import FenceReason, finalcheck
 from leasecore.lease.finalcheck import read_back_at
 from leasecore.lease.finalfailure import (
     REPORT_BACKOFF,
@@ -37,15 +37,18 @@ from leasecore.lease.finalfailure import (
     decide,
     failure_of_status,
     lost_lease_read,
+    saved_result_lost_reason,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
-from leasecore.runner.chain import may_chain
-from leasecore.runner.leasing.core import BeginFinalUpdate, FinalUpdateFailed, Reported
+from leasecore.runner.chain import hand_back, may_chain
+from leasecore.runner.leasing.core import BeatWaitOver, BeginFinalUpdate, FinalUpdateFailed, Reported
 from leasecore.runner.loop.decisions import ReportCheck, report_check
-from leasecore.sim.conductor import LAND_BOUND_SECONDS, Answer
+from leasecore.sim.conductor import Answer
 from leasecore.sim.setting import Run, RunnerPort
 
-__all__ = ["Reports", "result_body"]
+__all__ = ["HAND_BACK_RETRY_SECONDS", "Reports", "result_body"]
+
+HAND_BACK_RETRY_SECONDS = 5.0  # the product's retry budget of a hand-back (``TaskStarts._hand_back``)
 
 
 def result_body(result: TaskResult) -> dict[str, object]:
@@ -78,9 +81,10 @@ class Reports:
             run.slot = False
             if chain and r.keep_for_chain():  # (the poller's word: not while paused or stopping)
                 run.chain_slot = True
-            else:
+            else:  # free for another task; the report counts against those waiting (Poller.reporting)
                 chain = False
-                r.release()
+                run.report_held = True
+                r.reporting_started()
         if report_check(run.fence) is ReportCheck.READ_FIRST:  # the product's read-first, as the reporter's
             self._read_first(run, result, chain)
             return
@@ -110,19 +114,12 @@ class Reports:
         r.server.read(r.name, tid, r.reply(got), r.config.http_timeout)
 
     def _send(self, run: Run, result: TaskResult, chain: bool) -> None:
-        r, now = self.runner, self.world.now
+        """One attempt of ``result``'s final update, as ``FinalUpdates.guarded`` makes it: the task's
+        heartbeats excluded (``BeginFinalUpdate``), then, after a heartbeat of unknown fate the engine
+        core knows (``late_beats``), the product's plan: a terminal result parked first and sent at
+        ``parked_send_at``, a yield sent at once and read back once the beat can no longer land."""
+        r = self.runner
         if run.phase != "reporting":
-            return
-        wait = 0.0
-        late_until = None  # when a heartbeat of unknown fate can no longer land (this world's bound)
-        if run.unknown_beat_at is not None and not r.bugs.no_final_wait:
-            late_until = run.unknown_beat_at + LAND_BOUND_SECONDS
-        if r.engine.beat_calling(result.task_id):
-            wait = 0.05
-        elif late_until is not None and result.status.is_terminal:
-            wait = late_until - now  # (the product parks the task meanwhile; a yield goes out at once)
-        if wait > 0:
-            self.world.after(wait, "report-wait", r.guard(lambda: self._send(run, result, chain)))
             return
         tid, poll_count = result.task_id, run.task.poll_count
         nxt = r.next_runs.get(tid)
@@ -134,64 +131,108 @@ class Reports:
             r.forget(run)
             return
         r.step(BeginFinalUpdate(tid))
-        sent = now
         self._attempts[tid] = self._attempts.get(tid, 0) + 1
+        self._plan(run, result, chain)
+
+    def _plan(self, run: Run, result: TaskResult, chain: bool) -> None:
+        """Once no heartbeat of the task calls (the core said ``AwaitBeat``: its answer or its timeout
+        ends it; no new one starts meanwhile), ``BeatWaitOver``, then the product's plan."""
+        r, now, tid, poll_count = self.runner, self.world.now, result.task_id, run.task.poll_count
+        if run.phase != "reporting":
+            return
+        if r.engine.beat_calling(tid):
+            self.world.after(0.05, "report-wait", r.guard(lambda: self._plan(run, result, chain)))
+            return
+        r.step(BeatWaitOver(tid))
+        # (the planted race: the product's rule is not applied, the result goes out at once)
+        late = None if r.bugs.no_final_wait else r.engine.late_beats(tid)
+        plan = finalcheck.plan_final_update(result.status, None if late is None else late.until, now)
+        if not plan.park:
+            self._put(run, result, chain, late)
+            return
+        self.world.log(f"runner {r.name}: {tid}: a heartbeat of unknown fate may land until "
+                       f"{plan.send_at:.3f}: parked, then {result.status.value}")
+        park = TaskResult(tid, result.workflow_id, TaskStatus.IN_PROGRESS, output_data=result.output_data,
+                          callback_after_seconds=finalcheck.PARK_CALLBACK_SECONDS, worker_id=result.worker_id)
+        sent = now
+
+        def parked(answer: Answer) -> None:
+            if run.phase != "reporting":
+                return
+            if not answer.ok:  # as the product's: the park's failure is this attempt's
+                self._failed(run, result, chain, answer, sent)
+                return
+            at = finalcheck.parked_send_at(plan, self.world.now)
+            # A parked result goes out through v1 and claims nothing (``ChainUpdates``).
+            self.world.at(at, "parked-send", r.guard(lambda: self._put(run, result, False, late)))
+
+        self.server_update(tid, poll_count, park, False, r.reply(parked), park=True)
+
+    def _put(self, run: Run, result: TaskResult, chain: bool, late: finalcheck.LateBeats | None) -> None:
+        """The result itself goes out (the heartbeats are already excluded)."""
+        r = self.runner
+        if run.phase != "reporting":
+            return
+        tid, poll_count, sent = result.task_id, run.task.poll_count, self.world.now
 
         def got(answer: Answer) -> None:
-            now = self.world.now
-            if answer.ok:
-                r.state.outbox.pop(tid, None)
-                r.step(Reported(tid))
-                claimed = answer.body if chain else None
-                self._end_chain(run, claimed, sent)
-                if (at := read_back_at(late_until, sent)) is not None:
-                    # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
-                    # back once the beat can no longer land, send again (v1, bounded) while undone.
-                    self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
-                                                                             worker_id=r.name))
-                    return
-                r.forget(run)
+            if not answer.ok:
+                self._failed(run, result, chain, answer, sent)
                 return
-            self._end_chain(run, None, sent)
-            lease = run.lease
-            left = 0.0 if run.fence is FenceReason.LEASE_EXPIRED else lease.term_point - now
-            decision = decide(failure_of_status(None if answer.timeout else answer.status),
-                              Attempt(result.status, number=self._attempts[tid], left=left, v2=chain,
-                                      status_code=None if answer.timeout else answer.status))  # fmt: skip
-            yielding = result.status is TaskStatus.IN_PROGRESS
-            planted = r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait
-            if isinstance(decision, ReadBack) and planted:  # the planted race: sent again, no read-back
-                decision = Retry(REPORT_BACKOFF.delay(self._attempts[tid]))
-            match decision:
-                case Delivered():
-                    r.state.outbox.pop(tid, None)
-                    r.step(Reported(tid))
-                    r.forget(run)
-                case GiveUp() | SendBare():  # (the simulated server refuses no body: 404, gone)
-                    r.state.outbox.pop(tid, None)
-                    r.forget(run)
-                case Save():
-                    r.state.outbox[tid] = (result, poll_count)
-                    self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
-                    r.forget(run)
-                    self.arm_outbox()
-                case ReadBack(after=after):
-                    # An update of unknown fate may still land: no heartbeat (which could load the task
-                    # before it lands and write it back after) and no second send until it no longer
-                    # can (this world's bound: a request travels and is held up to LAND_BOUND_SECONDS);
-                    # then the task is read back, and the update sent again only if it never landed.
-                    r.state.outbox[tid] = (result, poll_count)
-                    at = max(now + after, sent + LAND_BOUND_SECONDS)
-                    self.world.at(at, "final-confirm", r.guard(lambda: self._confirm(run, result)))
-                case FallBackToV1():
-                    r.step(FinalUpdateFailed(tid))
-                    self._send(run, result, False)  # the same result through v1, at once
-                case Retry(after=after):
-                    r.state.outbox[tid] = (result, poll_count)
-                    r.step(FinalUpdateFailed(tid))
-                    self.world.after(after, "report-retry", r.guard(lambda: self._send(run, result, False)))
+            r.state.outbox.pop(tid, None)
+            r.step(Reported(tid))
+            claimed = answer.body if chain else None
+            self._end_chain(run, claimed, sent)
+            if (at := read_back_at(None if late is None else late.until, sent)) is not None:
+                # The product's rule for a yield a late beat may undo (finalcheck.ReadBack): read
+                # back once the beat can no longer land, send again (v1, bounded) while undone.
+                self._stick(run, result, poll_count, finalcheck.ReadBack(at, poll_count=poll_count,
+                                                                         worker_id=r.name))
+                return
+            r.forget(run)
 
         self.server_update(tid, poll_count, result, chain, r.reply(got))
+
+    def _failed(self, run: Run, result: TaskResult, chain: bool, answer: Answer, sent: float) -> None:
+        """What a failed attempt (its park or its result) means: the product's table, carried out."""
+        r, now, tid, poll_count = self.runner, self.world.now, result.task_id, run.task.poll_count
+        self._end_chain(run, None, sent)
+        lease = run.lease
+        left = 0.0 if run.fence is FenceReason.LEASE_EXPIRED else lease.term_point - now
+        decision = decide(failure_of_status(None if answer.timeout else answer.status),
+                          Attempt(result.status, number=self._attempts[tid], left=left, v2=chain,
+                                  status_code=None if answer.timeout else answer.status))  # fmt: skip
+        yielding = result.status is TaskStatus.IN_PROGRESS
+        planted = r.bugs.retry_landed_yield if yielding else r.bugs.no_final_wait
+        if isinstance(decision, ReadBack) and planted:  # the planted race: sent again, no read-back
+            decision = Retry(REPORT_BACKOFF.delay(self._attempts[tid]))
+        match decision:
+            case Delivered():
+                r.state.outbox.pop(tid, None)
+                r.step(Reported(tid))
+                r.forget(run)
+            case GiveUp() | SendBare():  # (the simulated server refuses no body: 404, gone)
+                r.state.outbox.pop(tid, None)
+                r.forget(run)
+            case Save():
+                r.state.outbox[tid] = (result, poll_count)
+                self.world.log(f"runner {r.name}: {tid}: result kept in the outbox (lease over)")
+                r.forget(run)
+                self.arm_outbox()
+            case ReadBack(after=after):
+                # An update of unknown fate may still land: no heartbeat (which could load the task
+                # before it lands and write it back after) and no second send until it no longer
+                # can (the product's margin after the give-up); then the task is read back, and the
+                # update sent again only if it never landed.
+                r.state.outbox[tid] = (result, poll_count)
+                self.world.at(now + after, "final-confirm", r.guard(lambda: self._confirm(run, result)))
+            case FallBackToV1():
+                r.step(FinalUpdateFailed(tid))
+                self._send(run, result, False)  # the same result through v1, at once
+            case Retry(after=after):
+                r.state.outbox[tid] = (result, poll_count)
+                r.step(FinalUpdateFailed(tid))
+                self.world.after(after, "report-retry", r.guard(lambda: self._send(run, result, False)))
 
     def _confirm(self, run: Run, result: TaskResult, reads: int = 1) -> None:
         r = self.runner
@@ -253,10 +294,10 @@ class Reports:
         self.world.at(max(check.next_at, self.world.now), "final-readback", r.guard(read))
 
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
-                      reply: Callable[[Answer], None]) -> None:
+                      reply: Callable[[Answer], None], *, park: bool = False) -> None:
         r = self.runner
         r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,
-                        timeout=r.config.http_timeout)
+                        timeout=r.config.http_timeout, park=park)
 
     def _end_chain(self, run: Run, claimed: object, sent: float) -> None:
         if not run.chain_slot:
@@ -265,8 +306,9 @@ class Reports:
         if isinstance(claimed, dict):
             run.slot = False
             self.runner.deliver(Task.from_json(claimed), sent)  # takes over the kept slot
-        else:
-            self.runner.release()
+        else:  # claimed nothing: the slot is free, the report still waits (Poller.chain_ended)
+            run.report_held = True
+            self.runner.chain_ended()
 
     def end_unstarted(self, run: Run, wait_left: float) -> None:
         r, task = self.runner, run.task
@@ -281,6 +323,64 @@ class Reports:
             result = TaskResult(task.task_id, task.workflow_id, TaskStatus.FAILED,
                                 reason_for_incompletion=why, worker_id=r.name)
         self.report(run, result)
+
+    # ----- hand-backs ----------------------------------------------------------------------------
+
+    def hand_back(self, task: Task, attempt: int = 1, deadline: float | None = None) -> None:
+        """A task polled beyond the slots goes back unrun as the product's reporter sends it
+        (``TaskStarts._hand_back``): no lease, retried for ``HAND_BACK_RETRY_SECONDS`` by the failure
+        table, read back after an attempt with no answer, kept in the outbox when time runs out."""
+        r = self.runner
+        deadline = self.world.now + HAND_BACK_RETRY_SECONDS if deadline is None else deadline
+        result = hand_back(task, r.name)
+
+        def got(answer: Answer) -> None:
+            if answer.ok:
+                return
+            decision = decide(failure_of_status(None if answer.timeout else answer.status),
+                              Attempt(TaskStatus.IN_PROGRESS, number=attempt, left=deadline - self.world.now,
+                                      status_code=None if answer.timeout else answer.status,
+                                      has_body=False))  # fmt: skip
+            match decision:
+                case Retry(after=after):
+                    self.world.after(after, "hand-back-retry",
+                                     r.guard(lambda: self.hand_back(task, attempt + 1, deadline)))
+                case ReadBack(after=after):
+                    self.world.after(after, "hand-back-read",
+                                     r.guard(lambda: self._hand_back_read(task, attempt, deadline, 1)))
+                case Save():
+                    self._save_hand_back(task, result)
+                case _:  # delivered, gone, refused
+                    pass
+
+        self.server_update(task.task_id, task.poll_count, result, False, r.reply(got))
+
+    def _hand_back_read(self, task: Task, attempt: int, deadline: float, reads: int) -> None:
+        """The reporter's read-back after a hand-back with no answer (``Reporter._read_back``)."""
+        r = self.runner
+
+        def got(answer: Answer) -> None:
+            if not (answer.ok or answer.status == 404):  # a failed read: again with the backoff, or saved
+                wait = REPORT_BACKOFF.delay(reads)
+                if deadline - self.world.now <= wait:
+                    self._save_hand_back(task, hand_back(task, r.name))
+                    return
+                self.world.after(wait, "hand-back-read",
+                                 r.guard(lambda: self._hand_back_read(task, attempt, deadline, reads + 1)))
+                return
+            own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
+            if isinstance(after_read_back(own, task.poll_count, TaskStatus.IN_PROGRESS), Retry):
+                self.hand_back(task, attempt + 1, deadline)  # it never landed: sent again
+
+        r.server.read(r.name, task.task_id, r.reply(got), r.config.http_timeout)
+
+    def _save_hand_back(self, task: Task, result: TaskResult) -> None:
+        r = self.runner
+        if task.task_id in r.runs or task.task_id in r.state.outbox:
+            return  # (a run's own result is the one to keep)
+        r.state.outbox[task.task_id] = (result, task.poll_count)
+        self.world.log(f"runner {r.name}: {task.task_id}: hand-back kept in the outbox")
+        self.arm_outbox()
 
     # ----- the outbox ---------------------------------------------------------------------------
 
@@ -304,8 +404,8 @@ class Reports:
                 if r.state.outbox.get(tid, (None, 0))[0] is not result:
                     return
                 if answer.ok or answer.status == 404:
-                    own = TaskOwnership(TaskStatus(answer.body[0]), answer.body[1]) if answer.ok else None
-                    why = ownership_lost_reason(own, pc)
+                    own = TaskOwnership(TaskStatus(answer.body[0]), *answer.body[1:3]) if answer.ok else None
+                    why = saved_result_lost_reason(own, pc, result)
                     if why is not None:
                         self.world.log(f"runner {r.name}: outbox drops {tid}: {why}")
                         del r.state.outbox[tid]

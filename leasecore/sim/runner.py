@@ -173,6 +173,12 @@ class SimRunner:
     def keep_for_chain(self) -> bool:
         return self.claims.keep_for_chain()
 
+    def reporting_started(self) -> None:
+        self.claims.reporting_started()
+
+    def chain_ended(self) -> None:
+        self.claims.chain_ended()
+
     def pause(self, seconds: float) -> bool:
         """The operator pauses the task type here for ``seconds`` (False: the runner is down)."""
         if self.down:
@@ -340,16 +346,12 @@ class SimRunner:
         self.world.at(at, "wake", self.guard(wake))
 
     def _beat(self, send: ec.SendBeat) -> None:
-        run = self.runs.get(send.task_id)
-
         def got(answer: Answer) -> None:
             if answer.ok:
                 event = ec.Answered(send.call_id, beat_acked(send.sent_at))
             elif answer.status == 404 and not answer.timeout:
                 event = ec.Answered(send.call_id, beat_not_found())
             else:
-                if answer.timeout and run is not None:  # (the reports' wait for it to land)
-                    run.unknown_beat_at = max(run.unknown_beat_at or send.sent_at, send.sent_at)
                 fate = unknown_fate(None if answer.timeout else answer.status)
                 event = ec.Answered(send.call_id, beat_failed(unknown_fate=fate))
             self.step(event)
@@ -471,6 +473,9 @@ class SimRunner:
         if run.slot:
             run.slot = False
             self.release()
+        if run.report_held:  # its report is over: no longer among those waiting (PollCore.reported)
+            run.report_held = False
+            self.claims.reported()
         if self.runs.get(tid) is None and (nxt := self.next_runs.pop(tid, None)) is not None:
             self.deliver(*nxt)  # (it holds the slot its poll took)
 

@@ -168,7 +168,8 @@ def _end_checks(world: World, server: SimConductor, runners: list[SimRunner], wo
                           f"(tasks: {[(t.task_id, t.status) for t in wf.tasks]})")
             return
     for x in runners:
-        left = {"slots": x.in_use - x.polling, "runs": len(x.runs), "leases": x.engine.tracked(),
+        left = {"slots": x.in_use - x.polling, "reports": x.claims.core.reporting,
+                "runs": len(x.runs), "leases": x.engine.tracked(),
                 "held": len(x.gate.held()), "yields": int(bool(x.yields)), "outbox": len(x.state.outbox),
                 "next runs": len(x.next_runs)}
         if any(left.values()):

@@ -11,7 +11,8 @@ task's data) recording the server it was meant for (a hash of the URL: no creden
 disk), when it was saved and the pollCount we held. A file is dropped once delivered, on a 4xx (404:
 the task or workflow is gone; not 401/403, which only refuse our credentials), after
 ``max_age_seconds`` (24 h), or when the task, read back first (``read_task``), is no longer ours:
-terminal, re-queued, gone, or polled again since (``lease.ownership_lost_reason``), since our old
+terminal, re-queued, gone, or polled again since (``finalfailure.saved_result_lost_reason``: a terminal
+result's own park, SCHEDULED under its pollCount, is still ours), since our old
 result would overwrite another worker's run. Runners sharing a directory **claim** a result before
 sending it (a rename to ``.claim-<pid>-<start time>-<name>`` succeeds once); kept, it is renamed
 back unless a newer save took its name; a dead runner's claims are put back by the next delivery.
@@ -37,8 +38,7 @@ from typing import Any
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError
-from leasecore.lease import ownership_lost_reason
-from leasecore.lease.finalfailure import Attempt, bare_result, decide, failure_of
+from leasecore.lease.finalfailure import Attempt, bare_result, decide, failure_of, saved_result_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 from leasecore.state.redelivery import Done, Drop, Fate, KeepRest, Send, after_failure, before_send
 from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
@@ -312,7 +312,8 @@ class Outbox:
             try:
                 lost = None
                 if read_task is not None and age <= self.max_age_seconds:  # too old: dropped unread
-                    lost = ownership_lost_reason(read_task(entry.result.task_id), entry.poll_count)
+                    lost = saved_result_lost_reason(read_task(entry.result.task_id), entry.poll_count,
+                                                    entry.result)
                 fate: Fate = before_send(age_seconds=age, max_age_seconds=self.max_age_seconds, not_ours=lost)
                 if isinstance(fate, Send):
                     claimed = entry.claim(self._owner)

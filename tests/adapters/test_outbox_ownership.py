@@ -88,6 +88,17 @@ def test_a_task_still_ours_gets_its_saved_result(tmp_path: Path, saved_poll_coun
     assert report.delivered == 1 and outbox.entries() == []
 
 
+def test_a_parked_result_finds_its_own_park_and_is_sent(tmp_path: Path) -> None:
+    # A result parked first (IN_PROGRESS with a long callback, by this worker), then saved when its
+    # own update failed: the task reads SCHEDULED under our pollCount, the park, not a re-queue.
+    parked = TaskResult("t1", "w1", TaskStatus.COMPLETED, output_data={"n": 1}, worker_id="host")
+    outbox = Outbox(tmp_path, server=URL)
+    outbox.save(parked, poll_count=1)
+    sent: list[TaskResult] = []
+    report = outbox.deliver(sent.append, read_task=lambda _id: TaskOwnership(TaskStatus.SCHEDULED, 1, "host"))
+    assert sent == [parked] and report.delivered == 1 and outbox.entries() == []
+
+
 def test_a_read_that_fails_keeps_every_result_for_the_next_start(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path, server=URL)
     outbox.save(FAILED, poll_count=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from leasecore.lease import FenceReason, KillTree, LeasePolicy, TerminateTree
+from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.models import Task, TaskOwnership, TaskStatus
 from leasecore.runner.leasing.core import (
     Answered,
@@ -174,7 +175,7 @@ def test_a_beat_still_calling_when_the_wait_ends_is_of_unknown_fate() -> None:
     c.step(BeatWaitOver("t1"), wait.until)
     late = c.late_beats("t1")
     assert late is not None and late.poll_count == 1
-    assert late.until == pytest.approx(BEAT + send.timeout_seconds + 2.0)  # its bound + the margin
+    assert late.until == pytest.approx(BEAT + send.timeout_seconds + LATE_BEAT_MARGIN_SECONDS)
 
 
 def test_a_beat_that_timed_out_may_still_land_after_the_final_update() -> None:
@@ -182,7 +183,8 @@ def test_a_beat_that_timed_out_may_still_land_after_the_final_update() -> None:
     c.step(Track(task(), policy(), polled_at=0.0), 0.0)
     send = due_beat(c, BEAT)
     c.step(Answered(send.call_id, beat_failed(unknown_fate=True)), BEAT + 5)
-    assert c.late_beats("t1") is not None and c.late_beats("t1").until == pytest.approx(BEAT + 7)  # type: ignore[union-attr]
+    late = c.late_beats("t1")
+    assert late is not None and late.until == pytest.approx(BEAT + 5 + LATE_BEAT_MARGIN_SECONDS)
     c.step(BeginFinalUpdate("t1"), BEAT + 6)
     assert c.late_beats("t1") is not None
 

@@ -34,6 +34,7 @@ from leasecore.lease.finalfailure import (
     lost_lease_read,
     report_backoff,
     report_budget,
+    saved_result_lost_reason,
 )
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 
@@ -176,6 +177,29 @@ def test_a_lost_leases_result_with_an_unknown_poll_count_is_sent_while_in_progre
 def test_an_unknown_poll_count_cannot_tell_a_next_run() -> None:
     assert after_read_back(TaskOwnership(IP, 9), 0, IP) == Retry(0.0)
     assert after_read_back(TaskOwnership(IP, 9), 0, C) == Retry(0.0)
+
+
+SCHED = TaskStatus.SCHEDULED
+
+
+@pytest.mark.parametrize(("status", "ownership", "kept"), [
+    (C, TaskOwnership(SCHED, 3, "w1"), True),  # its own park: the park landed, the result did not
+    (F, TaskOwnership(SCHED, 3, "w1"), True),
+    (C, TaskOwnership(SCHED, 3, "w2"), False),  # parked by another worker: not ours
+    (C, TaskOwnership(SCHED, 3, None), False),  # no worker on record: not certainly ours
+    (C, TaskOwnership(SCHED, 4, "w1"), False),  # re-queued under a later delivery
+    (IP, TaskOwnership(SCHED, 3, "w1"), False),  # a saved yield that landed: sent again it re-queues
+    (C, TaskOwnership(IP, 3, "w1"), True),  # still ours, as before
+    (C, TaskOwnership(IP, 4, "w2"), False),  # polled again since
+    (C, TaskOwnership(C, 3, "w1"), False),
+    (C, None, False),
+])  # fmt: skip
+def test_a_saved_result_finds_its_own_park_still_ours(
+    status: TaskStatus, ownership: TaskOwnership | None, kept: bool
+) -> None:
+    result = TaskResult("t", "wf", status, worker_id="w1")
+    assert (saved_result_lost_reason(ownership, 3, result) is None) is kept
+    assert saved_result_lost_reason(TaskOwnership(SCHED, 3, "w1"), 0, result) is not None  # unknown poll
 
 
 def test_a_bare_result_drops_output_and_says_why() -> None:
