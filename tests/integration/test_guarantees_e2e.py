@@ -96,14 +96,16 @@ def test_heartbeats_answered_500_fence_the_tree_at_the_lease_deadline(world: Wor
 
 
 def test_no_heartbeat_follows_the_acknowledged_final_update(world: World) -> None:
-    """The final update is refused (503) and retried, heartbeats go on meanwhile; the workflow is
-    terminated during the retries; once an update is acknowledged no heartbeat is ever sent."""
+    """The final update is refused (500: the server answered, so it was not applied) and retried,
+    heartbeats go on meanwhile; the workflow is terminated during the retries; once an update is
+    acknowledged no heartbeat is ever sent. (A gateway's 502/503/504 would leave the update's fate
+    unknown: its heartbeats stay held until it is read back, docs/final-results.md.)"""
     world.define(responseTimeoutSeconds=2)
     wf = world.start_workflow(seconds=1)
     refuse = {"updates": True}
     with RewritingRelay(world.server.url) as relay:
         relay.rule = lambda method, _path, body: (
-            503 if refuse["updates"] and method == "POST" and isinstance(body, dict) and "status" in body
+            500 if refuse["updates"] and method == "POST" and isinstance(body, dict) and "status" in body
             and not is_lease(body) else None
         )  # fmt: skip
         proc = world.run(url=relay.url)
