@@ -2,6 +2,6 @@
 
 ``world`` (clock, event heap, random source, trace), ``conductor`` (the embedded server's store behind a
 faulty network), ``trees`` (task trees, their records, the fork server), ``runner`` and ``reports``
-(stand-in glue driving the product's real decision objects), ``scenario`` (one seed: setting, faults,
+(the simulated driver of the product's decision cores), ``scenario`` (one seed: setting, faults,
 invariants), ``campaign`` (many seeds, the summary line).
 """

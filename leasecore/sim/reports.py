@@ -1,4 +1,4 @@
-"""The final-update half of a simulated runner's stand-in glue: reports, retries, the outbox.
+"""The final-update half of a simulated runner's driver: reports, retries, the outbox.
 
 Owns ``Reports``: a run's result goes out once no heartbeat of the run is in flight, and after a
 heartbeat of unknown fate by the product's own plan (``finalcheck.plan_final_update`` on the engine
@@ -9,8 +9,9 @@ the lease lasts, kept in the state dir's outbox otherwise and delivered later af
 judged by the real ``ownership_lost_reason``. A run fenced before its command started goes back as
 the product's ``_end_unstarted`` does (an unmarked IN_PROGRESS when its previous holder may still run it).
 
-This is stand-in glue for the product's reporter, outbox and ``ends``/``starts`` modules, which run on
-threads today; docs/simulator.md says what replaces it.
+The decisions are the product's (``finalfailure``, ``finalcheck``, ``may_chain``, ``report_check``);
+the order they are carried out in is written after ``FinalUpdates.guarded``, the reporter and the
+outbox (a change to one must be made in both; docs/simulator.md, the cores and their drivers).
 
 Threads: none.
 """

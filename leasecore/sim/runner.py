@@ -1,17 +1,14 @@
-"""A runner in the simulation: stand-in glue that drives the product's real decision objects.
+"""A runner in the simulation: the simulated driver of the product's decision cores.
 
-Real, unchanged: the lease engine's core (``EngineCore``: which lease is ticked when, its requests,
-one beat in flight, a final update's exclusion of beats, fences, kill-by times; ``step`` is its
-driver here, as ``LeaseEngine``'s threads are in the product, and only carries out its requests and
-fences), ``Lease`` (every heartbeat, check and fence time), ``LeasePolicy.from_task`` (the numbers,
-the re-delivery wait), ``judge_ownership`` (inside the lease), ``LeaseBook`` (inside the core),
+The product's own code decides: the lease engine's core (``EngineCore``: which lease is ticked when,
+its requests, one beat in flight, a final update's exclusion of beats, fences, kill-by times),
+``Lease``, ``LeasePolicy.from_task``, ``LeaseBook`` (inside the core), the loop's decisions
+(``decisions.admit``, ``held_start``, ``exit_meaning``, ``report_meaning``, ``hold_over``),
 ``StartGate`` / ``DyingTrees`` / ``YieldHold`` / ``mark_yield`` / ``may_run_elsewhere``
-(``leasecore.handover``), ``may_chain`` / ``hand_back`` (update-v2 chaining), ``PollCore`` (the
-poller's slots and when to poll, with its backoff; driven by ``leasecore.sim.claims``) and
-``ownership_lost_reason`` (the outbox's check before a late delivery). Stand-in (this module and
-``leasecore.sim.reports``): what the product's main loop, reporter and outbox do with those
-decisions: starts, exits, the order of a final update's steps. docs/simulator.md lists what the next
-step must replace.
+(``leasecore.handover``), ``may_chain`` and ``PollCore`` (driven by ``leasecore.sim.claims``). This
+module carries their effects out on the world's clock, as the product's main loop and engine threads
+do (the order of a start, an exit, a forget is written after ``loop/task_start.py`` and
+``task_end.py``: a change to one must be made in both); only the I/O is simulated.
 
 Every event a runner handles goes through ``guard``: dropped after a crash (the incarnation moved
 on), deferred while the runner is stalled (its trees and fork server go on meanwhile).

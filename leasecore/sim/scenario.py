@@ -51,10 +51,11 @@ class SimOptions:
     bugs: Bugs = field(default_factory=Bugs)
     keep_trace: bool = False
     # Requeues in every seed, with lost ownership reads and stalls of the runner a task was requeued
-    # from. What is left open there (docs/simulator.md, findings: a previous holder whose lease ran
-    # out reports FAILED, which lands on the task's next delivery) keeps it out of the default
-    # campaign. Off: requeues in half the seeds, and in those ownership reads are never lost and a
-    # runner never stalls while it runs a task requeued from it.
+    # from. The gaps it was made to show are closed (docs/simulator.md, findings 4 and 5: the ownership
+    # window, the held start's read-back, a lost lease's read-first); it stays out of the default
+    # campaign for its cost and as a focused mode for those rules. Off: requeues in half the seeds,
+    # and in those ownership reads are never lost and a runner never stalls while it runs a task
+    # requeued from it.
     known_gaps: bool = False
     fault_scale: float = 1.0  # multiplies every per-request fault probability (at most 1/5 each)
     operator: bool = True  # the operator's pauses and drains (leasecore.sim.operator), with the faults

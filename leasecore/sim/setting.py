@@ -1,6 +1,6 @@
 """The values a simulated runner is made of: its settings, planted bugs, tree profile, runs, state dir.
 
-Owns ``Bugs`` (races planted in the stand-in glue, and the product behaviours this simulator found
+Owns ``Bugs`` (races planted in the simulated drivers, and the product behaviours this simulator found
 wanting, each a switch), ``RunnerConfig``, ``TreeProfile``, ``StateDir`` (what survives a crash),
 ``Run`` (one delivery on one runner) and ``RunnerPort`` (what ``leasecore.sim.reports`` needs of a
 runner). Plain values; the behaviour is in ``leasecore.sim.runner`` and ``leasecore.sim.reports``.
@@ -27,7 +27,7 @@ __all__ = ["Bugs", "Run", "RunnerConfig", "RunnerPort", "StateDir", "TreeProfile
 
 @dataclass(frozen=True)
 class Bugs:
-    """Races planted in the stand-in glue (never in production code), each re-introducing a fixed bug."""
+    """Races planted in the simulated drivers (never in production code), each re-introducing a fixed bug."""
 
     term_at_deadline: bool = False  # TERM at the lease deadline, KILL a grace later (not deadline - G - M)
     no_redelivery_hold: bool = False  # a re-delivery starts at once, without waiting for its previous holder
