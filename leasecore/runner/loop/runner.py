@@ -297,6 +297,8 @@ class Runner:
         return 1 if self._t.options.once else self._t.options.max_tasks
 
     def _done(self) -> bool:
+        if self._t.tasks:  # run_end's first rule (nothing ends while a task is here), without its view:
+            return False  # the usual turn pays a dict's truth instead of building one
         stopping_since = self._t.stopping_since
         end = run_end(RunView(
             in_flight=len(self._t.tasks),
