@@ -255,11 +255,14 @@ class TaskStarts:
     def _dying_here(self, task: Task) -> bool:
         """A tree of an earlier attempt of ``task``'s logical task is dying here (one still in flight
         here under another task id, say one the server gave up on, counts too)."""
-        here = ((e.task, e.child) for e in self._t.tasks.values() if e.child is not None)
         key = logical_key(task)
-        for other, child in here:
-            if key is not None and other.task_id != task.task_id and logical_key(other) == key:
-                self._gate.dying.add(other, child)
+        if key is not None:  # (none: no other attempt can be told apart, nothing to look for)
+            workflow_id, reference_name = key
+            for entry in self._t.tasks.values():  # every start: one pass, no tuple made per task
+                other, child = entry.task, entry.child
+                if (child is not None and other.workflow_id == workflow_id
+                        and other.reference_name == reference_name and other.task_id != task.task_id):
+                    self._gate.dying.add(other, child)
         return self._gate.dying.still_dying(task)
 
     # ------------------------------------------------------------------ held tasks
