@@ -8,16 +8,15 @@ outcome becomes an exit code here, once.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cli import exitcodes, reexec
+from cli.logformat import JsonFormatter, PlainFormatter
 from leasecore.config.keys import KEYS
 from leasecore.config.loader import ResolvedConfig, find_config_file, load_config, load_file
 from leasecore.errors import (
@@ -61,25 +60,6 @@ def exit_code_for(outcome: RunOutcome, *, once: bool, max_tasks: int | None = No
     return exitcodes.OK
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.converter = time.gmtime  # UTC, as the trailing Z says
-
-    def format(self, record: logging.LogRecord) -> str:
-        body: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:  # the text a filter left (masked secrets, docs/secrets.md), else made here
-            body["error"] = record.exc_text or self.formatException(record.exc_info)
-        return json.dumps(body, ensure_ascii=False)
-
-
 # Every logger of the project lives under one of these: the runner's own (``conductor_run.*``) and the
 # adapters named after their module (``leasecore.runner.leasing.engine``,
 # ``leasecore.process.supervisor.supervisor``, ...).
@@ -102,14 +82,8 @@ def configure_logging(log_format: str, console: Console | None = None, log_level
         from cli.runview import ConsoleLogHandler
 
         handler = ConsoleLogHandler(console)
-    formatter: logging.Formatter
-    if log_format == "json":
-        formatter = JsonFormatter()
-    else:
-        formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)-7s %(message)s",
-                                      "%Y-%m-%dT%H:%M:%S")
-    formatter.converter = time.gmtime  # UTC, as the trailing Z says
-    handler.setFormatter(formatter)
+    # UTC, as the trailing Z says; the seconds' text made once a second (cli.logformat)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else PlainFormatter())
     # Neither format shows the caller's file and line, thread or process: not looking them up saves
     # a stack walk and three calls per record (two lines per task).
     logging._srcfile = None  # the logging HOWTO's "Optimization" names it

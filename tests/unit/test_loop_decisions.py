@@ -3,6 +3,8 @@ bounded tally of outcomes and the next-runs book of its task table. No threads, 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from leasecore.lease import FenceReason, LeasePolicy
@@ -36,7 +38,7 @@ from leasecore.runner.loop.decisions import (
     unstarted_meaning,
 )
 from leasecore.runner.loop.status import NextRun
-from leasecore.runner.loop.table import NextRuns, Tally
+from leasecore.runner.loop.table import _RUNNING, NextRuns, Tally
 
 RUNNING = Earlier(poll_count=1, reporting=False, ownership_lost=False, yield_waiting=False)
 REPORTING = Earlier(poll_count=1, reporting=True, ownership_lost=False, yield_waiting=False)
@@ -207,6 +209,43 @@ def test_a_long_run_outcome_stays_bounded_and_exact() -> None:
                          folded_not_completed=tally.folded_not_completed)
     assert len(outcome.statuses) == 100 and outcome.started == 5000
     assert not outcome.all_completed  # the one unreported task, long folded, still counts
+
+
+class _CopyingTally(Tally):
+    """The fold as it was first written (a copy of every slot, then deletes until within the bound):
+    the reference the walk that stops early must match."""
+
+    def _fold(self) -> None:
+        for index, status in list(self._slots.items()):
+            if len(self._slots) <= self._kept:
+                return
+            if status is _RUNNING:
+                continue
+            del self._slots[index]
+            self.folded += 1
+            if status not in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):
+                self.folded_not_completed += 1
+
+
+def test_tally_folds_exactly_as_the_reference_under_random_starts_and_ends() -> None:
+    rng = random.Random(11)
+    for kept in (1, 3, 10):
+        ours, reference = Tally(kept=kept), _CopyingTally(kept=kept)
+        running: list[int] = []
+        for _ in range(3000):
+            if running and (len(running) > 12 or rng.random() < 0.5):
+                index = running.pop(rng.randrange(len(running)))  # ends out of start order
+                status = rng.choice([TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.IN_PROGRESS, None])
+                ours.end(index, status)
+                reference.end(index, status)
+            else:
+                index = ours.start()
+                assert reference.start() == index
+                running.append(index)
+            assert ours.statuses() == reference.statuses()
+            assert ours.folded == reference.folded
+            assert ours.folded_not_completed == reference.folded_not_completed
+        assert ours.folded > 0
 
 
 def _task(poll_count: int) -> Task:

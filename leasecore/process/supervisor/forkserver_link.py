@@ -109,10 +109,14 @@ class ForkServerLink:
                     known = self._bases[id(base)] = (base, self._base_numbers)
                     send_frame(self.sock, {"op": "env", "base": known[1], "env": base})
                 message["env_base"] = known[1]
-                message["env"] = {name: value for name, value in env.items() if base.get(name) != value}
-                dropped = [name for name in base if name not in env]
-                if dropped:
-                    message["env_drop"] = dropped
+                get = base.get
+                message["env"] = differs = {name: value for name, value in env.items() if get(name) != value}
+                # The names env shares with base, value and all, number len(env) - len(differs): when
+                # that is all of base, none is dropped (the usual spawn: no second pass over base).
+                if len(env) - len(differs) != len(base):
+                    dropped = [name for name in base if name not in env]
+                    if dropped:
+                        message["env_drop"] = dropped
                 send_frame(self.sock, message, fds)
         except OSError as exc:
             raise ProcessError("the fork server is gone") from exc

@@ -86,10 +86,13 @@ def prepare(
     executables: ExecutablePaths,
     cgroup_setup: cgroups.CgroupSetup,
     deadline: float | None = None,
+    base: dict[str, str] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Prepared:
     """Make what a spawn of ``argv`` for ``task`` needs (``inherited``: ``inherited_env`` of
     ``environ`` and ``spec``); SpawnError, with nothing left behind, if a step fails. The checkpoint
-    file starts with ``task.checkpoint``; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds)."""
+    file starts with ``task.checkpoint``; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds);
+    ``base`` and ``meta``: kept in the ``Prepared`` as given."""
     token = secrets.token_hex(16)
     try:
         whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
@@ -131,7 +134,7 @@ def prepare(
         files.remove()
         raise
     out_r, out_w, err_r, err_w = pipes
-    return Prepared(token, cwd, files, env, path, (out_r, out_w, err_r, err_w), group, rlimits)
+    return Prepared(token, cwd, files, env, path, (out_r, out_w, err_r, err_w), group, rlimits, base, meta)
 
 
 class SpawnPreparer:
@@ -153,7 +156,8 @@ class SpawnPreparer:
         cwd = working_directory(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)
         inherited = self._inherited.of(spec)
-        ready = prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self.environ, inherited=inherited,
-                        task_dirs=self.task_dirs, executables=self._executables,
-                        cgroup_setup=self.cgroup_setup, deadline=deadline)  # fmt: skip
-        return dataclasses.replace(ready, base=inherited, meta=meta)
+        # (made whole at once: a dataclasses.replace after it cost as much as the rest of this method)
+        return prepare(task, spec, argv, cwd, worker_id=worker_id, environ=self.environ, inherited=inherited,
+                       task_dirs=self.task_dirs, executables=self._executables,
+                       cgroup_setup=self.cgroup_setup, deadline=deadline, base=inherited,
+                       meta=meta)  # fmt: skip

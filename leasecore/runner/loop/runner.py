@@ -261,16 +261,10 @@ class Runner:
     def _loop(self) -> None:
         self._snapshots.publish()
         while not self._done():
-            wait = self._snapshots.wait_seconds(min(0.5, self._t.options.status_interval_seconds))
-            now = self._clock.monotonic()
-            if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
-                wait = max(0.0, min(wait, start_at - now))
-            if self._ends.holding():
-                wait = min(wait, _DYING_POLL_SECONDS)
-            try:
-                event: Event = self._events.get(timeout=wait)
+            try:  # an event waiting already (say a report behind a claimed task) needs no wait worked out
+                event: Event = self._events.get_nowait()
             except queue.Empty:
-                event = Tick()
+                event = self._next_event()
             self.loop_at = self._clock.monotonic()
             self._handle(event)
             self._ends.report_yields()
@@ -278,6 +272,20 @@ class Runner:
             self._check_deadlines()
             self._scan_checkpoints()
             self._snapshots.maybe_publish()
+
+    def _next_event(self) -> Event:
+        """The next event, waited for no longer than the next thing due (a publish, a held task's
+        start, a dying tree's look); a Tick if none came by then."""
+        wait = self._snapshots.wait_seconds(min(0.5, self._t.options.status_interval_seconds))
+        now = self._clock.monotonic()
+        if (start_at := self._gate.next_at(now, poll_seconds=_DYING_POLL_SECONDS)) is not None:
+            wait = max(0.0, min(wait, start_at - now))
+        if self._ends.holding():
+            wait = min(wait, _DYING_POLL_SECONDS)
+        try:
+            return self._events.get(timeout=wait)
+        except queue.Empty:
+            return Tick()
 
     def _scan_checkpoints(self) -> None:
         if not self._checkpoint_scan.due(self._clock.monotonic()):
@@ -297,6 +305,8 @@ class Runner:
         return 1 if self._t.options.once else self._t.options.max_tasks
 
     def _done(self) -> bool:
+        if self._t.tasks:  # run_end's first rule (nothing ends while a task is here), without its view:
+            return False  # the usual turn pays a dict's truth instead of building one
         stopping_since = self._t.stopping_since
         end = run_end(RunView(
             in_flight=len(self._t.tasks),

@@ -52,11 +52,16 @@ class Tally:
             self._fold()
 
     def _fold(self) -> None:
-        for index, status in list(self._slots.items()):  # oldest first; unfinished ones stay
-            if len(self._slots) <= self._kept:
-                return
-            if status is _RUNNING:
-                continue
+        # The oldest finished ones, as many as are over the bound (unfinished ones stay): found by a
+        # walk that stops there, not a copy of every slot (in a long run, each end folds one).
+        excess = len(self._slots) - self._kept
+        doomed: list[tuple[int, object]] = []
+        for index, status in self._slots.items():  # oldest first
+            if len(doomed) >= excess:
+                break
+            if status is not _RUNNING:
+                doomed.append((index, status))
+        for index, status in doomed:
             del self._slots[index]
             self.folded += 1
             if status not in (TaskStatus.COMPLETED, TaskStatus.IN_PROGRESS):

@@ -149,12 +149,13 @@ class TaskStarts:
         now = self._clock.monotonic()
         fresh = policy or plan.make_policy(task)  # (its lease starts with it when not tracked at poll)
         start_delay = fresh.start_delay_seconds
-        view = Delivery(task.poll_count, _earlier(entry, self._engine, self._ends), surplus, chained,
-                        self._t.stopping_since is not None, self._lease_now(task.task_id, policy, now),
-                        start_delay, dying_here=False)
-        if view.earlier is None and not surplus and view.lease in (LeaseNow.LIVE, LeaseNow.UNTRACKED):
-            view = dataclasses.replace(view, dying_here=self._dying_here(task))
-        decision = admit(view)
+        earlier = _earlier(entry, self._engine, self._ends)
+        lease = self._lease_now(task.task_id, policy, now)
+        dying_here = (earlier is None and not surplus and lease in (LeaseNow.LIVE, LeaseNow.UNTRACKED)
+                      and self._dying_here(task))
+        stopping = self._t.stopping_since is not None
+        decision = admit(Delivery(task.poll_count, earlier, surplus, chained, stopping, lease, start_delay,
+                                  dying_here))
         if isinstance(decision, WaitBehind):
             if decision.why == "reporting":  # its own lease (tracked at poll) holds it meanwhile
                 log.info("task %s polled again (pollCount %d) while its result is reported: running it "
@@ -214,7 +215,8 @@ class TaskStarts:
         entry = InFlight(task, plan, index=self._t.tally.start(), started_at=self._clock.now())
         entry.masker = self._secrets.for_task(plan.masker, task.runtime_metadata)
         self._secrets.enter(task.task_id, task.runtime_metadata.values())  # (left in forget)
-        if short := self._secrets.too_short(task.task_type, task.runtime_metadata):
+        metadata = task.runtime_metadata  # (none, the usual task: no names to look at)
+        if metadata and (short := self._secrets.too_short(task.task_type, metadata)):
             log.warning("task type %s: the runtime metadata value of %s is shorter than %d characters and "
                         "is not masked in what the runner writes", task.task_type, ", ".join(short),
                         MIN_MASKED_CHARS)
@@ -253,11 +255,14 @@ class TaskStarts:
     def _dying_here(self, task: Task) -> bool:
         """A tree of an earlier attempt of ``task``'s logical task is dying here (one still in flight
         here under another task id, say one the server gave up on, counts too)."""
-        here = ((e.task, e.child) for e in self._t.tasks.values() if e.child is not None)
         key = logical_key(task)
-        for other, child in here:
-            if key is not None and other.task_id != task.task_id and logical_key(other) == key:
-                self._gate.dying.add(other, child)
+        if key is not None:  # (none: no other attempt can be told apart, nothing to look for)
+            workflow_id, reference_name = key
+            for entry in self._t.tasks.values():  # every start: one pass, no tuple made per task
+                other, child = entry.task, entry.child
+                if (child is not None and other.workflow_id == workflow_id
+                        and other.reference_name == reference_name and other.task_id != task.task_id):
+                    self._gate.dying.add(other, child)
         return self._gate.dying.still_dying(task)
 
     # ------------------------------------------------------------------ held tasks
