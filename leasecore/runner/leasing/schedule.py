@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class TimerHeap:
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, float] = {}
         self._arrival = itertools.count()
+        # The earliest time scheduled since ``rearm``: whether a sleeper until then must wake, in one
+        # read (no look at the heap's top, whose superseded entries ``earliest`` would drop first).
+        self.scheduled_low = math.inf
 
     def __len__(self) -> int:
         """Keys with a wake-up time."""
@@ -62,7 +66,14 @@ class TimerHeap:
             return True
         self._live[key] = when
         heapq.heappush(self._heap, (when, next(self._arrival), key))
+        if when < self.scheduled_low:
+            self.scheduled_low = when
         return True
+
+    def rearm(self) -> float | None:
+        """``earliest()``, and ``scheduled_low`` counts again from here (a sleeper until that time)."""
+        self.scheduled_low = math.inf
+        return self.earliest()
 
     def discard(self, key: str) -> None:
         """Forget ``key``'s wake-up time, if it has one."""
