@@ -124,7 +124,7 @@ class Lease:
         hard = policy.hard_timeout_seconds
         self._hard_at = polled_at + hard - policy.hard_elapsed_seconds if hard > 0 else _NEVER
         self._hard_term = self._hard_at - lead  # its fence's TERM point
-        self._deadline = self._term = _NEVER
+        self._deadline = self._term = self._last_start = _NEVER  # (_last_start: an attempt starts by then)
         self._reckon()
 
     # ----- derived times -------------------------------------------------------------------------
@@ -153,6 +153,7 @@ class Lease:
             deadline = self._acked_sent_at + timeout
         self._deadline = deadline
         self._term = deadline - self.policy.fence_lead_seconds
+        self._last_start = self._term - self.policy.min_attempt_seconds
 
     def _server_kill_point(self) -> float:
         """The latest moment the tree may still be KILLed: margin before the earliest server deadline."""
@@ -172,14 +173,11 @@ class Lease:
 
     def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:
         """When an attempt planned for ``planned`` may start, or None if it may not."""
-        if self._reported or self._final_update or in_flight or self._expired:
+        if planned == _NEVER or in_flight or self._reported or self._final_update or self._expired:
             return None
         if self._fence_reason in FINAL_FENCES:
             return None
-        if planned == _NEVER:
-            return None
-        start = max(planned, self._now)
-        return planned if start <= self._term - self.policy.min_attempt_seconds else None
+        return planned if max(planned, self._now) <= self._last_start else None
 
     def _beat_due_at(self) -> float | None:
         planned = self._next_beat_at
@@ -187,8 +185,7 @@ class Lease:
             # The final update follows the exit at once: a beat started now would be in flight beside
             # it, and one whose answer is lost can undo the result (docs/final-results.md). Only a
             # lease that would run out before that update starts gets a beat, as late as it allows.
-            last_start = self._term - self.policy.min_attempt_seconds
-            planned = max(planned, last_start - EXITED_BEAT_ROOM_SECONDS)
+            planned = max(planned, self._last_start - EXITED_BEAT_ROOM_SECONDS)
         return self._attempt_due_at(planned, self._beat_in_flight)
 
     def _check_due_at(self) -> float | None:
