@@ -77,6 +77,12 @@ class _derived(Generic[_T]):  # (a decorator, named like the cached_property it 
         return value
 
 
+# from_task's policies by the numbers they are made of, at most _MADE_MAX (the pollers' threads share it:
+# two making the same one at once each keep an equal value).
+_MADE: dict[tuple[Any, ...], LeasePolicy] = {}
+_MADE_MAX = 256
+
+
 def _positive_or_zero(name: str, value: float) -> None:
     if not value >= 0:  # also rejects NaN
         raise ConfigError(f"{name} must be >= 0 seconds, got {value}", key=name)
@@ -187,19 +193,31 @@ class LeasePolicy:
         of the same task id), measured with the server's own timestamps. A re-delivery that may still
         run elsewhere gets its ``start_delay_seconds`` (``leasecore.handover``).
         """
-        policy = cls(
-            response_timeout_seconds=task.response_timeout_seconds,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            lease_extend_enabled=lease_extend_enabled,
-            kill_grace_seconds=kill_grace_seconds,
-            hard_timeout_seconds=task.timeout_seconds,
-            hard_elapsed_seconds=task.server_elapsed_seconds if task.timeout_seconds > 0 else 0.0,
-            exec_timeout_seconds=exec_timeout_seconds,
-            ownership_check_interval_seconds=ownership_check_interval_seconds,
-            http_timeout_seconds=http_timeout_seconds,
-            first_attempt_spread=first_attempt_spread,
-            check_queue_seconds=check_queue_seconds,
-        )
+        hard_elapsed = task.server_elapsed_seconds if task.timeout_seconds > 0 else 0.0
+        # A policy is a frozen value: the tasks of one type share the one made for the same numbers
+        # (building and validating one, and working out its derived numbers, cost ~25 us a task).
+        key = (cls, task.response_timeout_seconds, heartbeat_timeout_seconds, lease_extend_enabled,
+               kill_grace_seconds, task.timeout_seconds, hard_elapsed, exec_timeout_seconds,
+               ownership_check_interval_seconds, http_timeout_seconds, first_attempt_spread,
+               check_queue_seconds)  # fmt: skip
+        policy = _MADE.get(key)
+        if policy is None:
+            policy = cls(
+                response_timeout_seconds=task.response_timeout_seconds,
+                heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+                lease_extend_enabled=lease_extend_enabled,
+                kill_grace_seconds=kill_grace_seconds,
+                hard_timeout_seconds=task.timeout_seconds,
+                hard_elapsed_seconds=hard_elapsed,
+                exec_timeout_seconds=exec_timeout_seconds,
+                ownership_check_interval_seconds=ownership_check_interval_seconds,
+                http_timeout_seconds=http_timeout_seconds,
+                first_attempt_spread=first_attempt_spread,
+                check_queue_seconds=check_queue_seconds,
+            )
+            if len(_MADE) >= _MADE_MAX:  # (bounded: a hard ceiling's elapsed time may vary per task)
+                _MADE.clear()
+            _MADE[key] = policy
         wait = redelivery_wait_seconds(
             task,
             ownership_check_interval_seconds=ownership_check_interval_seconds,
