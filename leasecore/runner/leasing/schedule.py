@@ -171,6 +171,8 @@ class SendQueue:
 
     def withdraw_beats(self, task_id: str) -> bool:
         """Drop ``task_id``'s queued heartbeats (its final update begins); True when there were any."""
+        if not self._beats:  # (the common case: no beat waits for a sender)
+            return False
         queued = len(self._beats)
         self._beats = [b for b in self._beats if b[2].task_id != task_id]
         if len(self._beats) == queued:
