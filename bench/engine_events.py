@@ -2,10 +2,11 @@
 started, a dead-man's-switch callback as the runner wires it) driven through one short task's events
 as the runner sends them, ``WINDOW`` tasks in flight, against a port that answers at once.
 
-Per task: ``track`` -> ``child_started`` -> ``child_exited`` -> ``begin_final_update`` ->
-``late_beats`` -> ``reported`` -> ``reported(poll_count=)`` (the runner forgetting the run), plus the
-runner's queries around them (``fence_reason`` x3, ``view`` x3). Prints microseconds of process CPU
-(every thread: the timer's wake-ups count) and of wall time per task, the median of ``--rounds``.
+Per task: its ``LeasePolicy.from_task`` (as the runner makes it at the poll) -> ``track`` ->
+``child_started`` -> ``child_exited`` -> ``begin_final_update`` -> ``late_beats`` -> ``reported`` ->
+``reported(poll_count=)`` (the runner forgetting the run), plus the runner's queries around them
+(``fence_reason`` x3, ``view`` x3). Prints microseconds of process CPU (every thread: the timer's
+wake-ups count) and of wall time per task, the median of ``--rounds``.
 Standalone: ``.venv/bin/python -m bench.engine_events [--tasks N] [--rounds R] [--no-queries]``.
 """
 
@@ -51,11 +52,10 @@ def run(tasks: int, *, queries: bool) -> tuple[float, float]:
     engine.start()
     made = [Task(task_id=f"t{i}", workflow_id="w", task_type="x", response_timeout_seconds=60,
                  timeout_seconds=300, poll_count=1) for i in range(tasks)]  # fmt: skip
-    policies = [_policy(task) for task in made]
 
     def begin(i: int) -> None:
         task = made[i]
-        engine.track(task, policies[i])
+        engine.track(task, _policy(task))
         if queries:
             engine.fence_reason(task.task_id)
             engine.view(task.task_id)  # the held-start check
