@@ -9,8 +9,8 @@ out (``fence_lead_seconds``), the heartbeat interval.
 Must not touch: a lease's moving state (acks, failures, fences: ``leasecore.lease.machine``), time,
 I/O or threads. A bad number is a ``ConfigError`` naming its key, never an assert.
 
-Threads: none. A policy is frozen; the runner's loop builds one per task and the lease engine's
-threads read it.
+Threads: none. A policy is frozen; the runner asks ``from_task`` for one per task (the tasks made of
+the same numbers share one) and the lease engine's threads read it.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ _T = TypeVar("_T")
 
 class _derived(Generic[_T]):  # (a decorator, named like the cached_property it replaces)
     """A number worked out from the policy at its first read and kept in the instance (like
-    ``functools.cached_property``, which on Python 3.11 takes a lock on every first read: a policy is
-    made per task and each lease reads about six of them. A policy is a value: two threads computing
-    one at once get the same number)."""
+    ``functools.cached_property``, which on Python 3.11 takes a lock on every first read; each lease
+    reads about six of them. A policy is a value: two threads computing one at once get the same
+    number)."""
 
     def __init__(self, func: Callable[[Any], _T]) -> None:
         self._func = func
