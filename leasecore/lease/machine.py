@@ -125,6 +125,7 @@ class Lease:
         self._hard_at = polled_at + hard - policy.hard_elapsed_seconds if hard > 0 else _NEVER
         self._hard_term = self._hard_at - lead  # its fence's TERM point
         self._deadline = self._term = self._last_start = _NEVER  # (_last_start: an attempt starts by then)
+        self._kill_by: tuple[float, float] | None = None
         self._reckon()
 
     # ----- derived times -------------------------------------------------------------------------
@@ -154,6 +155,8 @@ class Lease:
         self._deadline = deadline
         self._term = deadline - self.policy.fence_lead_seconds
         self._last_start = self._term - self.policy.min_attempt_seconds
+        kill_at = min(deadline, self._hard_at) - self.policy.fence_margin_seconds  # (_server_kill_point)
+        self._kill_by = None if kill_at == _NEVER else (min(self._term, self._hard_term), kill_at)
 
     def _server_kill_point(self) -> float:
         """The latest moment the tree may still be KILLed: margin before the earliest server deadline."""
@@ -229,11 +232,8 @@ class Lease:
         fork server's dead-man's switch enforces if the runner stalls (None: no server deadline). It
         moves only with an ack, a re-delivery or a check that found the task ours, processed before
         the TERM point, never past the lease's own fence points: TERM at deadline - grace - margin,
-        KILL at deadline - margin."""
-        kill_at = self._server_kill_point()
-        if kill_at == _NEVER:
-            return None
-        return min(self._term, self._hard_term), kill_at
+        KILL at deadline - margin. (Worked out by ``_reckon``: the engine asks after every event.)"""
+        return self._kill_by
 
     def next_wakeup(self) -> float | None:
         """When ``on_tick`` must next be called (None: only events can change anything)."""
