@@ -119,6 +119,14 @@ class Lease:
         self._fence_reason: FenceReason | None = None
         self._killed = self._child_exited = self._reported = False
         self._expired = False  # the deadline passed once: no ack processed later revives the lease
+        # Derived times, worked out when what they depend on changes (``_reckon``), not on each read.
+        lead = policy.fence_lead_seconds
+        hard = policy.hard_timeout_seconds
+        self._hard_at = polled_at + hard - policy.hard_elapsed_seconds if hard > 0 else _NEVER
+        self._hard_term = self._hard_at - lead  # its fence's TERM point
+        self._deadline = self._term = self._last_start = _NEVER  # (_last_start: an attempt starts by then)
+        self._kill_by: tuple[float, float] | None = None
+        self._reckon()
 
     # ----- derived times -------------------------------------------------------------------------
 
@@ -126,26 +134,33 @@ class Lease:
     def lease_deadline(self) -> float:
         """When the lease ends unless a newer ack (or, while the child may run, a check that finds
         the task ours) arrives (inf: never)."""
-        timeout, window = self.policy.lease_timeout_seconds, self.policy.ownership_window_seconds
-        if timeout <= 0:
-            return _NEVER
-        if window > 0 and not self._child_exited:
-            return min(self._acked_sent_at + timeout, self._confirmed_at + window)
-        return self._acked_sent_at + timeout
+        return self._deadline
 
     @property
     def term_point(self) -> float:
         """When the tree is TERMed unless a newer ack arrives: lease deadline - grace - margin (inf:
         never). The lease is lost from here: an ack processed later cannot revive it."""
-        return self.lease_deadline - self.policy.fence_lead_seconds
+        return self._term
 
-    def _hard_deadline(self) -> float:
-        hard = self.policy.hard_timeout_seconds
-        return self._polled_at + hard - self.policy.hard_elapsed_seconds if hard > 0 else _NEVER
+    def _reckon(self) -> None:
+        """Work out the lease deadline and its TERM point again: after every change of what they
+        depend on (the newest ack, the newest check that found the task ours, the child's exit)."""
+        timeout, window = self.policy.lease_timeout_seconds, self.policy.ownership_window_seconds
+        if timeout <= 0:
+            deadline = _NEVER
+        elif window > 0 and not self._child_exited:
+            deadline = min(self._acked_sent_at + timeout, self._confirmed_at + window)
+        else:
+            deadline = self._acked_sent_at + timeout
+        self._deadline = deadline
+        self._term = deadline - self.policy.fence_lead_seconds
+        self._last_start = self._term - self.policy.min_attempt_seconds
+        kill_at = min(deadline, self._hard_at) - self.policy.fence_margin_seconds  # (_server_kill_point)
+        self._kill_by = None if kill_at == _NEVER else (min(self._term, self._hard_term), kill_at)
 
     def _server_kill_point(self) -> float:
         """The latest moment the tree may still be KILLed: margin before the earliest server deadline."""
-        return min(self.lease_deadline, self._hard_deadline()) - self.policy.fence_margin_seconds
+        return min(self._deadline, self._hard_at) - self.policy.fence_margin_seconds
 
     def _kill_due_at(self) -> float:
         return min(self._kill_at, self._server_kill_point())
@@ -161,14 +176,11 @@ class Lease:
 
     def _attempt_due_at(self, planned: float, in_flight: bool) -> float | None:
         """When an attempt planned for ``planned`` may start, or None if it may not."""
-        if self._reported or self._final_update or in_flight or self._expired:
+        if planned == _NEVER or in_flight or self._reported or self._final_update or self._expired:
             return None
         if self._fence_reason in FINAL_FENCES:
             return None
-        if planned == _NEVER:
-            return None
-        start = max(planned, self._now)
-        return planned if start <= self.term_point - self.policy.min_attempt_seconds else None
+        return planned if max(planned, self._now) <= self._last_start else None
 
     def _beat_due_at(self) -> float | None:
         planned = self._next_beat_at
@@ -176,8 +188,7 @@ class Lease:
             # The final update follows the exit at once: a beat started now would be in flight beside
             # it, and one whose answer is lost can undo the result (docs/final-results.md). Only a
             # lease that would run out before that update starts gets a beat, as late as it allows.
-            last_start = self.term_point - self.policy.min_attempt_seconds
-            planned = max(planned, last_start - EXITED_BEAT_ROOM_SECONDS)
+            planned = max(planned, self._last_start - EXITED_BEAT_ROOM_SECONDS)
         return self._attempt_due_at(planned, self._beat_in_flight)
 
     def _check_due_at(self) -> float | None:
@@ -186,7 +197,7 @@ class Lease:
         return self._attempt_due_at(self._next_check_at, self._check_in_flight)
 
     def _attempt_timeout(self, now: float) -> float:
-        return min(self.policy.http_timeout_seconds, self.term_point - now)
+        return min(self.policy.http_timeout_seconds, self._term - now)
 
     # ----- queries -------------------------------------------------------------------------------
 
@@ -221,40 +232,33 @@ class Lease:
         fork server's dead-man's switch enforces if the runner stalls (None: no server deadline). It
         moves only with an ack, a re-delivery or a check that found the task ours, processed before
         the TERM point, never past the lease's own fence points: TERM at deadline - grace - margin,
-        KILL at deadline - margin."""
-        kill_at = self._server_kill_point()
-        if kill_at == _NEVER:
-            return None
-        return min(self.term_point, self._hard_deadline() - self.policy.fence_lead_seconds), kill_at
+        KILL at deadline - margin. (Worked out by ``_reckon``: the engine asks after every event.)"""
+        return self._kill_by
 
     def next_wakeup(self) -> float | None:
         """When ``on_tick`` must next be called (None: only events can change anything)."""
         if self._reported:
             return None
-        times = [self._beat_due_at(), self._check_due_at()]
+        earliest = _NEVER
+        if (beat := self._beat_due_at()) is not None and beat < earliest:
+            earliest = beat
+        if (check := self._check_due_at()) is not None and check < earliest:
+            earliest = check
         if not self._child_exited:
-            if self._fence_reason is None:
-                times += [deadline for deadline, _ in self._fence_points()]
+            if self._fence_reason is None:  # (the fence points: ``_due_fence``)
+                earliest = min(earliest, self._term, self._hard_term, self._exec_deadline(),
+                               self._shutdown_at)  # fmt: skip
             elif not self._killed:
-                times.append(self._kill_due_at())
-        finite = [t for t in times if t is not None and t != _NEVER]
-        return min(finite) if finite else None
+                earliest = min(earliest, self._kill_due_at())
+        return None if earliest == _NEVER else earliest
 
     def view(self) -> LeaseView:
         """A frozen snapshot for display."""
-        beat = self._beat_due_at()
-        return LeaseView(
-            polled_at=self._polled_at,
-            last_ack_at=self._acked_sent_at,
-            next_heartbeat_at=beat,
-            lease_deadline=_finite(self.lease_deadline),
-            hard_deadline=_finite(self._hard_deadline()),
-            exec_deadline=_finite(self._exec_deadline()),
-            consecutive_failures=self._failures,
-            heartbeat_in_flight=self._beat_in_flight,
-            state=self.state,
-            fence_reason=self._fence_reason,
-        )
+        # (positional: polled_at, last_ack_at, next_heartbeat_at, lease_deadline, hard_deadline,
+        # exec_deadline, consecutive_failures, heartbeat_in_flight, state, fence_reason)
+        return LeaseView(self._polled_at, self._acked_sent_at, self._beat_due_at(), _finite(self._deadline),
+                         _finite(self._hard_at), _finite(self._exec_deadline()), self._failures,
+                         self._beat_in_flight, self.state, self._fence_reason)  # fmt: skip
 
     # ----- events --------------------------------------------------------------------------------
 
@@ -285,7 +289,7 @@ class Lease:
         # The backoff's delay, but never later than half the time left before the TERM point: a beat
         # that failed late in its interval still gets retries before the lease is lost.
         backoff = self.policy.retry_backoff.delay(self._failures, self._random())
-        self._next_beat_at = now + min(backoff, max(MIN_RETRY_GAP_SECONDS, (self.term_point - now) / 2))
+        self._next_beat_at = now + min(backoff, max(MIN_RETRY_GAP_SECONDS, (self._term - now) / 2))
         if self._failures == 1 and self._next_check_at != _NEVER:
             self._next_check_at = min(self._next_check_at, now)  # is the task still ours at all?
         return actions + self._advance(now)
@@ -321,6 +325,7 @@ class Lease:
             actions += self._fence(now, FenceReason.OWNERSHIP_LOST)
         elif not self._expired:  # still ours as of the check's start: that keeps the lease
             self._confirmed_at = max(self._confirmed_at, self._check_started_at)
+            self._reckon()
         return actions + self._advance(now)
 
     def on_ownership_check_failed(self, now: float) -> list[Action]:
@@ -329,7 +334,7 @@ class Lease:
         now = self._enter(now)
         actions = self._advance(now)
         self._check_in_flight = False
-        left = max(MIN_RETRY_GAP_SECONDS, (self.term_point - now) / 2)
+        left = max(MIN_RETRY_GAP_SECONDS, (self._term - now) / 2)
         self._next_check_at = now + min(self.policy.ownership_check_every_seconds, left)
         return actions + self._advance(now)
 
@@ -341,6 +346,7 @@ class Lease:
         self._record_ack(min(polled_at, now))
         if not self._expired:  # our own poll handed it to us: ours as of then
             self._confirmed_at = max(self._confirmed_at, min(polled_at, now))
+            self._reckon()
         self._poll_count = max(self._poll_count, poll_count)
         return actions + self._advance(now)
 
@@ -374,6 +380,7 @@ class Lease:
         now = self._enter(now)
         actions = self._advance(now)
         self._child_exited = True
+        self._reckon()  # the ownership window no longer counts
         return actions
 
     def on_final_update_started(self, now: float) -> list[Action]:
@@ -432,6 +439,7 @@ class Lease:
         if self._expired:
             return  # too late: the deadline (and what the display shows) stays where it passed
         self._acked_sent_at = max(self._acked_sent_at, sent_at)
+        self._reckon()
         if self._interval is not None:
             self._next_beat_at = self._acked_sent_at + self._interval
             if planned_at is not None and planned_at < sent_at:  # it went out late: keep the cadence
@@ -451,34 +459,23 @@ class Lease:
         grace = max(0.0, self._kill_due_at() - at)
         return [TerminateTree(reason, at, grace)]
 
-    def _fence_points(self) -> list[tuple[float, FenceReason]]:
-        """When each fence comes due. The server's deadlines (the lease, the hard ceiling) are met
-        with the tree already dead: TERM at deadline - grace - margin, so KILL at deadline - margin.
-        Ours (the exec timeout, a shutdown) TERM at the deadline, KILL a grace later."""
-        lead = self.policy.fence_lead_seconds
-        return [
-            (self.term_point, FenceReason.LEASE_EXPIRED),
-            (self._hard_deadline() - lead, FenceReason.HARD_TIMEOUT),
-            (self._exec_deadline(), FenceReason.EXEC_TIMEOUT),
-            (self._shutdown_at, FenceReason.SHUTDOWN),
-        ]
-
     def _due_fence(self, now: float) -> tuple[float, FenceReason] | None:
-        due = [
-            (deadline, order, reason)
-            for order, (deadline, reason) in enumerate(self._fence_points())
-            if deadline <= now
-        ]
-        if not due:
-            return None
-        deadline, _, reason = min(due)
-        return deadline, reason
+        """The earliest fence point at or before ``now`` (on a tie, the first listed). The server's
+        deadlines (the lease, the hard ceiling) are met with the tree already dead: TERM at deadline -
+        grace - margin, so KILL at deadline - margin. Ours (the exec timeout, a shutdown) TERM at the
+        deadline, KILL a grace later. (``next_wakeup`` reads the same four points.)"""
+        term, hard, exec_, shutdown = self._term, self._hard_term, self._exec_deadline(), self._shutdown_at
+        if min(term, hard, exec_, shutdown) > now:
+            return None  # (every event asks: the common answer, without building the list)
+        points = [(term, FenceReason.LEASE_EXPIRED), (hard, FenceReason.HARD_TIMEOUT),
+                  (exec_, FenceReason.EXEC_TIMEOUT), (shutdown, FenceReason.SHUTDOWN)]  # fmt: skip
+        return min([p for p in points if p[0] <= now], key=lambda p: p[0])  # (min: the first of equal ones)
 
     def _advance(self, now: float) -> list[Action]:
         if self._reported:
             return []
         actions: list[Action] = []
-        if now >= self.term_point:
+        if now >= self._term:
             self._expired = True
         if not self._child_exited:
             due = self._due_fence(now) if self._fence_reason is None else None
@@ -491,10 +488,10 @@ class Lease:
         if beat_due is not None and beat_due <= now:
             self._beat_in_flight = True
             self._beat_planned_at = beat_due
-            actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self.term_point))
+            actions.append(SendHeartbeat(self._attempt_timeout(now), beat_due, self._term))
         check_due = self._check_due_at()
         if check_due is not None and check_due <= now:
             self._check_in_flight = True
             self._check_started_at = now
-            actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self.term_point))
+            actions.append(CheckOwnership(self._attempt_timeout(now), check_due, self._term))
         return actions

@@ -9,15 +9,16 @@ out (``fence_lead_seconds``), the heartbeat interval.
 Must not touch: a lease's moving state (acks, failures, fences: ``leasecore.lease.machine``), time,
 I/O or threads. A bad number is a ``ConfigError`` naming its key, never an assert.
 
-Threads: none. A policy is frozen; the runner's loop builds one per task and the lease engine's
-threads read it.
+Threads: none. A policy is frozen; the runner asks ``from_task`` for one per task (the tasks made of
+the same numbers share one) and the lease engine's threads read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any, Generic, TypeVar, overload
 
 from leasecore.backoff import Backoff
 from leasecore.errors import ConfigError
@@ -49,6 +50,37 @@ FENCE_MARGIN_SECONDS = 0.4
 # min_heartbeat_interval / heartbeat_ratio (1.25 s: a beat a second, 0.25 s for its answer) from an ack
 # to its TERM point, where the lease is long enough for that at all (R = 2 s: a grace of 0.35 s).
 KILL_GRACE_SHARE = 0.25
+
+
+_T = TypeVar("_T")
+
+
+class _derived(Generic[_T]):  # (a decorator, named like the cached_property it replaces)
+    """A number worked out from the policy at its first read and kept in the instance (like
+    ``functools.cached_property``, which on Python 3.11 takes a lock on every first read; each lease
+    reads about six of them. A policy is a value: two threads computing one at once get the same
+    number)."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self._func = func
+        self._name = func.__name__
+        self.__doc__ = func.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _derived[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _derived[_T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self._name] = self._func(obj)  # (found there from now on: no __set__ here)
+        return value
+
+
+# from_task's policies by the numbers they are made of, at most _MADE_MAX (the pollers' threads share it:
+# two making the same one at once each keep an equal value).
+_MADE: dict[tuple[Any, ...], LeasePolicy] = {}
+_MADE_MAX = 256
 
 
 def _positive_or_zero(name: str, value: float) -> None:
@@ -161,19 +193,31 @@ class LeasePolicy:
         of the same task id), measured with the server's own timestamps. A re-delivery that may still
         run elsewhere gets its ``start_delay_seconds`` (``leasecore.handover``).
         """
-        policy = cls(
-            response_timeout_seconds=task.response_timeout_seconds,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-            lease_extend_enabled=lease_extend_enabled,
-            kill_grace_seconds=kill_grace_seconds,
-            hard_timeout_seconds=task.timeout_seconds,
-            hard_elapsed_seconds=task.server_elapsed_seconds if task.timeout_seconds > 0 else 0.0,
-            exec_timeout_seconds=exec_timeout_seconds,
-            ownership_check_interval_seconds=ownership_check_interval_seconds,
-            http_timeout_seconds=http_timeout_seconds,
-            first_attempt_spread=first_attempt_spread,
-            check_queue_seconds=check_queue_seconds,
-        )
+        hard_elapsed = task.server_elapsed_seconds if task.timeout_seconds > 0 else 0.0
+        # A policy is a frozen value: the tasks of one type share the one made for the same numbers
+        # (building and validating one, and working out its derived numbers, cost ~25 us a task).
+        key = (cls, task.response_timeout_seconds, heartbeat_timeout_seconds, lease_extend_enabled,
+               kill_grace_seconds, task.timeout_seconds, hard_elapsed, exec_timeout_seconds,
+               ownership_check_interval_seconds, http_timeout_seconds, first_attempt_spread,
+               check_queue_seconds)  # fmt: skip
+        policy = _MADE.get(key)
+        if policy is None:
+            policy = cls(
+                response_timeout_seconds=task.response_timeout_seconds,
+                heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+                lease_extend_enabled=lease_extend_enabled,
+                kill_grace_seconds=kill_grace_seconds,
+                hard_timeout_seconds=task.timeout_seconds,
+                hard_elapsed_seconds=hard_elapsed,
+                exec_timeout_seconds=exec_timeout_seconds,
+                ownership_check_interval_seconds=ownership_check_interval_seconds,
+                http_timeout_seconds=http_timeout_seconds,
+                first_attempt_spread=first_attempt_spread,
+                check_queue_seconds=check_queue_seconds,
+            )
+            if len(_MADE) >= _MADE_MAX:  # (bounded: a hard ceiling's elapsed time may vary per task)
+                _MADE.clear()
+            _MADE[key] = policy
         wait = redelivery_wait_seconds(
             task,
             ownership_check_interval_seconds=ownership_check_interval_seconds,
@@ -188,7 +232,7 @@ class LeasePolicy:
     # The derived numbers below are worked out once per policy (a frozen value: dataclasses.replace
     # makes a new one); the lease machine reads them many times per task.
 
-    @cached_property
+    @_derived
     def lease_timeout_seconds(self) -> float:
         """How long an ack (or the poll) keeps the lease; 0 = no lease deadline.
 
@@ -207,7 +251,7 @@ class LeasePolicy:
         r = self.response_timeout_seconds
         return configured is not None and r > 0 and configured > r
 
-    @cached_property
+    @_derived
     def kill_grace_cap_seconds(self) -> float | None:
         """The most ``kill_grace`` may be: a share of the lease timeout and of the hard ceiling, and no
         more than leaves the heartbeats their room (None: neither deadline is set, no cap)."""
@@ -223,7 +267,7 @@ class LeasePolicy:
                 cap = min(cap, room)
         return cap
 
-    @cached_property
+    @_derived
     def effective_kill_grace_seconds(self) -> float:
         """The grace between TERM and KILL that this task gets: ``kill_grace``, capped."""
         cap = self.kill_grace_cap_seconds
@@ -234,12 +278,12 @@ class LeasePolicy:
         """True when the configured ``kill_grace`` was cut down to its cap (the runner warns once)."""
         return self.effective_kill_grace_seconds < self.kill_grace_seconds
 
-    @cached_property
+    @_derived
     def fence_lead_seconds(self) -> float:
         """How long before a server deadline the TERM goes out: the (capped) grace + the margin."""
         return self.effective_kill_grace_seconds + self.fence_margin_seconds
 
-    @cached_property
+    @_derived
     def ownership_window_seconds(self) -> float:
         """How long a check that found the task ours keeps the lease while the command may run: the
         lease timeout + twice ``check_queue_seconds``; 0: no such limit (no checks, or no lease
@@ -249,7 +293,7 @@ class LeasePolicy:
             return 0.0
         return lease + 2 * self.check_queue_seconds
 
-    @cached_property
+    @_derived
     def ownership_check_every_seconds(self) -> float:
         """Seconds between ownership checks: the interval, but no more than ``heartbeat_ratio`` of the
         time from a confirming check to the TERM point its window sets (so one failed check still
@@ -260,7 +304,7 @@ class LeasePolicy:
             return every
         return min(every, max(self.min_heartbeat_interval_seconds, self.heartbeat_ratio * room))
 
-    @cached_property
+    @_derived
     def heartbeat_interval_seconds(self) -> float | None:
         """Seconds from an acked beat's send time to the next beat; None: no heartbeats.
 

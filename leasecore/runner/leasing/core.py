@@ -25,6 +25,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.lease import (
@@ -32,6 +33,7 @@ from leasecore.lease import (
     CheckOwnership,
     FenceAction,
     FenceReason,
+    Lease,
     LeasePolicy,
     LeaseView,
     SendHeartbeat,
@@ -39,7 +41,15 @@ from leasecore.lease import (
 from leasecore.lease.finalcheck import LateBeats
 from leasecore.models import Task
 from leasecore.runner.leasing.leasebook import LeaseBook, LeaseEntry
-from leasecore.runner.leasing.schedule import Answer, Job, SendQueue, TimerHeap, beat_failed, check_failed
+from leasecore.runner.leasing.schedule import (
+    Answer,
+    Job,
+    LeaseEvent,
+    SendQueue,
+    TimerHeap,
+    beat_failed,
+    check_failed,
+)
 
 __all__ = [
     "AwaitBeat", "BeatWaitOver", "BeginFinalUpdate", "ChildExited", "ChildStarted", "Effect", "EngineCore",
@@ -246,44 +256,41 @@ class EngineCore:
         self._kill_by = kill_by
         self.heartbeats_sent = 0
         self.lateness: deque[float] = deque(maxlen=LATENESS_SAMPLES)
+        self._steps = self._by_event()
 
     def step(self, event: Event, now: float) -> list[Effect]:
         """Apply ``event`` at ``now`` (monotonic seconds); what the driver must do, in order."""
-        match event:  # (the most frequent first)
-            case SenderFree():
-                return self._take(now)
-            case Answered():
-                return self._answered(event, now)
-            case Tick():
-                return self._tick(now)
-            case Track():
-                return self._track(event, now)
-            case StartHeld():
-                return self._on(self._leases.get(event.task_id), lambda e: e.lease.on_start_held(now), now)
-            case ChildStarted():
-                return self._on(self._leases.get(event.task_id), lambda e: e.lease.on_child_started(now), now)
-            case ChildExited():
-                return self._on(self._leases.get(event.task_id), lambda e: e.lease.on_child_exited(now), now)
-            case BeginFinalUpdate():
-                return self._begin_final_update(event.task_id, now)
-            case BeatWaitOver():
-                return self._beat_wait_over(event.task_id)
-            case FinalUpdateFailed():
-                entry = self._leases.in_final_update(event.task_id)
-                return self._on(entry, lambda e: e.lease.on_final_update_failed(now), now)
-            case Reported():
-                return self._reported(event, now)
-            case Shutdown():
-                return self._shutdown(event, now)
-            case Stop():
-                self._queue.clear()
-                return []
+        return self._steps[type(event)](event, now)  # (by the event's class: no chain of isinstance)
+
+    def _by_event(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
+        """Each event class's step."""
+        on = self._on
+        return {
+            SenderFree: lambda event, now: self._take(now),
+            Answered: self._answered,
+            Tick: lambda event, now: self._tick(now),
+            Track: self._track,
+            StartHeld: lambda event, now: on(self._leases.get(event.task_id), Lease.on_start_held, now),
+            ChildStarted: lambda event, now: on(self._leases.get(event.task_id), Lease.on_child_started, now),
+            ChildExited: lambda event, now: on(self._leases.get(event.task_id), Lease.on_child_exited, now),
+            BeginFinalUpdate: lambda event, now: self._begin_final_update(event.task_id, now),
+            BeatWaitOver: lambda event, now: self._beat_wait_over(event.task_id),
+            FinalUpdateFailed: self._final_update_failed,
+            Reported: self._reported,
+            Shutdown: self._shutdown,
+            Stop: lambda event, now: self._stop(),
+        }
 
     # ----- queries ---------------------------------------------------------------------------------
 
     def timer_due(self) -> float | None:
         """The earliest lease wake-up (None: none): when ``Tick`` has something to do."""
         return self._timer.earliest()
+
+    @property
+    def timer_heap(self) -> TimerHeap:
+        """The lease wake-up times (for the timer thread: ``earliest`` and ``scheduled_low``)."""
+        return self._timer
 
     def next_wakeup(self, now: float) -> float | None:
         """When to step next: the earliest lease wake-up, or when the check budget lets a queued check go."""
@@ -461,9 +468,15 @@ class EngineCore:
 
     # ----- internals -----------------------------------------------------------------------------
 
-    def _on(self, entry: LeaseEntry | None, apply: Callable[[LeaseEntry], list[Action]],
-            now: float) -> list[Effect]:  # fmt: skip
-        return [] if entry is None else self._apply(entry, apply(entry), now)
+    def _on(self, entry: LeaseEntry | None, event: LeaseEvent, now: float) -> list[Effect]:
+        return [] if entry is None else self._apply(entry, event(entry.lease, now), now)
+
+    def _final_update_failed(self, event: FinalUpdateFailed, now: float) -> list[Effect]:
+        return self._on(self._leases.in_final_update(event.task_id), Lease.on_final_update_failed, now)
+
+    def _stop(self) -> list[Effect]:
+        self._queue.clear()
+        return []
 
     def _apply(self, entry: LeaseEntry, actions: Iterable[Action], now: float) -> list[Effect]:
         effects: list[Effect] = []

@@ -25,7 +25,6 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from leasecore.checkbudget import CheckBudget
 from leasecore.clock import Clock, SystemClock
@@ -68,14 +67,19 @@ __all__ = ["EngineMetrics", "LeaseEngine", "LeasePort"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
 class _Out:
     """What one locked step hands out after the lock is released."""
 
-    fences: list[Fence] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
-    awaits: list[AwaitBeat] = field(default_factory=list)
-    call: SendBeat | SendCheck | None = None
+    __slots__ = ("awaits", "call", "fences", "outcomes")
+
+    def __init__(self) -> None:
+        self.fences: list[Fence] = []
+        self.outcomes: list[Outcome] = []
+        self.awaits: list[AwaitBeat] = []
+        self.call: SendBeat | SendCheck | None = None
+
+
+_NOTHING = _Out()  # what a step with no effect hands out (most of a task's events): never changed
 
 
 class LeaseEngine:
@@ -144,7 +148,7 @@ class LeaseEngine:
         self._senders: SenderExecutor = executor or ThreadedSenders(senders, max_senders)
         self._core = EngineCore(random_source=random_source, capacity=self._senders.capacity,
                                 check_budget=check_budget, kill_by=on_kill_by is not None)  # fmt: skip
-        self._timer = Timer(self._lock, self._clock, self._core.timer_due)
+        self._timer = Timer(self._lock, self._clock, self._core.timer_heap)
         self._senders.bind(SendSource(self._lock, self._runnable_locked, self._budget_wait_locked,
                                       self._take_locked))  # fmt: skip
         self._started = False
@@ -338,8 +342,12 @@ class LeaseEngine:
     def _step_locked(self, event: Event) -> _Out:
         """Step the core at the clock's now; carry out under the lock what belongs there (the senders'
         wake-ups, the timer's, the kill-by queue), return the rest to hand out after."""
+        effects = self._core.step(event, self._clock.monotonic())
+        if not effects:
+            self._timer.poke_locked()
+            return _NOTHING
         out = _Out()
-        for effect in self._core.step(event, self._clock.monotonic()):
+        for effect in effects:
             if isinstance(effect, WakeSenders):
                 if effect.grow:
                     self._senders.work_queued_locked(effect.runnable)
@@ -396,6 +404,8 @@ class LeaseEngine:
         self._deliver(out)
 
     def _deliver(self, out: _Out) -> None:
+        if out is _NOTHING and not self._kill_bys:
+            return
         for outcome in out.outcomes:
             log_outcome(outcome.task_id, failed_before=outcome.failed_before, failed_now=outcome.failed_now,
                         beat_error=outcome.beat_error, lost_before=outcome.lost_before,

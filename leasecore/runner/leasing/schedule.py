@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class TimerHeap:
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, float] = {}
         self._arrival = itertools.count()
+        # The earliest time scheduled since ``rearm``: whether a sleeper until then must wake, in one
+        # read (no look at the heap's top, whose superseded entries ``earliest`` would drop first).
+        self.scheduled_low = math.inf
 
     def __len__(self) -> int:
         """Keys with a wake-up time."""
@@ -62,7 +66,14 @@ class TimerHeap:
             return True
         self._live[key] = when
         heapq.heappush(self._heap, (when, next(self._arrival), key))
+        if when < self.scheduled_low:
+            self.scheduled_low = when
         return True
+
+    def rearm(self) -> float | None:
+        """``earliest()``, and ``scheduled_low`` counts again from here (a sleeper until that time)."""
+        self.scheduled_low = math.inf
+        return self.earliest()
 
     def discard(self, key: str) -> None:
         """Forget ``key``'s wake-up time, if it has one."""
@@ -160,6 +171,8 @@ class SendQueue:
 
     def withdraw_beats(self, task_id: str) -> bool:
         """Drop ``task_id``'s queued heartbeats (its final update begins); True when there were any."""
+        if not self._beats:  # (the common case: no beat waits for a sender)
+            return False
         queued = len(self._beats)
         self._beats = [b for b in self._beats if b[2].task_id != task_id]
         if len(self._beats) == queued:

@@ -28,22 +28,19 @@ __all__ = ["Timer", "TimerHeap"]  # (TimerHeap: schedule's, re-exported)
 class Timer:
     """The thread that wakes the engine when the core's earliest lease wake-up comes, under its ``lock``."""
 
-    def __init__(self, lock: threading.Lock, clock: Clock,
-                 earliest_locked: Callable[[], float | None]) -> None:  # fmt: skip
-        """``earliest_locked()``: the core's earliest wake-up time (None: none), read with the lock held."""
+    def __init__(self, lock: threading.Lock, clock: Clock, times: TimerHeap) -> None:
+        """``times``: the core's wake-up times (``EngineCore.timer_heap``), read with the lock held."""
         self._lock, self._clock = lock, clock
-        self._earliest = earliest_locked
+        self._times = times
         self._cv = threading.Condition(lock)
         self._target = -math.inf  # what the thread sleeps until (-inf: it is awake)
         self._thread: threading.Thread | None = None
         self._stopping = False
 
     def poke_locked(self) -> None:
-        """The core stepped: wake the thread if its earliest time is now before the thread's sleep."""
-        if self._target == -math.inf:  # awake (or never started): it looks again before sleeping
-            return
-        when = self._earliest()
-        if when is not None and when < self._target:
+        """The core stepped: wake the thread if a time before the thread's sleep was scheduled since it
+        went to sleep (the only way the earliest time moves earlier: nothing else adds one)."""
+        if self._times.scheduled_low < self._target:  # (False while awake: -inf; it looks again)
             self._cv.notify()
 
     def start_locked(self, fire_locked: Callable[[], Callable[[], None] | None]) -> None:
@@ -72,7 +69,7 @@ class Timer:
                 if hand_out is None:
                     if self._stopping:
                         return
-                    wake = self._earliest()
+                    wake = self._times.rearm()
                     self._target = math.inf if wake is None else wake
                     wait = self._target - self._clock.monotonic()
                     self._cv.wait(None if wait == math.inf else max(0.0, wait))
