@@ -165,9 +165,16 @@ def scan(
         return {}
     if not children_files:  # a scan of all of /proc, by parent pid: every thread's children
         return procfs.subtree(own_pid, threads=1)
-    leaders = [tree.pid for tree in trees]
+    trees = list(trees)
+    # A leader whose exit was reported (``exited``) is not read: it is our zombie, and a zombie with no
+    # children (the kernel reports a leader's exit only once its last thread is gone, and their
+    # children were re-parented to us as they went); ``attribute`` makes nothing of a zombie (no
+    # member, no stray), nor of a leader absent from the walk. Two reads of /proc a task fewer.
+    over = {tree.pid for tree in trees if tree.exited}
+    leaders = [tree.pid for tree in trees if not tree.exited]
     if busy is None:
-        return procfs.walk([*procfs.children_of(own_pid, threads=1), *leaders])
-    quiet = set(leaders).difference(tree.pid for tree in busy)
-    roots = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in quiet]
-    return procfs.walk([*roots, *(tree.pid for tree in busy)])
+        orphans = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in over]
+        return procfs.walk(orphans + leaders)
+    skip = over | set(leaders).difference(tree.pid for tree in busy)  # and the quiet trees' leaders
+    roots = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in skip]
+    return procfs.walk([*roots, *(tree.pid for tree in busy if not tree.exited)])
