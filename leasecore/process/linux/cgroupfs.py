@@ -150,14 +150,14 @@ def spawn_inside(group: Group, spawn: Callable[[], int], *, thread: bool = False
     try:
         for path in paths(group):
             try:
-                _write_procs(os.path.join(path, name))
+                _write_procs(path + "/" + name)
             except OSError as exc:
                 raise JoinFailed(exc.errno or errno.EINVAL, exc.strerror or str(exc)) from exc
             joined.append(path)
         return spawn()
     finally:
         for path in joined:
-            if not _go_home(os.path.join(os.path.dirname(path), name)):
+            if not _go_home(path.rpartition("/")[0] + "/" + name):
                 _STUCK.add(path)
 
 
@@ -220,8 +220,8 @@ def _keyed(text: str | None) -> dict[str, int]:
     values: dict[str, int] = {}
     for line in (text or "").splitlines():
         name, _, number = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            values[name] = int(number.strip())
+        if number.strip().isdigit():  # (no contextlib.suppress: a context manager per line, every exit)
+            values[name] = int(number)
     return values
 
 
@@ -231,7 +231,7 @@ def members(group: Group) -> set[int]:
     found: set[int] = set()
     order = [dirs.get("freezer"), dirs.get("pids"), *paths(group)]
     for path in (p for p in order if p):
-        text = _read(os.path.join(path, "cgroup.procs"))
+        text = _read(path + "/cgroup.procs")
         if text is not None:
             found.update(int(pid) for pid in text.split())
             if group.get("v") == 2 or path in (dirs.get("freezer"), dirs.get("pids")):
@@ -329,7 +329,7 @@ def oom_kills(group: Group) -> int:
     if not memory:
         return 0
     read = _read_kept if group.get("pool") else _read
-    kills = _keyed(read(os.path.join(memory, "memory.oom_control"))).get("oom_kill", 0)
+    kills = _keyed(read(memory + "/memory.oom_control")).get("oom_kill", 0)
     return max(0, kills - int(group.get("base", {}).get("oom_kill", 0)))
 
 
@@ -353,11 +353,11 @@ def resources(group: Group) -> dict[str, float]:
         return found
     read = _read_kept if group.get("pool") else _read  # (a pooled group's first tree: no base yet)
     if dirs.get("memory"):
-        peak = read(os.path.join(dirs["memory"], _PEAK))
+        peak = read(dirs["memory"] + "/" + _PEAK)
         if peak is not None and peak.strip().isdigit():
             found["max_rss_bytes"] = int(peak)
     if dirs.get("cpuacct"):
-        stat = _keyed(read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+        stat = _keyed(read(dirs["cpuacct"] + "/cpuacct.stat"))
         if "user" in stat:
             found["cpu_user_seconds"] = stat["user"] / _CLK_TCK
             found["cpu_system_seconds"] = stat.get("system", 0) / _CLK_TCK
@@ -393,13 +393,13 @@ def recycle(group: Group) -> Group | None:
         return None
     dirs = group["dirs"]
     memory = dirs["memory"]
-    if _on_kept(os.path.join(memory, _PEAK), lambda fd: os.write(fd, b"0")) is None:
+    if _on_kept(memory + "/" + _PEAK, lambda fd: os.write(fd, b"0")) is None:
         return None
-    peak = _number(_read_kept(os.path.join(memory, _PEAK)))  # the charge now
+    peak = _number(_read_kept(memory + "/" + _PEAK))  # the charge now
     if peak is None or peak > RECYCLE_MAX_CHARGE_BYTES:
         return None
-    stat = _keyed(_read_kept(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
-    oom = _read_kept(os.path.join(memory, "memory.oom_control"))
+    stat = _keyed(_read_kept(dirs["cpuacct"] + "/cpuacct.stat"))
+    oom = _read_kept(memory + "/memory.oom_control")
     if "user" not in stat or oom is None:
         return None
     base = {"peak": peak, "user": stat["user"], "system": stat.get("system", 0),
@@ -414,10 +414,10 @@ def _number(text: str | None) -> int | None:
 def _since_base(group: Group) -> dict[str, float]:
     dirs, base = group.get("dirs", {}), group["base"]
     found: dict[str, float] = {}
-    peak = _number(_read_kept(os.path.join(dirs["memory"], _PEAK)))
+    peak = _number(_read_kept(dirs["memory"] + "/" + _PEAK))
     if peak is not None:
         found["max_rss_bytes"] = max(0, peak - int(base["peak"]))
-    stat = _keyed(_read_kept(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+    stat = _keyed(_read_kept(dirs["cpuacct"] + "/cpuacct.stat"))
     if "user" in stat:
         found["cpu_user_seconds"] = max(0, stat["user"] - int(base["user"])) / _CLK_TCK
         found["cpu_system_seconds"] = max(0, stat.get("system", 0) - int(base["system"])) / _CLK_TCK
