@@ -29,9 +29,16 @@ HEADER = struct.Struct(">I")
 # message): the same text (ASCII, ", " and ": ", NaN allowed, TypeError for what JSON cannot hold),
 # without the check for circular containers (a message is a tree of plain values made here). Both
 # sides encode every request and answer with it (three answers and a request or two per task).
-_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
-_ENCODE = _C_ENCODER and _C_ENCODER(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
-                                    None, ": ", ", ", False, False, True)  # fmt: skip
+def _c_encoder() -> Any:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        return make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+                             ": ", ", ", False, False, True)  # fmt: skip
+    except TypeError:  # another Python's signature: json.dumps then
+        return None
+
+
+_ENCODE = _c_encoder()
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
