@@ -213,6 +213,33 @@ def test_the_pool_keeps_at_most_its_bound(v1: cgroups.CgroupSetup) -> None:
             assert cgroupfs.remove(group)
 
 
+def test_the_accounting_files_kept_open_stay_within_their_bound_and_close_with_their_group(
+    v1: cgroups.CgroupSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pooled group's peak, cpuacct.stat and oom_control stay open while it is kept (cgroupfs
+    # _read_kept): three per group, all closed past the bound (no EMFILE however many groups).
+    monkeypatch.setattr(cgroupfs, "_KEPT_FDS", {})
+    monkeypatch.setattr(cgroupfs, "_KEPT_FDS_MOST", 6)
+    pool = grouppool.GroupPool()
+    made = [pool.take(cgroups.pool_request(v1, f"kept{i}", Limits()))[0] for i in range(3)]
+    try:
+        sizes = []
+        for group in made:
+            assert pool.give_back(group)  # recycle: read through kept fds
+            sizes.append(len(cgroupfs._KEPT_FDS))
+        assert sizes[0] == 3 and max(sizes) <= 6, sizes
+        fds = list(cgroupfs._KEPT_FDS.values())
+        for group in made:
+            assert cgroupfs.remove(group)
+        assert cgroupfs._KEPT_FDS == {}  # removing a group closes its files
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)
+    finally:
+        for group in made:
+            cgroupfs.remove(group)
+
+
 # --- what a dead runner left: its empty groups go at the next start's sweep, nothing else does ---------
 
 
