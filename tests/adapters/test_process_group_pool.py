@@ -94,15 +94,20 @@ def test_the_next_tree_reuses_the_group_and_gets_only_its_own_figures(
     with Supervisor(None, cgroup_setup=v1, forkserver_boot=boot) as supervisor:
         first, first_dirs, _ = _run(supervisor, heavy)
         second, second_dirs, printed = _run(supervisor, _cat_cgroup())
+        # Its figures are read through files the fork server keeps open while it keeps the group
+        # (cgroupfs._read_kept): a third tree's are its own again, not the ones read before.
+        third, third_dirs, _ = _run(supervisor, heavy)
         stats = supervisor.forkserver_stats()
-    assert second_dirs == first_dirs  # the same group, reused
+    assert second_dirs == first_dirs == third_dirs  # the same group, reused
     name = os.path.basename(next(iter(first_dirs.values())))
     assert printed.count(name) == len(set(first_dirs.values()))  # the tree itself was in it
-    assert stats["groups_reused"] >= 1 and stats["groups_made"] == 1
+    assert stats["groups_reused"] >= 2 and stats["groups_made"] == 1
     assert first["max_rss_bytes"] >= 60 * MB
     assert second["max_rss_bytes"] < 8 * MB  # its own peak, not the first tree's 60 MB
     assert first["cpu_user_seconds"] + first["cpu_system_seconds"] >= 0.1
     assert second["cpu_user_seconds"] + second["cpu_system_seconds"] < 0.05  # not the first's CPU
+    assert third["max_rss_bytes"] >= 60 * MB  # read anew, from the reset peak
+    assert third["cpu_user_seconds"] + third["cpu_system_seconds"] >= 0.1
 
 
 def test_a_killed_trees_group_is_removed_not_reused(v1: cgroups.CgroupSetup, boot: str) -> None:
@@ -206,6 +211,33 @@ def test_the_pool_keeps_at_most_its_bound(v1: cgroups.CgroupSetup) -> None:
     finally:
         for group in made:
             assert cgroupfs.remove(group)
+
+
+def test_the_accounting_files_kept_open_stay_within_their_bound_and_close_with_their_group(
+    v1: cgroups.CgroupSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pooled group's peak, cpuacct.stat and oom_control stay open while it is kept (cgroupfs
+    # _read_kept): three per group, all closed past the bound (no EMFILE however many groups).
+    monkeypatch.setattr(cgroupfs, "_KEPT_FDS", {})
+    monkeypatch.setattr(cgroupfs, "_KEPT_FDS_MOST", 6)
+    pool = grouppool.GroupPool()
+    made = [pool.take(cgroups.pool_request(v1, f"kept{i}", Limits()))[0] for i in range(3)]
+    try:
+        sizes = []
+        for group in made:
+            assert pool.give_back(group)  # recycle: read through kept fds
+            sizes.append(len(cgroupfs._KEPT_FDS))
+        assert sizes[0] == 3 and max(sizes) <= 6, sizes
+        fds = list(cgroupfs._KEPT_FDS.values())
+        for group in made:
+            assert cgroupfs.remove(group)
+        assert cgroupfs._KEPT_FDS == {}  # removing a group closes its files
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)
+    finally:
+        for group in made:
+            cgroupfs.remove(group)
 
 
 # --- what a dead runner left: its empty groups go at the next start's sweep, nothing else does ---------

@@ -14,7 +14,7 @@ import pytest
 from leasecore.errors import SpawnError
 from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
-from leasecore.process.forkserver.frames import send_frame, take_frames
+from leasecore.process.forkserver.frames import encode_frame, send_frame, take_frames
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
 from leasecore.process.supervisor.caches import ExecutablePaths
 from leasecore.process.supervisor.output import StreamCapture
@@ -293,6 +293,20 @@ def test_take_frames_takes_whole_messages_however_the_bytes_arrive() -> None:
         assert messages == [{"op": "spawned", "argv": ["x" * 200_000]}] and buffer == bytearray()
     with pytest.raises(ValueError):
         take_frames(bytearray(struct.pack(">I", 3) + b"{no"))
+
+
+@pytest.mark.parametrize("message", [
+    {"op": "exited", "key": "t1", "pid": 7, "code": None, "signal": 9, "oom_kills": 0, "switch": False,
+     "resources": {"max_rss_bytes": 143360, "cpu_user_seconds": 0.1, "cpu_system_seconds": 1e-06}},
+    {"op": "spawn", "env": {"NAME": "caf\u00e9 \"quoted\"\n\u2603"}, "argv": ["a", "", "\x00"],
+     "kill_by": [1.5, 2.0], "nan": float("nan"), "big": 10**30, "nested": [[{}], []], "none": None},
+])
+def test_a_frame_is_the_text_json_dumps_makes(message: dict[str, object]) -> None:
+    # The encoder is made once (frames._ENCODE), not by json.dumps at each call: the same bytes.
+    frame = encode_frame(message)
+    assert frame == struct.pack(">I", len(frame) - 4) + json.dumps(message).encode()
+    with pytest.raises(TypeError):
+        encode_frame({"op": "x", "what": object()})
 
 
 def test_a_command_found_on_path_is_kept_for_the_cache_time_unless_it_is_gone(tmp_path: Path) -> None:

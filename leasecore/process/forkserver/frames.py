@@ -25,11 +25,25 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct(">I")
+# json.dumps's C encoder, made once instead of at every call (``JSONEncoder.iterencode`` makes one per
+# message): the same text (ASCII, ", " and ": ", NaN allowed, TypeError for what JSON cannot hold),
+# without the check for circular containers (a message is a tree of plain values made here). Both
+# sides encode every request and answer with it (three answers and a request or two per task).
+def _c_encoder() -> Any:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        return make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+                             ": ", ", ", False, False, True)  # fmt: skip
+    except TypeError:  # another Python's signature: json.dumps then
+        return None
+
+
+_ENCODE = _c_encoder()
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
     """One framed JSON message, as ``send_frame`` sends it (frames may be sent back to back)."""
-    body = json.dumps(message).encode()
+    body = ("".join(_ENCODE(message, 0)) if _ENCODE else json.dumps(message)).encode()
     return HEADER.pack(len(body)) + body
 
 

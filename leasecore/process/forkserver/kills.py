@@ -124,10 +124,11 @@ class Killer:
         return procs
 
     def _attribute(
-        self, procs: dict[int, procfs.ProcInfo], walked: set[str] | None = None
+        self, procs: dict[int, procfs.ProcInfo], walked: set[str] | None = None,
+        in_groups: dict[str, set[int]] | None = None,
     ) -> tuple[dict[str, set[int]], set[int]]:
         """``trees.attribute`` of the trees held now (their members, and the strays)."""
-        return attribute(list(self._table.trees.values()), procs, walked)
+        return attribute(list(self._table.trees.values()), procs, walked, in_groups)
 
     def _signal_tree(
         self, tree: Tree, sig: int, procs: dict[int, procfs.ProcInfo], members: set[int]
@@ -181,14 +182,15 @@ class Killer:
         self._next_scan_at = now + TICK_SECONDS
         walked = {tree.key for tree in busy}
         procs = self.scan(busy)
-        members, strays = self._attribute(procs, walked)
+        in_groups: dict[str, set[int]] = {}  # each busy tree's group members, read after the walk
+        members, strays = self._attribute(procs, walked, in_groups)
         if any(tree.exited and not members[tree.key] for tree in busy):
             # Confirm with a fresh walk: a member that forked and exited while /proc was being walked
             # may have left a child that neither list showed yet.
             procs = self.scan(busy)
-            members, strays = self._attribute(procs, walked)
+            members, strays = self._attribute(procs, walked, in_groups)
         for tree in busy:
-            if tree.exited and not members[tree.key] and not self._group_holds(tree):
+            if tree.exited and not members[tree.key] and not self._group_holds(tree, in_groups.get(tree.key)):
                 self._let_go(tree)
             elif tree.kill_at is not None and now >= tree.kill_at:
                 self._signal_tree(tree, signal.SIGKILL, procs, members[tree.key])
@@ -231,10 +233,15 @@ class Killer:
             groups, self._group_kills = self._group_kills, []
             cgroupfs.kill_all(groups)
 
-    def _group_holds(self, tree: Tree) -> bool:
+    def _group_holds(self, tree: Tree, in_group: set[int] | None) -> bool:
         """Whether the tree's group still holds a process: one no walk of /proc showed (in another
-        pid namespace, or between a fork and its /proc entry) keeps the tree from being gone."""
-        if tree.cgroup is None or not cgroupfs.populated(tree.cgroup):
+        pid namespace, or between a fork and its /proc entry) keeps the tree from being gone.
+        ``in_group``: its member list as this tick read it after its last walk; on v1 that list is
+        what ``cgroupfs.populated`` would read again (one open and read of kernfs per tree less)."""
+        if tree.cgroup is None:
+            return False
+        v1_list = in_group is not None and tree.cgroup.get("v") == 1
+        if not (bool(in_group) if v1_list else cgroupfs.populated(tree.cgroup)):
             return False
         if tree.kill_at is None:  # the task's tree dies with the task: TERM, then KILL, as for members
             tree.kill_at = time.monotonic() + tree.grace_seconds

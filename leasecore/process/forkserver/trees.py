@@ -83,13 +83,15 @@ class TreeTable:
 
 
 def attribute(
-    trees: list[Tree], procs: dict[int, procfs.ProcInfo], walked: set[str] | None = None
+    trees: list[Tree], procs: dict[int, procfs.ProcInfo], walked: set[str] | None = None,
+    in_groups: dict[str, set[int]] | None = None,
 ) -> tuple[dict[str, set[int]], set[int]]:
     """Each of ``trees``' live members (leader excluded), and the strays: live processes below the fork
     server whose tree is over. Also refreshes each tree's ``known`` members. ``walked``: the keys of
     the trees whose members ``procs`` holds (``kills.Killer.scan(busy)``; None: all); for the others,
     only what was walked of them (processes re-parented to the fork server) is answered and added to
-    their ``known``.
+    their ``known``. ``in_groups``, if given, gets each walked tree's group member list as read here
+    (after the walk), whether /proc showed those pids or not.
 
     Every process below us descends from some tree's leader, which started no later than it did.
     A process that nothing else claims (it left the group, wiped its marker and was never seen)
@@ -114,7 +116,10 @@ def attribute(
             roots[owner.key].add(pid)
     for tree in trees:  # a group holds its members whatever they did (setsid, env -i, double fork)
         if tree.cgroup is not None and (walked is None or tree.key in walked):
-            roots[tree.key].update(pid for pid in cgroupfs.members(tree.cgroup) if pid in procs)
+            in_group = cgroupfs.members(tree.cgroup)
+            if in_groups is not None:
+                in_groups[tree.key] = in_group
+            roots[tree.key].update(pid for pid in in_group if pid in procs)
     children = procfs.children_map(procs)  # once: per tree it made every walk O(trees x procs)
     members = {key: procfs.descendants(procs, pids, children) for key, pids in roots.items()}
     claimed = set(leaders).union(*members.values())
@@ -160,9 +165,16 @@ def scan(
         return {}
     if not children_files:  # a scan of all of /proc, by parent pid: every thread's children
         return procfs.subtree(own_pid, threads=1)
-    leaders = [tree.pid for tree in trees]
+    trees = list(trees)
+    # A leader whose exit was reported (``exited``) is not read: it is our zombie, and a zombie with no
+    # children (the kernel reports a leader's exit only once its last thread is gone, and their
+    # children were re-parented to us as they went); ``attribute`` makes nothing of a zombie (no
+    # member, no stray), nor of a leader absent from the walk. Two reads of /proc a task fewer.
+    over = {tree.pid for tree in trees if tree.exited}
+    leaders = [tree.pid for tree in trees if not tree.exited]
     if busy is None:
-        return procfs.walk([*procfs.children_of(own_pid, threads=1), *leaders])
-    quiet = set(leaders).difference(tree.pid for tree in busy)
-    roots = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in quiet]
-    return procfs.walk([*roots, *(tree.pid for tree in busy)])
+        orphans = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in over]
+        return procfs.walk(orphans + leaders)
+    skip = over | set(leaders).difference(tree.pid for tree in busy)  # and the quiet trees' leaders
+    roots = [pid for pid in procfs.children_of(own_pid, threads=1) if pid not in skip]
+    return procfs.walk([*roots, *(tree.pid for tree in busy if not tree.exited)])

@@ -2,13 +2,13 @@
 the fork server imports it (see forkserver/server.py's note on imports).
 
 Owns the reads and writes of a group's files: joining it (``join_self``, in ``forkexec.py``'s child;
-``spawn_inside``, the fork server for one ``posix_spawn``), its members, whether it is populated,
-the kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills and accounting, its
-memory now, its removal, a reused group's reset and base (``recycle``), and a zombie's rusage. Must not
-touch: a group it is not handed (the runner makes them, ``cgroups.create_group``, and writes their
-limits; the fork server's ``grouppool`` makes v1 groups without limits; the sweep hands over only
-recorded groups of ours). Threads: the fork server's (under its lock); on the runner's side the sweep
-(``leftovers.py``) and ``Child.memory_bytes``.
+``spawn_inside``, the fork server for one ``posix_spawn``), its members, whether it is populated, the
+kill (v2 ``cgroup.kill``; v1: freeze, KILL each member, thaw), its OOM kills and accounting, its memory
+now, its removal, and a reused group's reset and base (``recycle``; the fork server keeps a pooled
+group's accounting files open, ``_read_kept``). Must not touch: a group it is not handed (the runner
+makes them, ``cgroups.create_group``, and writes their limits; the fork server's ``grouppool`` makes v1
+groups without limits; the sweep hands over only recorded groups of ours). Threads: the fork server's
+(under its lock); on the runner's side the sweep (``leftovers.py``) and ``Child.memory_bytes``.
 
 A group is described by a JSON-able dict, made by ``cgroups.create_group`` on the runner's side:
 ``{"v": 2, "dirs": {"unified": PATH}}`` or ``{"v": 1, "dirs": {"memory": PATH, "pids": PATH,
@@ -25,7 +25,6 @@ import contextlib
 import errno
 import os
 import signal
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +44,14 @@ _HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs o
 _JOIN_FDS: dict[str, int] = {}
 _JOIN_FDS_MOST = 512
 _STUCK: set[str] = set()  # spawn_inside: groups this process could not move out of again
+# A pooled group's accounting files (``_read_kept``), open in the fork server while it keeps the
+# group: read again from offset 0 (kernfs shows the file anew), an open and a close less per read.
+# Bounded by an eighth of the fd limit too (three per group: at 1024 fds, 42 groups' worth), so that
+# with the join fds and a pidfd per tree the fork server stays clear of EMFILE at a high concurrency.
+_KEPT_FDS: dict[str, int] = {}
+_KEPT_FDS_MOST = max(24, min(512, (os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024) // 8))
+_KEPT_NAMES = ("memory.max_usage_in_bytes", "cpuacct.stat", "memory.oom_control")
+_PEAK = _KEPT_NAMES[0]  # kept open for writing too: a reused group's peak is reset through it
 
 
 def paths(group: Group) -> list[str]:
@@ -65,6 +72,35 @@ def _read(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _read_kept(path: str) -> str | None:
+    """``_read`` through an fd kept open (``_KEPT_FDS``), for a pooled group's accounting files, which
+    the fork server reads at each of its trees' exits and at each reset: one ``pread`` at offset 0
+    (they are a few dozen bytes: one read takes all)."""
+    data = _on_kept(path, lambda fd: os.pread(fd, 4096, 0))
+    if data is None:
+        return None
+    return data.decode(errors="replace") if len(data) < 4096 else _read(path)
+
+
+def _on_kept(path: str, use: Callable[[int], Any]) -> Any:
+    """``use(fd)`` of ``path`` kept open; one that fails (its group was removed meanwhile) is tried
+    once more on a fresh open, whose failure is None, as ``_read``'s."""
+    for fresh in (False, True):
+        fd = _KEPT_FDS.get(path)
+        try:
+            if fd is None:
+                if len(_KEPT_FDS) >= _KEPT_FDS_MOST:
+                    _forget_fds(_KEPT_FDS, list(_KEPT_FDS))
+                flags = os.O_RDWR if path.endswith(_PEAK) else os.O_RDONLY
+                fd = _KEPT_FDS[path] = os.open(path, flags | os.O_CLOEXEC)
+            return use(fd)
+        except OSError:
+            if fd is None or fresh:
+                return None
+            _forget_fds(_KEPT_FDS, [path])
+    return None
 
 
 def _write(path: str, text: str) -> bool:
@@ -116,14 +152,14 @@ def spawn_inside(group: Group, spawn: Callable[[], int], *, thread: bool = False
     try:
         for path in paths(group):
             try:
-                _write_procs(os.path.join(path, name))
+                _write_procs(path + "/" + name)
             except OSError as exc:
                 raise JoinFailed(exc.errno or errno.EINVAL, exc.strerror or str(exc)) from exc
             joined.append(path)
         return spawn()
     finally:
         for path in joined:
-            if not _go_home(os.path.join(os.path.dirname(path), name)):
+            if not _go_home(path.rpartition("/")[0] + "/" + name):
                 _STUCK.add(path)
 
 
@@ -151,13 +187,13 @@ def _write_procs(path: str) -> None:
         os.close(fd)
         raise
     if len(_JOIN_FDS) >= _JOIN_FDS_MOST:
-        _forget_join_fds(list(_JOIN_FDS))
+        _forget_fds(_JOIN_FDS, list(_JOIN_FDS))
     _JOIN_FDS[path] = fd
 
 
-def _forget_join_fds(files: list[str]) -> None:
+def _forget_fds(table: dict[str, int], files: list[str]) -> None:
     for path in files:
-        fd = _JOIN_FDS.pop(path, None)
+        fd = table.pop(path, None)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -186,8 +222,8 @@ def _keyed(text: str | None) -> dict[str, int]:
     values: dict[str, int] = {}
     for line in (text or "").splitlines():
         name, _, number = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            values[name] = int(number.strip())
+        if number.strip().isdigit():  # (no contextlib.suppress: a context manager per line, every exit)
+            values[name] = int(number)
     return values
 
 
@@ -197,7 +233,7 @@ def members(group: Group) -> set[int]:
     found: set[int] = set()
     order = [dirs.get("freezer"), dirs.get("pids"), *paths(group)]
     for path in (p for p in order if p):
-        text = _read(os.path.join(path, "cgroup.procs"))
+        text = _read(path + "/cgroup.procs")
         if text is not None:
             found.update(int(pid) for pid in text.split())
             if group.get("v") == 2 or path in (dirs.get("freezer"), dirs.get("pids")):
@@ -294,7 +330,8 @@ def oom_kills(group: Group) -> int:
     memory = dirs.get("memory")
     if not memory:
         return 0
-    kills = _keyed(_read(os.path.join(memory, "memory.oom_control"))).get("oom_kill", 0)
+    read = _read_kept if group.get("pool") else _read
+    kills = _keyed(read(memory + "/memory.oom_control")).get("oom_kill", 0)
     return max(0, kills - int(group.get("base", {}).get("oom_kill", 0)))
 
 
@@ -316,12 +353,13 @@ def resources(group: Group) -> dict[str, float]:
             found["cpu_user_seconds"] = stat["user_usec"] / 1e6
             found["cpu_system_seconds"] = stat.get("system_usec", 0) / 1e6
         return found
+    read = _read_kept if group.get("pool") else _read  # (a pooled group's first tree: no base yet)
     if dirs.get("memory"):
-        peak = _read(os.path.join(dirs["memory"], "memory.max_usage_in_bytes"))
+        peak = read(dirs["memory"] + "/" + _PEAK)
         if peak is not None and peak.strip().isdigit():
             found["max_rss_bytes"] = int(peak)
     if dirs.get("cpuacct"):
-        stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+        stat = _keyed(read(dirs["cpuacct"] + "/cpuacct.stat"))
         if "user" in stat:
             found["cpu_user_seconds"] = stat["user"] / _CLK_TCK
             found["cpu_system_seconds"] = stat.get("system", 0) / _CLK_TCK
@@ -357,13 +395,13 @@ def recycle(group: Group) -> Group | None:
         return None
     dirs = group["dirs"]
     memory = dirs["memory"]
-    if not _write(os.path.join(memory, "memory.max_usage_in_bytes"), "0"):
+    if _on_kept(memory + "/" + _PEAK, lambda fd: os.write(fd, b"0")) is None:
         return None
-    peak = _number(_read(os.path.join(memory, "memory.max_usage_in_bytes")))  # the charge now
+    peak = _number(_read_kept(memory + "/" + _PEAK))  # the charge now
     if peak is None or peak > RECYCLE_MAX_CHARGE_BYTES:
         return None
-    stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
-    oom = _read(os.path.join(memory, "memory.oom_control"))
+    stat = _keyed(_read_kept(dirs["cpuacct"] + "/cpuacct.stat"))
+    oom = _read_kept(memory + "/memory.oom_control")
     if "user" not in stat or oom is None:
         return None
     base = {"peak": peak, "user": stat["user"], "system": stat.get("system", 0),
@@ -378,10 +416,10 @@ def _number(text: str | None) -> int | None:
 def _since_base(group: Group) -> dict[str, float]:
     dirs, base = group.get("dirs", {}), group["base"]
     found: dict[str, float] = {}
-    peak = _number(_read(os.path.join(dirs["memory"], "memory.max_usage_in_bytes")))
+    peak = _number(_read_kept(dirs["memory"] + "/" + _PEAK))
     if peak is not None:
         found["max_rss_bytes"] = max(0, peak - int(base["peak"]))
-    stat = _keyed(_read(os.path.join(dirs["cpuacct"], "cpuacct.stat")))
+    stat = _keyed(_read_kept(dirs["cpuacct"] + "/cpuacct.stat"))
     if "user" in stat:
         found["cpu_user_seconds"] = max(0, stat["user"] - int(base["user"])) / _CLK_TCK
         found["cpu_system_seconds"] = max(0, stat.get("system", 0) - int(base["system"])) / _CLK_TCK
@@ -393,10 +431,10 @@ def tree_usage(pid: int, group: Group | None) -> tuple[dict[str, float], int]:
     group's figures where it has them (``resources``), the rest from the leader's zombie
     (``zombie_rusage``, only when the group does not tell all three)."""
     if group is None:
-        return zombie_rusage(pid), 0
+        return procfs.zombie_rusage(pid), 0
     found = resources(group)
     if any(key not in found for key in _USAGE_KEYS):
-        found = {**zombie_rusage(pid), **found}
+        found = {**procfs.zombie_rusage(pid), **found}
     return found, oom_kills(group)
 
 
@@ -434,7 +472,9 @@ def remove(group: Group) -> bool:
     done = True
     for path in paths(group):
         if _JOIN_FDS:  # (the fork server's own, kept by spawn_inside)
-            _forget_join_fds([os.path.join(path, "tasks"), os.path.join(path, "cgroup.procs")])
+            _forget_fds(_JOIN_FDS, [os.path.join(path, "tasks"), os.path.join(path, "cgroup.procs")])
+        if _KEPT_FDS:  # (the fork server's own, kept by _read_kept)
+            _forget_fds(_KEPT_FDS, [os.path.join(path, name) for name in _KEPT_NAMES])
         try:
             os.rmdir(path)
         except FileNotFoundError:
@@ -442,37 +482,3 @@ def remove(group: Group) -> bool:
         except OSError:
             done = False
     return done
-
-
-# Without a group: the leader's own accounting, read from its zombie -----------------------------------
-
-_WAITID = {"x86_64": 247, "aarch64": 95}  # the raw syscall takes a struct rusage (glibc's wrapper not)
-_P_PID = 1
-_WEXITED, _WNOHANG, _WNOWAIT = 4, 1, 0x01000000
-_libc: Any = None  # the C library, opened at the first call
-
-
-def zombie_rusage(pid: int) -> dict[str, float]:
-    """``max_rss_bytes`` / ``cpu_*_seconds`` of an exited, unreaped child and the descendants it reaped
-    (``waitid(WNOWAIT)`` fills the rusage, as the kernel's getrusage(RUSAGE_BOTH)); {} where it cannot
-    be read (another architecture, not our child, not Linux)."""
-    linux = sys.platform.startswith("linux")
-    number = _WAITID.get(os.uname().machine) if linux else None
-    if number is None:
-        return {}
-    import ctypes
-
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    libc = _libc
-    info = ctypes.create_string_buffer(128)  # siginfo_t
-    usage = (ctypes.c_long * 18)()  # struct rusage: two timevals, then 14 longs
-    flags = _WEXITED | _WNOHANG | _WNOWAIT
-    if libc.syscall(ctypes.c_long(number), _P_PID, pid, info, flags, usage) != 0:
-        return {}
-    return {
-        "max_rss_bytes": usage[4] * 1024,  # ru_maxrss, KiB
-        "cpu_user_seconds": usage[0] + usage[1] / 1e6,
-        "cpu_system_seconds": usage[2] + usage[3] / 1e6,
-    }

@@ -1,13 +1,14 @@
 """Linux process facts from /proc, and signals that cannot hit a recycled pid.
 
 Owns the reading of ``/proc/<pid>/stat``, ``environ`` (the tree marker), ``children`` and ``status``
-(resident memory), of ``/proc/self/mountinfo`` (``mounts``, ``fstype_of``), a child's start time from
-the boot clock read around its spawn (``StartTimes``, checked against /proc), the walks built on them
-(a subtree, the descendants of a set, the live ones), the boot id, and the three ways to signal:
-``signal_verified`` (a pidfd opened *before* re-checking the start time: once open it names that
-exact process, so a pid recycled between the scan and the signal is never hit), ``signal_all`` over
-a scan's processes, ``killpg_quietly``. Every function tolerates processes that vanish while being
-read (they are simply left out).
+(resident memory), an exited child's rusage from its zombie (``zombie_rusage``), of
+``/proc/self/mountinfo`` (``mounts``, ``fstype_of``), a child's start time from the boot clock read
+around its spawn (``StartTimes``, checked against /proc), the walks built on them (a subtree, the
+descendants of a set, the live ones), the boot id, and the three ways to signal: ``signal_verified`` (a
+pidfd opened *before* re-checking the start time: once open it names that exact process, so a pid
+recycled between the scan and the signal is never hit), ``signal_all`` over a scan's processes,
+``killpg_quietly``. Every function tolerates processes that vanish while being read (they are simply
+left out).
 
 Must not touch: any state of its own beyond the cached boot id (a ``StartTimes`` is its caller's), and
 the rest of the package: it is stdlib only and light, since the fork server imports it (no
@@ -27,7 +28,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 IS_LINUX = sys.platform.startswith("linux")
 _PR_SET_CHILD_SUBREAPER = 36
@@ -414,3 +415,37 @@ def rss_bytes(pid: int) -> int | None:
         return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return None
+
+
+# Without a group: the leader's own accounting, read from its zombie -----------------------------------
+
+_WAITID = {"x86_64": 247, "aarch64": 95}  # the raw syscall takes a struct rusage (glibc's wrapper not)
+_P_PID = 1
+_WEXITED, _WNOHANG, _WNOWAIT = 4, 1, 0x01000000
+_libc: Any = None  # the C library, opened at the first call
+
+
+def zombie_rusage(pid: int) -> dict[str, float]:
+    """``max_rss_bytes`` / ``cpu_*_seconds`` of an exited, unreaped child and the descendants it reaped
+    (``waitid(WNOWAIT)`` fills the rusage, as the kernel's getrusage(RUSAGE_BOTH)); {} where it cannot
+    be read (another architecture, not our child, not Linux)."""
+    linux = sys.platform.startswith("linux")
+    number = _WAITID.get(os.uname().machine) if linux else None
+    if number is None:
+        return {}
+    import ctypes
+
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
+    info = ctypes.create_string_buffer(128)  # siginfo_t
+    usage = (ctypes.c_long * 18)()  # struct rusage: two timevals, then 14 longs
+    flags = _WEXITED | _WNOHANG | _WNOWAIT
+    if libc.syscall(ctypes.c_long(number), _P_PID, pid, info, flags, usage) != 0:
+        return {}
+    return {
+        "max_rss_bytes": usage[4] * 1024,  # ru_maxrss, KiB
+        "cpu_user_seconds": usage[0] + usage[1] / 1e6,
+        "cpu_system_seconds": usage[2] + usage[3] / 1e6,
+    }
