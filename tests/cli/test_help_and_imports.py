@@ -146,6 +146,19 @@ def test_a_plain_run_loads_no_cli_framework_and_no_requests(tmp_path: Path) -> N
     assert seen["loaded"] == [], seen
 
 
+# Start-up CPU: stdlib modules a runner without a config file never needs (hashlib loads OpenSSL;
+# tomllib and difflib only read a config file or word a misspelled key in it).
+START_UP_SPARED = ("secrets", "hmac", "hashlib", "_hashlib", "tomllib", "difflib")
+
+
+def test_a_plain_run_without_a_config_file_spares_the_start_up_heavy_stdlib(tmp_path: Path) -> None:
+    argv = _run_argv(tmp_path)
+    seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path,
+                         heavy=START_UP_SPARED)
+    assert seen["code"] == exitcodes.UNREACHABLE, seen
+    assert seen["loaded"] == [], seen
+
+
 def test_a_run_typer_must_read_still_works_and_says_typers_words(tmp_path: Path) -> None:
     # A misspelled option is not plain: typer reads the line and answers with its usage error.
     argv = _run_argv(tmp_path, "--concurency", "2")
