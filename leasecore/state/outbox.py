@@ -39,13 +39,14 @@ from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError
 from leasecore.lease.finalfailure import Attempt, bare_result, decide, failure_of, saved_result_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.state.redelivery import Done, Drop, Fate, KeepRest, Send, after_failure, before_send
 from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
 
 # CPython's own SHA-256 (the same digest): hashlib would load OpenSSL, ~3 ms of every start, for the
 # one digest server_key takes; hashlib only where neither module exists.
 if TYPE_CHECKING:
     from hashlib import sha256 as _sha256
+
+    from leasecore.state.redelivery import Drop, Fate
 else:
     try:
         from _sha2 import sha256 as _sha256  # CPython 3.12+
@@ -314,6 +315,8 @@ class Outbox:
         now = self._clock.now().timestamp()
         self._recover_claims()
         pending = self.entries()
+        if pending:  # the redelivery rules: loaded when there is something to deliver (start-up CPU)
+            from leasecore.state.redelivery import Done, Drop, KeepRest, Send, after_failure, before_send
         for i, entry in enumerate(pending):
             if stop():
                 kept = len(pending) - i
