@@ -126,6 +126,8 @@ def result_from_json(body: dict[str, Any]) -> TaskResult:
 
 @dataclass(frozen=True)
 class OutboxEntry:
+    """One saved result, as read from its file."""
+
     path: Path
     result: TaskResult
     saved_at: float  # wall clock, epoch seconds (comparable across runs, unlike monotonic time)
@@ -162,6 +164,8 @@ class OutboxEntry:
 
 @dataclass(frozen=True)
 class DeliveryReport:
+    """What one ``deliver`` did with the saved results."""
+
     delivered: int = 0
     dropped: int = 0
     kept: int = 0
