@@ -25,8 +25,6 @@ from leasecore.errors import (
     ConductorRunError,
     ConfigError,
 )
-from leasecore.runner.ports import RunOutcome
-from leasecore.snapshot import redact_url
 
 if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idle memory, start time)
     from collections.abc import Callable
@@ -36,6 +34,7 @@ if TYPE_CHECKING:  # rich and the live view are imported only on a terminal (idl
 
     from cli.runview import LiveView
     from leasecore.models import Task, TaskResult
+    from leasecore.runner.ports import RunOutcome
 
 _SIGNAL_CODES = {signal.SIGINT: exitcodes.SIGINT, signal.SIGTERM: exitcodes.SIGTERM,
                  signal.SIGHUP: exitcodes.SIGHUP}
@@ -255,6 +254,7 @@ def serve(
     ``run``'s, docs/cli.md "Exit codes"); ``echo_result``: see ``leasecore.runner.wiring.run_worker``.
     ``mask_environ``: the environment whose secret values are masked (the re-exec'd one included)."""
     from leasecore.runner.wiring import run_worker  # heavy imports only once the flags are valid
+    from leasecore.snapshot import redact_url
 
     url = redact_url(resolved.server.url)  # a password in the URL never reaches a message
     log_format = resolved.runner.log_format

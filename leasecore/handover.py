@@ -167,6 +167,8 @@ class DyingTrees:
 
 @dataclasses.dataclass
 class _Held:
+    """A held task and when it may start."""
+
     task: Task
     start_at: float  # monotonic; the re-delivery wait (or the poll time: no wait)
 

@@ -22,7 +22,7 @@ import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leasecore.config.merge import OVERRIDE_KEYS, no_command, resolve
 from leasecore.config.settings import (
@@ -33,8 +33,10 @@ from leasecore.config.settings import (
     Source,
     TaskSettings,
 )
-from leasecore.config.tomlfile import LoadedFile, parse_toml
 from leasecore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from leasecore.config.tomlfile import LoadedFile, parse_toml
 
 __all__ = [
     "CONFIG_ENV",
@@ -56,6 +58,15 @@ __all__ = [
 
 CONFIG_ENV = "CONDUCTOR_RUN_CONFIG"
 DEFAULT_CONFIG_NAME = "conductor.toml"
+
+
+def __getattr__(name: str) -> Any:
+    """``LoadedFile`` and ``parse_toml``: the TOML side loads with the first config file (start-up CPU)."""
+    if name in ("LoadedFile", "parse_toml"):
+        from leasecore.config import tomlfile
+
+        return getattr(tomlfile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 MAX_CONFIG_BYTES = 1024 * 1024  # a config file is a few KiB; anything this big is a mistake
 
 
@@ -100,6 +111,8 @@ def load_file(path: str, *, cwd: str = ".") -> LoadedFile:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"cannot read config file {path}: {reason}", source=path) from None
+    from leasecore.config.tomlfile import parse_toml
+
     return parse_toml(text, path)
 
 
@@ -166,14 +179,14 @@ def _config_file_mode(config: ResolvedConfig, loaded: LoadedFile, cwd: str) -> R
 
 def run_as_problems(task: TaskSettings) -> list[str]:
     """Why ``task``'s children cannot run as its ``user`` / ``group`` here; [] when they can."""
-    from leasecore.process.linux.runas import RunAsError, resolve_run_as, switch_problem
-
     where = f"task {task.type!r}"
     if task.user is None:
         if task.group is None:
             return []
         return [f"{where}: group is set (from {task.sources.get('group', DEFAULT)}) without user: "
                 "set user too (--user NAME), or drop group"]
+    from leasecore.process.linux.runas import RunAsError, resolve_run_as, switch_problem  # (with a user only)
+
     try:
         run_as = resolve_run_as(task.user, task.group)
     except RunAsError as exc:  # "no such user 'x'" / "no such group 'x'" / "gid N is out of range ..."
@@ -191,10 +204,10 @@ def run_as_problems(task: TaskSettings) -> list[str]:
 def run_as_warnings(task: TaskSettings) -> list[str]:
     """A ``user`` that its task's cwd or program keeps out, by the permission bits (a warning: ACLs
     may allow what the bits do not); [] when none, or when ``run_as_problems`` has found worse."""
-    from leasecore.process.linux.runas import access_problem, resolve_run_as
-
     if task.user is None or os.geteuid() != 0:
         return []
+    from leasecore.process.linux.runas import access_problem, resolve_run_as  # (with a user only)
+
     try:
         run_as = resolve_run_as(task.user, task.group)
     except ValueError:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from leasecore.config.checks import check_value, invalid_value
@@ -36,8 +36,10 @@ from leasecore.config.settings import (
     TaskSettings,
     default_of,
 )
-from leasecore.config.tomlfile import FileView, LoadedFile
 from leasecore.errors import ConfigError
+
+if TYPE_CHECKING:  # the TOML side loads with a config file (start-up CPU)
+    from leasecore.config.tomlfile import FileView, LoadedFile
 
 __all__ = ["OVERRIDE_KEYS", "PRECEDENCE", "no_command", "resolve"]
 
@@ -71,7 +73,11 @@ def resolve(
 ) -> ResolvedConfig:
     """Merge file, environment and flags (see the module docstring for the order). Raises ConfigError."""
     flags = _flag_values(overrides)
-    file = FileView(loaded) if loaded else None
+    file: FileView | None = None
+    if loaded:
+        from leasecore.config.tomlfile import FileView
+
+        file = FileView(loaded)
     warnings: list[str] = []
     server = _resolve_server(file, environ, flags, warnings, cwd)
     runner = _resolve_runner(file, environ, flags, cwd)

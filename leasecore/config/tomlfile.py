@@ -13,9 +13,7 @@ Threads: none; the caller's.
 
 from __future__ import annotations
 
-import difflib
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +44,8 @@ class LoadedFile:
 
 def parse_toml(text: str, path: str) -> LoadedFile:
     """Parse TOML text; a syntax error becomes a ConfigError naming the file and line."""
+    import tomllib  # here: a runner started without a config file never loads the parser
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -218,6 +218,8 @@ class FileView:
         elif spec:
             hint = f"{key} is a command-line flag only ({spec.flag})"
         else:
+            import difflib  # here: only a misspelled key needs it
+
             close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(candidates)}"
         where = "" if section else " at the top level"  # the source already names the section

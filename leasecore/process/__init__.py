@@ -15,10 +15,26 @@ This package exports what the rest of the code uses (``Supervisor``, ``Child``, 
 thread; the fork server never imports it (it is booted with a stub in its place).
 """
 
-from leasecore.process.results.task_result import to_task_result
-from leasecore.process.spec import ChildExit, CommandSpec, build_child_env
-from leasecore.process.supervisor.child import Child, LineSink
-from leasecore.process.supervisor.supervisor import Supervisor
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leasecore.process.results.task_result import to_task_result
+    from leasecore.process.spec import ChildExit, CommandSpec, build_child_env
+    from leasecore.process.supervisor.child import Child, LineSink
+    from leasecore.process.supervisor.supervisor import Supervisor
+
+# Each name loads its module on first use: a runner about to re-execute without its secrets
+# (cli/reexec.py) needs ``spec`` alone, not the supervisor and its fork server link (start-up CPU).
+_HOMES = {
+    "to_task_result": "leasecore.process.results.task_result",
+    "ChildExit": "leasecore.process.spec",
+    "CommandSpec": "leasecore.process.spec",
+    "build_child_env": "leasecore.process.spec",
+    "Child": "leasecore.process.supervisor.child",
+    "LineSink": "leasecore.process.supervisor.child",
+    "Supervisor": "leasecore.process.supervisor.supervisor",
+}
 
 __all__ = [
     "Child",
@@ -29,3 +45,12 @@ __all__ = [
     "build_child_env",
     "to_task_result",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value  # once: later lookups find it without this function
+    return value

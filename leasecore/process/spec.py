@@ -23,15 +23,17 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from leasecore.errors import SpawnError
 from leasecore.limits import Limits
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process.linux.procfs import TREE_MARKER
-from leasecore.process.linux.runas import RunAs
 from leasecore.process.secretenv import SECRETS_FILE_ENV, metadata_env
+
+if TYPE_CHECKING:  # the user switch is loaded only for a task with a user (start-up CPU)
+    from leasecore.process.linux.runas import RunAs
 
 # Linux refuses a single environment string over 128 KiB (MAX_ARG_STRLEN) and the whole of argv+env
 # over a quarter of the stack limit: input values are always in stdin and the input file, and only

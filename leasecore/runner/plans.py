@@ -23,14 +23,12 @@ from urllib.parse import urlsplit
 
 from leasecore.checkbudget import max_queue_seconds
 from leasecore.config.checks import exit_rule_of
-from leasecore.config.live import reload_changes
 from leasecore.config.settings import ResolvedConfig, ServerSettings, TaskSettings
 from leasecore.errors import ConfigError
 from leasecore.lease import LeasePolicy
 from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec
-from leasecore.process.linux.runas import RunAs, RunAsError, resolve_run_as
 from leasecore.process.spec import ExitRule
 from leasecore.runner import childenv, treegroups
 from leasecore.runner.ports import LiveChange, PollSettings, RunOptions, TaskTypePlan
@@ -38,6 +36,7 @@ from leasecore.runner.secretbook import SecretBook, static_values
 
 if TYPE_CHECKING:  # prometheus-client is imported only with metrics on (idle footprint)
     from leasecore.metrics.service import MetricsService
+    from leasecore.process.linux.runas import RunAs
 
 log = logging.getLogger("conductor_run.worker")
 
@@ -142,6 +141,8 @@ def run_as_for(task: TaskSettings) -> RunAs | None:
     that user (not root: load_config refused any other user). ConfigError if it cannot be found."""
     if task.user is None or os.geteuid() != 0:
         return None
+    from leasecore.process.linux.runas import RunAsError, resolve_run_as  # only with a user: start-up CPU
+
     try:
         return resolve_run_as(task.user, task.group)
     except RunAsError as exc:
@@ -209,6 +210,8 @@ class Reloader:
         self._on_reloaded = on_reloaded
 
     def __call__(self) -> LiveChange:
+        from leasecore.config.live import reload_changes  # only a reload compares configs: start-up CPU
+
         new = self._load()
         changes = reload_changes(self.config, new)
         if not changes.accepted:

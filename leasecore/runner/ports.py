@@ -232,6 +232,8 @@ class TaskTypePlan:
 
 @dataclass(frozen=True)
 class RunOptions:
+    """How the run ends and how long its final updates are retried (the run's flags)."""
+
     once: bool = False
     max_tasks: int | None = None
     drain: bool = False

@@ -76,6 +76,8 @@ def socket_path(state_dir: Path, pid: int) -> Path:
 
 @dataclass(frozen=True)
 class RunnerSocket:
+    """A runner's control socket in a state directory."""
+
     pid: int
     path: Path
 

@@ -25,7 +25,6 @@ Threads: ``save`` on the reporter's threads (and the start-up sweep's), ``delive
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -34,14 +33,28 @@ import tempfile
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leasecore.clock import Clock, SystemClock
 from leasecore.errors import ConductorAuthError, ConductorError
 from leasecore.lease.finalfailure import Attempt, bare_result, decide, failure_of, saved_result_lost_reason
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
-from leasecore.state.redelivery import Done, Drop, Fate, KeepRest, Send, after_failure, before_send
 from leasecore.state.statefile import ProcessState, probe_process, process_start_ticks
+
+# CPython's own SHA-256 (the same digest): hashlib would load OpenSSL, ~3 ms of every start, for the
+# one digest server_key takes; hashlib only where neither module exists.
+if TYPE_CHECKING:
+    from hashlib import sha256 as _sha256
+
+    from leasecore.state.redelivery import Drop, Fate
+else:
+    try:
+        from _sha2 import sha256 as _sha256  # CPython 3.12+
+    except ImportError:
+        try:
+            from _sha256 import sha256 as _sha256  # CPython 3.11
+        except ImportError:
+            from hashlib import sha256 as _sha256
 
 log = logging.getLogger("conductor_run.outbox")
 
@@ -95,7 +108,7 @@ def still_saved(paths: Collection[Path]) -> set[Path]:
 
 def server_key(base_url: str) -> str:
     """A stable, credential-free name for a server URL."""
-    return hashlib.sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
+    return _sha256(base_url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def result_from_json(body: dict[str, Any]) -> TaskResult:
@@ -113,6 +126,8 @@ def result_from_json(body: dict[str, Any]) -> TaskResult:
 
 @dataclass(frozen=True)
 class OutboxEntry:
+    """One saved result, as read from its file."""
+
     path: Path
     result: TaskResult
     saved_at: float  # wall clock, epoch seconds (comparable across runs, unlike monotonic time)
@@ -149,6 +164,8 @@ class OutboxEntry:
 
 @dataclass(frozen=True)
 class DeliveryReport:
+    """What one ``deliver`` did with the saved results."""
+
     delivered: int = 0
     dropped: int = 0
     kept: int = 0
@@ -302,6 +319,8 @@ class Outbox:
         now = self._clock.now().timestamp()
         self._recover_claims()
         pending = self.entries()
+        if pending:  # the redelivery rules: loaded when there is something to deliver (start-up CPU)
+            from leasecore.state.redelivery import Done, Drop, KeepRest, Send, after_failure, before_send
         for i, entry in enumerate(pending):
             if stop():
                 kept = len(pending) - i

@@ -3,6 +3,7 @@ delivered only while still ours (``leasecore.state.orphans``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def test_tree_meta_names_the_task_and_the_server_by_hash_never_the_url() -> None
     assert meta == {"server": server_key(URL), "task_id": "t1", "workflow_id": "wf-t1", "task_type": "job",
                     "poll_count": 2, "worker_id": "worker-1"}
     assert "secret" not in json.dumps(meta) and "example" not in json.dumps(meta)
+
+
+def test_server_key_is_the_sha256_of_the_url_an_older_runner_named_its_files_by() -> None:
+    # server_key uses CPython's builtin SHA-256 to spare the start-up hashlib: the same digest.
+    for url in (URL, URL + "/", "http://127.0.0.1:8080/api", "https://conductor.example/api"):
+        assert server_key(url) == hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def test_an_orphan_becomes_a_failed_result_with_the_reason() -> None:

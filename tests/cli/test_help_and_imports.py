@@ -146,6 +146,35 @@ def test_a_plain_run_loads_no_cli_framework_and_no_requests(tmp_path: Path) -> N
     assert seen["loaded"] == [], seen
 
 
+# Start-up CPU: modules a runner without a config file never needs (hashlib loads OpenSSL; tomllib
+# and difflib only read a config file or word a misspelled key in it; the rest load with a config
+# file, a reload, a saved result to redeliver, a task type with a user).
+START_UP_SPARED = ("secrets", "hmac", "hashlib", "_hashlib", "tomllib", "difflib",
+                   "leasecore.config.tomlfile", "leasecore.config.live", "leasecore.state.redelivery",
+                   "leasecore.process.linux.runas")
+
+
+def test_a_plain_run_without_a_config_file_spares_the_start_up_heavy_stdlib(tmp_path: Path) -> None:
+    argv = _run_argv(tmp_path)
+    seen = _loaded_after(f"import sys\nsys.argv = {argv!r}\nfrom cli.main import main\nmain()\n", tmp_path,
+                         heavy=START_UP_SPARED)
+    assert seen["code"] == exitcodes.UNREACHABLE, seen
+    assert seen["loaded"] == [], seen
+
+
+def test_what_run_loads_before_a_re_exec_is_the_configuration_not_the_supervisor(tmp_path: Path) -> None:
+    # A runner with a credential in its environment re-executes itself once its configuration is
+    # read (cli/reexec.py): the modules loaded before that are paid twice, so the supervisor, the
+    # lease engine's ports and the result rules load only in the image that serves.
+    runner_side = ("leasecore.process.supervisor.supervisor", "leasecore.process.results.task_result",
+                   "leasecore.runner.ports", "leasecore.runner.wiring", "leasecore.lease")
+    seen = _loaded_after("import cli.main, cli.fastrun, cli.reexec, cli.run\n", tmp_path, heavy=runner_side)
+    assert seen["code"] == 0, seen
+    assert seen["loaded"] == [], seen
+    serving = _loaded_after("import cli.run, leasecore.runner.wiring\n", tmp_path, heavy=runner_side)
+    assert serving["loaded"] == sorted(runner_side), serving  # the same check sees them when loaded
+
+
 def test_a_run_typer_must_read_still_works_and_says_typers_words(tmp_path: Path) -> None:
     # A misspelled option is not plain: typer reads the line and answers with its usage error.
     argv = _run_argv(tmp_path, "--concurency", "2")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from dataclasses import dataclass, field
 
 from leasecore.errors import SpawnError
@@ -108,7 +107,7 @@ def own_dirs(proc_cgroup: str, mountinfo: str) -> dict[str, str]:
 
 def _probe(directory: str) -> str:
     """'' when a child group can be created (and removed) in ``directory``, else why not."""
-    probe = os.path.join(directory, f"{GROUP_PREFIX}probe.{os.getpid()}.{secrets.token_hex(4)}")
+    probe = os.path.join(directory, f"{GROUP_PREFIX}probe.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         os.mkdir(probe)
     except OSError as exc:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,7 +92,7 @@ def prepare(
     ``environ`` and ``spec``); SpawnError, with nothing left behind, if a step fails. The checkpoint
     file starts with ``task.checkpoint``; ``deadline``: CONDUCTOR_DEADLINE (epoch seconds);
     ``base`` and ``meta``: kept in the ``Prepared`` as given."""
-    token = secrets.token_hex(16)
+    token = os.urandom(16).hex()  # what secrets.token_hex(16) returns, without importing hashlib
     try:
         whole_task = task_json(task) if spec.protocol == STDIO else None  # conductor-cli's stdin
         owner = (spec.run_as.uid, spec.run_as.gid) if spec.run_as is not None else None

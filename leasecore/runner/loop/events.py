@@ -43,6 +43,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TaskPolled:
+    """A task a poller claimed, for the main loop to start (or hand back)."""
+
     task: Task
     polled_at: float  # monotonic send time of the poll that delivered it
     policy: LeasePolicy | None = None  # set: the poller's thread already tracked it (engine.track)
@@ -62,12 +64,16 @@ class ChainEnded:
 
 @dataclass(frozen=True)
 class ChildExited:
+    """A task's child ended (its exit from the supervisor)."""
+
     task_id: str
     exit: ChildExit | None  # None when the runner lost track of the child (wait() failed)
 
 
 @dataclass(frozen=True)
 class Fence:
+    """The lease engine fenced a task: its tree is to be terminated or killed (``action``)."""
+
     task_id: str
     action: FenceAction  # from the lease engine's timer thread
 
@@ -85,17 +91,23 @@ class HeldRead:
 
 @dataclass(frozen=True)
 class ReportDone:
+    """A task's final update is done (its outcome from the reporter)."""
+
     outcome: ReportOutcome
 
 
 @dataclass(frozen=True)
 class ShutdownRequested:
+    """Stop: a signal (``force``: the second one) or the runner itself."""
+
     force: bool
     signum: int | None = None  # None: the runner stops itself (--once found nothing, ...)
 
 
 @dataclass(frozen=True)
 class PollerExited:
+    """A task type's poller thread ended."""
+
     task_type: str
     failed: bool = False  # it ended on an unexpected error (a bug), logged with its traceback
     refused: Exception | None = None  # its first polls were refused (401/403): the run stops, exit 4
@@ -119,7 +131,7 @@ class ReloadRequested:
 
 @dataclass(frozen=True)
 class Tick:
-    pass
+    """No event came within the main loop's wait: its periodic checks run."""
 
 
 Event = (TaskPolled | ChainEnded | ChildExited | Fence | HeldRead | ReportDone | ShutdownRequested
