@@ -276,7 +276,7 @@ def remove_tmpdir(path: str, rmtree: Callable[[str], None] | None = None) -> Non
 
     ``rmtree(path)``: what removes a directory the child put more in (default: at once, here); the
     Supervisor's reader thread hands that unbounded work to a thread of its own."""
-    if path and Path(path).name.startswith(TMP_PREFIX):
+    if path and os.path.basename(path.rstrip("/")).startswith(TMP_PREFIX):  # (no pathlib: a task's cost)
         try:  # what it holds unless the child added files there: three syscalls, not rmtree's dozen
             for name in TASK_FILE_NAMES:
                 with contextlib.suppress(FileNotFoundError):

@@ -29,13 +29,14 @@ from typing import Any
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
 from leasecore.masking import Masker
+from leasecore.process.checkpoint import EMPTY as CHECKPOINT_EMPTY
 from leasecore.process.checkpoint import NAME as CHECKPOINT_NAME
 from leasecore.process.checkpoint import CheckpointRead, read_checkpoint_file
 from leasecore.process.linux import cgroupfs, leftovers, procfs
 from leasecore.process.results.stdio_protocol import StdoutDocument
 from leasecore.process.spec import ChildExit
 from leasecore.process.supervisor.output import StreamCapture
-from leasecore.process.taskfiles import TaskFiles
+from leasecore.process.taskfiles import TaskFiles, plainly_empty
 
 # one logger for the runner's side of process/
 log = logging.getLogger("leasecore.process.supervisor.supervisor")
@@ -269,7 +270,8 @@ class Child:
                 output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {why})"
             if self._files.checkpoint_path:  # read before the directory goes (the runner keeps it)
                 try:
-                    checkpoint = read_checkpoint_file(self._files.checkpoint_path)
+                    path = self._files.checkpoint_path  # empty (most tasks): one lstat, no open
+                    checkpoint = CHECKPOINT_EMPTY if plainly_empty(path) else read_checkpoint_file(path)
                 except Exception as exc:  # a bug: the task still ends, with the checkpoint seen last
                     log.exception("task %s: reading its checkpoint file failed", self.key)
                     why = type(exc).__name__
