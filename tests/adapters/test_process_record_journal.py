@@ -14,8 +14,11 @@ from pathlib import Path
 
 import psutil
 
+from leasecore.process import CommandSpec
 from leasecore.process.linux import leftovers
 from tests.support import wait_until
+
+from .process_support import make_task, running_supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,3 +92,61 @@ def test_journal_compacts_into_the_record(tmp_path: Path) -> None:
     assert sorted(trees) == sorted(f"t{i}" for i in range(280, 300))
     record.delete()
     assert not path.exists() and not journal.exists()
+
+
+def test_held_removals_go_out_with_the_next_add_or_the_flush(tmp_path: Path) -> None:
+    record = leftovers.StateRecord(tmp_path, os.getpid())
+    path = tmp_path / f"processes-{os.getpid()}.json"
+    journal = path.with_suffix(".journal")
+
+    def keys() -> list[str]:
+        return sorted(str(t["key"]) for t in leftovers.read_record(path)["trees"])
+
+    def tree(n: int) -> leftovers.TreeRecord:
+        return leftovers.TreeRecord(f"t{n}", 10_000 + n, 1, f"{n:032x}", "")
+
+    for n in range(3):
+        record.add(tree(n))  # the first change writes the record, the others the journal
+    record.hold()
+    record.remove("t0")
+    record.remove("t1")
+    assert keys() == ["t0", "t1", "t2"]  # held: not written yet
+    record.add(tree(3))  # an add is written at once, with what was held
+    assert journal.read_text().splitlines()[-3:] == ['-"t0"', '-"t1"', "+" + json.dumps(vars(tree(3)))]
+    assert keys() == ["t2", "t3"]
+    record.remove("t2")
+    assert keys() == ["t2", "t3"]
+    record.flush()
+    assert keys() == ["t3"]
+    record.remove("t3")  # not held any more: written at once
+    assert keys() == []
+    # A rewrite while holding (here: a new fork server) takes the held removals in.
+    record.add(tree(4))
+    record.hold()
+    record.remove("t4")
+    record.set_forkserver(os.getpid())
+    assert keys() == []
+    record.flush()
+    assert keys() == []
+    record.delete()
+
+
+def test_a_started_tree_is_recorded_and_a_gone_one_is_not_once_its_wait_returns(tmp_path: Path) -> None:
+    """Through a real Supervisor (removals held over a read of the fork server's messages): spawn
+    returns with the tree in the record; wait_gone returns with it out of the record; 40 short trees
+    at once, so that ends and starts share reads."""
+    for sup in running_supervisor(tmp_path):
+        sleeper = sup.spawn(make_task(), CommandSpec(argv=("sleep", "60")), worker_id="w")
+        (path,) = (tmp_path / "state").glob("processes-*.json")
+
+        def recorded(path: Path = path) -> set[str]:
+            return {str(t["key"]) for t in leftovers.read_record(path)["trees"]}
+
+        assert sleeper.key in recorded()
+        short = [sup.start(make_task(), CommandSpec(argv=("true",)), worker_id="w") for _ in range(40)]
+        for child in short:
+            assert child.wait_gone(60)
+            assert child.key not in recorded()
+        assert recorded() == {sleeper.key}
+        sleeper.kill_tree()
+        assert sleeper.wait_gone(60) and recorded() == set()

@@ -43,15 +43,17 @@ _F_SETPIPE_SZ = 1031
 class _ServerSocket:
     """The fork server's socket, as the reader thread reads it."""
 
-    __slots__ = ("buffer", "done", "on_eof", "on_event", "sock")
+    __slots__ = ("around", "buffer", "done", "on_eof", "on_event", "sock")
 
     def __init__(
-        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
-    ) -> None:
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None],
+        around: tuple[Callable[[], None], Callable[[], None]] | None = None,
+    ) -> None:  # fmt: skip
         self.sock = sock
         self.buffer = bytearray()  # bytes of a message not complete yet
         self.on_event = on_event
         self.on_eof = on_eof
+        self.around = around  # (before, after) the messages of one read
         self.done = threading.Event()  # set once on_eof has returned
 
 
@@ -87,12 +89,14 @@ class OutputReader:
         self._check_exit(child)
 
     def watch_server(
-        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
-    ) -> threading.Event:
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None],
+        around: tuple[Callable[[], None], Callable[[], None]] | None = None,
+    ) -> threading.Event:  # fmt: skip
         """Read the fork server's messages on this thread from now on: ``on_event(message)`` for each,
-        then ``on_eof()`` once, at the socket's end (or an unreadable message). Returns an Event set
-        once ``on_eof`` has returned."""
-        link = _ServerSocket(sock, on_event, on_eof)
+        then ``on_eof()`` once, at the socket's end (or an unreadable message). ``around``: (before,
+        after), called around the messages of each read (after: even if one failed). Returns an
+        Event set once ``on_eof`` has returned."""
+        link = _ServerSocket(sock, on_event, on_eof, around)
 
         def register() -> None:
             self._selector.register(sock.fileno(), selectors.EVENT_READ, link)
@@ -191,11 +195,8 @@ class OutputReader:
         except (OSError, ValueError) as exc:
             log.debug("the fork server's socket failed: %s", exc)
             data, messages = b"", []
-        for message in messages:
-            try:
-                link.on_event(message)
-            except Exception:  # a bug handling one message must not stop every child's output
-                log.exception("handling a fork server message failed: %r", message)
+        if messages:
+            self._handle(link, messages)
         if data:
             return
         self._selector.unregister(link.sock.fileno())
@@ -205,6 +206,22 @@ class OutputReader:
             log.exception("handling the fork server's end failed")
         finally:
             link.done.set()
+
+    def _handle(self, link: _ServerSocket, messages: list[dict[str, Any]]) -> None:
+        if link.around is not None:
+            link.around[0]()
+        try:
+            for message in messages:
+                try:
+                    link.on_event(message)
+                except Exception:  # a bug handling one message must not stop every child's output
+                    log.exception("handling a fork server message failed: %r", message)
+        finally:
+            if link.around is not None:
+                try:
+                    link.around[1]()
+                except Exception:  # as for a message: the reader must go on
+                    log.exception("handling a fork server message failed (after its read)")
 
     def _read(self, child: Child, fd: int) -> None:
         data = os.read(fd, READ_BYTES)
