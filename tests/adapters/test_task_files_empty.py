@@ -1,6 +1,7 @@
 """The task's output and checkpoint files left empty are told by one ``lstat`` (``plainly_empty``);
 anything else (a link to an empty file, a FIFO, a directory, a file this process may not open) is
-still opened and refused or read as before, by real children."""
+still opened and refused or read as before, by real children; and a child's pipes, closed at EOF
+without a last read when epoll says they hold nothing, lose no byte."""
 
 from __future__ import annotations
 
@@ -98,3 +99,24 @@ def test_a_child_that_leaves_both_files_empty_has_no_output_and_no_checkpoint(su
     written = supervisor.spawn(make_task(), CommandSpec(shell=shell), worker_id="w").wait(30)
     assert written is not None and written.output == {"a": 1}
     assert written.checkpoint is not None and written.checkpoint.value == 7
+
+
+def test_every_byte_a_short_child_writes_before_its_exit_is_read(supervisor: Supervisor) -> None:
+    """A pipe at EOF is closed without a read only when it holds nothing (EPOLLHUP without EPOLLIN):
+    30 children at once write on both streams and exit at once, their last bytes unterminated."""
+    loop = 'i=0; while [ $i -lt 200 ]; do echo "o$i"; echo "e$i" >&2; i=$((i+1)); done'
+    shell = f"{loop}; printf END; printf ERR >&2"
+    lines: dict[str, list[str]] = {}
+
+    def sink(stream: str, line: str, bucket: dict[str, list[str]] = lines) -> None:
+        bucket.setdefault(stream, []).append(line)
+
+    children = [supervisor.start(make_task(), CommandSpec(shell=shell), worker_id="w") for _ in range(30)]
+    for child in children:
+        exit = child.wait(60)
+        assert exit is not None and exit.exit_code == 0
+        assert exit.stdout_tail.endswith("o199\nEND") and exit.stderr_tail.endswith("e199\nERR")
+    one = supervisor.spawn(make_task(), CommandSpec(shell=shell), worker_id="w", on_line=sink).wait(60)
+    assert one is not None
+    assert lines["stdout"] == [f"o{i}" for i in range(200)] + ["END"]
+    assert lines["stderr"] == [f"e{i}" for i in range(200)] + ["ERR"]

@@ -21,7 +21,7 @@ import contextlib
 import fcntl
 import logging
 import os
-import selectors
+import select
 import socket
 import threading
 import time
@@ -36,6 +36,7 @@ from leasecore.process.supervisor.child import Child
 log = logging.getLogger("leasecore.process.supervisor.supervisor")
 
 READ_BYTES = 1 << 20  # the most one read of a child's pipe takes
+_HUP_ONLY = select.EPOLLHUP  # a pipe whose writers are all gone and that holds nothing: at its EOF
 BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
 _F_SETPIPE_SZ = 1031
 
@@ -71,9 +72,13 @@ class OutputReader:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._ident: int | None = None  # the reader thread's, once it runs
-        self._selector = selectors.DefaultSelector()
+        # epoll itself, not selectors: its events tell a pipe at EOF (EPOLLHUP without EPOLLIN: its
+        # writers gone, nothing left in it) from one with data, so an ended child's pipes are closed
+        # without a read each (two system calls a task), and there is no selector key per fd to make.
+        self._epoll = select.epoll()
+        self._watched: dict[int, Child | _ServerSocket | None] = {}  # fd -> whose (None: the wake-up)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._watch(self._wake_r, None)
 
     def add_here(self, child: Child, out_r: int, err_r: int) -> None:
         """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished).
@@ -99,7 +104,7 @@ class OutputReader:
         link = _ServerSocket(sock, on_event, on_eof, around)
 
         def register() -> None:
-            self._selector.register(sock.fileno(), selectors.EVENT_READ, link)
+            self._watch(sock.fileno(), link)
 
         self._queue(register)
         return link.done
@@ -113,7 +118,7 @@ class OutputReader:
         if thread is not None:
             thread.join(timeout_seconds)
         if thread is None or not thread.is_alive():
-            self._selector.close()
+            self._epoll.close()
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -157,22 +162,36 @@ class OutputReader:
                 c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
             ]:
                 self._finish(child)  # the child is gone; whoever still holds the pipe does not hold the task
-            timeout = None if not deadlines else max(0.0, min(deadlines) - now)
-            for key, _ in self._selector.select(timeout):
-                if key.fd == self._wake_r:
-                    with contextlib.suppress(OSError):
-                        os.read(self._wake_r, 4096)
+            timeout = -1.0 if not deadlines else max(0.0, min(deadlines) - now)
+            for fd, events in self._epoll.poll(timeout, len(self._watched)):
+                whose = self._watched.get(fd)
+                if whose is None:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                    continue  # (an fd closed by an earlier event of this poll)
+                if isinstance(whose, _ServerSocket):
+                    self._read_server(whose)
                     continue
-                if isinstance(key.data, _ServerSocket):
-                    self._read_server(key.data)
-                    continue
-                child = key.data
+                child = whose
                 try:
-                    self._read(child, key.fd)
+                    if events == _HUP_ONLY:  # at EOF, nothing to read (pipe_poll: EPOLLIN iff data)
+                        self._close_fd(child, fd)
+                        self._check_exit(child)
+                    else:
+                        self._read(child, fd)
                 except Exception:  # never let one child's trouble stop every other child's output
                     log.exception("reading the output of task %s failed", child.key)
-                    self._close_fd(child, key.fd)
+                    self._close_fd(child, fd)
                     self._check_exit(child)
+
+    def _watch(self, fd: int, whose: Child | _ServerSocket | None) -> None:
+        self._epoll.register(fd, select.EPOLLIN)
+        self._watched[fd] = whose
+
+    def _unwatch(self, fd: int) -> None:
+        del self._watched[fd]
+        self._epoll.unregister(fd)
 
     def _register(self, child: Child, out_r: int, err_r: int) -> None:
         stdout, stderr = child._stdout_capture(), child._capture("stderr")
@@ -181,7 +200,7 @@ class OutputReader:
         self._children.add(child)  # first: whatever fails below, its exit still finishes it
         for fd, capture in ((out_r, stdout), (err_r, stderr)):
             try:
-                self._selector.register(fd, selectors.EVENT_READ, child)
+                self._watch(fd, child)
                 child._fds[fd] = capture
             except (OSError, ValueError, KeyError) as exc:  # e.g. out of epoll watches: that stream is lost
                 log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
@@ -199,7 +218,7 @@ class OutputReader:
             self._handle(link, messages)
         if data:
             return
-        self._selector.unregister(link.sock.fileno())
+        self._unwatch(link.sock.fileno())
         try:
             link.on_eof()
         except Exception:  # e.g. the state record unwritable: the reader must go on for the next server
@@ -237,7 +256,7 @@ class OutputReader:
 
     def _close_fd(self, child: Child, fd: int) -> None:
         if child._fds.pop(fd, None) is not None:
-            self._selector.unregister(fd)
+            self._unwatch(fd)
             os.close(fd)
 
     def _check_exit(self, child: Child) -> None:
