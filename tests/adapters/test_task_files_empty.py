@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from leasecore.process import CommandSpec, Supervisor
-from leasecore.process.taskfiles import plainly_empty, read_output_file
+from leasecore.process.taskfiles import TaskFiles, plainly_empty, read_output_file
 
 from .process_support import make_task, running_supervisor
 
@@ -56,7 +56,7 @@ def test_for_another_user_an_empty_file_it_may_not_read_is_opened_as_before() ->
     shared.chmod(0o777)
     code = (
         "import os, sys\n"
-        "from leasecore.process.taskfiles import plainly_empty, read_output_file\n"
+        "from leasecore.process.taskfiles import TaskFiles, plainly_empty, read_output_file\n"
         "os.setgid(65534); os.setuid(65534)  # (everything imported first: the stdlib may be root's)\n"
         "path = os.path.join(sys.argv[1], 'out')\n"
         "os.mknod(path, 0o600 | 0o100000)\n"
@@ -120,3 +120,29 @@ def test_every_byte_a_short_child_writes_before_its_exit_is_read(supervisor: Sup
     assert one is not None
     assert lines["stdout"] == [f"o{i}" for i in range(200)] + ["END"]
     assert lines["stderr"] == [f"e{i}" for i in range(200)] + ["ERR"]
+
+
+def test_task_directories_are_named_as_os_path_join_would_in_any_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's name is kept per absolute parent; a relative parent still follows the cwd."""
+    for where in ("a", "b"):
+        (tmp_path / where / "tasks").mkdir(parents=True)
+        monkeypatch.chdir(tmp_path / where)
+        for parent in ("tasks", str(tmp_path / where / "tasks") + "/", str(tmp_path / where / "tasks")):
+            files = TaskFiles.create(make_task({"k": "v"}), parent=parent, unique="0123456789abcdef" + where)
+            try:
+                expected = str(tmp_path / where / "tasks" / "conductor-run-task-0123456789abcdef")
+                assert files.directory == expected
+                assert files.input_path == os.path.join(expected, "input.json")
+                assert Path(files.input_path).read_bytes() == b'{"k": "v"}'
+                assert stat.S_IMODE(os.lstat(files.output_path).st_mode) == 0o600
+                assert stat.S_IMODE(os.lstat(files.directory).st_mode) == 0o700
+            finally:
+                files.remove()
+            assert not os.path.exists(files.directory)
+    empty = TaskFiles.create(make_task({}), parent=str(tmp_path))
+    try:
+        assert Path(empty.input_path).read_bytes() == b"{}"
+    finally:
+        empty.remove()
