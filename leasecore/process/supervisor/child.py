@@ -45,6 +45,7 @@ LineSink = Callable[[str, str], None]
 LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
 DoneSink = Callable[[ChildExit], None]
 StartedSink = Callable[["Child"], None]
+_NUMBER = (int, float)  # (a tuple: ``int | float`` makes a union object at each isinstance, a task's cost)
 
 
 @dataclass(frozen=True)
@@ -190,13 +191,13 @@ class Child:
             raw = event.get("resources")
             usage = {}
             if isinstance(raw, dict):
-                usage = {k: round(float(v), 3) for k, v in raw.items() if isinstance(v, int | float)}
+                usage = {k: round(float(v), 3) for k, v in raw.items() if isinstance(v, _NUMBER)}
             if "max_rss_bytes" in usage:
                 usage["max_rss_bytes"] = int(usage["max_rss_bytes"])
             self._usage = (usage, int(event.get("oom_kills") or 0))
             self.ended_by_switch = bool(event.get("switch"))
             late = event.get("switch_late")
-            self.switch_late_seconds = float(late) if isinstance(late, int | float) else None
+            self.switch_late_seconds = float(late) if isinstance(late, _NUMBER) else None
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()
