@@ -79,17 +79,19 @@ def test_journal_keeps_a_killed_runners_trees_findable(tmp_path: Path) -> None:
 
 def test_journal_compacts_into_the_record(tmp_path: Path) -> None:
     record = leftovers.StateRecord(tmp_path, os.getpid())
-    for i in range(300):
+    slack = leftovers._COMPACT_SLACK
+    for i in range(3 * slack):
         record.add(leftovers.TreeRecord(f"t{i}", 10_000 + i, 1, "0" * 32, ""))
         if i >= 20:
             record.remove(f"t{i - 20}")
     path = tmp_path / f"processes-{os.getpid()}.json"
     journal = path.with_suffix(".journal")
     # Bounded: compaction keeps the journal within about twice the live trees (plus slack).
-    assert len(journal.read_text().splitlines()) <= 2 * 20 + 64 + 1
+    assert len(journal.read_text().splitlines()) <= 2 * 20 + slack + 1
     trees = {str(t["key"]): t for t in json.loads(path.read_text())["trees"]}
     leftovers._replay_journal(path, trees)
-    assert sorted(trees) == sorted(f"t{i}" for i in range(280, 300))
+    assert sorted(trees) == sorted(f"t{i}" for i in range(3 * slack - 20, 3 * slack))
+    assert (path.stat().st_mode & 0o777) == 0o600
     record.delete()
     assert not path.exists() and not journal.exists()
 
