@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +147,26 @@ def test_task_directories_are_named_as_os_path_join_would_in_any_parent(
         assert Path(empty.input_path).read_bytes() == b"{}"
     finally:
         empty.remove()
+
+
+def test_a_child_whose_pipe_outlives_it_is_finished_after_the_drain_time(tmp_path: Path) -> None:
+    """A member left holding stdout (its own background process) does not hold the task: the child
+    is finished once its drain time after the exit is over, with what it wrote; two at once."""
+    sup = Supervisor(tmp_path / "state", environ={"PATH": os.environ.get("PATH", os.defpath)},
+                     output_drain_seconds=0.5)  # fmt: skip
+    try:
+        # The member ignores the TERM its tree gets at the leader's exit: it holds the pipe till the KILL.
+        shell = "echo first; (trap '' TERM; sleep 30; echo never) & sleep 0.2; exit 0"
+        command = CommandSpec(shell=shell, kill_grace_seconds=30.0)
+        started = time.monotonic()
+        children = [sup.start(make_task(), command, worker_id="w") for _ in range(2)]
+        for child in children:
+            exit = child.wait(20)
+            assert exit is not None and exit.exit_code == 0
+            assert exit.stdout_tail == "first"
+        assert time.monotonic() - started < 15  # the drain time, not the sleep
+        for child in children:
+            child.kill_tree()
+            assert child.wait_gone(20)
+    finally:
+        sup.close()

@@ -69,6 +69,7 @@ class OutputReader:
         self._lock = threading.Lock()
         self._pending: list[Callable[[], None]] = []
         self._children: set[Child] = set()  # added and not yet finished
+        self._draining: set[Child] = set()  # of those, the exited ones with a drain deadline
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._ident: int | None = None  # the reader thread's, once it runs
@@ -155,11 +156,11 @@ class OutputReader:
                 except Exception:  # as for queued work: the reader must go on
                     log.exception("the output reader's housekeeping failed; continuing")
                     self._next_housekeeping_at = now + 1.0
-            deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
+            deadlines = [c._drain_deadline for c in self._draining if c._drain_deadline is not None]
             if self._housekeeping is not None:
                 deadlines.append(self._next_housekeeping_at)
             for child in [
-                c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
+                c for c in self._draining if c._drain_deadline is not None and c._drain_deadline <= now
             ]:
                 self._finish(child)  # the child is gone; whoever still holds the pipe does not hold the task
             timeout = -1.0 if not deadlines else max(0.0, min(deadlines) - now)
@@ -267,11 +268,13 @@ class OutputReader:
             self._finish(child)
         elif child._drain_deadline is None:
             child._drain_deadline = time.monotonic() + self._drain_seconds
+            self._draining.add(child)
 
     def _finish(self, child: Child) -> None:
         for fd in list(child._fds):
             self._close_fd(child, fd)
         self._children.discard(child)
+        self._draining.discard(child)
         assert child._captures is not None
         stdout, stderr = child._captures
         stdout.close()
