@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
 
 from leasecore.process import CommandSpec
 from leasecore.process.linux import leftovers
@@ -161,3 +162,52 @@ def test_a_tree_record_has_the_fields_running_trees_copies_by_hand() -> None:
 
     fields = [field.name for field in dataclasses.fields(leftovers.TreeRecord)]
     assert fields == ["key", "pid", "start_time", "token", "tmpdir", "meta", "cgroup", "survivors"]
+
+
+class _FakeChild:
+    def __init__(self, key: str) -> None:
+        self.key, self.pid, self.cgroup, self.gone = key, 0, None, False
+
+    def _on_gone(self) -> None:
+        self.gone = True
+
+
+class _FakeKillBy:
+    def gone(self, key: str) -> None:
+        pass
+
+
+def test_an_unwritable_record_wakes_every_held_tree_and_names_each_task(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A removal held over a read and an add that cannot be written: the gone trees' waiters are
+    woken all the same, and the log names the task whose tree is unrecorded and those unremoved."""
+    import threading
+    from types import SimpleNamespace
+
+    from leasecore.process.supervisor.running import RunningTrees
+
+    record = leftovers.StateRecord(tmp_path, os.getpid())
+    trees = RunningTrees(threading.Condition(), record, _FakeKillBy())  # type: ignore[arg-type]
+    old, new = _FakeChild("t1"), _FakeChild("t2")
+    trees.add(old)  # type: ignore[arg-type]
+    trees.started(SimpleNamespace(child=old, record=leftovers.TreeRecord("t1", 0, 0, "1" * 32, "")),  # type: ignore[arg-type]
+                  {"pid": 10_001, "start": 5})  # fmt: skip
+
+    def full(text: str, lines: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    record._append = full  # type: ignore[method-assign]
+    trees.hold()
+    trees.gone(old)  # type: ignore[arg-type]
+    assert not old.gone  # held: its removal is not written yet
+    trees.add(new)  # type: ignore[arg-type]
+    with caplog.at_level("ERROR"):
+        trees.started(SimpleNamespace(child=new, record=leftovers.TreeRecord("t2", 0, 0, "2" * 32, "")),  # type: ignore[arg-type]
+                      {"pid": 10_002, "start": 5})  # fmt: skip
+        trees.release()
+    assert old.gone
+    text = caplog.text
+    assert "task t2: could not record its tree" in text
+    assert "tasks t1: could not remove their trees from the state record" in text
+    record.delete()

@@ -76,6 +76,7 @@ class RunningTrees:
                 self.record.add(record)  # written now, with the removals held before it
             except OSError as exc:  # the tree runs on unrecorded: only a crash of ours would lose it
                 log.error("task %s: could not record its tree in the state directory: %s", child.key, exc)
+                self._unremoved(exc)
             finally:
                 self._wake_gone()
 
@@ -106,11 +107,17 @@ class RunningTrees:
             self._holding = False
             try:
                 self.record.flush()
-            except OSError as exc:  # a later sweep finds those trees' leaders gone: nothing is killed
-                keys = ", ".join(child.key for child in self._gone_held)
-                log.error("tasks %s: could not remove their trees from the state record: %s", keys, exc)
+            except OSError as exc:
+                self._unremoved(exc)
             finally:  # an unwritable record must not leave wait_gone waiting for ever
                 self._wake_gone()
+
+    def _unremoved(self, exc: OSError) -> None:
+        """The held removals were not written (a later sweep finds those trees' leaders gone: it
+        kills nothing, and reports their tasks as a dead runner's)."""
+        if self._gone_held:
+            keys = ", ".join(child.key for child in self._gone_held)
+            log.error("tasks %s: could not remove their trees from the state record: %s", keys, exc)
 
     def _wake_gone(self) -> None:
         gone, self._gone_held = self._gone_held, []
