@@ -139,7 +139,7 @@ class TaskFiles:
         (0600, the child's user's like the others; None: no such file)."""
         directory = None
         if unique:
-            path = os.path.join(os.path.abspath(parent or tempfile.gettempdir()), TMP_PREFIX + unique[:16])
+            path = _name_prefix(parent or tempfile.gettempdir()) + unique[:16]
             try:
                 os.mkdir(path, 0o700)  # fails on anything already there, a symlink included
                 directory = path
@@ -147,13 +147,14 @@ class TaskFiles:
                 pass
         if directory is None:
             directory = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
+        # (a directory's name never ends in "/": + "/" + name is os.path.join, a call less per file)
         input_name, output_name, checkpoint_name = TASK_FILE_NAMES
-        stdin_path = None if stdin is None else os.path.join(directory, STDIN_FILE_NAME)
-        secrets_path = None if secrets is None else os.path.join(directory, SECRETS_FILE_NAME)
-        files = cls(directory, os.path.join(directory, input_name), os.path.join(directory, output_name),
-                    stdin_path, os.path.join(directory, checkpoint_name), secrets_path)  # fmt: skip
+        stdin_path = None if stdin is None else directory + "/" + STDIN_FILE_NAME
+        secrets_path = None if secrets is None else directory + "/" + SECRETS_FILE_NAME
+        files = cls(directory, directory + "/" + input_name, directory + "/" + output_name,
+                    stdin_path, directory + "/" + checkpoint_name, secrets_path)  # fmt: skip
         try:
-            body = dump_json(task.input_data, "the task's input")
+            body = dump_json(task.input_data, "the task's input") if task.input_data else b"{}"
             _write_private(files.input_path, body)
             _write_private(files.output_path, b"")
             _write_private(files.checkpoint_path, checkpoint)  # (empty, the common case: one mknod)
@@ -183,6 +184,20 @@ class TaskFiles:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         remove_tmpdir(self.directory, rmtree)
+
+
+_PREFIXES: dict[str, str] = {}  # an absolute parent -> its task directories' names before the token
+
+
+def _name_prefix(parent: str) -> str:
+    """``os.path.join(os.path.abspath(parent), TMP_PREFIX)``, kept per absolute parent (the few a
+    Supervisor uses: abspath's normalising is a dozen Python calls a task otherwise)."""
+    prefix = _PREFIXES.get(parent)
+    if prefix is None:
+        prefix = os.path.join(os.path.abspath(parent), TMP_PREFIX)
+        if os.path.isabs(parent) and len(_PREFIXES) < 16:  # a relative one depends on the cwd
+            _PREFIXES[parent] = prefix
+    return prefix
 
 
 def dump_json(value: Mapping[str, Any], what: str) -> bytes:
@@ -217,9 +232,11 @@ def _write_private(path: str, body: bytes) -> None:
             pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:  # not os.fdopen: its buffered file costs an fstat, an isatty and an lseek per task
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
+        written = os.write(fd, body)
+        if written < len(body):  # (a regular file takes it whole but on a full disk or a signal)
+            view = memoryview(body)[written:]
+            while view:
+                view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -229,9 +246,26 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def plainly_empty(path: str) -> bool:
+    """Whether ``path`` is an empty regular file (not a symbolic link) that this process could open
+    for reading: what an open with ``O_NOFOLLOW`` and an ``fstat`` would find, told by one ``lstat``
+    (each system call gives up the GIL and must win it back behind the runner's other threads).
+    False for anything else, which the caller then opens and reads as before."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size:
+        return False
+    euid = os.geteuid()
+    return euid == 0 or (st.st_uid == euid and bool(st.st_mode & stat.S_IRUSR))
+
+
 def read_output_file(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """Read and check the JSON object a child left in ``path`` (see ``TaskFiles.read_output``)."""
     name = "CONDUCTOR_OUTPUT_FILE"
+    if plainly_empty(path):  # most tasks write nothing: one lstat, not an open, an fstat and a close
+        return None, None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -60,7 +60,7 @@ def test_meta_round_trips_through_the_journal_and_compaction(tmp_path: Path) -> 
         assert path.with_suffix(".journal").stat().st_size > 0  # the second add went to the journal
         read = [leftovers.TreeRecord.from_json(t) for t in leftovers.read_record(path)["trees"]]
         assert {t.key: t.meta for t in read} == {"t0": META, "t1": dict(META, task_id="task-2")}
-        for i in range(2, 200):  # enough changes to compact the journal into the record
+        for i in range(2, 2 + leftovers._COMPACT_SLACK):  # enough changes to compact the journal
             record.add(leftovers.TreeRecord(f"t{i}", 10_000 + i, 1, "2" * 32, "", {"task_id": f"x{i}"}))
             record.remove(f"t{i}")
         compacted = json.loads(path.read_text())["trees"]

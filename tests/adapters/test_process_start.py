@@ -342,20 +342,20 @@ def test_a_given_up_start_is_killed_when_its_fork_server_dies_before_answering(t
 def test_a_child_whose_pipes_cannot_be_watched_still_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Registering a child's pipes with the reader's selector can fail (out of epoll watches): its
+    # Registering a child's pipes with the reader's epoll can fail (out of epoll watches): its
     # output is lost, said in the log, but its exit must still end the task, not strand it for ever.
     seen = Seen()
     with _supervisor(tmp_path) as supervisor:
         _warm(supervisor)
-        selector = supervisor._output._selector
-        real_register = selector.register
+        reader = supervisor._output
+        real_watch = reader._watch
 
-        def register(fileobj: object, events: int, data: object = None) -> object:
-            if isinstance(data, Child):
+        def watch(fd: int, whose: object) -> None:
+            if isinstance(whose, Child):
                 raise OSError(28, "No space left on device")
-            return real_register(fileobj, events, data)  # type: ignore[arg-type]
+            real_watch(fd, whose)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(selector, "register", register)
+        monkeypatch.setattr(reader, "_watch", watch)
         fds = _fd_count()
         seen.start(supervisor, spec("sh", "-c", "exit 3"))
         exit_ = seen.exit()

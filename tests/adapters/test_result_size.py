@@ -101,3 +101,23 @@ def test_the_size_is_measured_as_the_real_server_measures_it() -> None:
     compact JSON) stayed inline; one byte more was moved to external storage."""
     assert json_size({"blob": "x" * (3 * MIB - 11)}) == OUTPUT_DATA_LIMIT_BYTES
     assert json_size({"é": "ü", "n": [1, 2.5, None, True]}) == len('{"é":"ü","n":[1,2.5,null,true]}'.encode())
+
+
+@pytest.mark.parametrize("chars", [0, 1000, 65536, 250_000, 262_000, 263_000, 600_000])
+def test_without_an_output_file_the_size_is_measured_only_when_it_could_pass_the_limit(chars: int) -> None:
+    """Without a file's object, outputData is encoded to be measured only when its tails and error
+    could pass the limit at 6 bytes a character (a control character's escape): a result is the same
+    either way, and tails that do pass it fail the task saying so."""
+    from leasecore.process.spec import ChildExit
+
+    tail = "\x01" * chars  # 6 bytes each in JSON: the worst case
+    exit_ = ChildExit(exit_code=0, signal=None, duration_seconds=0.1, stdout_tail=tail, stderr_tail=tail)
+    result = to_task_result(Task.from_json(RAW), exit_, CommandSpec(argv=("true",)), worker_id="w")
+    whole = {"exitCode": 0, "signal": None, "durationSeconds": 0.1, "stdoutTail": tail, "stderrTail": tail,
+             "resources": {"max_rss_bytes": None, "cpu_user_seconds": None, "cpu_system_seconds": None}}
+    if json_size(whole) <= OUTPUT_DATA_LIMIT_BYTES:
+        assert result.status == TaskStatus.COMPLETED and result.output_data == whole
+    else:
+        assert result.status == TaskStatus.FAILED
+        assert result.reason_for_incompletion is not None and "too large" in result.reason_for_incompletion
+        assert "stdoutTail" not in result.output_data

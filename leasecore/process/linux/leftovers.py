@@ -88,7 +88,10 @@ def _is_alive(entry: dict[str, int] | None) -> bool:
     return info is not None and not info.is_zombie and info.start_time == int(entry["start_time"])
 
 
-_COMPACT_SLACK = 64
+# Lines the journal may hold beyond twice the live trees before the record is rewritten: a rewrite
+# (a new file, a rename, the journal emptied) costs ~140 us of CPU on ext4, a line ~5 us; at 1024
+# it comes once per ~500 short tasks instead of ~36, and the journal stays under ~0.5 MB.
+_COMPACT_SLACK = 1024
 
 
 def _journal_path(record_path: Path) -> Path:
@@ -101,10 +104,12 @@ class StateRecord:
 
     The JSON record (runner, fork server, trees) is written first; from then on a change is one
     appended line of ``processes-<pid>.journal`` (``+{tree json}`` / ``-key``), and the record is
-    rewritten (and the journal emptied) only once the journal outgrows twice the live trees plus 64
+    rewritten (and the journal emptied) only once the journal outgrows twice the live trees plus 1024
     lines: one ``write`` per spawn and exit instead of a rewrite (open, dump, rename; O(trees): see
     docs/benchmarks.md). An appended line is in the page cache as
-    soon as ``write`` returns, so a SIGKILLed runner's trees are still found. Readers use
+    soon as ``write`` returns, so a SIGKILLed runner's trees are still found. Between ``hold`` and
+    ``flush`` (the reader thread's handling of one read of the fork server's messages, tens of µs)
+    removals wait for the next add or the flush and go out with it in one ``write``. Readers use
     :func:`read_record` (the record with its journal replayed).
     """
 
@@ -116,28 +121,65 @@ class StateRecord:
         self._journal: int | None = None  # fd, O_APPEND
         self._journal_lines = 0
         self._written = False
+        self._held: list[str] | None = None  # lines held back until ``flush`` (see ``hold``)
         if state_dir is not None:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def add(self, record: TreeRecord) -> None:
+        """Record a tree: written before this returns (with whatever ``hold`` kept back), so that a
+        tree whose spawn the caller reports as started is in the record."""
         self._trees[record.key] = record
-        self._change("+" + json.dumps(vars(record)))  # flat fields: vars, not asdict's deep copy
+        self._change("+" + json.dumps(vars(record)), now=True)  # flat fields: vars, not asdict's deep copy
 
     def remove(self, key: str) -> None:
+        """Forget a tree: written at once, or while held with the next add or at ``flush``."""
         if self._trees.pop(key, None) is not None:
-            self._change("-" + json.dumps(key))
+            self._change("-" + json.dumps(key), now=False)
 
-    def _change(self, line: str) -> None:
+    def hold(self) -> None:
+        """Hold removals back until the next ``add`` or ``flush``, which append them with their own
+        line in one ``write``: the reader thread holds them over one read of the fork server's
+        messages (a tree's end and another's start often come together), one system call less a
+        task. A removal held back is safe: a tree gone stays gone to a later sweep."""
+        if self._held is None:
+            self._held = []
+
+    def flush(self) -> None:
+        """Append the lines held since ``hold`` (one ``write``) and stop holding; OSError if that
+        fails (the lines are dropped, as a failed remove's)."""
+        try:
+            self._write_held()
+        finally:
+            self._held = None
+
+    def _change(self, line: str, *, now: bool) -> None:
         if self._path is None:
             return
-        if not self._written or self._journal_lines >= 2 * len(self._trees) + _COMPACT_SLACK:
-            self._write()
+        lines = self._journal_lines + (len(self._held) if self._held is not None else 0)
+        if not self._written or lines >= 2 * len(self._trees) + _COMPACT_SLACK:
+            self._write()  # (the whole record: what is held is in it)
             return
+        if self._held is None:
+            self._append(line + "\n", 1)
+            return
+        self._held.append(line + "\n")
+        if now:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        held = self._held
+        if held:
+            text, count = "".join(held), len(held)
+            held.clear()
+            self._append(text, count)
+
+    def _append(self, text: str, lines: int) -> None:
         if self._journal is None:
+            assert self._path is not None
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
             self._journal = os.open(_journal_path(self._path), flags, 0o600)
-        os.write(self._journal, (line + "\n").encode())
-        self._journal_lines += 1
+        os.write(self._journal, text.encode())
+        self._journal_lines += lines
 
     def set_forkserver(self, pid: int) -> None:
         """A new fork server took over (the last one died)."""
@@ -170,10 +212,18 @@ class StateRecord:
         # mkstemp's random names cost as much as the rest of the write, once per spawn and exit.
         tmp = self._path.with_name(f".{self._path.name}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
-            f.write(json.dumps(data))  # dumps: json.dump encodes in Python, dumps in C
+        body = json.dumps(data).encode()  # dumps: json.dump encodes in Python, dumps in C
+        fd = os.open(tmp, flags, 0o600)
+        try:  # not os.fdopen: a text file's set-up (fstat, ioctl, lseek, its codec) for one write
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, self._path)
         self._written = True
+        if self._held:  # the record holds every change held back too
+            self._held.clear()
         if self._journal is not None and self._journal_lines:  # the record now holds all of it
             os.ftruncate(self._journal, 0)
         self._journal_lines = 0
@@ -276,11 +326,11 @@ def remove_tmpdir(path: str, rmtree: Callable[[str], None] | None = None) -> Non
 
     ``rmtree(path)``: what removes a directory the child put more in (default: at once, here); the
     Supervisor's reader thread hands that unbounded work to a thread of its own."""
-    if path and Path(path).name.startswith(TMP_PREFIX):
+    if path and os.path.basename(path.rstrip("/")).startswith(TMP_PREFIX):  # (no pathlib: a task's cost)
         try:  # what it holds unless the child added files there: three syscalls, not rmtree's dozen
             for name in TASK_FILE_NAMES:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(path, name))
+                    os.unlink(path + "/" + name)  # (a "//" in it is one "/" to the kernel)
             os.rmdir(path)
         except FileNotFoundError:
             pass

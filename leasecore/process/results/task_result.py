@@ -30,6 +30,19 @@ from leasecore.process.results.reasons import (
 from leasecore.process.results.stdio_protocol import to_stdio_result
 from leasecore.process.spec import STDIO, ChildExit, CommandSpec
 
+# Without an output file's object, outputData holds only the runner's keys: an exit code, a signal's
+# name, a duration, the resources (three numbers) and, of any length, the two tails and the error.
+# In compact UTF-8 JSON a character takes at most 6 bytes (a control character's \u escape).
+_MAX_BYTES_PER_CHAR = 6
+_OWN_KEYS_BYTES = 4096  # the keys, the numbers and the signal's name: a few hundred bytes, bounded
+
+
+def _may_be_too_large(exit: ChildExit, error: str | None) -> bool:
+    """Whether outputData without a file's object could pass the limit (else it is not encoded to
+    be measured: a ``json.dumps`` of the tails per task, tens of µs for a chatty child)."""
+    chars = len(exit.stdout_tail) + len(exit.stderr_tail) + len(error or "")
+    return _MAX_BYTES_PER_CHAR * chars + _OWN_KEYS_BYTES > OUTPUT_DATA_LIMIT_BYTES
+
 
 def to_task_result(
     task: Task, exit: ChildExit, spec: CommandSpec, *, worker_id: str, timed_out: bool = False
@@ -85,7 +98,7 @@ def to_task_result(
     )
     if error:
         output["outputError"] = error
-    size = json_size(output)
+    size = json_size(output) if exit.output or _may_be_too_large(exit, error) else 0
     if size > OUTPUT_DATA_LIMIT_BYTES:  # the file's object fit, but not with what is added to it
         status, callback = TaskStatus.FAILED, 0
         reason = too_large("outputData (the output file's object, the tails, ...)", size)

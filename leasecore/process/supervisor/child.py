@@ -29,13 +29,14 @@ from typing import Any
 from leasecore.clock import Clock
 from leasecore.errors import ProcessError
 from leasecore.masking import Masker
+from leasecore.process.checkpoint import EMPTY as CHECKPOINT_EMPTY
 from leasecore.process.checkpoint import NAME as CHECKPOINT_NAME
 from leasecore.process.checkpoint import CheckpointRead, read_checkpoint_file
 from leasecore.process.linux import cgroupfs, leftovers, procfs
 from leasecore.process.results.stdio_protocol import StdoutDocument
 from leasecore.process.spec import ChildExit
 from leasecore.process.supervisor.output import StreamCapture
-from leasecore.process.taskfiles import TaskFiles
+from leasecore.process.taskfiles import TaskFiles, plainly_empty
 
 # one logger for the runner's side of process/
 log = logging.getLogger("leasecore.process.supervisor.supervisor")
@@ -44,6 +45,7 @@ LineSink = Callable[[str, str], None]
 LinesSink = Callable[[str, list[str]], None]  # (stream, the complete lines of one read)
 DoneSink = Callable[[ChildExit], None]
 StartedSink = Callable[["Child"], None]
+_NUMBER = (int, float)  # (a tuple: ``int | float`` makes a union object at each isinstance, a task's cost)
 
 
 @dataclass(frozen=True)
@@ -189,13 +191,13 @@ class Child:
             raw = event.get("resources")
             usage = {}
             if isinstance(raw, dict):
-                usage = {k: round(float(v), 3) for k, v in raw.items() if isinstance(v, int | float)}
+                usage = {k: round(float(v), 3) for k, v in raw.items() if isinstance(v, _NUMBER)}
             if "max_rss_bytes" in usage:
                 usage["max_rss_bytes"] = int(usage["max_rss_bytes"])
             self._usage = (usage, int(event.get("oom_kills") or 0))
             self.ended_by_switch = bool(event.get("switch"))
             late = event.get("switch_late")
-            self.switch_late_seconds = float(late) if isinstance(late, int | float) else None
+            self.switch_late_seconds = float(late) if isinstance(late, _NUMBER) else None
         if self._exit_info is None:
             self._exit_info = (code, sig, self._clock.monotonic())
             self._exited.set()
@@ -269,7 +271,8 @@ class Child:
                 output_error = f"CONDUCTOR_OUTPUT_FILE could not be read (internal error: {why})"
             if self._files.checkpoint_path:  # read before the directory goes (the runner keeps it)
                 try:
-                    checkpoint = read_checkpoint_file(self._files.checkpoint_path)
+                    path = self._files.checkpoint_path  # empty (most tasks): one lstat, no open
+                    checkpoint = CHECKPOINT_EMPTY if plainly_empty(path) else read_checkpoint_file(path)
                 except Exception as exc:  # a bug: the task still ends, with the checkpoint seen last
                     log.exception("task %s: reading its checkpoint file failed", self.key)
                     why = type(exc).__name__

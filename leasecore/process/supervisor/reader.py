@@ -21,7 +21,7 @@ import contextlib
 import fcntl
 import logging
 import os
-import selectors
+import select
 import socket
 import threading
 import time
@@ -36,6 +36,7 @@ from leasecore.process.supervisor.child import Child
 log = logging.getLogger("leasecore.process.supervisor.supervisor")
 
 READ_BYTES = 1 << 20  # the most one read of a child's pipe takes
+_HUP_ONLY = select.EPOLLHUP  # a pipe whose writers are all gone and that holds nothing: at its EOF
 BIG_PIPE_BYTES = 1 << 20  # a child that fills its 64 KiB pipe gets a 1 MiB one (fewer wake-ups)
 _F_SETPIPE_SZ = 1031
 
@@ -43,15 +44,17 @@ _F_SETPIPE_SZ = 1031
 class _ServerSocket:
     """The fork server's socket, as the reader thread reads it."""
 
-    __slots__ = ("buffer", "done", "on_eof", "on_event", "sock")
+    __slots__ = ("around", "buffer", "done", "on_eof", "on_event", "sock")
 
     def __init__(
-        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
-    ) -> None:
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None],
+        around: tuple[Callable[[], None], Callable[[], None]] | None = None,
+    ) -> None:  # fmt: skip
         self.sock = sock
         self.buffer = bytearray()  # bytes of a message not complete yet
         self.on_event = on_event
         self.on_eof = on_eof
+        self.around = around  # (before, after) the messages of one read
         self.done = threading.Event()  # set once on_eof has returned
 
 
@@ -66,12 +69,17 @@ class OutputReader:
         self._lock = threading.Lock()
         self._pending: list[Callable[[], None]] = []
         self._children: set[Child] = set()  # added and not yet finished
+        self._draining: set[Child] = set()  # of those, the exited ones with a drain deadline
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._ident: int | None = None  # the reader thread's, once it runs
-        self._selector = selectors.DefaultSelector()
+        # epoll itself, not selectors: its events tell a pipe at EOF (EPOLLHUP without EPOLLIN: its
+        # writers gone, nothing left in it) from one with data, so an ended child's pipes are closed
+        # without a read each (two system calls a task), and there is no selector key per fd to make.
+        self._epoll = select.epoll()
+        self._watched: dict[int, Child | _ServerSocket | None] = {}  # fd -> whose (None: the wake-up)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._watch(self._wake_r, None)
 
     def add_here(self, child: Child, out_r: int, err_r: int) -> None:
         """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished).
@@ -87,15 +95,17 @@ class OutputReader:
         self._check_exit(child)
 
     def watch_server(
-        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None]
-    ) -> threading.Event:
+        self, sock: socket.socket, on_event: Callable[[dict[str, Any]], None], on_eof: Callable[[], None],
+        around: tuple[Callable[[], None], Callable[[], None]] | None = None,
+    ) -> threading.Event:  # fmt: skip
         """Read the fork server's messages on this thread from now on: ``on_event(message)`` for each,
-        then ``on_eof()`` once, at the socket's end (or an unreadable message). Returns an Event set
-        once ``on_eof`` has returned."""
-        link = _ServerSocket(sock, on_event, on_eof)
+        then ``on_eof()`` once, at the socket's end (or an unreadable message). ``around``: (before,
+        after), called around the messages of each read (after: even if one failed). Returns an
+        Event set once ``on_eof`` has returned."""
+        link = _ServerSocket(sock, on_event, on_eof, around)
 
         def register() -> None:
-            self._selector.register(sock.fileno(), selectors.EVENT_READ, link)
+            self._watch(sock.fileno(), link)
 
         self._queue(register)
         return link.done
@@ -109,7 +119,7 @@ class OutputReader:
         if thread is not None:
             thread.join(timeout_seconds)
         if thread is None or not thread.is_alive():
-            self._selector.close()
+            self._epoll.close()
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -146,29 +156,43 @@ class OutputReader:
                 except Exception:  # as for queued work: the reader must go on
                     log.exception("the output reader's housekeeping failed; continuing")
                     self._next_housekeeping_at = now + 1.0
-            deadlines = [c._drain_deadline for c in self._children if c._drain_deadline is not None]
+            deadlines = [c._drain_deadline for c in self._draining if c._drain_deadline is not None]
             if self._housekeeping is not None:
                 deadlines.append(self._next_housekeeping_at)
             for child in [
-                c for c in self._children if c._drain_deadline is not None and c._drain_deadline <= now
+                c for c in self._draining if c._drain_deadline is not None and c._drain_deadline <= now
             ]:
                 self._finish(child)  # the child is gone; whoever still holds the pipe does not hold the task
-            timeout = None if not deadlines else max(0.0, min(deadlines) - now)
-            for key, _ in self._selector.select(timeout):
-                if key.fd == self._wake_r:
-                    with contextlib.suppress(OSError):
-                        os.read(self._wake_r, 4096)
+            timeout = -1.0 if not deadlines else max(0.0, min(deadlines) - now)
+            for fd, events in self._epoll.poll(timeout, len(self._watched)):
+                whose = self._watched.get(fd)
+                if whose is None:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                    continue  # (an fd closed by an earlier event of this poll)
+                if isinstance(whose, _ServerSocket):
+                    self._read_server(whose)
                     continue
-                if isinstance(key.data, _ServerSocket):
-                    self._read_server(key.data)
-                    continue
-                child = key.data
+                child = whose
                 try:
-                    self._read(child, key.fd)
+                    if events == _HUP_ONLY:  # at EOF, nothing to read (pipe_poll: EPOLLIN iff data)
+                        self._close_fd(child, fd)
+                        self._check_exit(child)
+                    else:
+                        self._read(child, fd)
                 except Exception:  # never let one child's trouble stop every other child's output
                     log.exception("reading the output of task %s failed", child.key)
-                    self._close_fd(child, key.fd)
+                    self._close_fd(child, fd)
                     self._check_exit(child)
+
+    def _watch(self, fd: int, whose: Child | _ServerSocket | None) -> None:
+        self._epoll.register(fd, select.EPOLLIN)
+        self._watched[fd] = whose
+
+    def _unwatch(self, fd: int) -> None:
+        del self._watched[fd]
+        self._epoll.unregister(fd)
 
     def _register(self, child: Child, out_r: int, err_r: int) -> None:
         stdout, stderr = child._stdout_capture(), child._capture("stderr")
@@ -177,7 +201,7 @@ class OutputReader:
         self._children.add(child)  # first: whatever fails below, its exit still finishes it
         for fd, capture in ((out_r, stdout), (err_r, stderr)):
             try:
-                self._selector.register(fd, selectors.EVENT_READ, child)
+                self._watch(fd, child)
                 child._fds[fd] = capture
             except (OSError, ValueError, KeyError) as exc:  # e.g. out of epoll watches: that stream is lost
                 log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
@@ -191,20 +215,33 @@ class OutputReader:
         except (OSError, ValueError) as exc:
             log.debug("the fork server's socket failed: %s", exc)
             data, messages = b"", []
-        for message in messages:
-            try:
-                link.on_event(message)
-            except Exception:  # a bug handling one message must not stop every child's output
-                log.exception("handling a fork server message failed: %r", message)
+        if messages:
+            self._handle(link, messages)
         if data:
             return
-        self._selector.unregister(link.sock.fileno())
+        self._unwatch(link.sock.fileno())
         try:
             link.on_eof()
         except Exception:  # e.g. the state record unwritable: the reader must go on for the next server
             log.exception("handling the fork server's end failed")
         finally:
             link.done.set()
+
+    def _handle(self, link: _ServerSocket, messages: list[dict[str, Any]]) -> None:
+        if link.around is not None:
+            link.around[0]()
+        try:
+            for message in messages:
+                try:
+                    link.on_event(message)
+                except Exception:  # a bug handling one message must not stop every child's output
+                    log.exception("handling a fork server message failed: %r", message)
+        finally:
+            if link.around is not None:
+                try:
+                    link.around[1]()
+                except Exception:  # as for a message: the reader must go on
+                    log.exception("handling a fork server message failed (after its read)")
 
     def _read(self, child: Child, fd: int) -> None:
         data = os.read(fd, READ_BYTES)
@@ -220,7 +257,7 @@ class OutputReader:
 
     def _close_fd(self, child: Child, fd: int) -> None:
         if child._fds.pop(fd, None) is not None:
-            self._selector.unregister(fd)
+            self._unwatch(fd)
             os.close(fd)
 
     def _check_exit(self, child: Child) -> None:
@@ -231,11 +268,13 @@ class OutputReader:
             self._finish(child)
         elif child._drain_deadline is None:
             child._drain_deadline = time.monotonic() + self._drain_seconds
+            self._draining.add(child)
 
     def _finish(self, child: Child) -> None:
         for fd in list(child._fds):
             self._close_fd(child, fd)
         self._children.discard(child)
+        self._draining.discard(child)
         assert child._captures is not None
         stdout, stderr = child._captures
         stdout.close()

@@ -119,7 +119,7 @@ class Supervisor:
         self.kill_by = KillByTimes(self._request)  # each task's kill-by times, for its tree's switch
         self._trees = RunningTrees(self._cond, leftovers.StateRecord(state_dir, self._link.pid), self.kill_by)
         self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
-                                                      self._on_forkserver_lost)  # fmt: skip
+                                                      self._on_forkserver_lost, self._trees.batch)
 
     def __enter__(self) -> Supervisor:
         return self
@@ -357,7 +357,7 @@ class Supervisor:
             with self._cond:
                 self._trees.record.set_forkserver(self._link.pid)
             self._server_done = self._output.watch_server(self._link.sock, self._dispatch,
-                                                          self._on_forkserver_lost)  # fmt: skip
+                                                          self._on_forkserver_lost, self._trees.batch)
             log.warning("started a new fork server (pid %d) after the last one died", self._link.pid)
 
     def _forkserver_back(self) -> None:
