@@ -127,6 +127,11 @@ class AnswerReader:
         if method == "HEAD" or status in (204, 304):
             return b"", True
         coding, length = fields.get(b"transfer-encoding"), fields.get(b"content-length")
+        if coding is None and length is not None and length.isdigit() and len(length) <= 19:
+            plain = int(length)  # the usual answer: one plain Content-Length (body_length's rules, short)
+            if plain > max_bytes:
+                raise AnswerTooLarge(max_bytes, "answer")
+            return self._exactly(plain), True
         size = body_length(
             () if coding is None else (coding.decode("latin-1"),),
             () if length is None else (length.decode("latin-1"),),

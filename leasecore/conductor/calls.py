@@ -50,6 +50,7 @@ __all__ = [
     "is_token_rejection",
     "path_segment",
     "protocol_error",
+    "raise_translated",
     "translate_errors",
 ]
 
@@ -84,13 +85,21 @@ def translate_errors(method: str, path: str) -> Iterator[None]:
     tree."""
     try:
         yield
-    except ConductorRunError:
-        raise
-    except FramingError as exc:
-        raise _framing_error(method, path, exc) from exc
     except Exception as exc:  # the table says which are a failed call (a warning raised under -W error too)
-        _translate(exc, method, path)
+        raise_translated(exc, method, path)
         raise
+
+
+def raise_translated(exc: Exception, method: str, path: str) -> None:
+    """Raise the project's error for ``exc`` (``from`` it), as ``translate_errors`` does; return when
+    ``exc`` is one of the project's already, or no library error (the caller re-raises it then).
+    For a hot path: an ``except`` that calls this costs nothing until something is raised, where a
+    ``with translate_errors(...)`` makes a generator and its context manager on every call."""
+    if isinstance(exc, ConductorRunError):
+        return
+    if isinstance(exc, FramingError):
+        raise _framing_error(method, path, exc) from exc
+    _translate(exc, method, path)
 
 
 def _translate(exc: BaseException, method: str, path: str) -> None:

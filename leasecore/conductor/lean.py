@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import select
 import socket
 import struct
 import threading
@@ -58,7 +59,19 @@ _INLINE_BODY_BYTES = 64 * 1024  # a body up to this size goes out in the same se
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
 _BAD_VALUE = re.compile(r"[\r\n\0]")  # what would end a header line early (header injection)
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")  # a request target never holds controls or spaces
-_PEEK = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)
+_DONTWAIT = int(socket.MSG_DONTWAIT)
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD"})  # tokens already: no pattern to match
+_FIELD_SETS = 32  # header field sets kept made (_header_fields)
+
+
+class _Connection(socket.socket):
+    """A connection of the pool: a socket with its own ``poll`` to see whether the server closed it."""
+
+    __slots__ = ("readable",)
+
+    def watch(self) -> None:
+        self.readable = select.poll()
+        self.readable.register(self.fileno(), select.POLLIN)  # (POLLERR and POLLHUP come unasked)
 
 
 class StaleConnection(ConnectionError):
@@ -89,7 +102,8 @@ class LeanTransport:
         self._max_idle = max_idle
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []
+        self._idle: list[_Connection] = []
+        self._fields: dict[tuple[tuple[str, str], ...], str] = {}  # header fields -> their lines (checked)
         self._busy: set[socket.socket] = set()  # connections under a call now (abort cuts them)
         self._closed = False
         self.generation = 0  # aborts so far: a call started before the latest one is cut
@@ -117,8 +131,8 @@ class LeanTransport:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
-        for sock in busy:
-            _cut(sock)
+        for cut in busy:
+            _cut(cut)
 
     def send(
         self,
@@ -190,20 +204,33 @@ class LeanTransport:
         self, method: str, target: str, body: bytes | None, headers: Mapping[str, str]
     ) -> bytes:
         """The request line and header section (the body itself is not copied in here)."""
-        if not _TOKEN.fullmatch(method) or not target or _BAD_TARGET.search(target):
+        if not (method in _METHODS or _TOKEN.fullmatch(method)) or not target or _BAD_TARGET.search(target):
             # InvalidURL, as http.client did: an HTTPException, so the caller's translation sees it
             raise InvalidURL(f"cannot send {method!r} {target!r}: not a valid request line")
-        lines = [f"{method} {target} HTTP/1.1", self._host_field, "Accept-Encoding: identity"]
-        for name, value in headers.items():
+        key = tuple(headers.items())
+        fields = self._fields.get(key)
+        if fields is None:
+            fields = self._header_fields(key)
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            fields += f"Content-Length: {len(body or b'')}\r\n"
+        return f"{method} {target} HTTP/1.1\r\n{fields}\r\n".encode("latin-1")
+
+    def _header_fields(self, headers: tuple[tuple[str, str], ...]) -> str:
+        """Host, Accept-Encoding and ``headers`` as header lines, each checked; kept for the next calls
+        with the same fields (the sender's are the same few each time; a bound all the same)."""
+        lines = [self._host_field, "Accept-Encoding: identity"]
+        for name, value in headers:
             if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
                 raise ValueError(f"invalid HTTP header {name!r}: a name must be a token, a value one line")
             lines.append(f"{name}: {value}")
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        lines.append("\r\n")
-        return "\r\n".join(lines).encode("latin-1")
+        fields = "".join(f"{line}\r\n" for line in lines)
+        fields.encode("latin-1")  # (what cannot go out fails here, as it did on each call)
+        if len(self._fields) >= _FIELD_SETS:
+            self._fields.clear()
+        self._fields[headers] = fields
+        return fields
 
-    def _take(self, deadline: float) -> tuple[socket.socket, bool]:
+    def _take(self, deadline: float) -> tuple[_Connection, bool]:
         while True:
             with self._lock:
                 sock = self._idle.pop() if self._idle else None
@@ -213,13 +240,14 @@ class LeanTransport:
                 return sock, True
             sock.close()
 
-    def _connect(self, deadline: float) -> socket.socket:
+    def _connect(self, deadline: float) -> _Connection:
         sock = self._open(deadline)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # Blocking from here: the kernel times each send and recv (_arm), one system call each,
             # where a Python timeout adds a poll before every one.
             sock.settimeout(None)
+            sock.watch()
         except BaseException:
             sock.close()
             raise
@@ -227,13 +255,13 @@ class LeanTransport:
             self.opened += 1
         return sock
 
-    def _open(self, deadline: float) -> socket.socket:
+    def _open(self, deadline: float) -> _Connection:
         """A connected socket: the name resolved and each address tried within the deadline (as
         ``socket.create_connection`` does, whose own lookup has no timeout)."""
         addresses = self._resolver.resolve(self._host, self._port, seconds_left(deadline, self._monotonic))
         error: OSError | None = None
         for family, kind, proto, _, address in addresses:
-            sock = socket.socket(family, kind, proto)
+            sock = _Connection(family, kind, proto)
             try:
                 sock.settimeout(seconds_left(deadline, self._monotonic))
                 sock.connect(address)
@@ -248,7 +276,7 @@ class LeanTransport:
 
     def _exchange(
         self,
-        sock: socket.socket,
+        sock: _Connection,
         method: str,
         request: bytes,
         body: bytes | None,
@@ -279,8 +307,17 @@ class LeanTransport:
 
     def _send_all(self, sock: socket.socket, data: bytes, deadline: float) -> None:
         """``sendall``, with the deadline re-armed before each ``send``: SO_SNDTIMEO bounds one call,
-        and a slow reader that takes a little at a time would let ``sendall`` run on past it."""
-        view = memoryview(data)
+        and a slow reader that takes a little at a time would let ``sendall`` run on past it. The first
+        ``send`` does not wait (``MSG_DONTWAIT``): what the kernel takes at once needs no timer, which
+        for a request of the usual size is all of it (one ``setsockopt`` a call fewer)."""
+        seconds_left(deadline, self._monotonic)  # (no time left: nothing goes out)
+        try:
+            sent = sock.send(data, _DONTWAIT)
+        except BlockingIOError:  # the send buffer is full: wait for room, timed, below
+            sent = 0
+        if sent == len(data):
+            return
+        view = memoryview(data)[sent:]
         while view:
             arm(sock, socket.SO_SNDTIMEO, seconds_left(deadline, self._monotonic))
             try:
@@ -289,7 +326,7 @@ class LeanTransport:
                 raise TimeoutError("timed out") from None
             view = view[sent:]
 
-    def _give_back(self, sock: socket.socket) -> None:
+    def _give_back(self, sock: _Connection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(sock)
@@ -312,12 +349,8 @@ def _cut(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, for an SSLSocket too
 
 
-def _still_open(sock: socket.socket) -> bool:
-    """An idle keep-alive socket with anything to read has been closed (or spoken to) by the server."""
-    try:
-        sock.recv(1, _PEEK)  # EOF or bytes nobody asked for
-    except BlockingIOError:
-        return True  # nothing to read: still open
-    except OSError:
-        return False
-    return False
+def _still_open(sock: _Connection) -> bool:
+    """An idle keep-alive socket with anything to read (the server's FIN, bytes nobody asked for) or an
+    error pending (a reset) has been closed, or spoken to, by the server. Its own ``poll``: a look
+    that raises nothing when nothing is there (a peeking ``recv`` raised ``BlockingIOError`` then)."""
+    return not sock.readable.poll(0)

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
@@ -28,7 +29,7 @@ from leasecore.conductor.calls import (
     Reply,
     error_for_status,
     is_token_rejection,
-    translate_errors,
+    raise_translated,
 )
 from leasecore.conductor.transport import Transport, open_transport
 from leasecore.errors import (
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a batch of large tasks fits; a runaway answer does not
 POOL_MAXSIZE = 32  # >= the threads that share one client (poll loop, heartbeat senders, reporter)
 ABORTED_CALL_SECONDS = 1.0  # the bound on a call made after abort() (a forced stop)
+_TEXT = "text/plain; charset=utf-8"
+_HEADER_SETS = 16  # (Accept, Content-Type) pairs whose header fields are kept made
 
 
 class RequestSender:
@@ -99,6 +102,7 @@ class RequestSender:
             monotonic=self._clock.monotonic,
         )
         self._aborted = False  # abort() was called: calls are cut short (a forced stop)
+        self._headers: dict[tuple[str, str | None], Mapping[str, str]] = {}  # (accept, type) -> fields
         origin_length = len("{0.scheme}://{0.netloc}".format(urlsplit(self.base_url)))
         self._api_target = self.base_url[origin_length:]  # what follows host:port in a request line
         self._root_target = self.root_url[origin_length:]
@@ -189,15 +193,16 @@ class RequestSender:
         target = (self._root_target if root else self._api_target) + path
         if params:
             target += "?" + urlencode(params)
-        headers = {"User-Agent": self._user_agent, "Accept": accept}
         data: bytes | None = None
+        content_type: str | None = None
         if json_body is not None:
-            headers["Content-Type"] = JSON
+            content_type = JSON
             # bytes are JSON already encoded (a TaskResult's ``encoded()``): sent as they are
             data = json_body if isinstance(json_body, bytes) else json.dumps(json_body).encode("utf-8")
         elif text_body is not None:
-            headers["Content-Type"] = "text/plain; charset=utf-8"
+            content_type = _TEXT
             data = text_body.encode("utf-8")
+        headers = self._headers.get((accept, content_type)) or self._header_set(accept, content_type)
         token = self.auth.current(self._remaining(deadline, method, path)) if self.auth else None
         send = (method, path, target or "/", data)
         reply = self._send(
@@ -229,13 +234,27 @@ class RequestSender:
         generation: int | None = None,
     ) -> Reply:
         self._remaining(deadline, method, path)
-        with translate_errors(method, path):
+        try:
             status, body = self.transport.send(
                 method, target, data, headers, deadline, idempotent=idempotent, generation=generation
             )
+        except Exception as exc:  # translated once, here (calls.translate_errors' rules)
+            raise_translated(exc, method, path)
+            raise
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s -> HTTP %d, %d bytes", method, target, status, len(body))
         return Reply(method=method, path=path, status_code=status, body=body)
+
+    def _header_set(self, accept: str, content_type: str | None) -> Mapping[str, str]:
+        """The request's header fields for ``accept`` and ``content_type`` (the token is added per call):
+        made once per pair and shared, never changed (a transport may keep what it made of them)."""
+        fields = {"User-Agent": self._user_agent, "Accept": accept}
+        if content_type is not None:
+            fields["Content-Type"] = content_type
+        if len(self._headers) >= _HEADER_SETS:  # callers name their own Accept: a bound all the same
+            self._headers.clear()
+        headers = self._headers[(accept, content_type)] = MappingProxyType(fields)
+        return headers
 
     def _remaining(self, deadline: float, method: str, path: str) -> float:
         remaining = deadline - self._clock.monotonic()
@@ -280,8 +299,8 @@ class RequestSender:
         return token
 
 
-def _with_token(headers: Mapping[str, str], token: str | None) -> dict[str, str]:
-    return {**headers, "X-Authorization": token} if token else dict(headers)
+def _with_token(headers: Mapping[str, str], token: str | None) -> Mapping[str, str]:
+    return {**headers, "X-Authorization": token} if token else headers
 
 
 def _check_base_url(base_url: str) -> str:

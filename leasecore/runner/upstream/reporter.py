@@ -20,8 +20,8 @@ terminal). 405, or a 404 that v1 then takes, turns update-v2 off for good (``cha
 
 Must not: decide what a result says (the runner does) or touch the lease engine itself (its port,
 ``runner.ports.UpdatePort``, is the runner's guarded update, ``engine.FinalUpdates``).
-Threads: a small ``reporter`` pool delivers; ``submit`` and ``close`` from the main thread;
-``chaining`` and ``hurry`` from any.
+Threads: a small ``reporter`` pool (``senderpool.SenderPool``) delivers; ``submit`` and ``close`` from
+the main thread; ``chaining`` and ``hurry`` from any.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -55,6 +54,7 @@ from leasecore.lease.finalfailure import (
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.runner.ports import ChainPort, TaskReader, TimedChainPort, UpdatePort
+from leasecore.runner.upstream.senderpool import SenderPool
 from leasecore.state.outbox import Outbox
 
 log = logging.getLogger("conductor_run.report")
@@ -117,7 +117,7 @@ class Reporter:
         self._reader: TaskReader | None = reader if reader is not None else getattr(port, "reader", None)
         self._hurry = threading.Event()
         self._wait = wait or self._hurry.wait
-        self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="reporter")
+        self._pool = SenderPool(senders, "reporter")
         self._closed = False
         # update-v2 is used while the port has it and the server has not refused it (405, or a 404
         # that v1 took): a plain bool, written by sender threads, read by the runner's main thread.
@@ -157,7 +157,7 @@ class Reporter:
 
     def close(self) -> None:
         """Wait for the deliveries in progress (each is bounded by its deadline)."""
-        self._pool.shutdown(wait=True)
+        self._pool.close()
         self._closed = True
 
     def _deliver_safely(self, result: TaskResult, deadline: float, poll_count: int = 0,
