@@ -147,7 +147,7 @@ def forkserver_boot_around_spawn(before: str = "", after: str = "", *, threads: 
         "    _after(argv, pid)\n    return pid\n"
         "os.posix_spawn, _spawners.spawn = _os, _lib\n"
         + {True: "import leasecore.process.forkserver.launch as _starts\n"
-                 "_starts._THREADS_ABOVE_SECONDS = -1.0\n",
+                 "_starts._THREADS_ABOVE_SECONDS = -1.0\n_starts._PROBE_EVERY = 0\n",
            False: "_spawners.usable = lambda: False\n", None: ""}[threads]
     )
     main = "from leasecore.process.forkserver.server import main\n"

@@ -10,7 +10,8 @@ limits, ``cgroupfs.spawn_inside``; else ``forkexec.py`` for a cgroup, rlimits or
 Why spawner threads: glibc's ``posix_spawn`` returns once its vfork child has reached the exec, and
 ``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on average
 for a core, and every slot's start, exit and kill queued behind it (docs/benchmarks.md). While that
-wait, smoothed over ~20 starts (``_exec_wait``), is above ``_THREADS_ABOVE_SECONDS`` (1 ms; 0.1-0.5 ms
+wait on the main thread, smoothed over ~20 starts (``_exec_wait``; while the threads are on, every
+16th start is made on the main thread to measure it again), is above ``_THREADS_ABOVE_SECONDS`` (1 ms; 0.1-0.5 ms
 on an idle host, where the threads' hand-offs would cost more than they save), ``to_spawner`` hands a
 request to a spawner thread when one can take it (glibc, /proc ``children`` files, no rlimits, no
 ``run_as``; no group, or a v1 group that the spawner thread alone joins through the v1 ``tasks`` files);
@@ -51,6 +52,11 @@ _EARLY_SIGNALS_MAX = 16  # signal requests kept for one start still on its threa
 # runner's) and saved no time; beside a busy process it was 2-3 ms. (Smoothed over ~20 starts.)
 _THREADS_ABOVE_SECONDS = 0.001
 _WAIT_SMOOTHING = 0.05
+# Only a wait measured on the main thread counts (a spawner thread's wait is its own: four of them at
+# once on two cores made the child wait for a core behind them, which kept the threads on once the
+# host was idle again); while the threads are on, every this-many-th start is made on the main thread
+# to measure it (0: never).
+_PROBE_EVERY = 16
 
 
 class Launcher:
@@ -80,7 +86,8 @@ class Launcher:
         self._spawn_attributes: Attributes | None = None
         self._spawners_off = False  # none here (not glibc, no children files)
         self._early: dict[str, list[dict[str, Any]]] = {}  # signal requests for starts in flight
-        self._exec_wait = 0.0  # posix_spawn's wait for the exec, smoothed (seconds)
+        self._exec_wait = 0.0  # posix_spawn's wait for the exec on the main thread, smoothed (seconds)
+        self._since_probe = 0  # starts handed to spawner threads since the main thread's last
         self._handed: list[Callable[[], None]] = []  # this turn's starts for spawner threads (hand_over)
         self.start_times = procfs.StartTimes()  # a posix_spawned leader's start time, mostly unread
 
@@ -155,6 +162,7 @@ class Launcher:
             finally:
                 bracket[:] = started, procfs.boot_clock_ns()
                 self._waited((bracket[1] - started) / 1e9)
+                self._since_probe = 0
 
         return spawn() if group is None else cgroupfs.spawn_inside(group, spawn)
 
@@ -165,6 +173,8 @@ class Launcher:
         """Hand ``req`` to a spawner thread, which answers it; False: start it here, as before."""
         if self._exec_wait <= _THREADS_ABOVE_SECONDS:
             return False
+        if _PROBE_EVERY and self._since_probe >= _PROBE_EVERY - 1:
+            return False  # this one on the main thread: a fresh measure of the wait (_posix_spawn)
         group = req.get("cgroup")
         if req.get("rlimits") or req.get("run_as") or len(fds) != 3:
             return False
@@ -184,6 +194,7 @@ class Launcher:
         self._table.inflight[key] = str(req.get("dir") or "")
         if self.spawners.reserve():
             self._handed.append(lambda: self._start_threaded(req, fds))
+            self._since_probe += 1
             return True
         del self._table.inflight[key]
         return False
@@ -239,7 +250,6 @@ class Launcher:
             finally:
                 bracket[:] = started, procfs.boot_clock_ns()
                 self.turn.acquire()
-                self._waited((bracket[1] - started) / 1e9)
 
         return spawn() if group is None else cgroupfs.spawn_inside(group, spawn, thread=True)
 
