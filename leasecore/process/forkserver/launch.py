@@ -11,8 +11,9 @@ Why spawner threads: glibc's ``posix_spawn`` returns once its vfork child has re
 ``os.posix_spawn`` keeps the GIL meanwhile; beside a busy process that child waited 2.8 ms on average
 for a core, and every slot's start, exit and kill queued behind it (docs/benchmarks.md). While that
 wait on the main thread, smoothed over ~20 starts (``_exec_wait``; while the threads are on, every
-16th start is made on the main thread to measure it again), is above ``_THREADS_ABOVE_SECONDS`` (1 ms; 0.1-0.5 ms
-on an idle host, where the threads' hand-offs would cost more than they save), ``to_spawner`` hands a
+16th start is made on the main thread to measure it again), is above ``_THREADS_ABOVE_SECONDS``
+(1 ms; 0.1-0.5 ms on an idle host, where the threads' hand-offs would cost more than they save),
+``to_spawner`` hands a
 request to a spawner thread when one can take it (glibc, /proc ``children`` files, no rlimits, no
 ``run_as``; no group, or a v1 group that the spawner thread alone joins through the v1 ``tasks`` files);
 the job (``_start_threaded``) runs the same start with the fork server's lock (``turn``) held, released
