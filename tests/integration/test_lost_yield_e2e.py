@@ -45,6 +45,7 @@ def run_lost_yield_scenario(world: World, tmp_path: Path, *, response_timeout: i
                    what="the workflow to end")
         runner.send_signal(signal.SIGTERM)
         code, err = world.finish(runner)
+    print(err)  # (shown whole under "Captured stdout" if an assertion below fails; a message is cut)
     assert proxy.lost, "no yield's answer was lost: the scenario did not happen"
     polls = [int(line) for line in runs.read_text().split()]
     assert polls == [1, 2], err  # the next run ran once, as delivered; nothing re-queued it
@@ -52,7 +53,7 @@ def run_lost_yield_scenario(world: World, tmp_path: Path, *, response_timeout: i
     assert world.workflow_status(wf) == "COMPLETED", err
     # (a third poll that ran nothing means the task was queued again under the next run: the runner's
     # log says whether it sent the yield again or held a re-delivery)
-    assert task["status"] == "COMPLETED" and task["pollCount"] == 2, (task, err)
+    assert task["status"] == "COMPLETED" and task["pollCount"] == 2, task
     assert "had landed" in err, err
     assert code == exitcodes.SIGTERM, err  # (stopped by the test once the workflow ended)
     assert "Traceback" not in err
