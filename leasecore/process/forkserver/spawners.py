@@ -14,8 +14,9 @@ Owns ``usable()`` (glibc on Linux, with ``posix_spawn_file_actions_addchdir_np``
 signals given back to default, an empty mask; an ``OSError`` with the errno it returned) and
 ``Spawners`` (threads started on demand, at most ``most``, each running one submitted job at a time).
 
-Must not touch: the fork server's state. A job is the fork server's own code, which holds the fork
-server's lock for everything but the libc call (``Launcher._start_threaded``, launch.py).
+Must not touch: the fork server's state. A job is the fork server's own code: the start's system
+calls without the fork server's lock, then its tree held under that lock if it is free
+(``Launcher._spawn_on_thread``, launch.py).
 Threads: its own, daemons, for the fork server's life (a vfork child's parent is the thread that made
 it: a leader stays that thread's child until it is reaped, so the threads never end before the
 process).
