@@ -181,6 +181,13 @@ class FakeEngine:
     def fence_reason(self, task_id: str) -> FenceReason | None:
         return self.reasons.get(task_id)
 
+    def lease_times(self, task_id: str) -> tuple[FenceReason | None, float | None, float | None] | None:
+        try:  # (through view: a subclass's deadlines count here too)
+            view = self.view(task_id)
+        except KeyError:
+            return None
+        return self.fence_reason(task_id), view.lease_deadline, view.hard_deadline
+
     def view(self, task_id: str) -> LeaseView:
         with self.lock:
             if task_id not in self.tracked:

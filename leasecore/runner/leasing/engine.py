@@ -292,6 +292,13 @@ class LeaseEngine:
         with self._lock:
             return self._core.fence_reason(task_id)
 
+    def lease_times(self, task_id: str) -> tuple[FenceReason | None, float | None, float | None] | None:
+        """(fence reason, lease deadline, hard deadline) of one lease in one look (None: not tracked):
+        what the runner's loop asks at a task's admission, its start and its exit, without a view."""
+        with self._lock:
+            entry = self._core.entry(task_id)
+            return None if entry is None else entry.lease.times()
+
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""
         with self._lock:

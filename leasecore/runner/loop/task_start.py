@@ -230,25 +230,21 @@ class TaskStarts:
         self._budget.give_back(1)
 
     def _tracked(self, task_id: str) -> bool:
-        try:
-            self._engine.view(task_id)
-        except KeyError:
-            return False
-        return True
+        return self._engine.lease_times(task_id) is not None
 
     def _lease_now(self, task_id: str, policy: LeasePolicy | None, now: float) -> LeaseNow:
         """Its lease when handled: fenced, past its TERM point (the engine's timer has not fenced it
         yet: say the process was stalled between the poll's answer and now), live, or not tracked."""
         if policy is None:
             return LeaseNow.UNTRACKED
-        if self._engine.fence_reason(task_id) is not None:
-            return LeaseNow.FENCED
-        try:
-            view = self._engine.view(task_id)
-        except KeyError:
+        times = self._engine.lease_times(task_id)  # (one look: its fence and its deadlines)
+        if times is None:
             return LeaseNow.UNTRACKED
-        deadlines = [d for d in (view.lease_deadline, view.hard_deadline) if d is not None]
-        if deadlines and now >= min(deadlines) - policy.fence_lead_seconds:
+        fence, lease_deadline, hard_deadline = times
+        if fence is not None:
+            return LeaseNow.FENCED
+        first = _earliest(lease_deadline, hard_deadline)
+        if first is not None and now >= first - policy.fence_lead_seconds:
             return LeaseNow.PAST_TERM
         return LeaseNow.LIVE
 
@@ -375,11 +371,9 @@ class TaskStarts:
         if entry.policy is None:
             return None
         hard = None
-        if entry.tracked:
-            try:
-                hard = self._engine.view(entry.task.task_id).hard_deadline
-            except KeyError:  # (forgotten meanwhile: no deadline to tell)
-                hard = None
+        if entry.tracked:  # (None: forgotten meanwhile, no deadline to tell)
+            times = self._engine.lease_times(entry.task.task_id)
+            hard = None if times is None else times[2]
         return child_deadline(entry.policy, hard, self._clock.monotonic(), self._clock.now().timestamp())
 
     def _refuse_unresolved(self, entry: InFlight, missing: list[str]) -> None:
@@ -415,6 +409,13 @@ class TaskStarts:
             send(stream, lines)
 
         return on_lines
+
+
+def _earliest(lease_deadline: float | None, hard_deadline: float | None) -> float | None:
+    """The earlier of a lease's server deadlines (None: it has neither)."""
+    if lease_deadline is None:
+        return hard_deadline
+    return lease_deadline if hard_deadline is None else min(lease_deadline, hard_deadline)
 
 
 def _earlier(entry: InFlight | None, engine: EnginePort, ends: TaskEnds) -> Earlier | None:
