@@ -359,10 +359,9 @@ class Runner:
     # ------------------------------------------------------------------ stopping
 
     def _check_deadlines(self) -> None:
-        now = self._clock.monotonic()
         opts = self._t.options
         if (opts.once and not self._t.tally.started and self._t.stopping_since is None
-                and now - self._started_at >= opts.once_wait_seconds):
+                and self._clock.monotonic() - self._started_at >= opts.once_wait_seconds):
             self._stop.begin(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
         self._stop.escalate_if_due()
 

@@ -265,6 +265,8 @@ class TaskStarts:
 
     def start_released(self) -> None:
         """Held tasks whose hold is over: read back, then started (or forgotten) by ``held_start``."""
+        if not self._gate:  # (the usual turn: none held)
+            return
         for task in self._gate.due(self._clock.monotonic()):
             entry = self._t.tasks.get(task.task_id)
             if entry is not None and entry.phase is Phase.WAITING:
