@@ -5,8 +5,8 @@ as the runner sends them, ``WINDOW`` tasks in flight, against a port that answer
 Per task: its ``LeasePolicy.from_task`` (as the runner makes it at the poll) -> ``track`` ->
 ``child_started`` -> ``child_exited`` -> ``begin_final_update`` -> ``late_beats`` -> ``reported`` ->
 ``reported(poll_count=)`` (the runner forgetting the run), plus the runner's queries around them
-(``lease_times`` x3, ``fence_reason`` x1). Prints microseconds of process CPU (every thread: the timer's
-wake-ups count) and of wall time per task, the median of ``--rounds``.
+(``lease_times`` x3; ``child_exited`` answers the fence). Prints microseconds of process CPU (every
+thread: the timer's wake-ups count) and of wall time per task, the median of ``--rounds``.
 Standalone: ``.venv/bin/python -m bench.engine_events [--tasks N] [--rounds R] [--no-queries]``.
 """
 
@@ -65,9 +65,7 @@ def run(tasks: int, *, queries: bool) -> tuple[float, float]:
         task_id = made[i].task_id
         if queries:
             engine.lease_times(task_id)  # fenced before the exit, how late it is
-        engine.child_exited(task_id)
-        if queries:
-            engine.fence_reason(task_id)
+        engine.child_exited(task_id)  # (its answer: the fence the runner keeps)
         engine.begin_final_update(task_id)
         engine.late_beats(task_id)
         engine.reported(task_id)

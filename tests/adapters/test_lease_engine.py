@@ -163,9 +163,17 @@ def test_lease_times_are_the_views_fence_and_deadlines_in_one_look(
     run_until(engine, clock, T0 + 2.5)  # no beat acked: fenced at its TERM point
     assert engine.lease_times("t1") == from_view()
     assert from_view()[0] is FenceReason.LEASE_EXPIRED
-    engine.child_exited("t1")
+    assert engine.child_exited("t1") is FenceReason.LEASE_EXPIRED  # its fence, as fence_reason says
+    assert engine.fence_reason("t1") is FenceReason.LEASE_EXPIRED
     engine.reported("t1")
     assert engine.lease_times("t1") is None
+    assert engine.child_exited("t1") is None  # no longer tracked
+
+
+def test_child_exited_answers_none_for_a_lease_not_fenced(engine: LeaseEngine) -> None:
+    engine.track(task(1), policy(30.0), polled_at=T0)
+    assert engine.child_exited("t1") is None
+    assert engine.view("t1").state is LeaseState.REPORTING
 
 
 def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(

@@ -136,10 +136,11 @@ class FakeEngine:
     def child_started(self, task_id: str) -> None:
         self.calls.append(("child_started", task_id))
 
-    def child_exited(self, task_id: str) -> None:
+    def child_exited(self, task_id: str) -> FenceReason | None:
         with self.lock:
             self.calls.append(("child_exited", task_id))
             self.live.discard(task_id)
+            return self.reasons.get(task_id)
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         with self.lock:  # the lease ends, and its fence with it (the real engine forgets both)

@@ -186,10 +186,9 @@ class TaskEnds:
         times = self._engine.lease_times(task_id)  # (one look: its fence and deadlines before the exit)
         fenced_before = None if times is None else times[0]
         late = None if times is None else self._past_term_point(entry, times[1], times[2])
-        self._engine.child_exited(task_id)
+        entry.fence = self._engine.child_exited(task_id)  # (its fence, read in the same step)
         if entry.child is not None:
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
-        entry.fence = self._engine.fence_reason(task_id)
         if fenced_before is None and entry.fence in _SERVER_FENCES and (late or 0.0) > _STALL_SECONDS:
             # Its TERM point passed long ago and this process never fenced it: it did not run then.
             entry.stalled_seconds = late
@@ -392,8 +391,7 @@ class TaskEnds:
         ``why``: the reason when its lease was not fenced (yet); else the stop's."""
         task = entry.task
         if entry.tracked:
-            self._engine.child_exited(task.task_id)
-            entry.fence = self._engine.fence_reason(task.task_id)
+            entry.fence = self._engine.child_exited(task.task_id)
         if held:  # its fence (if any) counts: conductor_run_fences_total
             self._metrics.on_task_held(task.task_type, False, entry.fence)
         meaning = unstarted_meaning(ownership_lost=entry.fence is FenceReason.OWNERSHIP_LOST,
