@@ -337,7 +337,8 @@ class TaskStarts:
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan
         task_id = task.task_id
-        missing = missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+        missing = (missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+                   if task.declared_metadata or plan.required_metadata else None)  # (none: the usual task)
         if missing:  # fail closed: without its secrets the command is not run, and a retry would not help
             self._refuse_unresolved(entry, missing)
             return
@@ -439,4 +440,19 @@ def _spawn_spec(spec: CommandSpec, policy: LeasePolicy | None, masker: Masker | 
     if policy is None:
         return spec
     capped = min(grace, policy.effective_kill_grace_seconds)
-    return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)
+    if capped == grace:
+        return spec
+    # A lease shorter than 4 x kill_grace caps every task of its type alike: the capped spec is made
+    # once per spec and cap (a replace is ~8 us), not per task; main thread only, bounded.
+    kept = _CAPPED.get((id(spec), capped))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    if len(_CAPPED) >= _CAPPED_MAX:
+        _CAPPED.clear()
+    made = dataclasses.replace(spec, kill_grace_seconds=capped)
+    _CAPPED[(id(spec), capped)] = (spec, made)  # (the spec is kept with it: its id stays its own)
+    return made
+
+
+_CAPPED: dict[tuple[int, float], tuple[CommandSpec, CommandSpec]] = {}
+_CAPPED_MAX = 64
