@@ -114,7 +114,7 @@ _DERIVED = ("lease_timeout_seconds", "kill_grace_cap_seconds", "effective_kill_g
             "heartbeat_interval_seconds")  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     r=st.sampled_from([0, 2, 30]), timeout=st.sampled_from([0, 1, 30, 600]),
     elapsed_ms=st.integers(-2000, 900_000), poll_count=st.integers(0, 3),

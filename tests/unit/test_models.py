@@ -83,7 +83,7 @@ _KEYS = ["taskId", "workflowInstanceId", "taskType", "taskDefName", "referenceTa
          "startDelayInSeconds"]  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     fields=st.dictionaries(st.sampled_from(_KEYS), _VALUE),
     task_def=st.one_of(st.none(), st.dictionaries(
