@@ -145,7 +145,7 @@ class Task:
         return max(0.0, elapsed_ms / 1000.0)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class TaskOwnership:
     """Who holds a task now, as ``GET /api/tasks/{id}`` says: what an ownership check compares.
 
