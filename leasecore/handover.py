@@ -165,7 +165,7 @@ class DyingTrees:
         return sum(len(v) for v in self._trees.values())
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Held:
     """A held task and when it may start."""
 

@@ -200,7 +200,7 @@ class StatusPort(Protocol):
 # ---------------------------------------------------------------- plan and outcome
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PollSettings:
     """What one task type's poller asks for: the type, slots, long-poll time, identity, pacing."""
 
@@ -217,7 +217,7 @@ class PollSettings:
     max_unstarted: int = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskTypePlan:
     """Everything the runner needs to serve one task type, already resolved from the configuration."""
 
@@ -232,7 +232,7 @@ class TaskTypePlan:
     required_metadata: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunOptions:
     """How the run ends and how long its final updates are retried (the run's flags)."""
 
@@ -248,7 +248,7 @@ class RunOptions:
     update_v2: bool = True  # final updates may claim the next task when the port has update_v2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LiveChange:
     """What a reload hands the runner: every task type's plan built again from the reloaded
     configuration (used by the tasks started from now on; running ones keep theirs), the new
@@ -284,7 +284,7 @@ class RunOutcome:
                 and all(s in ok for s in self.statuses))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EngineMetrics:
     """How the engine keeps up; ``queued`` > 0 for long means the sender pool is saturated."""
 

@@ -279,7 +279,7 @@ def runner_info_for_this_process(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class SnapshotRecord:
     """One snapshot file as read at ``now``: its content (or why it is unreadable) and its staleness."""
 
