@@ -6,7 +6,7 @@ environment (``build_child_env``), the executable on PATH (``caches.ExecutablePa
 output pipes, and the tree's cgroup (``cgroups.group_for``: made here, or on v1 without limits asked of
 the fork server's pool) with the rlimits its command gets. ``SpawnPreparer`` holds what every spawn
 of one Supervisor is prepared with (its environment, where task directories go, the PATH and
-inherited-environment caches, the cgroup setup, the tree records' meta).
+inherited-environment caches, the working directories seen, the cgroup setup, the tree records' meta).
 A step that fails (a ``SpawnError`` naming what) undoes the steps before it: no file, fd or group
 is left. ``Prepared.message`` is the request the fork server gets.
 
@@ -31,7 +31,7 @@ from leasecore.process.checkpoint import seed_of
 from leasecore.process.linux import cgroupfs, cgroups
 from leasecore.process.results.stdio_protocol import task_json
 from leasecore.process.spec import STDIO, CommandSpec, build_child_env
-from leasecore.process.supervisor.caches import ExecutablePaths, InheritedEnvs
+from leasecore.process.supervisor.caches import ExecutablePaths, InheritedEnvs, WorkingDirectories
 from leasecore.process.taskfiles import TaskDirs, TaskFiles
 
 TreeMeta = Callable[[Task, str], dict[str, Any] | None]  # (task, worker_id) -> a tree record's meta
@@ -146,13 +146,14 @@ class SpawnPreparer:
         self.cgroup_setup = cgroup_setup
         self._tree_meta = tree_meta
         self._executables = ExecutablePaths(path_cache_seconds)
+        self._cwds = WorkingDirectories(working_directory, path_cache_seconds)
         self._inherited = InheritedEnvs(self.environ)
 
     def prepare(self, task: Task, spec: CommandSpec, argv: list[str], *, worker_id: str,
                 deadline: float | None) -> Prepared:  # fmt: skip
         """``prepare`` for this Supervisor, with the spawn's environment base and the tree's meta
         (made before any file)."""
-        cwd = working_directory(spec)
+        cwd = self._cwds.of(spec)
         meta = None if self._tree_meta is None else self._tree_meta(task, worker_id)
         inherited = self._inherited.of(spec)
         # (made whole at once: a dataclasses.replace after it cost as much as the rest of this method)
