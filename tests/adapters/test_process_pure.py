@@ -18,7 +18,7 @@ from leasecore.process.forkserver.frames import encode_frame, send_frame, take_f
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
 from leasecore.process.supervisor.caches import ExecutablePaths, WorkingDirectories
 from leasecore.process.supervisor.output import StreamCapture
-from leasecore.process.supervisor.prepare import working_directory
+from leasecore.process.supervisor.prepare import new_token, working_directory
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, read_output_file
 
 from .process_support import make_task
@@ -308,6 +308,24 @@ def test_a_frame_is_the_text_json_dumps_makes(message: dict[str, object]) -> Non
     assert frame == struct.pack(">I", len(frame) - 4) + json.dumps(message).encode()
     with pytest.raises(TypeError):
         encode_frame({"op": "x", "what": object()})
+
+
+def test_marker_tokens_drawn_ahead_are_each_new_and_a_forked_copy_draws_its_own() -> None:
+    tokens = [new_token() for _ in range(1000)]  # several draws of 64
+    assert len(set(tokens)) == len(tokens)
+    assert all(len(token) == 32 and int(token, 16) >= 0 for token in tokens)
+    new_token()  # some left over, which a forked child must not hand out again
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write_end, new_token().encode())
+        os._exit(0)
+    os.close(write_end)
+    in_child = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    ours = {new_token() for _ in range(64)}
+    assert len(in_child) == 32 and in_child not in ours and in_child not in tokens
 
 
 def test_a_working_directory_seen_is_not_looked_at_again_within_the_cache_time(tmp_path: Path) -> None:
