@@ -159,3 +159,30 @@ def test_many_children_started_in_one_read_each_get_their_output(harness: Harnes
     for n, key in enumerate(keys):
         assert ((key, "stderr", f"line {n}") in harness.lines) == bool(n % 2)
     assert len(harness.watched) == len(keys) // 2  # only the pipes with something in them
+
+
+def test_a_bug_watching_one_childs_pipes_does_not_stop_the_reader(harness: Harness) -> None:
+    _, out_w, err_w = harness.child("t1")  # both pipes held open: both would be watched
+    watch = harness.reader._watch
+
+    def broken(fd: int, whose: Any) -> None:
+        if not isinstance(whose, Child):  # (the socket, if not registered yet)
+            watch(fd, whose)
+            return
+        raise RuntimeError("a bug")
+
+    harness.reader._watch = broken  # type: ignore[method-assign]
+    harness.send({"op": "add", "key": "t1"}, {"op": "exit", "key": "t1"})
+    assert wait_until(lambda: "t1" in harness.done, 10)  # its pipes closed: finished at its exit
+    _, out_r, err_r = harness.children["t1"]
+    assert _closed(out_r) and _closed(err_r)
+    harness.reader._watch = watch  # type: ignore[method-assign]
+    _, out_w2, err_w2 = harness.child("t2")
+    os.write(out_w2, b"still read\n")
+    os.close(out_w2)
+    os.close(err_w2)
+    harness.send({"op": "add", "key": "t2"}, {"op": "exit", "key": "t2"})
+    assert wait_until(lambda: "t2" in harness.done, 10)
+    assert ("t2", "stdout", "still read") in harness.lines
+    os.close(out_w)
+    os.close(err_w)

@@ -219,18 +219,27 @@ class OutputReader:
         except OSError:  # (out of memory for the poll): every pipe is watched, as without it
             ended = set()
         for child in new:
-            for fd in list(child._fds):
-                if fd in ended:
-                    del child._fds[fd]
-                    os.close(fd)
-                    continue
-                try:
-                    self._watch(fd, child)
-                except (OSError, ValueError, KeyError) as exc:  # e.g. no epoll watch left: the stream is lost
-                    log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
-                    del child._fds[fd]
-                    os.close(fd)
+            try:
+                self._watch_pipes(child, ended)
+            except Exception:  # as for a read: one child's trouble must not stop the reader
+                log.exception("reading the output of task %s failed", child.key)
+                for fd in list(child._fds):
+                    with contextlib.suppress(OSError):
+                        self._close_fd(child, fd)
             self._check_exit(child)
+
+    def _watch_pipes(self, child: Child, ended: set[int]) -> None:
+        for fd in list(child._fds):
+            if fd in ended:
+                del child._fds[fd]
+                os.close(fd)
+                continue
+            try:
+                self._watch(fd, child)
+            except (OSError, ValueError, KeyError) as exc:  # e.g. no epoll watch left: the stream is lost
+                log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
+                del child._fds[fd]
+                os.close(fd)
 
     def _read_server(self, link: _ServerSocket) -> None:
         try:
