@@ -242,6 +242,9 @@ class StartGate:
     def held(self) -> list[str]:
         return list(self._held)
 
+    def __bool__(self) -> bool:  # (the loop asks at every turn: nothing held, nothing to look at)
+        return bool(self._held)
+
 
 class YieldHold:
     """Results of children whose tree is not gone yet, by task id: IN_PROGRESS (a yield is marked only
