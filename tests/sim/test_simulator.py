@@ -112,7 +112,8 @@ def test_without_the_fork_servers_kill_by_a_stalled_runner_lets_two_copies_run()
     assert any("STALL" in line for line in result.trace)
 
 
-@pytest.mark.parametrize("seed", [17, 21])  # (20's draws, moved by the lost lease's read-first, hold nothing)
+# (21's draws, moved by the reset of a final update's connection, requeue nothing; 20's hold again)
+@pytest.mark.parametrize("seed", [17, 20])
 def test_the_re_delivery_hold_gap_is_closed(seed: int) -> None:
     """Finding 4 (docs/simulator.md): a re-delivery's hold counted on its previous holder's ownership
     checks getting through; with lost checks or a stalled holder the copies overlapped. These seeds,
