@@ -37,6 +37,7 @@ from leasecore.errors import (
     ConductorRejected,
     ConductorUnavailable,
 )
+from leasecore.lease.finalfailure import transport_may_resend
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 
 if TYPE_CHECKING:  # requests is imported only when the lean transport does not serve
@@ -176,14 +177,16 @@ class ConductorClient:
         return [Task.from_json(item) for item in items]
 
     def update(self, result: TaskResult, *, timeout_seconds: float | None = None) -> None:
-        """Report a result with v1 ``POST /api/tasks`` (claims nothing; see ``update_v2``)."""
+        """Report a result with v1 ``POST /api/tasks`` (claims nothing; see ``update_v2``). Sent once
+        more by the transport, on a kept-alive connection that died under it, only if it is terminal
+        (``finalfailure.transport_may_resend``: a yield sent again could re-queue its next run)."""
         self.request(
             "POST",
             "/tasks",
             json_body=result.encoded(),
             accept=TEXT_OR_JSON,
             timeout_seconds=timeout_seconds,
-            idempotent=True,  # Conductor ignores a second terminal update of a task
+            idempotent=transport_may_resend(result.status),
         )
 
     def update_v2(self, result: TaskResult, *, timeout_seconds: float | None = None) -> Task | None:

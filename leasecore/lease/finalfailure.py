@@ -82,6 +82,7 @@ __all__ = [
     "report_backoff",
     "report_budget",
     "saved_result_lost_reason",
+    "transport_may_resend",
 ]
 
 # The reporter's waits between attempts of one final update: 0.5 s, 1, 2, 4, then the cap (5 s by
@@ -227,6 +228,16 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
         return Save()  # the outbox reads it back before it sends it again
     delay = attempt.backoff.delay(max(1, attempt.number))
     return Retry(delay) if attempt.left > delay else Save()
+
+
+def transport_may_resend(status: TaskStatus) -> bool:
+    """May the client's transport send a v1 update of ``status`` once more, at once, when the kept-alive
+    connection it went out on died under it (the lean transport's one resend)? A terminal one only: the
+    server ignores a second terminal update of a task. An IN_PROGRESS one (a yield, a park) re-queues
+    the task; the request may have landed with only its answer lost (a middlebox's reset), and sent
+    again after the next run was polled it would re-queue that run. It fails with no answer instead,
+    and ``decide`` reads it back before anything is sent again."""
+    return status.is_terminal
 
 
 def after_read_back(ownership: TaskOwnership | None, poll_count: int, status: TaskStatus) -> Decision:

@@ -35,6 +35,13 @@ __all__ = ["LAND_BOUND_SECONDS", "Answer", "NetFaults", "SimConductor"]
 MAX_TRAVEL_SECONDS = 6.0
 MAX_HOLD_SECONDS = 1.5
 LAND_BOUND_SECONDS = MAX_TRAVEL_SECONDS + MAX_HOLD_SECONDS
+# A share of the final updates whose answer is lost lose it to a connection reset (a middlebox that
+# held the answer, then cut the connection), within the sender's timeout, rather than to silence: the
+# product's transport may then send the update once more at once, on a new connection (the lean
+# transport's resend on a kept-alive connection that died under the request), if the update is one
+# it may resend (``finalfailure.transport_may_resend``; the caller says). Found that way: a yield sent
+# again after its next run was polled (the jar's lost-yield test, 2 of 4 CI runs).
+RESET_SHARE = 0.5
 # A client resets the connection of a request it gave up on: a delayed request still arrives up to
 # this long after its sender's give-up (held by a middlebox that had taken it), else never. This is
 # the network the product assumes (``finalcheck.LATE_ARRIVAL_SECONDS``), not one the simulator checks.
@@ -145,9 +152,11 @@ class SimConductor:
         return self.partitioned.get(runner, False) or self.partitioned.get("*", False)
 
     def call(self, runner: str, what: str, apply: Callable[[], Answer], reply: Callable[[Answer], None],
-             timeout: float, *, reliable: bool = False, lose_answer: float = 0.0) -> None:
+             timeout: float, *, reliable: bool = False, lose_answer: float = 0.0,
+             reset: Callable[[Callable[[Answer], None], float], None] | None = None) -> None:
         """Send one request from ``runner``; ``reply`` gets its answer (or a timeout) later."""
-        self.send(runner, what, self._sync(apply), reply, timeout, reliable=reliable, lose_answer=lose_answer)
+        self.send(runner, what, self._sync(apply), reply, timeout, reliable=reliable, lose_answer=lose_answer,
+                  reset=reset)
 
     def _sync(self, apply: Callable[[], Answer]) -> Callable[[Callable[[Answer], None]], None]:
         def serve(respond: Callable[[Answer], None]) -> None:
@@ -162,9 +171,12 @@ class SimConductor:
 
     def send(self, runner: str, what: str, serve: Callable[[Callable[[Answer], None]], None],
              reply: Callable[[Answer], None], timeout: float, *, reliable: bool = False,
-             lose_answer: float = 0.0) -> None:
+             lose_answer: float = 0.0,
+             reset: Callable[[Callable[[Answer], None], float], None] | None = None) -> None:
         """As ``call``, for a request the store serves over simulated time (``serve(respond)``);
-        ``lose_answer``: a chance of losing the answer added to the network's ``drop_after``."""
+        ``lose_answer``: a chance of losing the answer added to the network's ``drop_after``;
+        ``reset(answer, seconds_left)``: called for a share (``RESET_SHARE``) of the lost answers, at a
+        connection reset before the sender's timeout, to answer (or send again) as its transport does."""
         world, rng, f = self.world, self.world.rng, self.faults
         if reliable:
             f = NetFaults()
@@ -217,6 +229,9 @@ class SimConductor:
                 if lost:
                     self.fault_count += 1
                     world.log(f"net {runner} {what}: FAULT answer lost ({'ok' if a.ok else a.status})")
+                    if reset is not None and world.now < deadline and rng.random() < RESET_SHARE:
+                        cut = rng.uniform(0.0, deadline - world.now)
+                        world.after(cut, "reset", lambda: reset(answer, deadline - world.now))
                     return
                 world.after(back, "reply", lambda: answer(a))
 
@@ -266,10 +281,13 @@ class SimConductor:
             self.call(runner, f"extendLease {task_id}", apply, reply, timeout)
 
     def update(self, runner: str, attempt: tuple[str, int], result: dict[str, Any], *, v2: bool,
-               reply: Callable[[Answer], None], timeout: float, park: bool = False) -> None:
+               reply: Callable[[Answer], None], timeout: float, park: bool = False,
+               resend: bool = False) -> None:
         """A final update (v1 or update-v2), noting what it changed on the server. ``park``: the
         product's park before a result (IN_PROGRESS with a long callback), one more update of the
-        same attempt and not a result of its own: counted apart (``ServerFacts.parked``)."""
+        same attempt and not a result of its own: counted apart (``ServerFacts.parked``). ``resend``:
+        the sender's transport sends it once more when its connection is reset under it (else that
+        reset is an update with no answer)."""
         task_id = str(result["taskId"])
 
         def apply() -> Answer:
@@ -289,9 +307,18 @@ class SimConductor:
                 self.world.log(f"server update {task_id} (pollCount {attempt[1]}): {before} -> {task.status}")
             return Answer(True, body=claimed)
 
-        what = "park" if park else result.get("status")
-        self.call(runner, f"update{'-v2' if v2 else ''} {task_id} {what}", apply, reply,
-                  timeout, lose_answer=self.faults.lose_update_answer)
+        what = f"update{'-v2' if v2 else ''} {task_id} {'park' if park else result.get('status')}"
+
+        def reset(answer: Callable[[Answer], None], left: float) -> None:
+            if resend:
+                self.world.log(f"net {runner} {what}: connection reset under it; sent once more")
+                self.call(runner, f"{what} (sent again)", apply, answer, left)
+            else:
+                self.world.log(f"net {runner} {what}: connection reset under it: no answer")
+                answer(Answer(False, timeout=True))
+
+        self.call(runner, what, apply, reply, timeout, lose_answer=self.faults.lose_update_answer,
+                  reset=reset)
 
     def poll(self, runner: str, task_type: str, count: int, reply: Callable[[Answer], None],
              timeout: float) -> None:

@@ -39,6 +39,7 @@ from leasecore.lease.finalfailure import (
     failure_of_status,
     lost_lease_read,
     saved_result_lost_reason,
+    transport_may_resend,
 )
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
 from leasecore.runner.chain import hand_back, may_chain
@@ -297,8 +298,10 @@ class Reports:
     def server_update(self, tid: str, poll_count: int, result: TaskResult, v2: bool,
                       reply: Callable[[Answer], None], *, park: bool = False) -> None:
         r = self.runner
+        # the client's transport: once more on a reset, v1 only (update-v2 claims work: never twice)
+        resend = not v2 and (transport_may_resend(result.status) or r.bugs.resend_in_progress)
         r.server.update(r.name, (tid, poll_count), result_body(result), v2=v2, reply=reply,
-                        timeout=r.config.http_timeout, park=park)
+                        timeout=r.config.http_timeout, park=park, resend=resend)
 
     def _end_chain(self, run: Run, claimed: object, sent: float) -> None:
         if not run.chain_slot:

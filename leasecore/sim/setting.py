@@ -43,6 +43,10 @@ class Bugs:
     # is sent again even after its next run was polled, so the retry re-queues that run (one result
     # applied twice; the run is fenced as no longer ours). Off: a poll of the next run proves it landed.
     retry_landed_yield: bool = False
+    # The client's transport sends an IN_PROGRESS update (a yield, a park) once more when its
+    # connection is reset under it, as it did terminal ones: a yield that landed, sent again after its
+    # next run was polled, re-queues that run. Off: only a terminal update is resent.
+    resend_in_progress: bool = False
     # The operator's rules (leasecore.sim.claims): a pause never reaches the poller (polls go on), or a
     # drain lets a held delivery wait out its hold and start instead of handing it back.
     pause_ignored: bool = False

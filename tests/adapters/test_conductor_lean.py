@@ -168,6 +168,24 @@ def test_a_poll_on_a_dead_kept_alive_connection_is_never_sent_twice(
     assert server.connections == 2
 
 
+@pytest.mark.parametrize("callback", [0, 60], ids=["yield", "park"])
+def test_an_in_progress_update_on_a_dead_kept_alive_connection_is_never_sent_twice(
+    raw: Callable[..., tuple[RawServer, ConductorClient]], callback: int
+) -> None:
+    # Given a warm connection that the server will drop under the next request (it may have applied
+    # it: only the answer is lost)
+    server, client = raw(second_request_dies, body=b'{"taskId": "t1"}')
+    client.get_task("t1")
+    # When an IN_PROGRESS update (it re-queues the task) goes out on it, then it fails with no answer
+    result = TaskResult("t1", "w1", TaskStatus.IN_PROGRESS, callback_after_seconds=callback)
+    with pytest.raises(ConductorUnavailable) as info:
+        client.update(result)
+    assert info.value.status_code is None  # no answer: the reporter reads the task back before a resend
+    # And the server saw it exactly once: sent again after the next run was polled, it would re-queue
+    # that run
+    assert [line for _, line in server.requests] == ["GET /api/tasks/t1 HTTP/1.1", "POST /api/tasks HTTP/1.1"]
+
+
 def test_an_idempotent_call_is_resent_at_most_once(
     raw: Callable[..., tuple[RawServer, ConductorClient]],
 ) -> None:

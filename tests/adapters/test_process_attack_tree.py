@@ -99,7 +99,9 @@ def test_grandchild_that_setsids_and_clears_its_marker_after_term_still_dies(sup
 
 
 # On TERM the leader bursts into 50 children that each setsid and double-fork (the middle process
-# exits at once, so the daemons are orphans adopted by the fork server) and ignore TERM.
+# exits at once, so the daemons are orphans adopted by the fork server) and ignore TERM. "ready" is
+# written unbuffered: a TERM right after its bytes, inside print's flush (where CPython runs the
+# handler), would fork the daemons with stdout's lock held, and their own print would then raise.
 BURST = r"""
 import os, signal, sys, time
 def burst(*_):
@@ -112,7 +114,7 @@ def burst(*_):
                 time.sleep(300)
             os._exit(0)
 signal.signal(signal.SIGTERM, burst)
-print("ready", os.getpid(), flush=True)
+os.write(1, b"ready %d\n" % os.getpid())
 while True:
     time.sleep(1)
 """

@@ -222,7 +222,12 @@ def test_a_member_started_by_a_term_handler_gets_its_own_term_before_the_kill(su
     until it execs, and a TERM that reaches it in that moment is caught and lost, and the exec'd helper
     keeps the pid, so it is not new at the next walk. Such a helper dies by the KILL at the grace,
     which the guarantee allows (sending TERM again after an exec would cut short a cleanup program a
-    trap execs); that window made this test fail now and then when the shell forked the helper."""
+    trap execs); that window made this test fail now and then when the shell forked the helper.
+
+    "ready" is written unbuffered: the TERM can come as soon as its bytes are out, and a ``print``
+    still inside its flush holds stdout's lock, where CPython runs the handler (after each write of
+    the flush), whose own ``print`` then raises "reentrant call" and "late" never comes. That made
+    this test fail now and then under load (the handler ran once: no second TERM)."""
     lines = Lines()
     leader = (
         "import os, signal, sys\n"
@@ -232,7 +237,7 @@ def test_a_member_started_by_a_term_handler_gets_its_own_term_before_the_kill(su
         "    print('late', pid, flush=True)\n"
         "    os._exit(0)\n"
         "signal.signal(signal.SIGTERM, on_term)\n"
-        "print('ready', flush=True)\n"
+        "os.write(1, b'ready\\n')\n"
         "while True:\n"
         "    signal.pause()\n"
     )

@@ -76,6 +76,9 @@ PLANTED = [
     # the product's first retry comes 0.5 s after the timeout, so the resend follows the next poll less
     # often than it did with the stand-in's 1-3 s: heavier faults find it within 20 seeds, not ~70
     (Bugs(retry_landed_yield=True), {"fault_scale": 4.0}, "delivered twice"),
+    # the transport's resend of a yield whose connection was reset under it (the jar's lost-yield test
+    # failed so in CI): no read-back at all, so no heavier faults needed
+    (Bugs(resend_in_progress=True), {}, "delivered twice"),
     (Bugs(failed_before_tree_gone=True), {}, "two live copies"),
     # the retry the wrong FAILED creates must go to a host that neither held the task nor holds the
     # re-delivery (its previous holder's own retry waits for its dying tree): more hosts, more often
@@ -109,7 +112,8 @@ def test_without_the_fork_servers_kill_by_a_stalled_runner_lets_two_copies_run()
     assert any("STALL" in line for line in result.trace)
 
 
-@pytest.mark.parametrize("seed", [17, 21])  # (20's draws, moved by the lost lease's read-first, hold nothing)
+# (21's draws, moved by the reset of a final update's connection, requeue nothing; 20's hold again)
+@pytest.mark.parametrize("seed", [17, 20])
 def test_the_re_delivery_hold_gap_is_closed(seed: int) -> None:
     """Finding 4 (docs/simulator.md): a re-delivery's hold counted on its previous holder's ownership
     checks getting through; with lost checks or a stalled holder the copies overlapped. These seeds,

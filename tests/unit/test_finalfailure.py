@@ -35,6 +35,7 @@ from leasecore.lease.finalfailure import (
     report_backoff,
     report_budget,
     saved_result_lost_reason,
+    transport_may_resend,
 )
 from leasecore.models import TaskOwnership, TaskResult, TaskStatus
 
@@ -236,3 +237,10 @@ def test_a_request_timeout_or_rate_limit_is_retried_like_an_unavailable_server(c
     refused = ConductorRejected(f"POST /tasks -> HTTP {code} rejected", status_code=code)
     assert failure_of(refused) is failure_of_status(code) is Failure.UNAVAILABLE
     assert failure_of_status(409) is Failure.REFUSED  # (another 4xx still refuses)
+
+
+@pytest.mark.parametrize("status", list(TaskStatus))
+def test_the_transport_may_resend_a_terminal_update_only(status: TaskStatus) -> None:
+    # a second terminal update is ignored by the server; a second IN_PROGRESS one (a yield, a park)
+    # re-queues the task again, which after its next run was polled re-queues that run
+    assert transport_may_resend(status) is (status not in (TaskStatus.SCHEDULED, TaskStatus.IN_PROGRESS))
