@@ -43,3 +43,25 @@ def test_a_replaced_result_encodes_its_own_output() -> None:
     other = dataclasses.replace(result, output_data={"n": 2})
     assert json.loads(other.output_json()) == {"n": 2}
     assert json.loads(other.encoded())["outputData"] == {"n": 2}
+
+
+def test_encoded_is_byte_for_byte_json_dumps_of_to_json() -> None:
+    """The head written field by field gives json.dumps' own bytes (its escapes, separators and
+    order), whatever the fields hold; unusual types go through json.dumps itself."""
+    import dataclasses
+
+    base = TaskResult(task_id="t", workflow_id="w", status=TaskStatus.COMPLETED)
+    cases = [
+        base,
+        dataclasses.replace(base, worker_id="host-1", output_data={"exitCode": 0, "signal": None}),
+        dataclasses.replace(base, status=TaskStatus.IN_PROGRESS, callback_after_seconds=30),
+        dataclasses.replace(base, status=TaskStatus.FAILED,
+                            reason_for_incompletion='exit 3: "bad"\n\t\\ é ☃ \x00 \U0001f600',
+                            worker_id="naïve\u2028host", output_data={"k": "v\x7f"}),
+        dataclasses.replace(base, task_id="", workflow_id="", reason_for_incompletion="", worker_id=""),
+        dataclasses.replace(base, callback_after_seconds=True),
+        dataclasses.replace(base, task_id=7, worker_id=8),  # type: ignore[arg-type]
+        _result(exitCode=3, stdout="x"),  # with logs
+    ]
+    for result in cases:
+        assert result.encoded() == json.dumps(result.to_json()).encode("ascii"), result
