@@ -11,7 +11,7 @@ Threads: any; every value is frozen, so it may be handed between threads without
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -192,7 +192,7 @@ class TaskResult:
         result-size metric share it (with ``ensure_ascii``, its length is its size in bytes)."""
         text: str | None = self.__dict__.get("_output_json")
         if text is None:  # two threads may both encode it: the same text, no lock needed
-            text = json.dumps(dict(self.output_data))
+            text = _encode_tree(dict(self.output_data))
             object.__setattr__(self, "_output_json", text)
         return text
 
@@ -241,6 +241,25 @@ class TaskResult:
 
 
 _json_str = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (its C function)
+
+
+def _tree_encoder() -> Callable[[Any], str]:
+    """json.dumps' text for a tree of plain values (outputData: JSON documents read and the runner's
+    own values), through its C encoder made once (json.dumps makes one at every call): the same text
+    (ASCII, ", " and ": ", NaN allowed, TypeError for what JSON cannot hold), without the check for
+    circular containers, which a tree has none of. json.dumps where this Python has no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        encode = make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+                               ": ", ", ", False, False, True)  # fmt: skip
+    except TypeError:  # another Python's signature
+        encode = None
+    if not encode:
+        return json.dumps
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_tree = _tree_encoder()
 
 
 def _checkpoint_of(output: Any) -> Any:

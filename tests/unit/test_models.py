@@ -62,6 +62,9 @@ def test_encoded_is_byte_for_byte_json_dumps_of_to_json() -> None:
         dataclasses.replace(base, callback_after_seconds=True),
         dataclasses.replace(base, task_id=7, worker_id=8),  # type: ignore[arg-type]
         _result(exitCode=3, stdout="x"),  # with logs
+        dataclasses.replace(base, output_data={
+            "f": [0.1, -2.5e-308, 1e300, float("nan"), float("inf"), -0.0], "t": (1, [None, True, False]),
+            "deep": {"a": {"b": {"c": ["é", "\x1f", "☃"]}}}, "": {}, "big": 2**70, "s": "\ud800"}),
     ]
     for result in cases:
         assert result.encoded() == json.dumps(result.to_json()).encode("ascii"), result
