@@ -5,8 +5,8 @@ as the runner sends them, ``WINDOW`` tasks in flight, against a port that answer
 Per task: its ``LeasePolicy.from_task`` (as the runner makes it at the poll) -> ``track`` ->
 ``child_started`` -> ``child_exited`` -> ``begin_final_update`` -> ``late_beats`` -> ``reported`` ->
 ``reported(poll_count=)`` (the runner forgetting the run), plus the runner's queries around them
-(``fence_reason`` x3, ``view`` x3). Prints microseconds of process CPU (every thread: the timer's
-wake-ups count) and of wall time per task, the median of ``--rounds``.
+(``lease_times`` x3; ``child_exited`` answers the fence). Prints microseconds of process CPU (every
+thread: the timer's wake-ups count) and of wall time per task, the median of ``--rounds``.
 Standalone: ``.venv/bin/python -m bench.engine_events [--tasks N] [--rounds R] [--no-queries]``.
 """
 
@@ -57,19 +57,15 @@ def run(tasks: int, *, queries: bool) -> tuple[float, float]:
         task = made[i]
         engine.track(task, _policy(task))
         if queries:
-            engine.fence_reason(task.task_id)
-            engine.view(task.task_id)  # the held-start check
-            engine.view(task.task_id)  # CONDUCTOR_DEADLINE
+            engine.lease_times(task.task_id)  # the admission's look: fenced, past its TERM point?
+            engine.lease_times(task.task_id)  # CONDUCTOR_DEADLINE
         engine.child_started(task.task_id)
 
     def end(i: int) -> None:
         task_id = made[i].task_id
         if queries:
-            engine.fence_reason(task_id)
-            engine.view(task_id)  # how late the exit is
-        engine.child_exited(task_id)
-        if queries:
-            engine.fence_reason(task_id)
+            engine.lease_times(task_id)  # fenced before the exit, how late it is
+        engine.child_exited(task_id)  # (its answer: the fence the runner keeps)
         engine.begin_final_update(task_id)
         engine.late_beats(task_id)
         engine.reported(task_id)

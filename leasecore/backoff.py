@@ -28,7 +28,7 @@ from leasecore.errors import ConfigError
 __all__ = ["Backoff"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Backoff:
     """Delay before retry number ``attempt`` (1-based): ``initial * multiplier**(attempt-1)``, capped."""
 

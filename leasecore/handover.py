@@ -165,7 +165,7 @@ class DyingTrees:
         return sum(len(v) for v in self._trees.values())
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Held:
     """A held task and when it may start."""
 
@@ -241,6 +241,9 @@ class StartGate:
 
     def held(self) -> list[str]:
         return list(self._held)
+
+    def __bool__(self) -> bool:  # (the loop asks at every turn: nothing held, nothing to look at)
+        return bool(self._held)
 
 
 class YieldHold:

@@ -83,7 +83,7 @@ def format_size(size: int) -> str:
     return f"{size} bytes"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Limits:
     """What one task type may use; None: no limit."""
 

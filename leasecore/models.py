@@ -47,6 +47,8 @@ REPORTABLE_STATUSES = frozenset(
 
 
 def _int(value: Any, default: int = 0) -> int:
+    if type(value) is int:  # (the usual field: the server's JSON number as parsed)
+        return value
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -105,32 +107,41 @@ class Task:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Task:
-        """Build a Task from the server's JSON, tolerating missing optional fields."""
-        workflow_task = data.get("workflowTask") or {}
-        task_def = data.get("taskDefinition") or workflow_task.get("taskDefinition") or {}
-        input_data = data.get("inputData")
-        return cls(
-            task_id=str(data.get("taskId", "")),
-            workflow_id=str(data.get("workflowInstanceId", "")),
-            task_type=str(data.get("taskType") or data.get("taskDefName") or ""),
-            reference_name=str(data.get("referenceTaskName") or ""),
-            retry_count=_int(data.get("retryCount")),
-            poll_count=_int(data.get("pollCount")),
-            response_timeout_seconds=_int(
-                data.get("responseTimeoutSeconds", task_def.get("responseTimeoutSeconds"))
-            ),
+        """Build a Task from the server's JSON, tolerating missing optional fields.
+
+        Once per polled or claimed task: its fields are set in one ``__dict__`` update rather than
+        through the frozen class's ``__init__`` (one ``object.__setattr__`` per field), the same
+        values (``test_models``' differential test holds it to the constructor).
+        """
+        get = data.get
+        workflow_task = get("workflowTask") or {}
+        task_def = get("taskDefinition") or workflow_task.get("taskDefinition") or {}
+        input_data = get("inputData")
+        metadata = get("runtimeMetadata")
+        declared = task_def.get("runtimeMetadata")
+        response_timeout = get("responseTimeoutSeconds", task_def.get("responseTimeoutSeconds"))
+        task = object.__new__(cls)
+        task.__dict__.update(
+            task_id=str(get("taskId", "")),
+            workflow_id=str(get("workflowInstanceId", "")),
+            task_type=str(get("taskType") or get("taskDefName") or ""),
+            reference_name=str(get("referenceTaskName") or ""),
+            retry_count=_int(get("retryCount")),
+            poll_count=_int(get("pollCount")),
+            response_timeout_seconds=_int(response_timeout),
             timeout_seconds=_int(task_def.get("timeoutSeconds")),
             input_data=input_data if isinstance(input_data, dict) else {},
-            domain=data.get("domain") or None,
-            worker_id=data.get("workerId") or None,
+            domain=get("domain") or None,
+            worker_id=get("workerId") or None,
             raw=dict(data),
-            start_time_ms=_int(data.get("startTime")),
-            update_time_ms=_int(data.get("updateTime")),
-            start_delay_seconds=_int(data.get("startDelayInSeconds")),
-            checkpoint=_checkpoint_of(data.get("outputData")),
-            runtime_metadata=_metadata_values(data.get("runtimeMetadata")),
-            declared_metadata=_metadata_names(task_def.get("runtimeMetadata")),
+            start_time_ms=_int(get("startTime")),
+            update_time_ms=_int(get("updateTime")),
+            start_delay_seconds=_int(get("startDelayInSeconds")),
+            checkpoint=_checkpoint_of(get("outputData")),
+            runtime_metadata={} if metadata is None else _metadata_values(metadata),
+            declared_metadata=() if declared is None else _metadata_names(declared),
         )
+        return task
 
     @property
     def server_elapsed_seconds(self) -> float:

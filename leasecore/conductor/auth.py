@@ -37,7 +37,7 @@ EARLY_REFRESH_FRACTION = 0.2  # ...and never earlier than 20 % of its remaining 
 FetchToken = Callable[[float], "str | None"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _TokenState:
     """What every request reads without a lock: the token and its monotonic deadlines."""
 

@@ -223,7 +223,7 @@ def _short(text: str) -> str:
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Reply:
     """A completed HTTP exchange: status and body, read in full within the attempt's deadline."""
 

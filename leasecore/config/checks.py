@@ -293,7 +293,7 @@ def cpu_count(value: Any) -> float:
 # ---- one key, and a refused value's message -----------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KeySpec:
     """One configuration key as declared on its settings field (``settings.option``), with its name,
     scope and default added (``keys.KEYS``): how it is checked, read, set and documented."""

@@ -92,7 +92,7 @@ def option(
     return field(default=default, repr=repr, metadata=metadata)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Source:
     """Where one value came from: ``layer`` is default | file | env | flag; ``where`` says exactly."""
 
@@ -106,7 +106,7 @@ class Source:
 DEFAULT = Source("default")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ServerSettings:
     """How to reach the Conductor server: ``[server]``. Every key is read once, at start."""
 
@@ -166,7 +166,7 @@ class ServerSettings:
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunnerSettings:
     """Settings of the runner process as a whole: ``[worker]`` (durations in seconds)."""
 
@@ -249,7 +249,7 @@ class RunnerSettings:
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskSettings:
     """Everything about serving one task type: ``[[task]]``, most keys with a default for every task in
     ``[worker]``. Durations in seconds, except the two polling ones in milliseconds (``poll_timeout``,
@@ -417,7 +417,7 @@ class TaskSettings:
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ResolvedConfig:
     """The merge's result: every value plus where it came from (``<settings>.sources[key]``)."""
 

@@ -100,7 +100,7 @@ Action = SendHeartbeat | CheckOwnership | TerminateTree | KillTree
 FenceAction = TerminateTree | KillTree
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LeaseView:
     """A snapshot of one lease for the status display (monotonic seconds; None = not applicable)."""
 

@@ -94,7 +94,7 @@ def beat_may_land_until(gave_up_at: float) -> float:
     return gave_up_at + LATE_BEAT_MARGIN_SECONDS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LateBeats:
     """A task's heartbeats of unknown fate, as its lease engine knows them: the latest time one may
     still land (monotonic seconds), and the pollCount the lease holds (what a read-back compares)."""
@@ -104,7 +104,7 @@ class LateBeats:
     task_type: str = ""  # for the metrics
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FinalPlan:
     """How one final update goes out: ``park`` first (IN_PROGRESS with ``PARK_CALLBACK_SECONDS``),
     then the result itself at ``send_at`` (monotonic seconds)."""

@@ -150,7 +150,7 @@ def failure_of(exc: ConductorError) -> Failure:
     return Failure.NO_ANSWER if unknown_fate(exc.status_code) else Failure.UNAVAILABLE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Attempt:
     """One failed attempt of a final update, as the decision needs it."""
 

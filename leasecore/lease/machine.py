@@ -252,10 +252,13 @@ class Lease:
                 earliest = min(earliest, self._kill_due_at())
         return None if earliest == _NEVER else earliest
 
+    def times(self) -> tuple[FenceReason | None, float | None, float | None]:
+        """(fence reason, lease deadline, hard deadline), as ``view`` has them, without the rest."""
+        return self._fence_reason, _finite(self._deadline), _finite(self._hard_at)
+
     def view(self) -> LeaseView:
         """A frozen snapshot for display."""
-        # (positional: polled_at, last_ack_at, next_heartbeat_at, lease_deadline, hard_deadline,
-        # exec_deadline, consecutive_failures, heartbeat_in_flight, state, fence_reason)
+        # (positional, in LeaseView's field order: polled_at, last_ack_at, ... state, fence_reason)
         return LeaseView(self._polled_at, self._acked_sent_at, self._beat_due_at(), _finite(self._deadline),
                          _finite(self._hard_at), _finite(self._exec_deadline()), self._failures,
                          self._beat_in_flight, self.state, self._fence_reason)  # fmt: skip

@@ -24,7 +24,7 @@ from leasecore.models import TaskOwnership, TaskStatus
 __all__ = ["OwnershipVerdict", "judge_ownership", "ownership_lost_reason"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OwnershipVerdict:
     """One answer, weighed: ``lost_reason`` (not None: fence, report nothing) or ``confirm_poll_count``
     (not None: a higher pollCount seen for the first time; look again after the grace). Both None:

@@ -34,7 +34,7 @@ LOG_MARKER = "conductor-run checkpoint: "  # the task-log line a later attempt r
 NAME = "CONDUCTOR_CHECKPOINT_FILE"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CheckpointRead:
     """What the file held: ``text`` (compact JSON) and ``value``, or ``error`` saying why not, or
     neither (empty: no checkpoint)."""

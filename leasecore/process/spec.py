@@ -81,7 +81,7 @@ class ExitRule(NamedTuple):
     callback_after_seconds: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CommandSpec:
     """The command for one task type, and how its exit maps to a task status.
 
@@ -129,7 +129,7 @@ class CommandSpec:
         return list(self.argv)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChildExit:
     """How a task's direct child ended, with bounded output tails and the output-file object.
 

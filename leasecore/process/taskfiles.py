@@ -89,7 +89,7 @@ def _is_tmpfs(path: str) -> bool:
     return fstype_of(path) == "tmpfs"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskFiles:
     """Paths of one task's private files."""
 

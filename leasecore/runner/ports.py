@@ -133,7 +133,7 @@ class EnginePort(Protocol):
     def track(self, task: Task, policy: LeasePolicy, *, polled_at: float | None = None) -> None: ...
     def start_held(self, task_id: str) -> None: ...
     def child_started(self, task_id: str) -> None: ...
-    def child_exited(self, task_id: str) -> None: ...
+    def child_exited(self, task_id: str) -> FenceReason | None: ...  # its fence_reason right after
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None: ...
     # The final update's guard (``finalupdates.FinalUpdates``, which the runner wraps around every update).
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool: ...
@@ -144,6 +144,8 @@ class EnginePort(Protocol):
     ) -> None: ...
     def fence_reason(self, task_id: str) -> FenceReason | None: ...
     def view(self, task_id: str) -> LeaseView: ...
+    # (fence reason, lease deadline, hard deadline) in one look; None: not tracked
+    def lease_times(self, task_id: str) -> tuple[FenceReason | None, float | None, float | None] | None: ...
 
 
 # ---------------------------------------------------------------- the process layer and the status file
@@ -198,7 +200,7 @@ class StatusPort(Protocol):
 # ---------------------------------------------------------------- plan and outcome
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PollSettings:
     """What one task type's poller asks for: the type, slots, long-poll time, identity, pacing."""
 
@@ -215,7 +217,7 @@ class PollSettings:
     max_unstarted: int = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskTypePlan:
     """Everything the runner needs to serve one task type, already resolved from the configuration."""
 
@@ -230,7 +232,7 @@ class TaskTypePlan:
     required_metadata: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunOptions:
     """How the run ends and how long its final updates are retried (the run's flags)."""
 
@@ -246,7 +248,7 @@ class RunOptions:
     update_v2: bool = True  # final updates may claim the next task when the port has update_v2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LiveChange:
     """What a reload hands the runner: every task type's plan built again from the reloaded
     configuration (used by the tasks started from now on; running ones keep theirs), the new
@@ -282,7 +284,7 @@ class RunOutcome:
                 and all(s in ok for s in self.statuses))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EngineMetrics:
     """How the engine keeps up; ``queued`` > 0 for long means the sender pool is saturated."""
 

@@ -77,6 +77,8 @@ class SecretBook:
         self._change(kept, 1)
 
     def leave(self, owner: str) -> None:
+        if owner not in self._owners:  # the usual task: it entered nothing (owners change on the main thread)
+            return
         with self._lock:
             values = self._owners.pop(owner, ())
         self._change(values, -1)

@@ -92,7 +92,7 @@ def ensure_state_dir(path: Path) -> Path:
     return path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StateDir:
     """A state directory made (0700) and checked: make one with :meth:`open` (or :meth:`for_run`),
     then hand it on; whoever receives one uses ``path`` as it is, without checking it again."""

@@ -124,7 +124,7 @@ def result_from_json(body: dict[str, Any]) -> TaskResult:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OutboxEntry:
     """One saved result, as read from its file."""
 

@@ -147,6 +147,35 @@ def test_a_redelivered_task_keeps_its_lease_and_the_poll_counts_as_an_ack(engine
     assert view.lease_deadline == pytest.approx(T0 + 30)
 
 
+def test_lease_times_are_the_views_fence_and_deadlines_in_one_look(
+    engine: LeaseEngine, port: FakePort, clock: FakeClock
+) -> None:
+    # What the runner's loop asks at admission, start and exit instead of fence_reason + view.
+    assert engine.lease_times("t1") is None  # not tracked
+    port.beat_mode["t1"] = "fail"
+    engine.track(task(1), policy(2.0, hard_timeout_seconds=30.0), polled_at=T0)
+
+    def from_view() -> tuple[FenceReason | None, float | None, float | None]:
+        view = engine.view("t1")
+        return view.fence_reason, view.lease_deadline, view.hard_deadline
+
+    assert engine.lease_times("t1") == from_view() == (None, pytest.approx(T0 + 2), pytest.approx(T0 + 30))
+    run_until(engine, clock, T0 + 2.5)  # no beat acked: fenced at its TERM point
+    assert engine.lease_times("t1") == from_view()
+    assert from_view()[0] is FenceReason.LEASE_EXPIRED
+    assert engine.child_exited("t1") is FenceReason.LEASE_EXPIRED  # its fence, as fence_reason says
+    assert engine.fence_reason("t1") is FenceReason.LEASE_EXPIRED
+    engine.reported("t1")
+    assert engine.lease_times("t1") is None
+    assert engine.child_exited("t1") is None  # no longer tracked
+
+
+def test_child_exited_answers_none_for_a_lease_not_fenced(engine: LeaseEngine) -> None:
+    engine.track(task(1), policy(30.0), polled_at=T0)
+    assert engine.child_exited("t1") is None
+    assert engine.view("t1").state is LeaseState.REPORTING
+
+
 def test_a_failing_heartbeat_is_logged_once_per_outage_and_its_recovery_once(
     engine: LeaseEngine, port: FakePort, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -136,10 +136,11 @@ class FakeEngine:
     def child_started(self, task_id: str) -> None:
         self.calls.append(("child_started", task_id))
 
-    def child_exited(self, task_id: str) -> None:
+    def child_exited(self, task_id: str) -> FenceReason | None:
         with self.lock:
             self.calls.append(("child_exited", task_id))
             self.live.discard(task_id)
+            return self.reasons.get(task_id)
 
     def reported(self, task_id: str, *, poll_count: int | None = None) -> None:
         with self.lock:  # the lease ends, and its fence with it (the real engine forgets both)
@@ -180,6 +181,13 @@ class FakeEngine:
 
     def fence_reason(self, task_id: str) -> FenceReason | None:
         return self.reasons.get(task_id)
+
+    def lease_times(self, task_id: str) -> tuple[FenceReason | None, float | None, float | None] | None:
+        try:  # (through view: a subclass's deadlines count here too)
+            view = self.view(task_id)
+        except KeyError:
+            return None
+        return self.fence_reason(task_id), view.lease_deadline, view.hard_deadline
 
     def view(self, task_id: str) -> LeaseView:
         with self.lock:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from leasecore.handover import YieldHold
 from leasecore.lease import FenceReason, LeasePolicy, TerminateTree
 from leasecore.models import TaskResult, TaskStatus
@@ -38,6 +40,12 @@ def test_the_spawn_request_carries_the_capped_kill_grace() -> None:
     roomy = LeasePolicy(response_timeout_seconds=600.0, kill_grace_seconds=30.0)
     assert _spawn_spec(spec, roomy) is spec  # not capped: unchanged
     assert _spawn_spec(spec, None) is spec
+    # every task of the type gets the one capped spec, equal to a replace of its own
+    capped = _spawn_spec(spec, policy)
+    assert _spawn_spec(spec, policy) is capped
+    assert capped == dataclasses.replace(spec, kill_grace_seconds=policy.effective_kill_grace_seconds)
+    other = CommandSpec(argv=("false",), kill_grace_seconds=30.0)  # another type's: its own
+    assert _spawn_spec(other, policy).argv == ("false",)
 
 
 def test_a_command_held_for_a_dying_tree_counts_its_exec_timeout_from_its_start() -> None:

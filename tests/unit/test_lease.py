@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -106,6 +107,54 @@ def test_policy_from_task_takes_r_and_the_hard_ceiling_from_the_task() -> None:
     assert p.start_delay_seconds == 0.0  # a first delivery starts at once
     assert p.ownership_check_interval_seconds == 5.0
     assert p.http_timeout_seconds == 10.0
+
+
+_DERIVED = ("lease_timeout_seconds", "kill_grace_cap_seconds", "effective_kill_grace_seconds",
+            "fence_lead_seconds", "ownership_window_seconds", "ownership_check_every_seconds",
+            "heartbeat_interval_seconds")  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    r=st.sampled_from([0, 2, 30]), timeout=st.sampled_from([0, 1, 30, 600]),
+    elapsed_ms=st.integers(-2000, 900_000), poll_count=st.integers(0, 3),
+    grace=st.sampled_from([0.0, 3.0, 10.0]), checks=st.sampled_from([0.0, 5.0]),
+    queue=st.sampled_from([0.0, 0.5]),
+)  # fmt: skip
+def test_from_task_gives_the_policy_its_numbers_build_whatever_it_shares(
+    r: int, timeout: int, elapsed_ms: int, poll_count: int, grace: float, checks: float, queue: float
+) -> None:
+    # from_task shares one policy per task type's numbers and puts each delivery's elapsed time and
+    # start delay on a copy: the copy must be what building the policy from all its numbers gives,
+    # fields and derived numbers alike, however many deliveries of the type came before.
+    from leasecore.handover import redelivery_wait_seconds
+
+    start = 1_700_000_000_000
+    task = Task(task_id="t1", workflow_id="w1", task_type="x", response_timeout_seconds=r,
+                timeout_seconds=timeout, poll_count=poll_count, start_time_ms=start,
+                update_time_ms=start + elapsed_ms)  # fmt: skip
+    built = LeasePolicy(response_timeout_seconds=r, kill_grace_seconds=grace, hard_timeout_seconds=timeout,
+                        hard_elapsed_seconds=task.server_elapsed_seconds if timeout > 0 else 0.0,
+                        ownership_check_interval_seconds=checks, check_queue_seconds=queue)  # fmt: skip
+    wait = redelivery_wait_seconds(
+        task, ownership_check_interval_seconds=checks,
+        redelivery_grace_seconds=built.redelivery_grace_seconds,
+        kill_grace_seconds=built.effective_kill_grace_seconds,
+        fence_margin_seconds=built.fence_margin_seconds,
+        check_queue_seconds=queue, lease_timeout_seconds=built.lease_timeout_seconds,
+    )  # fmt: skip
+    if wait > 0:
+        built = dataclasses.replace(built, start_delay_seconds=wait)
+    got = LeasePolicy.from_task(task, kill_grace_seconds=grace, ownership_check_interval_seconds=checks,
+                                check_queue_seconds=queue)  # fmt: skip
+    assert got == built and hash(got) == hash(built)
+    assert [getattr(got, name) for name in _DERIVED] == [getattr(built, name) for name in _DERIVED]
+    assert got.hard_elapsed_seconds == (max(0.0, elapsed_ms / 1000) if timeout > 0 else 0.0)
+    if timeout > 0 and elapsed_ms > 0:  # a later delivery of the type shares the numbers, not the elapsed
+        fresh = dataclasses.replace(task, update_time_ms=start)
+        again = LeasePolicy.from_task(fresh, kill_grace_seconds=grace,
+                                      ownership_check_interval_seconds=checks, check_queue_seconds=queue)
+        assert again.hard_elapsed_seconds == 0.0 and got.hard_elapsed_seconds > 0
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,16 @@
-"""TaskResult's one encoding: the update body and the result-size metric share outputData's text."""
+"""TaskResult's one encoding: the update body and the result-size metric share outputData's text; and
+Task.from_json, held to what the constructor makes of the same JSON."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
-from leasecore.models import TaskLog, TaskResult, TaskStatus
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leasecore.models import Task, TaskLog, TaskResult, TaskStatus, _checkpoint_of, _int
 
 
 def _result(**output: object) -> TaskResult:
@@ -68,3 +74,61 @@ def test_encoded_is_byte_for_byte_json_dumps_of_to_json() -> None:
     ]
     for result in cases:
         assert result.encoded() == json.dumps(result.to_json()).encode("ascii"), result
+
+
+def _through_init(data: Mapping[str, Any]) -> Task:
+    """What from_json made through the class's own __init__ (before it set the fields in one update)."""
+    from leasecore.models import _metadata_names, _metadata_values
+
+    workflow_task = data.get("workflowTask") or {}
+    task_def = data.get("taskDefinition") or workflow_task.get("taskDefinition") or {}
+    input_data = data.get("inputData")
+    return Task(
+        task_id=str(data.get("taskId", "")), workflow_id=str(data.get("workflowInstanceId", "")),
+        task_type=str(data.get("taskType") or data.get("taskDefName") or ""),
+        reference_name=str(data.get("referenceTaskName") or ""), retry_count=_int(data.get("retryCount")),
+        poll_count=_int(data.get("pollCount")),
+        response_timeout_seconds=_int(data.get("responseTimeoutSeconds",
+                                               task_def.get("responseTimeoutSeconds"))),
+        timeout_seconds=_int(task_def.get("timeoutSeconds")),
+        input_data=input_data if isinstance(input_data, dict) else {}, domain=data.get("domain") or None,
+        worker_id=data.get("workerId") or None, raw=dict(data), start_time_ms=_int(data.get("startTime")),
+        update_time_ms=_int(data.get("updateTime")),
+        start_delay_seconds=_int(data.get("startDelayInSeconds")),
+        checkpoint=_checkpoint_of(data.get("outputData")),
+        runtime_metadata=_metadata_values(data.get("runtimeMetadata")),
+        declared_metadata=_metadata_names(task_def.get("runtimeMetadata")),
+    )  # fmt: skip
+
+
+_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**13), st.sampled_from(["", "7", "x", "3.5"]),
+                   st.floats(allow_nan=False, allow_infinity=False, width=32))  # fmt: skip
+_KEYS = ["taskId", "workflowInstanceId", "taskType", "taskDefName", "referenceTaskName", "retryCount",
+         "pollCount", "responseTimeoutSeconds", "domain", "workerId", "startTime", "updateTime",
+         "startDelayInSeconds"]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    fields=st.dictionaries(st.sampled_from(_KEYS), _VALUE),
+    task_def=st.one_of(st.none(), st.dictionaries(
+        st.sampled_from(["timeoutSeconds", "responseTimeoutSeconds", "runtimeMetadata"]),
+        st.one_of(_VALUE, st.lists(st.sampled_from(["A", "B", "", 3]))))),
+    where=st.sampled_from(["top", "workflowTask"]),
+    extra=st.dictionaries(st.sampled_from(["inputData", "outputData", "runtimeMetadata"]), st.one_of(
+        st.none(), st.just({"checkpoint": {"n": 2}, "k": [1]}),
+        st.just({"SECRET": "s3cret", "N": 5, "Z": None}), st.just([1, 2]))),
+)  # fmt: skip
+def test_from_json_sets_what_the_constructor_sets(
+    fields: dict[str, Any], task_def: dict[str, Any] | None, where: str, extra: dict[str, Any]
+) -> None:
+    data: dict[str, Any] = {**fields, **extra}
+    if task_def is not None:
+        if where == "top":
+            data["taskDefinition"] = task_def
+        else:
+            data["workflowTask"] = {"taskDefinition": task_def}
+    got, want = Task.from_json(data), _through_init(data)
+    assert got == want
+    assert vars(got) == vars(want)  # the fields left out of == too: raw, checkpoint, runtime metadata
+    assert type(got) is Task

@@ -180,6 +180,19 @@ def test_publish_writes_a_change_at_once_and_coalesces_output_only_changes(tmp_p
     assert json.loads(publisher.path.read_text())["tasks"][0]["recent_output"] == ["x"]
 
 
+def test_publish_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path) -> None:
+    clock = FakeClock(wall=WALL0)
+    publisher = StatePublisher(tmp_path / "state", this_runner(clock), clock=clock)
+    target = tmp_path / "elsewhere"
+    target.write_text("kept")
+    (tmp_path / "state" / f".runner-{os.getpid()}.w.tmp").symlink_to(target)
+    assert not publisher.publish([a_task()], server=SERVER)  # refused, the link removed
+    assert target.read_text() == "kept"
+    clock.advance(1.0)
+    assert publisher.publish([a_task()], server=SERVER)
+    assert [p.name for p in publisher.path.parent.iterdir()] == [publisher.path.name]
+
+
 def test_publish_never_raises_and_logs_a_failure_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -186,7 +186,8 @@ class Killer:
         members, strays = self._attribute(procs, walked, in_groups)
         if any(tree.exited and not members[tree.key] for tree in busy):
             # Confirm with a fresh walk: a member that forked and exited while /proc was being walked
-            # may have left a child that neither list showed yet.
+            # may have left a child the walk did not show yet (a group found empty after the first
+            # walk is not read again: it stays empty, see trees.attribute).
             procs = self.scan(busy)
             members, strays = self._attribute(procs, walked, in_groups)
         for tree in busy:

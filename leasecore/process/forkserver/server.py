@@ -24,8 +24,9 @@ a dead runner's tasks are removed here). Imports stay stdlib only and few: it li
 runner and its memory counts in the runner's footprint (the Supervisor boots it without the package
 ``__init__`` files). Threads: the main one (this loop) and, on a host where posix_spawn waits long
 for the exec, up to four spawner threads (``launch.py``), all touching the state only with
-the lock (``Launcher.turn``) held: a turn of the loop holds it but for its select, a spawner's start
-but for the libc call. Signal handlers only wake the selector.
+the lock (``Launcher.turn``) held: a turn of the loop holds it but for its select; a spawner's start
+makes its system calls without it, then holds its tree under it if the loop sleeps, else leaves it
+to the loop (``Launcher.collect``, woken through its own pipe). Signal handlers only wake the selector.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class ForkServer:
         self._waiting.register(self._sock, select.POLLIN)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        self._collect_r, self._collect_w = os.pipe()  # a spawner thread's start is done (Launcher.collect)
+        os.set_blocking(self._collect_w, False)
         self._selector = selectors.DefaultSelector()
         self._sigdef: list[int] = []  # filled in by ``run``; the launcher reads it at each start
         self._env_bases: dict[int, dict[str, str]] = {}  # ``env`` requests: what spawns' env is based on
@@ -81,7 +84,7 @@ class ForkServer:
         self._killer = Killer(self._table, self._groups, self._exits, self._switches, self._reply,
                               children_files=children_files)  # fmt: skip
         self._launcher = Launcher(self._table, self._groups, self._exits, self._switches, self._answers,
-                                  self._reply, self._killer.signal, self._wake, sigdef=self._sigdef,
+                                  self._reply, self._killer.signal, self._wake_collect, sigdef=self._sigdef,
                                   children_files=children_files)  # fmt: skip
 
     def run(self) -> None:
@@ -99,6 +102,7 @@ class ForkServer:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._selector.register(self._collect_r, selectors.EVENT_READ)
         self._selector.register(self._sock, selectors.EVENT_READ)
         send_frame(self._sock, {"op": "ready", "pid": self._pid})
         turn = self._launcher.turn
@@ -110,7 +114,7 @@ class ForkServer:
                     timeout = self._switches.timeout(time.monotonic(),
                                                      TICK_SECONDS if self._killer.busy() else None)
                     self._want_room(self._answers.waiting)
-                ready = self._selector.select(timeout)  # (a spawner may register a pidfd meanwhile)
+                ready = self._selector.select(timeout)
                 with turn:
                     self._take_turn(ready)
                 self._launcher.hand_over()  # the starts it took to their threads, the lock free now
@@ -128,8 +132,12 @@ class ForkServer:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
                 sigchld = True
+            elif key.fileobj == self._collect_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._collect_r, 4096)
             elif key.data is not None:  # a leader's pidfd: it exited
                 self._exits.check(key.data)
+        self._launcher.collect()  # the starts the spawner threads made: held and answered now
         # The socket: whatever waits on it now, whether the select said so or not (a process stopped in
         # it wakes on its timeout with the runner's renewals waiting). Room to send: the flush below.
         if not self._table.closing and self._waiting.poll(0) and not self._serve_waiting():
@@ -154,9 +162,15 @@ class ForkServer:
             self._selector.modify(self._sock, events)
 
     def _wake(self) -> None:
-        """Wake the loop from its select (from a spawner thread)."""
+        """Wake the loop from its select (from another thread)."""
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\0")
+
+    def _wake_collect(self) -> None:
+        """Wake the loop to collect a start a spawner thread is done with (not as a SIGCHLD would:
+        that wake-up reaps, which this one need not)."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._collect_w, b"\0")
 
     def _remove_orphaned_dirs(self) -> None:
         """The runner died: remove the directories of the tasks it held (their input, maybe

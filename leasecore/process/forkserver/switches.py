@@ -74,6 +74,7 @@ class Switches:
         self._table = table
         self._wake = wake  # wakes the loop (from a spawner thread: it may sleep with no timeout)
         self._main_thread = main_thread
+        self._wakes_at: float | None = None  # when the loop's select ends by itself (None: it waits on)
         self._heap: list[tuple[float, str]] = []  # (when, tree key); stale entries are skipped
         self._early_kill_by: dict[str, tuple[float, float]] = {}
         self._terms = self._kills = 0  # sent by a switch (``stats``)
@@ -90,8 +91,10 @@ class Switches:
         if times is not None:
             tree.switch = Switch(*times)
             self._schedule(tree)
-            if _thread.get_ident() != self._main_thread:  # the loop may sleep with no timeout: wake it
-                self._wake()
+            if _thread.get_ident() != self._main_thread:  # the loop may sleep past this switch: wake it
+                when = tree.switch.next_at(tree.term_sent)
+                if when is not None and (self._wakes_at is None or when < self._wakes_at):
+                    self._wake()  # (not when it wakes before the switch anyway: then it sees it)
 
     def forget(self, key: str) -> None:
         """A start on a spawner thread is over: a renewal kept for it was applied, or is moot."""
@@ -200,10 +203,11 @@ class Switches:
     def timeout(self, now: float, timeout: float | None) -> float | None:
         """The loop's select timeout, shortened to the next switch point."""
         when = self._next_at()
-        if when is None:
-            return timeout
-        left = max(0.0, when - now)
-        return left if timeout is None else min(timeout, left)
+        if when is not None:
+            left = max(0.0, when - now)
+            timeout = left if timeout is None else min(timeout, left)
+        self._wakes_at = None if timeout is None else now + timeout
+        return timeout
 
     def stats(self) -> dict[str, int]:
         return {"switch_terms": self._terms, "switch_kills": self._kills,

@@ -91,7 +91,11 @@ def attribute(
     the trees whose members ``procs`` holds (``kills.Killer.scan(busy)``; None: all); for the others,
     only what was walked of them (processes re-parented to the fork server) is answered and added to
     their ``known``. ``in_groups``, if given, gets each walked tree's group member list as read here
-    (after the walk), whether /proc showed those pids or not.
+    (after the walk), whether /proc showed those pids or not; a list it already holds empty (read
+    after an earlier walk of the same tick) is not read again: a group that held no process holds
+    none later (a process is born in its parent's group, and only the fork server moves one into a
+    group, at its tree's start), so the confirming walk of a tree that looked gone (``kills.py``)
+    reads its group once, not twice.
 
     Every process below us descends from some tree's leader, which started no later than it did.
     A process that nothing else claims (it left the group, wiped its marker and was never seen)
@@ -116,7 +120,8 @@ def attribute(
             roots[owner.key].add(pid)
     for tree in trees:  # a group holds its members whatever they did (setsid, env -i, double fork)
         if tree.cgroup is not None and (walked is None or tree.key in walked):
-            in_group = cgroupfs.members(tree.cgroup)
+            read = in_groups.get(tree.key) if in_groups is not None else None
+            in_group = read if read is not None and not read else cgroupfs.members(tree.cgroup)
             if in_groups is not None:
                 in_groups[tree.key] = in_group
             roots[tree.key].update(pid for pid in in_group if pid in procs)

@@ -202,19 +202,23 @@ def _forget_fds(table: dict[str, int], files: list[str]) -> None:
 def _go_home(home: str) -> bool:
     """Move the caller back through ``home`` (a ``cgroup.procs`` or ``tasks`` file) and an fd kept open
     for it (one open per file for the life of the process instead of one per task); a failed write
-    retries once, reopened."""
+    retries once, reopened. The fd is taken out of ``_HOME_FDS`` while it is used, as ``_write_procs``
+    does: the fork server's spawner threads come back home at the same time as its loop, and a failed
+    write's close must not leave another thread writing to that fd number, reused by another file."""
     for _ in range(2):
-        fd = _HOME_FDS.get(home)
+        fd = _HOME_FDS.pop(home, None)
         try:
             if fd is None:
-                fd = _HOME_FDS[home] = os.open(home, os.O_WRONLY | os.O_CLOEXEC)
+                fd = os.open(home, os.O_WRONLY | os.O_CLOEXEC)
             os.write(fd, b"0")
-            return True
         except OSError:
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-                _HOME_FDS.pop(home, None)
+            continue
+        if _HOME_FDS.setdefault(home, fd) != fd:  # another thread put one back meanwhile: one is kept
+            os.close(fd)
+        return True
     return False
 
 

@@ -48,7 +48,7 @@ _HAS_KILL: set[str] = set()  # v2 hierarchies whose groups were seen to have cgr
 _AT_HOME: dict[int, bool] = {}  # fork server pid -> at_home, checked once (see spawns_inside)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CgroupSetup:
     """The mechanism in force: ``mechanism`` v2 | v1 | none; ``dirs`` the runner's own group per
     hierarchy (``unified`` for v2); ``limits`` the controllers that enforce limits per tree;

@@ -21,7 +21,7 @@ MAX_CALLBACK_SECONDS = 365 * 24 * 3600
 _WHERE = "CONDUCTOR_OUTPUT_FILE"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Decision:
     """What the child asked for (None: not asked)."""
 

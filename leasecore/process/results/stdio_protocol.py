@@ -88,7 +88,7 @@ class StdoutDocument:
         return b"".join(self._chunks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StdioReply:
     """A valid result document."""
 

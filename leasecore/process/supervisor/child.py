@@ -48,7 +48,7 @@ StartedSink = Callable[["Child"], None]
 _NUMBER = (int, float)  # (a tuple: ``int | float`` makes a union object at each isinstance, a task's cost)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChildLinks:
     """What a child needs of its Supervisor, handed in so that this module never imports it: send a
     request to the fork server, tell the reader thread the child exited, remove a directory off the

@@ -47,7 +47,7 @@ def working_directory(spec: CommandSpec) -> str:
     return cwd
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Prepared:
     """A spawn made ready: everything it holds until it is sent (or ``discard``-ed)."""
 

@@ -67,7 +67,7 @@ FINAL_UPDATE_WAIT_SLACK_SECONDS = 1.0
 # because a frozen one costs three times as much to make and a heartbeat makes about six of them.
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Track:
     """A polled task (``polled_at``: the poll's send time; None: now). A re-delivery acks its lease."""
 
@@ -76,34 +76,34 @@ class Track:
     polled_at: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class StartHeld:
     """The runner holds the command back (its exec timeout counts from here)."""
 
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ChildStarted:
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ChildExited:
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Tick:
     """The time ``next_wakeup`` named came: tick every lease that is due."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SenderFree:
     """A sender may take a request: the next one that may go now becomes a ``SendBeat``/``SendCheck``."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Answered:
     """The request ``call_id`` (from a ``SendBeat``/``SendCheck``) ended with ``answer``."""
 
@@ -111,26 +111,26 @@ class Answered:
     answer: Answer
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class BeginFinalUpdate:
     """The task's final update is about to be sent: exclude its heartbeats (``AwaitBeat`` if one calls)."""
 
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class BeatWaitOver:
     """The driver stopped waiting for the beat ``AwaitBeat`` named (one still calling: unknown fate)."""
 
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class FinalUpdateFailed:
     task_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Reported:
     """The final update was acknowledged (``poll_count`` None), or the runner forgets the run delivered
     with ``poll_count`` (its lease ends only if it started no later)."""
@@ -139,7 +139,7 @@ class Reported:
     poll_count: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Shutdown:
     """Fence one task (None: all) for SHUTDOWN, now or at ``drain_deadline``; ``force``: KILL now."""
 
@@ -148,7 +148,7 @@ class Shutdown:
     force: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Stop:
     """The engine stops: drop every queued request."""
 
@@ -232,7 +232,7 @@ class Outcome:
 Effect = SendBeat | SendCheck | Fence | KillBy | WakeSenders | AwaitBeat | Outcome
 
 
-@dataclass
+@dataclass(eq=False)
 class _Call:
     entry: LeaseEntry
     job: Job

@@ -227,10 +227,17 @@ class LeaseEngine:
         its exec timeout counts from now."""
         self._event(ChildStarted(task_id))
 
-    def child_exited(self, task_id: str) -> None:
+    def child_exited(self, task_id: str) -> FenceReason | None:
         """The child is dead: no more fencing; no heartbeat before the final update unless the lease
-        needs one, then heartbeats between its failed attempts until ``reported``."""
-        self._event(ChildExited(task_id))
+        needs one, then heartbeats between its failed attempts until ``reported``. Returns why its
+        tree was fenced, read in the same locked step (``fence_reason`` then: None, not fenced or
+        not tracked)."""
+        with self._lock:
+            out = self._step_locked(ChildExited(task_id))
+            entry = self._core.entry(task_id)
+            fence = None if entry is None else entry.lease.fence_reason
+        self._deliver(out)
+        return fence
 
     def begin_final_update(self, task_id: str, *, timeout_seconds: float | None = None) -> bool:
         """The final update of ``task_id`` is about to be sent: exclude its heartbeats.
@@ -291,6 +298,13 @@ class LeaseEngine:
         """Why the task's tree was fenced (None: it was not, or the task is not tracked)."""
         with self._lock:
             return self._core.fence_reason(task_id)
+
+    def lease_times(self, task_id: str) -> tuple[FenceReason | None, float | None, float | None] | None:
+        """(fence reason, lease deadline, hard deadline) of one lease in one look (None: not tracked):
+        what the runner's loop asks at a task's admission, its start and its exit, without a view."""
+        with self._lock:
+            entry = self._core.entry(task_id)
+            return None if entry is None else entry.lease.times()
 
     def view(self, task_id: str) -> LeaseView:
         """A snapshot of one lease. KeyError for an unknown (or already reported) task."""

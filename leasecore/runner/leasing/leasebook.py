@@ -26,7 +26,7 @@ from leasecore.models import Task
 __all__ = ["LeaseBook", "LeaseEntry"]
 
 
-@dataclass
+@dataclass(eq=False)
 class LeaseEntry:
     """One lease and what the engine keeps beside it."""
 

@@ -104,7 +104,7 @@ class TimerHeap:
             heapq.heappop(self._heap)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Job:
     """One request waiting for a sender: a lease's ``SendHeartbeat`` or ``CheckOwnership``."""
 
@@ -192,7 +192,7 @@ class SendQueue:
             yield self._checks[0].queued_at
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Answer:
     """A call's outcome as the lease's event. ``ok``: acknowledged (a beat) or answered (a check);
     ``beat_error``: a heartbeat's ``ConductorError``, for ``log_outcome``."""

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SendSource:
     """The engine's side of its senders. ``runnable``, ``budget_wait_seconds`` and ``take`` are called
     with ``lock`` held; ``take`` pops one request and returns the call that carries it out (to make
@@ -40,7 +40,7 @@ class SendSource:
     take: Callable[[], Callable[[], None] | None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SenderLoad:
     """How busy the senders are, for ``EngineMetrics``."""
 

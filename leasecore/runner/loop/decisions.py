@@ -64,7 +64,7 @@ class LeaseNow(Enum):
     PAST_TERM = "past term point"  # not fenced yet, but its TERM point passed (the runner stalled)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Earlier:
     """The run of the same task id still here when a delivery of it is handled."""
 
@@ -74,7 +74,7 @@ class Earlier:
     yield_waiting: bool  # its yield waits for its tree to be gone (its report would reach a new delivery)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Delivery:
     """A polled (or, ``chained``, update-v2-claimed) task, as the main thread sees it."""
 
@@ -187,7 +187,7 @@ class Read(Enum):
     NO_READER = "no reader"  # the port cannot read a task back (small test fakes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeldView:
     poll_count: int  # the delivery's
     lease: LeaseNow

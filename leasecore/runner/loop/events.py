@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TaskPolled:
     """A task a poller claimed, for the main loop to start (or hand back)."""
 
@@ -55,14 +55,14 @@ class TaskPolled:
     chained_from: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChainEnded:
     """The update-v2 of ``task_id`` claimed nothing (204, refused, failed): free its kept slot."""
 
     task_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChildExited:
     """A task's child ended (its exit from the supervisor)."""
 
@@ -70,7 +70,7 @@ class ChildExited:
     exit: ChildExit | None  # None when the runner lost track of the child (wait() failed)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fence:
     """The lease engine fenced a task: its tree is to be terminated or killed (``action``)."""
 
@@ -78,7 +78,7 @@ class Fence:
     action: FenceAction  # from the lease engine's timer thread
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeldRead:
     """A held task read back before its start (``ok`` False: the read failed; ``ownership`` None with
     ``ok``: a 404). From a read-back thread."""
@@ -89,14 +89,14 @@ class HeldRead:
     ownership: TaskOwnership | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReportDone:
     """A task's final update is done (its outcome from the reporter)."""
 
     outcome: ReportOutcome
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShutdownRequested:
     """Stop: a signal (``force``: the second one) or the runner itself."""
 
@@ -104,7 +104,7 @@ class ShutdownRequested:
     signum: int | None = None  # None: the runner stops itself (--once found nothing, ...)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PollerExited:
     """A task type's poller thread ended."""
 
@@ -113,7 +113,7 @@ class PollerExited:
     refused: Exception | None = None  # its first polls were refused (401/403): the run stops, exit 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ControlRequest:
     """An operator's request from the control socket (``leasecore.state.control``): pause, resume,
     reload or drain. ``answer(reply)`` is called once, by the main thread, with the JSON-able reply."""
@@ -124,12 +124,12 @@ class ControlRequest:
     answer: Callable[[dict[str, Any]], None] = field(default=lambda _reply: None, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReloadRequested:
     """SIGHUP: re-read the configuration file, as ``conductor-run reload`` does (result logged)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Tick:
     """No event came within the main loop's wait: its periodic checks run."""
 

@@ -323,7 +323,12 @@ class Runner:
         return isinstance(end, Finished)
 
     def _handle(self, event: Event) -> None:
-        if isinstance(event, TaskPolled) and event.chained_from:  # it takes the slot that task kept
+        # (a task's three events first: its exit, its report's outcome, its delivery)
+        if isinstance(event, ChildExited):
+            self._ends.on_child_exited(event.task_id, event.exit)
+        elif isinstance(event, ReportDone):
+            self._ends.on_reported(event.outcome)
+        elif isinstance(event, TaskPolled) and event.chained_from:  # it takes the slot that task kept
             self._ends.take_chain_slot(event.chained_from)
             self._starts.admit(event.task, event.polled_at, event.policy, chained=True)
         elif isinstance(event, TaskPolled):
@@ -336,12 +341,8 @@ class Runner:
             self._ends.on_chain_ended(event.task_id)
         elif isinstance(event, HeldRead):
             self._starts.on_held_read(event)
-        elif isinstance(event, ChildExited):
-            self._ends.on_child_exited(event.task_id, event.exit)
         elif isinstance(event, Fence):
             self._ends.on_fence(event.task_id, event.action)
-        elif isinstance(event, ReportDone):
-            self._ends.on_reported(event.outcome)
         elif isinstance(event, ShutdownRequested):
             self._stop.on_shutdown(event)
         elif isinstance(event, ControlRequest):
@@ -359,10 +360,9 @@ class Runner:
     # ------------------------------------------------------------------ stopping
 
     def _check_deadlines(self) -> None:
-        now = self._clock.monotonic()
         opts = self._t.options
         if (opts.once and not self._t.tally.started and self._t.stopping_since is None
-                and now - self._started_at >= opts.once_wait_seconds):
+                and self._clock.monotonic() - self._started_at >= opts.once_wait_seconds):
             self._stop.begin(None, reason=f"--once: no task within {opts.once_wait_seconds:g} s")
         self._stop.escalate_if_due()
 

@@ -52,7 +52,7 @@ class Phase(Enum):
     REPORTING = "reporting"  # the child is gone; the final update is on its way
 
 
-@dataclass
+@dataclass(eq=False)
 class InFlight:
     """Main-thread state of one task, from its poll to its report."""
 

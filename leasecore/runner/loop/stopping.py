@@ -46,7 +46,7 @@ STOP_SAFETY_MARGIN_SECONDS = 5.0  # past TERM + grace, the runner kills leftover
 POLLER_JOIN_SLACK_SECONDS = 0.5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunView:
     """What ``run_end`` reads of the run, once per turn of the main loop."""
 

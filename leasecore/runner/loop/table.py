@@ -108,7 +108,7 @@ class NextRuns:
         return len(self._runs)
 
 
-@dataclass
+@dataclass(eq=False)
 class TaskTable:
     """The state the runner's parts share (see the module docstring); set up by ``Runner``."""
 

@@ -183,12 +183,12 @@ class TaskEnds:
         entry = self._t.tasks.get(task_id)
         if entry is None:
             return
-        fenced_before = self._engine.fence_reason(task_id)
-        late = self._past_term_point(entry)
-        self._engine.child_exited(task_id)
+        times = self._engine.lease_times(task_id)  # (one look: its fence and deadlines before the exit)
+        fenced_before = None if times is None else times[0]
+        late = None if times is None else self._past_term_point(entry, times[1], times[2])
+        entry.fence = self._engine.child_exited(task_id)  # (its fence, read in the same step)
         if entry.child is not None:
             self._gate.dying.add(entry.task, entry.child)  # escapees may outlive the child
-        entry.fence = self._engine.fence_reason(task_id)
         if fenced_before is None and entry.fence in _SERVER_FENCES and (late or 0.0) > _STALL_SECONDS:
             # Its TERM point passed long ago and this process never fenced it: it did not run then.
             entry.stalled_seconds = late
@@ -231,16 +231,13 @@ class TaskEnds:
         else:
             self.report(entry, result)
 
-    def _past_term_point(self, entry: InFlight) -> float | None:
+    def _past_term_point(self, entry: InFlight, lease_deadline: float | None,
+                         hard_deadline: float | None) -> float | None:
         """How long ago the lease's earliest server deadline's TERM point passed (None: not known)."""
-        try:
-            view = self._engine.view(entry.task.task_id)
-        except KeyError:
+        if entry.policy is None or (lease_deadline is None and hard_deadline is None):
             return None
-        deadlines = [d for d in (view.lease_deadline, view.hard_deadline) if d is not None]
-        if not deadlines or entry.policy is None:
-            return None
-        return self._clock.monotonic() - (min(deadlines) - entry.policy.fence_lead_seconds)
+        first = min(d for d in (lease_deadline, hard_deadline) if d is not None)
+        return self._clock.monotonic() - (first - entry.policy.fence_lead_seconds)
 
     def _hold_until_gone(self, entry: InFlight, result: TaskResult) -> None:
         """Keep ``result`` (a yield, or a FAILED the server retries at once) until the tree is gone, lease
@@ -394,8 +391,7 @@ class TaskEnds:
         ``why``: the reason when its lease was not fenced (yet); else the stop's."""
         task = entry.task
         if entry.tracked:
-            self._engine.child_exited(task.task_id)
-            entry.fence = self._engine.fence_reason(task.task_id)
+            entry.fence = self._engine.child_exited(task.task_id)
         if held:  # its fence (if any) counts: conductor_run_fences_total
             self._metrics.on_task_held(task.task_type, False, entry.fence)
         meaning = unstarted_meaning(ownership_lost=entry.fence is FenceReason.OWNERSHIP_LOST,

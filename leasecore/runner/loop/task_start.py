@@ -230,25 +230,21 @@ class TaskStarts:
         self._budget.give_back(1)
 
     def _tracked(self, task_id: str) -> bool:
-        try:
-            self._engine.view(task_id)
-        except KeyError:
-            return False
-        return True
+        return self._engine.lease_times(task_id) is not None
 
     def _lease_now(self, task_id: str, policy: LeasePolicy | None, now: float) -> LeaseNow:
         """Its lease when handled: fenced, past its TERM point (the engine's timer has not fenced it
         yet: say the process was stalled between the poll's answer and now), live, or not tracked."""
         if policy is None:
             return LeaseNow.UNTRACKED
-        if self._engine.fence_reason(task_id) is not None:
-            return LeaseNow.FENCED
-        try:
-            view = self._engine.view(task_id)
-        except KeyError:
+        times = self._engine.lease_times(task_id)  # (one look: its fence and its deadlines)
+        if times is None:
             return LeaseNow.UNTRACKED
-        deadlines = [d for d in (view.lease_deadline, view.hard_deadline) if d is not None]
-        if deadlines and now >= min(deadlines) - policy.fence_lead_seconds:
+        fence, lease_deadline, hard_deadline = times
+        if fence is not None:
+            return LeaseNow.FENCED
+        first = _earliest(lease_deadline, hard_deadline)
+        if first is not None and now >= first - policy.fence_lead_seconds:
             return LeaseNow.PAST_TERM
         return LeaseNow.LIVE
 
@@ -269,6 +265,8 @@ class TaskStarts:
 
     def start_released(self) -> None:
         """Held tasks whose hold is over: read back, then started (or forgotten) by ``held_start``."""
+        if not self._gate:  # (the usual turn: none held)
+            return
         for task in self._gate.due(self._clock.monotonic()):
             entry = self._t.tasks.get(task.task_id)
             if entry is not None and entry.phase is Phase.WAITING:
@@ -339,7 +337,8 @@ class TaskStarts:
     def _start_child(self, entry: InFlight) -> None:
         task, plan = entry.task, entry.plan
         task_id = task.task_id
-        missing = missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+        missing = (missing_metadata(task.declared_metadata, plan.required_metadata, task.runtime_metadata)
+                   if task.declared_metadata or plan.required_metadata else None)  # (none: the usual task)
         if missing:  # fail closed: without its secrets the command is not run, and a retry would not help
             self._refuse_unresolved(entry, missing)
             return
@@ -375,11 +374,9 @@ class TaskStarts:
         if entry.policy is None:
             return None
         hard = None
-        if entry.tracked:
-            try:
-                hard = self._engine.view(entry.task.task_id).hard_deadline
-            except KeyError:  # (forgotten meanwhile: no deadline to tell)
-                hard = None
+        if entry.tracked:  # (None: forgotten meanwhile, no deadline to tell)
+            times = self._engine.lease_times(entry.task.task_id)
+            hard = None if times is None else times[2]
         return child_deadline(entry.policy, hard, self._clock.monotonic(), self._clock.now().timestamp())
 
     def _refuse_unresolved(self, entry: InFlight, missing: list[str]) -> None:
@@ -417,6 +414,13 @@ class TaskStarts:
         return on_lines
 
 
+def _earliest(lease_deadline: float | None, hard_deadline: float | None) -> float | None:
+    """The earlier of a lease's server deadlines (None: it has neither)."""
+    if lease_deadline is None:
+        return hard_deadline
+    return lease_deadline if hard_deadline is None else min(lease_deadline, hard_deadline)
+
+
 def _earlier(entry: InFlight | None, engine: EnginePort, ends: TaskEnds) -> Earlier | None:
     """The run of the same task id still here, as admission sees it."""
     if entry is None:
@@ -436,4 +440,19 @@ def _spawn_spec(spec: CommandSpec, policy: LeasePolicy | None, masker: Masker | 
     if policy is None:
         return spec
     capped = min(grace, policy.effective_kill_grace_seconds)
-    return spec if capped == grace else dataclasses.replace(spec, kill_grace_seconds=capped)
+    if capped == grace:
+        return spec
+    # A lease shorter than 4 x kill_grace caps every task of its type alike: the capped spec is made
+    # once per spec and cap (a replace is ~8 us), not per task; main thread only, bounded.
+    kept = _CAPPED.get((id(spec), capped))
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    if len(_CAPPED) >= _CAPPED_MAX:
+        _CAPPED.clear()
+    made = dataclasses.replace(spec, kill_grace_seconds=capped)
+    _CAPPED[(id(spec), capped)] = (spec, made)  # (the spec is kept with it: its id stays its own)
+    return made
+
+
+_CAPPED: dict[tuple[int, float], tuple[CommandSpec, CommandSpec]] = {}
+_CAPPED_MAX = 64

@@ -80,7 +80,7 @@ class SendPoll:
     domain: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Answered:
     """What a poll's answer means: hand ``run`` to the runner, hand ``surplus`` back to the server
     (both taken up later, one by one), poll again not before ``delay``; log ``note`` (the server is
@@ -93,7 +93,7 @@ class Answered:
     lines: tuple[tuple[Literal["info", "warning"], str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Failed:
     """What a failed poll means: poll again not before ``delay``; log ``note`` (a change of the
     server's reachability) at warning level; ``give_up``: the server refused the very first polls

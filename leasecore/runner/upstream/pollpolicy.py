@@ -15,7 +15,7 @@ from typing import Literal
 from leasecore.backoff import Backoff
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BackoffPolicy:
     """Delays between polls, in seconds.
 
@@ -87,7 +87,7 @@ _RECOVERY_LINES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Reachability:
     """What the poller last knew about the server: one log line per change of state, not per failure.
 

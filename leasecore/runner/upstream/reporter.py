@@ -63,7 +63,7 @@ log = logging.getLogger("conductor_run.report")
 OnChained = Callable[[Task | None, float], None]  # (the task update-v2 claimed or None, its send time)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReportOutcome:
     task_id: str
     delivered: bool
