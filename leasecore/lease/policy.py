@@ -87,7 +87,7 @@ def _positive_or_zero(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be >= 0 seconds, got {value}", key=name)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class LeasePolicy:
     """Every number that drives one task's lease (all durations in seconds; 0 = none).
 

@@ -81,7 +81,7 @@ class ExitRule(NamedTuple):
     callback_after_seconds: int | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class CommandSpec:
     """The command for one task type, and how its exit maps to a task status.
 

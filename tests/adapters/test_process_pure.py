@@ -16,8 +16,9 @@ from leasecore.models import TaskStatus
 from leasecore.process import ChildExit, CommandSpec, build_child_env, to_task_result
 from leasecore.process.forkserver.frames import encode_frame, send_frame, take_frames
 from leasecore.process.spec import INPUT_ENV_VALUE_LIMIT_BYTES, input_env_name
-from leasecore.process.supervisor.caches import ExecutablePaths
+from leasecore.process.supervisor.caches import ExecutablePaths, WorkingDirectories
 from leasecore.process.supervisor.output import StreamCapture
+from leasecore.process.supervisor.prepare import new_token, working_directory
 from leasecore.process.taskfiles import OUTPUT_FILE_LIMIT_BYTES, read_output_file
 
 from .process_support import make_task
@@ -307,6 +308,48 @@ def test_a_frame_is_the_text_json_dumps_makes(message: dict[str, object]) -> Non
     assert frame == struct.pack(">I", len(frame) - 4) + json.dumps(message).encode()
     with pytest.raises(TypeError):
         encode_frame({"op": "x", "what": object()})
+
+
+def test_marker_tokens_drawn_ahead_are_each_new_and_a_forked_copy_draws_its_own() -> None:
+    tokens = [new_token() for _ in range(1000)]  # several draws of 64
+    assert len(set(tokens)) == len(tokens)
+    assert all(len(token) == 32 and int(token, 16) >= 0 for token in tokens)
+    new_token()  # some left over, which a forked child must not hand out again
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write_end, new_token().encode())
+        os._exit(0)
+    os.close(write_end)
+    in_child = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    ours = {new_token() for _ in range(64)}
+    assert len(in_child) == 32 and in_child not in ours and in_child not in tokens
+
+
+def test_a_working_directory_seen_is_not_looked_at_again_within_the_cache_time(tmp_path: Path) -> None:
+    now = [100.0]
+    cwds = WorkingDirectories(working_directory, 5.0, monotonic=lambda: now[0])
+    there, gone = tmp_path / "there", tmp_path / "gone"
+    there.mkdir()
+    gone.mkdir()
+    assert cwds.of(CommandSpec(argv=("true",), cwd=str(there))) == str(there)
+    assert cwds.of(CommandSpec(argv=("true",), cwd=str(gone))) == str(gone)
+    gone.rmdir()
+    now[0] += 4.9
+    assert cwds.of(CommandSpec(argv=("true",), cwd=str(gone))) == str(gone)  # kept: not looked at
+    now[0] += 0.2
+    with pytest.raises(SpawnError, match=r"working directory .*gone.* does not exist"):
+        cwds.of(CommandSpec(argv=("true",), cwd=str(gone)))  # time over: looked at again
+    with pytest.raises(SpawnError, match="does not exist"):  # a missing one is never kept
+        cwds.of(CommandSpec(argv=("true",), cwd=str(gone)))
+    assert cwds.of(CommandSpec(argv=("true",), cwd=str(there))) == str(there)
+    every_time = WorkingDirectories(working_directory, 0.0, monotonic=lambda: now[0])
+    assert every_time.of(CommandSpec(argv=("true",), cwd=str(there))) == str(there)
+    there.rmdir()
+    with pytest.raises(SpawnError, match="does not exist"):  # 0 s: looked at for every spawn
+        every_time.of(CommandSpec(argv=("true",), cwd=str(there)))
 
 
 def test_a_command_found_on_path_is_kept_for_the_cache_time_unless_it_is_gone(tmp_path: Path) -> None:

@@ -97,6 +97,22 @@ def test_journal_compacts_into_the_record(tmp_path: Path) -> None:
     assert not path.exists() and not journal.exists()
 
 
+def test_a_tree_line_is_the_text_json_dumps_makes(tmp_path: Path) -> None:
+    # Encoded with a C encoder made once (leftovers._dumps_line), not by json.dumps at each add.
+    record = leftovers.StateRecord(tmp_path, os.getpid())
+    record.add(leftovers.TreeRecord("t0", 10_000, 1, "0" * 32, ""))  # the first change: the record
+    meta = {"server": "k", "task_id": "caf\u00e9 \"q\"\n\u2603", "poll_count": 3, "ratio": 0.5, "none": None,
+            "list": [1, "x", True]}  # fmt: skip
+    group = {"dirs": {"memory": "/sys/fs/cgroup/conductor-run.1.ab"}, "pooled": True}
+    tree = leftovers.TreeRecord("t1", 10_001, 2, "1" * 32, "/dev/shm/conductor-run-task-x", meta, group, 0)
+    record.add(tree)
+    journal = (tmp_path / f"processes-{os.getpid()}.json").with_suffix(".journal")
+    assert journal.read_text().splitlines() == ["+" + json.dumps(vars(tree))]
+    with pytest.raises(TypeError):
+        record.add(leftovers.TreeRecord("t2", 1, 1, "2" * 32, "", {"what": object()}))
+    record.delete()
+
+
 def test_held_removals_go_out_with_the_next_add_or_the_flush(tmp_path: Path) -> None:
     record = leftovers.StateRecord(tmp_path, os.getpid())
     path = tmp_path / f"processes-{os.getpid()}.json"

@@ -389,6 +389,26 @@ def test_a_command_found_on_path_is_looked_up_again_once_it_is_gone(tmp_path: Pa
         assert run(supervisor) == "zeroth"
 
 
+def test_a_working_directory_removed_within_the_cache_time_still_fails_the_spawn(tmp_path: Path) -> None:
+    """The working directory, seen to exist, is not looked at again for ``path_cache_seconds``: one
+    removed meanwhile fails the next spawn in the fork server's chdir, with nothing left behind."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    where = CommandSpec(argv=("true",), cwd=str(workdir))
+    files = tmp_path / "files"
+    files.mkdir()
+    with Supervisor(tmp_path / "state", tmp_dir=str(files), path_cache_seconds=600.0) as supervisor:
+        exit = supervisor.spawn(make_task(), where, worker_id="w").wait(30)
+        assert exit is not None and exit.exit_code == 0, exit
+        workdir.rmdir()
+        with pytest.raises(SpawnError, match=r"No such file or directory \(while doing chdir\)"):
+            supervisor.spawn(make_task(task_id="task-2"), where, worker_id="w")
+        assert wait_until(lambda: not list(files.iterdir()), 10)  # its task files removed
+    with Supervisor(tmp_path / "state", path_cache_seconds=0.0) as supervisor, \
+            pytest.raises(SpawnError, match=r"working directory .* does not exist"):  # fmt: skip
+        supervisor.spawn(make_task(task_id="task-3"), where, worker_id="w")
+
+
 def test_each_command_spec_gets_its_own_environment(supervisor: Supervisor) -> None:
     """The inherited part of the environment is computed once per spec and kept: two specs (two
     task types) must each keep theirs, and a secret named by one is not dropped for the other."""

@@ -94,6 +94,25 @@ def _is_alive(entry: dict[str, int] | None) -> bool:
 _COMPACT_SLACK = 1024
 
 
+def _line_encoder() -> Callable[[Any], str]:
+    """``json.dumps`` with its default settings (ASCII, ", " and ": ", NaN allowed, TypeError for
+    what JSON cannot hold), its C encoder made once instead of at every call (``JSONEncoder`` makes
+    one per ``dumps``: about a third of a tree line's encoding, which the reader thread does for every
+    started tree). Without the check for circular containers: a record is plain values made here."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        encode = make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+                               ": ", ", ", False, False, True)  # fmt: skip
+    except TypeError:  # another Python's signature
+        encode = None
+    if not encode:
+        return json.dumps
+    return lambda value: "".join(encode(value, 0))
+
+
+_dumps_line = _line_encoder()
+
+
 def _journal_path(record_path: Path) -> Path:
     return record_path.with_suffix(".journal")
 
@@ -129,7 +148,7 @@ class StateRecord:
         """Record a tree: written before this returns (with whatever ``hold`` kept back), so that a
         tree whose spawn the caller reports as started is in the record."""
         self._trees[record.key] = record
-        self._change("+" + json.dumps(vars(record)), now=True)  # flat fields: vars, not asdict's deep copy
+        self._change("+" + _dumps_line(vars(record)), now=True)  # flat fields: vars, not asdict's deep copy
 
     def remove(self, key: str) -> None:
         """Forget a tree: written at once, or while held with the next add or at ``flush``."""
@@ -329,8 +348,10 @@ def remove_tmpdir(path: str, rmtree: Callable[[str], None] | None = None) -> Non
     if path and os.path.basename(path.rstrip("/")).startswith(TMP_PREFIX):  # (no pathlib: a task's cost)
         try:  # what it holds unless the child added files there: three syscalls, not rmtree's dozen
             for name in TASK_FILE_NAMES:
-                with contextlib.suppress(FileNotFoundError):
+                try:  # noqa: SIM105 (not contextlib.suppress: a context manager made per file, a task's cost)
                     os.unlink(path + "/" + name)  # (a "//" in it is one "/" to the kernel)
+                except FileNotFoundError:
+                    pass
             os.rmdir(path)
         except FileNotFoundError:
             pass

@@ -1,9 +1,10 @@
 """The per-spawn lookups the Supervisor keeps: a command found on PATH, a spec's inherited environment.
 
-Owns two small bounded caches (``CACHE_ENTRIES`` each, emptied when full) and the PATH search itself
+Owns three small bounded caches (``CACHE_ENTRIES`` each, emptied when full) and the PATH search itself
 (``resolve_executable``). ``ExecutablePaths`` works like a shell's hash: a command found on PATH is
 reused for ``cache_seconds`` as long as it is still executable (one ``access``); a command installed
-meanwhile in an earlier directory of PATH is picked up once that time is over. ``InheritedEnvs``
+meanwhile in an earlier directory of PATH is picked up once that time is over. ``WorkingDirectories``
+keeps a spec's working directory, seen to exist, for the same time. ``InheritedEnvs``
 keeps ``inherited_env(environ, spec)`` per ``CommandSpec`` object (a runner has one spec per task type).
 
 Must not touch: the fork server, children, task files. It only stats paths and filters a mapping;
@@ -62,6 +63,33 @@ class ExecutablePaths:
             self._paths.clear()
         self._paths[key] = (path, now)
         return path
+
+
+class WorkingDirectories:
+    """``working_directory(spec)`` kept per ``spec.cwd`` for ``cache_seconds``: like a command found
+    on PATH, a directory seen to exist is not looked at again within that time (a ``stat`` per task
+    otherwise). One removed meanwhile fails the spawn all the same, in the fork server's ``chdir``
+    (the reason names that step) instead of here; with 0 s it is looked at for every spawn."""
+
+    def __init__(
+        self, check: Callable[[CommandSpec], str], cache_seconds: float = PATH_CACHE_SECONDS, *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._check = check  # the directory as the fork server will chdir to it, or SpawnError
+        self._cache_seconds = cache_seconds
+        self._monotonic = monotonic
+        self._known: dict[str | None, tuple[str, float]] = {}  # spec.cwd -> (directory, seen at)
+
+    def of(self, spec: CommandSpec) -> str:
+        now = self._monotonic()
+        known = self._known.get(spec.cwd)
+        if known is not None and now - known[1] < self._cache_seconds:
+            return known[0]
+        cwd = self._check(spec)  # (a relative one is joined to the runner's directory, which stays)
+        if len(self._known) >= CACHE_ENTRIES:
+            self._known.clear()
+        self._known[spec.cwd] = (cwd, now)
+        return cwd
 
 
 class InheritedEnvs:

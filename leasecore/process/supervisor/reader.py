@@ -78,15 +78,16 @@ class OutputReader:
         # without a read each (two system calls a task), and there is no selector key per fd to make.
         self._epoll = select.epoll()
         self._watched: dict[int, Child | _ServerSocket | None] = {}  # fd -> whose (None: the wake-up)
+        self._new: list[Child] = []  # added during this read of the fork server's messages, not watched yet
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._watch(self._wake_r, None)
 
     def add_here(self, child: Child, out_r: int, err_r: int) -> None:
         """Read ``child``'s stdout/stderr pipes from now on (they are closed once it is finished).
-        Called on the reader thread itself, when it reads the child's ``spawned`` reply: no wake-up."""
+        Called on the reader thread itself, when it reads the child's ``spawned`` reply: no wake-up.
+        The pipes are watched once the rest of that read's messages are handled (``_watch_new``)."""
         assert threading.get_ident() == self._ident
         self._register(child, out_r, err_r)
-        self._check_exit(child)
 
     def exited(self, child: Child) -> None:
         """``child`` exited: drain its pipes for at most the drain time, then finish it. Called on the
@@ -195,16 +196,49 @@ class OutputReader:
         self._epoll.unregister(fd)
 
     def _register(self, child: Child, out_r: int, err_r: int) -> None:
+        """Take ``child``'s pipes; ``_watch_new`` watches them (or closes those at EOF already)."""
         stdout, stderr = child._stdout_capture(), child._capture("stderr")
         child._captures = (stdout, stderr)
-        child._fds = {}
+        child._fds = {out_r: stdout, err_r: stderr}
         self._children.add(child)  # first: whatever fails below, its exit still finishes it
-        for fd, capture in ((out_r, stdout), (err_r, stderr)):
+        self._new.append(child)
+
+    def _watch_new(self) -> None:
+        """Watch the pipes of the children added since the last call, but for those at EOF already:
+        a short command (``true``) has often ended by the time its ``spawned`` reply is read, its
+        exit in the same read. One ``poll`` over all of them, and a pipe at its end (POLLHUP without
+        POLLIN: writers gone, nothing in it) is closed at once, without the two ``epoll_ctl`` calls
+        and the later wake-up a watch costs; its child is finished here once it exited."""
+        new, self._new = self._new, []
+        polled = select.poll()
+        for child in new:
+            for fd in child._fds:
+                polled.register(fd, select.POLLIN)
+        try:
+            ended = {fd for fd, events in polled.poll(0) if events == select.POLLHUP}
+        except OSError:  # (out of memory for the poll): every pipe is watched, as without it
+            ended = set()
+        for child in new:
+            try:
+                self._watch_pipes(child, ended)
+            except Exception:  # as for a read: one child's trouble must not stop the reader
+                log.exception("reading the output of task %s failed", child.key)
+                for fd in list(child._fds):
+                    with contextlib.suppress(OSError):
+                        self._close_fd(child, fd)
+            self._check_exit(child)
+
+    def _watch_pipes(self, child: Child, ended: set[int]) -> None:
+        for fd in list(child._fds):
+            if fd in ended:
+                del child._fds[fd]
+                os.close(fd)
+                continue
             try:
                 self._watch(fd, child)
-                child._fds[fd] = capture
-            except (OSError, ValueError, KeyError) as exc:  # e.g. out of epoll watches: that stream is lost
+            except (OSError, ValueError, KeyError) as exc:  # e.g. no epoll watch left: the stream is lost
                 log.error("task %s: cannot read its output (%s): it is dropped", child.key, exc)
+                del child._fds[fd]
                 os.close(fd)
 
     def _read_server(self, link: _ServerSocket) -> None:
@@ -216,7 +250,11 @@ class OutputReader:
             log.debug("the fork server's socket failed: %s", exc)
             data, messages = b"", []
         if messages:
-            self._handle(link, messages)
+            try:
+                self._handle(link, messages)
+            finally:  # (after the read's ``around``: a child finished here is reported after it, as before)
+                if self._new:
+                    self._watch_new()
         if data:
             return
         self._unwatch(link.sock.fileno())
@@ -257,7 +295,8 @@ class OutputReader:
 
     def _close_fd(self, child: Child, fd: int) -> None:
         if child._fds.pop(fd, None) is not None:
-            self._unwatch(fd)
+            if self._watched.get(fd) is child:  # (not yet, for a child added in the read under way)
+                self._unwatch(fd)
             os.close(fd)
 
     def _check_exit(self, child: Child) -> None:
