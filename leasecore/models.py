@@ -11,7 +11,7 @@ Threads: any; every value is frozen, so it may be handed between threads without
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -203,15 +203,36 @@ class TaskResult:
         result-size metric share it (with ``ensure_ascii``, its length is its size in bytes)."""
         text: str | None = self.__dict__.get("_output_json")
         if text is None:  # two threads may both encode it: the same text, no lock needed
-            text = json.dumps(dict(self.output_data))
+            text = _encode_tree(dict(self.output_data))
             object.__setattr__(self, "_output_json", text)
         return text
 
     def encoded(self) -> bytes:
         """The body of ``POST /api/tasks`` as sent: ``to_json``'s fields, outputData from
-        ``output_json`` (last) instead of a second encoding of it."""
-        head = json.dumps(self._head())  # never empty: "{..., ...}"
-        return f'{head[:-1]}, "outputData": {self.output_json()}}}'.encode("ascii")
+        ``output_json`` (last) instead of a second encoding of it; the bytes of
+        ``json.dumps(self.to_json())``."""
+        return f'{self._head_text()}, "outputData": {self.output_json()}}}'.encode("ascii")
+
+    def _head_text(self) -> str:
+        """``json.dumps(self._head())`` without its closing brace. Written here for the usual result
+        (str ids and reason, an int callback, no logs: 0.6 us, where json.dumps of the dict took 2.4),
+        with json.dumps' own string escaping; anything else goes through json.dumps."""
+        task_id, workflow_id, reason, callback, worker_id = (
+            self.task_id, self.workflow_id, self.reason_for_incompletion, self.callback_after_seconds,
+            self.worker_id)  # fmt: skip
+        if (self.logs or type(task_id) is not str or type(workflow_id) is not str
+                or type(callback) is not int or (reason and type(reason) is not str)
+                or (worker_id and type(worker_id) is not str)):  # fmt: skip
+            return json.dumps(self._head())[:-1]  # never empty: "{..., ...}"
+        text = (f'{{"taskId": {_json_str(task_id)}, "workflowInstanceId": {_json_str(workflow_id)}, '
+                f'"status": {_json_str(self.status.value)}')
+        if reason:
+            text += f', "reasonForIncompletion": {_json_str(reason)}'
+        if callback:
+            text += f', "callbackAfterSeconds": {int.__repr__(callback)}'
+        if worker_id:
+            text += f', "workerId": {_json_str(worker_id)}'
+        return text
 
     def _head(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -228,6 +249,28 @@ class TaskResult:
         if self.logs:
             body["logs"] = [entry.to_json(self.task_id) for entry in self.logs]
         return body
+
+
+_json_str = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (its C function)
+
+
+def _tree_encoder() -> Callable[[Any], str]:
+    """json.dumps' text for a tree of plain values (outputData: JSON documents read and the runner's
+    own values), through its C encoder made once (json.dumps makes one at every call): the same text
+    (ASCII, ", " and ": ", NaN allowed, TypeError for what JSON cannot hold), without the check for
+    circular containers, which a tree has none of. json.dumps where this Python has no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        encode = make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+                               ": ", ", ", False, False, True)  # fmt: skip
+    except TypeError:  # another Python's signature
+        encode = None
+    if not encode:
+        return json.dumps
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_tree = _tree_encoder()
 
 
 def _checkpoint_of(output: Any) -> Any:

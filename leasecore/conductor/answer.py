@@ -13,6 +13,7 @@ Threads: the calling thread only; one reader per answer, never shared.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from collections.abc import Callable
@@ -145,11 +146,27 @@ class AnswerReader:
         return self._to_end(max_bytes), False
 
     def _recv(self) -> bytes:
-        arm(self._sock, socket.SO_RCVTIMEO, seconds_left(self._deadline, self._monotonic))
-        try:
-            return self._sock.recv(RECV_BYTES)
-        except BlockingIOError:  # SO_RCVTIMEO ran out
-            raise TimeoutError("timed out") from None
+        """One ``recv`` that never waits past the deadline. The receive timeout a connection keeps
+        between calls is armed again only when it is longer than what is left (a ``setsockopt`` a
+        call fewer on a kept-alive connection): armed in whole seconds (below one second, exactly),
+        so the next calls with the usual timeouts find it short enough. A wait cut short by such a
+        timeout, with time left, goes on with the rest armed."""
+        sock = self._sock
+        while True:
+            left = seconds_left(self._deadline, self._monotonic)
+            armed: float = getattr(sock, "rcv_armed", 0.0)
+            exact = False
+            if not 0.0 < armed <= left:
+                armed = float(int(left)) if left >= 1.0 else left
+                exact = armed == left
+                arm(sock, socket.SO_RCVTIMEO, armed)
+                with contextlib.suppress(AttributeError):  # (a plain socket keeps no figure)
+                    sock.rcv_armed = armed  # type: ignore[attr-defined]
+            try:
+                return sock.recv(RECV_BYTES)
+            except BlockingIOError:  # SO_RCVTIMEO ran out: the deadline's, or a shorter armed one
+                if exact:
+                    raise TimeoutError("timed out") from None
 
     def _exactly(self, size: int) -> bytes:
         if len(self._buf) >= size:

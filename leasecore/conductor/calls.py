@@ -57,6 +57,9 @@ __all__ = [
 EXCERPT_CHARS = 200
 JSON = "application/json"
 TEXT_OR_JSON = "text/plain, application/json"  # POST /api/tasks answers text/plain (§3)
+# json.loads' own decoder: a body that starts with "{" and no NUL after it is UTF-8 to json.loads
+# (json.detect_encoding), so such a body is decoded as UTF-8 and handed to it directly.
+_decode = json.JSONDecoder().decode
 
 # The standard library's errors and the lean transport's (conductor_lean), with what each means.
 # requests' own classes come first once requests is loaded (conductor_requests.ERRORS): the client
@@ -235,8 +238,11 @@ class Reply:
 
     def json(self) -> Any:
         """The body as JSON; a 2xx body that is not JSON is a :class:`ConductorProtocolError`."""
+        body = self.body
         try:
-            return json.loads(self.body)
+            if body[:1] == b"{" and body[1:2] != b"\0":  # what json.loads makes of it, without its
+                return _decode(body.decode("utf-8", "surrogatepass"))  # guess at the encoding
+            return json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested too deep: not a ValueError
             raise ConductorProtocolError(
                 f"{self.method} {self.path}: answer is not JSON",

@@ -67,9 +67,10 @@ _FIELD_SETS = 32  # header field sets kept made (_header_fields)
 class _Connection(socket.socket):
     """A connection of the pool: a socket with its own ``poll`` to see whether the server closed it."""
 
-    __slots__ = ("readable",)
+    __slots__ = ("rcv_armed", "readable")
 
     def watch(self) -> None:
+        self.rcv_armed = 0.0  # the receive timeout armed now, in seconds (0: none; answer.AnswerReader)
         self.readable = select.poll()
         self.readable.register(self.fileno(), select.POLLIN)  # (POLLERR and POLLHUP come unasked)
 

@@ -213,6 +213,8 @@ class RequestSender:
             reply = self._send(
                 *send, _with_token(headers, token), deadline, idempotent=idempotent, generation=generation
             )
+        if 200 <= reply.status_code < 300:  # (the secrets to redact are gathered for an error only)
+            return reply
         error = error_for_status(method, path, reply.status_code, reply.body, secrets=self._secrets())
         if error is not None:
             if isinstance(error, ConductorAuthError) and not self.auth:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from leasecore.conductor import lean
+from leasecore.conductor import answer, lean
 from leasecore.conductor.lean import AnswerTooLarge, LeanTransport
 from leasecore.http_framing import FramingError
 
@@ -339,3 +339,61 @@ def test_a_server_reading_slowly_or_not_at_all_cannot_stretch_the_send_past_the_
         reader.join(5)
         listener.close()
     assert elapsed < 2.0
+
+
+def _counting_arms(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The receive timeouts armed from now on (the answer reader's ``arm`` calls for SO_RCVTIMEO)."""
+    armed: list[float] = []
+    real = answer.arm
+
+    def counting(sock: socket.socket, option: int, seconds: float) -> None:
+        if option == socket.SO_RCVTIMEO:
+            armed.append(seconds)
+        real(sock, option, seconds)
+
+    monkeypatch.setattr(answer, "arm", counting)
+    return armed
+
+
+def test_a_kept_alive_connection_keeps_its_receive_timeout_while_it_is_short_enough(
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, transport = scripted([ok(b"1"), ok(b"2"), ok(b"3"), ok(b"4")])
+    armed = _counting_arms(monkeypatch)
+    assert [get(transport, seconds=5.0)[1] for _ in range(3)] == [b"1", b"2", b"3"]
+    assert armed == [4.0]  # whole seconds, not above what was left: armed once for the three
+    assert get(transport, seconds=2.5) == (200, b"4")  # less left than the kept 4 s: armed again
+    assert armed == [4.0, 2.0]
+    assert len({number for number, _ in server.requests}) == 1  # one kept-alive connection throughout
+
+
+def test_a_wait_cut_short_by_the_kept_timeout_goes_on_until_the_answer(
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def late(conn: socket.socket) -> None:
+        threading.Event().wait(1.4)  # past the 1 s the connection keeps armed, well within the 5 s
+        conn.sendall(ok(b"late"))
+
+    _, transport = scripted([ok(b"first"), late])
+    armed = _counting_arms(monkeypatch)
+    assert get(transport, seconds=1.5) == (200, b"first")
+    started = time.monotonic()
+    assert get(transport, seconds=5.0) == (200, b"late")
+    assert time.monotonic() - started >= 1.3
+    assert armed == [1.0]  # the second call's waits ran on the 1 s kept: cut short once, then answered
+
+
+def test_a_stalled_answer_ends_at_its_own_deadline_not_at_the_kept_timeout(
+    scripted: Callable[..., tuple[ScriptedServer, LeanTransport]],
+) -> None:
+    release = threading.Event()
+    _, transport = scripted([ok(b"first"), lambda conn: release.wait(10)])
+    assert get(transport, seconds=1.2) == (200, b"first")  # the connection keeps 1 s armed
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            get(transport, seconds=1.6)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+    assert 1.55 <= elapsed < 3.0  # not at the kept 1 s: the rest, 0.6 s, armed exactly after it

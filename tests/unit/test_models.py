@@ -51,6 +51,31 @@ def test_a_replaced_result_encodes_its_own_output() -> None:
     assert json.loads(other.encoded())["outputData"] == {"n": 2}
 
 
+def test_encoded_is_byte_for_byte_json_dumps_of_to_json() -> None:
+    """The head written field by field gives json.dumps' own bytes (its escapes, separators and
+    order), whatever the fields hold; unusual types go through json.dumps itself."""
+    import dataclasses
+
+    base = TaskResult(task_id="t", workflow_id="w", status=TaskStatus.COMPLETED)
+    cases = [
+        base,
+        dataclasses.replace(base, worker_id="host-1", output_data={"exitCode": 0, "signal": None}),
+        dataclasses.replace(base, status=TaskStatus.IN_PROGRESS, callback_after_seconds=30),
+        dataclasses.replace(base, status=TaskStatus.FAILED,
+                            reason_for_incompletion='exit 3: "bad"\n\t\\ é ☃ \x00 \U0001f600',
+                            worker_id="naïve\u2028host", output_data={"k": "v\x7f"}),
+        dataclasses.replace(base, task_id="", workflow_id="", reason_for_incompletion="", worker_id=""),
+        dataclasses.replace(base, callback_after_seconds=True),
+        dataclasses.replace(base, task_id=7, worker_id=8),  # type: ignore[arg-type]
+        _result(exitCode=3, stdout="x"),  # with logs
+        dataclasses.replace(base, output_data={
+            "f": [0.1, -2.5e-308, 1e300, float("nan"), float("inf"), -0.0], "t": (1, [None, True, False]),
+            "deep": {"a": {"b": {"c": ["é", "\x1f", "☃"]}}}, "": {}, "big": 2**70, "s": "\ud800"}),
+    ]
+    for result in cases:
+        assert result.encoded() == json.dumps(result.to_json()).encode("ascii"), result
+
+
 def _through_init(data: Mapping[str, Any]) -> Task:
     """What from_json made through the class's own __init__ (before it set the fields in one update)."""
     from leasecore.models import _metadata_names, _metadata_values
