@@ -311,8 +311,14 @@ def _heartbeat(hb: dict[str, Any] | None) -> list[str]:
         "by the server while the child was still running.",
         "",
     ]
-    return out + _gap_table(hb["runs"], ("target p99 (s)", "lost"),
-                            lambda r: (_f(r["target_p99_seconds"]), r["lost"]))
+    out += _gap_table(hb["runs"], ("target p99 (s)", "lost"),
+                      lambda r: (_f(r["target_p99_seconds"]), r["lost"]))
+    for r in hb["runs"]:
+        for reason, count in (r.get("failed_by_reason") or {}).items():
+            out += ["", f"{r['kind']} L={r['leases']} R={r['r_seconds']} s: {count} FAILED, reason: "
+                    f"`{reason[:300]}` (each one's reason and the worker's lines about it: the JSON's "
+                    "`failed_tasks`)."]
+    return out
 
 
 def _heartbeat_real(hb: dict[str, Any] | None) -> list[str]:
