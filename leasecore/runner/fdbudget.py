@@ -131,8 +131,8 @@ def fit_plans(plans: Sequence[TaskTypePlan], limit: int) -> tuple[list[TaskTypeP
     except ValueError:
         raise ValueError(
             f"the open-file limit (RLIMIT_NOFILE) is {limit}: it leaves room for {fit} task trees at "
-            f"{FDS_PER_TREE} fds each beside the runner's {reserve_fds(len(plans))}, fewer than the "
-            f"{len(plans)} task types; raise it (ulimit -n, systemd LimitNOFILE=)"
+            f"{FDS_PER_TREE} fds each beside the {reserve_fds(len(plans))} the runner keeps, not one for "
+            f"each of its {len(plans)} task types; raise it (ulimit -n, systemd LimitNOFILE=)"
         ) from None
     if list(shares) == asked:
         return list(plans), None
