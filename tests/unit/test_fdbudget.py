@@ -10,7 +10,8 @@ import resource
 
 import pytest
 
-from leasecore.errors import SpawnError
+from leasecore.config.settings import ResolvedConfig, RunnerSettings, ServerSettings, TaskSettings
+from leasecore.errors import ConfigError, SpawnError
 from leasecore.handover import follows_our_yield
 from leasecore.lease import LeasePolicy
 from leasecore.models import Task, TaskStatus
@@ -24,6 +25,7 @@ from leasecore.runner.fdbudget import (
     soft_target,
     trees_that_fit,
 )
+from leasecore.runner.plans import Reloader
 from leasecore.runner.ports import PollSettings, TaskTypePlan
 
 
@@ -113,3 +115,23 @@ def test_a_task_that_could_not_start_for_want_of_fds_goes_back_unspent() -> None
     assert result.status is TaskStatus.IN_PROGRESS  # not FAILED: no retry spent, re-queued for anyone
     assert result.callback_after_seconds == fdbudget.FD_SHORT_REQUEUE_SECONDS > 0
     assert follows_our_yield(dataclasses.replace(task, poll_count=2, raw={"outputData": result.output_data}))
+
+
+def _config(concurrency: int) -> ResolvedConfig:
+    return ResolvedConfig(ServerSettings(), RunnerSettings(),
+                          (TaskSettings("encode", command=("true",), concurrency=concurrency),))  # fmt: skip
+
+
+def test_a_reload_asking_more_than_the_limit_holds_is_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fdbudget, "current_limit", lambda: 400)  # (400 - 258) // 2 = 71 trees
+    loads = iter([_config(50), _config(200)])
+    reloader = Reloader(_config(10), lambda: next(loads), None, None)
+    fits = reloader()
+    assert [p.poll.concurrency for p in fits.plans] == [50] and fits.warnings == ()
+    cut = reloader()
+    assert [p.poll.concurrency for p in cut.plans] == [71]
+    assert len(cut.warnings) == 1 and "concurrency asked (200); running at most 71" in cut.warnings[0]
+    monkeypatch.setattr(fdbudget, "current_limit", lambda: 200)  # not one tree: the reload is refused
+    loads = iter([_config(4)])
+    with pytest.raises(ConfigError, match=r"RLIMIT_NOFILE\) is 200"):
+        reloader()
