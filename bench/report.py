@@ -311,8 +311,14 @@ def _heartbeat(hb: dict[str, Any] | None) -> list[str]:
         "by the server while the child was still running.",
         "",
     ]
-    return out + _gap_table(hb["runs"], ("target p99 (s)", "lost"),
-                            lambda r: (_f(r["target_p99_seconds"]), r["lost"]))
+    out += _gap_table(hb["runs"], ("target p99 (s)", "lost"),
+                      lambda r: (_f(r["target_p99_seconds"]), r["lost"]))
+    for r in hb["runs"]:
+        for reason, count in (r.get("failed_by_reason") or {}).items():
+            out += ["", f"{r['kind']} L={r['leases']} R={r['r_seconds']} s: {count} FAILED, reason: "
+                    f"`{reason[:300]}` (each one's reason and the worker's lines about it: the JSON's "
+                    "`failed_tasks`)."]
+    return out
 
 
 def _heartbeat_real(hb: dict[str, Any] | None) -> list[str]:
@@ -615,6 +621,12 @@ def _scale(sc: dict[str, Any] | None) -> list[str]:
             f"{_f(w.get('cpu_ms_per_lease_per_minute'), 2)} | {_f(w.get('cores_busy'), 3)} | {req} | "
             f"{_f(w.get('requests_per_second'), 1)} |"
         )
+    for r in sc["runs"]:
+        if r.get("held_cap") is not None:
+            statuses = ", ".join(f"{k} {v}" for k, v in r["statuses"].items())
+            out += ["", f"{r['leases']} leases: the runner's open-file limit held {r['held_cap']} trees at "
+                    f"once (it said so at start and claimed no more); the other "
+                    f"{r['leases'] - r['held_cap']} were claimed as slots freed; statuses {statuses}."]
     for s in sc.get("slopes", []):
         out.append("")
         out.append(f"From {s['from']} to {s['to']} leases: {_f(s['rss_kb_per_added_lease'], 1)} KB of RSS "

@@ -16,6 +16,11 @@ server and its threads among them). Measured per count:
   state: heartbeats, checks, timers), as ms of CPU per lease per minute and as a share of one core;
 - the server's count of the runner's requests in that window, per task and hour, by kind.
 
+A runner whose open-file limit cannot hold L trees says so at start and holds what fits (two fds a
+tree: ``leasecore.runner.fdbudget``); the run then reads that cap from its log (``held_cap``), waits for
+that many claims rather than L, gives its per-lease figures per lease held at once, and the report says
+how many were claimed later, as slots freed.
+
 The counts run one after the other, each only while the time left in ``budget_seconds`` can hold it
 (a count that would not fit is skipped and said so): the section is bounded in time. The per-lease
 figures between two counts (the slope) say how the cost grows; the note says where it stops.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,20 @@ def _rss_mb(procs: list[psutil.Process]) -> dict[str, float]:
 
 
 MAX_PER_TYPE = 1000  # the concurrency key's bound (leasecore/config/keys.py)
+
+
+_CAP = re.compile(r"open-file limit \(RLIMIT_NOFILE\) is (\d+): .*?; running at most (\d+) at once")
+
+
+def held_cap(log_path: Path) -> int | None:
+    """The most trees the runner said its fd limit lets it hold at once (its start-up warning), or
+    None when it said nothing (every slot fits). Read once the runner is serving."""
+    def serving() -> bool:
+        return "serving " in log_path.read_text(errors="replace")
+
+    wait_until(serving, 60, 0.2, what="the runner to serve")
+    match = _CAP.search(log_path.read_text(errors="replace"))
+    return int(match.group(2)) if match else None
 
 
 def _requests(srv: BenchServer, types: list[str]) -> dict[str, int]:
@@ -94,12 +114,17 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
                     fds_max[key] = max(fds_max[key], proc.num_fds())
             return procs
 
+        # A runner whose fd limit cannot hold L trees says so at start and holds what fits (fdbudget):
+        # then "all held" is that many, and the rest are claimed as the first children end.
+        cap = held_cap(worker.log_path)
+        held = min(leases, cap) if cap is not None else leases
+
         def all_claimed() -> bool:
             sample()
             claims = srv.marks(task_ids)["claims"]
-            return all(claims[t] for t in task_ids)
+            return sum(1 for t in task_ids if claims[t]) >= held
 
-        wait_until(all_claimed, 120 + leases * 0.05, 2.0, what=f"{leases} tasks to be claimed")
+        wait_until(all_claimed, 120 + leases * 0.05, 2.0, what=f"{held} tasks to be claimed")
         claimed_at = time.monotonic()
         # The window: every lease held, no child ended yet (the first ends ~hold after the first claim).
         window_end = started + hold_seconds - 5.0
@@ -115,10 +140,10 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
             window = {
                 "seconds": seconds,
                 "cpu_seconds": cpu1 - cpu0,
-                "cpu_ms_per_lease_per_minute": 1000 * (cpu1 - cpu0) / leases / seconds * 60,
+                "cpu_ms_per_lease_per_minute": 1000 * (cpu1 - cpu0) / held / seconds * 60,
                 "cores_busy": (cpu1 - cpu0) / seconds,
                 "requests_per_task_per_hour": {
-                    k: (req1.get(k, 0) - req0.get(k, 0)) * 3600.0 / (leases * seconds) for k in KINDS
+                    k: (req1.get(k, 0) - req0.get(k, 0)) * 3600.0 / (held * seconds) for k in KINDS
                 },
                 "requests_per_second": sum(req1.get(k, 0) - req0.get(k, 0) for k in KINDS) / seconds,
             }
@@ -133,7 +158,7 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
         else:
             finals = [when for when, status, _via in marks["updates"][t] if status != "IN_PROGRESS"]
             gaps += confirmation_gaps(marks["claims"][t], marks["leases"][t], min(finals) if finals else None)
-    claims = [min(c) for c in marks["claims"].values() if c]
+    claims = sorted(min(c) for c in marks["claims"].values() if c)[:held]  # those held at once
     statuses = collections.Counter(str(s) for s in marks["statuses"].values())
     rss_total = sum(rss_max.values())
     result = {
@@ -149,8 +174,9 @@ def one_run(srv: BenchServer, workdir: Path, leases: int, r_seconds: int, hold_s
         "statuses": dict(statuses),
         "rss_max_mb": dict(rss_max),
         "rss_max_total_mb": rss_total,
-        "rss_kb_per_lease": 1000 * rss_total / leases,
+        "rss_kb_per_lease": 1000 * rss_total / held,  # per lease held at once
         "open_fds_max": dict(fds_max),
+        "held_cap": cap,  # the runner's cut for its fd limit (None: all L fit at once)
         "window": window or None,  # None: the claims took too long for a window before the first exit
     }
     g = result["gaps_seconds"]

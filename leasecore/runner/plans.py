@@ -30,7 +30,7 @@ from leasecore.masking import Masker
 from leasecore.models import Task, TaskStatus
 from leasecore.process import CommandSpec
 from leasecore.process.spec import ExitRule
-from leasecore.runner import childenv, treegroups
+from leasecore.runner import childenv, fdbudget, treegroups
 from leasecore.runner.ports import LiveChange, PollSettings, RunOptions, TaskTypePlan
 from leasecore.runner.secretbook import SecretBook, static_values
 
@@ -222,13 +222,19 @@ class Reloader:
         )
         if self._masking is not None:
             plans = tuple(self._masking.plans(new, plans))
+        try:  # no more slots than the open-file limit holds (fdbudget), said in the reload's answer
+            fitted, fd_warning = fdbudget.fit_plans(plans, fdbudget.current_limit())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        plans = tuple(fitted)
         if self._metrics is not None:
             self._metrics.reconfigure(new)  # a new port is listened on before anything changes
         old, self.config = self.config, new
         if self._on_reloaded is not None:
             self._on_reloaded(new)
         return LiveChange(plans, options_for(new), paused=changes.paused, changes=changes.changed,
-                          warnings=tuple(w for w in new.warnings if w not in old.warnings))
+                          warnings=tuple(w for w in new.warnings if w not in old.warnings)
+                          + ((fd_warning,) if fd_warning is not None else ()))
 
 
 def most_leases(config: ResolvedConfig) -> int:

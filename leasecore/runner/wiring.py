@@ -27,14 +27,14 @@ from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
 from leasecore.config.settings import ResolvedConfig
-from leasecore.errors import ConductorError, ConductorUnavailable
+from leasecore.errors import ConductorError, ConductorUnavailable, ConfigError
 from leasecore.lease import FenceAction
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.masking import mask_result
 from leasecore.metrics import NO_METRICS, Observer
 from leasecore.models import Task, TaskResult
 from leasecore.process import Supervisor, to_task_result
-from leasecore.runner import childenv, treegroups
+from leasecore.runner import childenv, fdbudget, treegroups
 from leasecore.runner.leasing.engine import LeaseEngine
 from leasecore.runner.leasing.finalupdates import make_result_stick
 from leasecore.runner.loop.runner import Runner
@@ -45,6 +45,7 @@ from leasecore.runner.ports import (
     LiveChange,
     RunOutcome,
     StatusPort,
+    TaskTypePlan,
     UpdatePort,
 )
 from leasecore.runner.secretbook import installed
@@ -175,6 +176,7 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state = StateDir.for_run(config.runner.state_dir, environ)  # made and checked here, once
+    _raise_fd_limit()  # before the fork server starts: it (and every tree) inherits the limit
     setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
@@ -234,6 +236,28 @@ def _serve(
         client.close()
         if metrics is not None:
             metrics.close()
+
+
+def _raise_fd_limit() -> None:
+    raised = fdbudget.raise_soft_limit()
+    if raised.error is not None:
+        log.warning("the open-file limit (RLIMIT_NOFILE) stays at %d: raising it to the hard limit %d "
+                    "was refused: %s", raised.before, raised.hard, raised.error)
+    elif raised.after != raised.before:
+        log.info("open-file limit (RLIMIT_NOFILE) raised from %d to %d (the hard limit is %d)",
+                 raised.before, raised.after, raised.hard)
+
+
+def fit_fd_limit(plans: list[TaskTypePlan]) -> list[TaskTypePlan]:
+    """``plans`` with no more slots than the open-file limit holds (warned, once per start or
+    reload); ConfigError (exit 3) when it cannot hold one tree per task type."""
+    try:
+        fitted, warning = fdbudget.fit_plans(plans, fdbudget.current_limit())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if warning is not None:
+        log.warning("%s", warning)
+    return fitted
 
 
 def _start_control(state: StateDir, runner: Runner) -> ControlServer | None:
@@ -351,6 +375,7 @@ def _make_runner(
     plans = [plan_for(task, check_queue_seconds=queue_seconds, server=config.server) for task in config.tasks]
     if masking is not None:
         plans = masking.plans(config, plans)
+    plans = fit_fd_limit(plans)
     publisher = StatePublisher.for_this_process(
         state,
         worker_id=plans[0].worker_id,

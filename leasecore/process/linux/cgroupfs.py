@@ -42,14 +42,15 @@ _HOME_FDS: dict[str, int] = {}  # spawn_inside: each home group's cgroup.procs o
 # Closed when this process removes the group; bounded (all closed past the bound: a group removed
 # by another process leaves a dead fd here, whose write fails and is retried on a fresh open).
 _JOIN_FDS: dict[str, int] = {}
-_JOIN_FDS_MOST = 512
+_OPEN_MAX = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024  # the fork server's limit
+_JOIN_FDS_MOST = max(24, min(512, _OPEN_MAX // 8))  # as the kept files below: at a low limit, trees first
 _STUCK: set[str] = set()  # spawn_inside: groups this process could not move out of again
 # A pooled group's accounting files (``_read_kept``), open in the fork server while it keeps the
 # group: read again from offset 0 (kernfs shows the file anew), an open and a close less per read.
 # Bounded by an eighth of the fd limit too (three per group: at 1024 fds, 42 groups' worth), so that
 # with the join fds and a pidfd per tree the fork server stays clear of EMFILE at a high concurrency.
 _KEPT_FDS: dict[str, int] = {}
-_KEPT_FDS_MOST = max(24, min(512, (os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024) // 8))
+_KEPT_FDS_MOST = max(24, min(512, _OPEN_MAX // 8))
 _KEPT_NAMES = ("memory.max_usage_in_bytes", "cpuacct.stat", "memory.oom_control")
 _PEAK = _KEPT_NAMES[0]  # kept open for writing too: a reused group's peak is reset through it
 

@@ -33,6 +33,7 @@ from leasecore.models import Task, TaskResult, TaskStatus
 from leasecore.process.results.reasons import exit_rule
 from leasecore.process.spec import ChildExit, CommandSpec
 from leasecore.runner.chain import may_chain
+from leasecore.runner.fdbudget import FD_SHORT_REQUEUE_SECONDS, handed_back, out_of_fds
 from leasecore.runner.leasing.finalupdates import FinalUpdates
 from leasecore.runner.loop.decisions import (
     ExitMeaning,
@@ -267,6 +268,11 @@ class TaskEnds:
             self.report(entry, result)
 
     def report_not_started(self, entry: InFlight, why: object) -> None:
+        if out_of_fds(why):  # this runner's shortage, not the task's: it goes back, no retry spent
+            log.warning("task %s: could not start the command: %s; handing it back (re-queued in %d s)",
+                        entry.task.task_id, why, FD_SHORT_REQUEUE_SECONDS)
+            self.report(entry, handed_back(entry.task, entry.plan.worker_id))
+            return
         log.error("task %s: could not start the command: %s", entry.task.task_id, why)
         self.report(entry, _failed(entry.task, entry.plan, f"could not start the command: {why}"))
 

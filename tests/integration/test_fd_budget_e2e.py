@@ -1,0 +1,140 @@
+"""The runner's fd budget through the real command (embedded server, real children): a runner whose
+open-file limit cannot hold the concurrency asked runs fewer trees at once and every task to the end,
+none FAILED for want of fds; a soft limit below the hard one is raised at start.
+
+The limit is set on the runner's process only (``prlimit`` in front of it), never on this test's.
+How many trees ran at once is read from the records the children write (start and end times), not
+from the runner's log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leasecore.runner.fdbudget import trees_that_fit
+from tests.integration.helpers import World
+from tests.support import wait_until
+
+# The child records when it started and ended (and the open-file limit it got) under $RECORDS.
+RECORDING = (
+    's=$(date +%s.%N); sleep "$HOLD"; '
+    'printf "%s %s %s" "$s" "$(date +%s.%N)" "$(ulimit -n)" > "$RECORDS/$CONDUCTOR_TASK_ID"'
+)
+
+
+def _run_limited(
+    world: World, nofile: str, concurrency: int, records: Path, hold: float, cgroup: str = "auto"
+) -> subprocess.Popen[str]:
+    argv = [
+        "prlimit",
+        f"--nofile={nofile}",
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "--server",
+        world.server.url,
+        "--task-type",
+        world.task_type,
+        "--state-dir",
+        str(world.state_dir),
+        "--poll-timeout",
+        "500",
+        "--cgroup",
+        cgroup,
+        "--concurrency",
+        str(concurrency),
+        "--",
+        "/bin/sh",
+        "-c",
+        RECORDING,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
+    log_path = world.tmp / f"runner-{len(world.procs)}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=world.tmp,
+            env=env | {"RECORDS": str(records), "HOLD": f"{hold:g}"},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
+    world.procs.append(proc)
+    world.logs[proc.pid] = log_path
+    return proc
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    return most
+
+
+# auto: where the runner may make cgroups (root here), the fork server keeps group files open too;
+# off: the runner's own pipes are what runs out first.
+@pytest.mark.parametrize("cgroup", ["auto", "off"])
+def test_a_runner_whose_fd_limit_cannot_hold_its_concurrency_runs_all(world: World, cgroup: str) -> None:
+    limit, concurrency, tasks = 400, 200, 200  # 200 trees would need 400 fds and more for the runner
+    fit = trees_that_fit(limit, 1)
+    assert fit < concurrency and 2 * concurrency >= limit
+    world.define(response_timeout=30)
+    records = world.tmp / "records"
+    records.mkdir()
+    workflows = [world.start_workflow() for _ in range(tasks)]
+    proc = _run_limited(world, f"{limit}:{limit}", concurrency, records, hold=2.0, cgroup=cgroup)
+    wait_until(
+        lambda: (
+            len(list(records.iterdir())) == tasks
+            or proc.poll() is not None
+            or "could not start" in world.stderr(proc)
+        ),
+        timeout_seconds=240,
+        what="every child to write its record (or a start to fail)",
+        interval_seconds=0.2,
+    )
+    assert proc.poll() is None, world.stderr(proc)
+    assert "could not start" not in world.stderr(proc), world.stderr(proc)
+    statuses = wait_until(
+        lambda: (s := [world.workflow_status(wf) for wf in workflows]).count("COMPLETED") == tasks and s,
+        timeout_seconds=60,
+        what="every workflow to complete",
+        interval_seconds=0.5,
+    )
+    assert set(statuses) == {"COMPLETED"}
+    log = world.stderr(proc)
+    assert "Too many open files" not in log and "could not start" not in log, log
+    assert (
+        f"the open-file limit (RLIMIT_NOFILE) is {limit}: it holds {fit} task trees at once" in log
+        and f"concurrency asked ({concurrency})" in log
+    ), log
+    spans = []
+    for record in records.iterdir():
+        start, end, _nofile = record.read_text().split()
+        spans.append((float(start), float(end)))
+    assert len(spans) == tasks
+    most = _most_at_once(spans)
+    assert 1 < most <= fit, most  # the children's own records: never more trees than the fds hold
+
+
+def test_a_soft_limit_below_the_hard_one_is_raised_at_start(world: World) -> None:
+    world.define(response_timeout=30)
+    records = world.tmp / "records"
+    records.mkdir()
+    workflow = world.start_workflow()
+    proc = _run_limited(world, "300:4096", 4, records, hold=0)
+    wait_until(lambda: list(records.iterdir()) or proc.poll() is not None, what="the child's record")
+    wait_until(lambda: world.workflow_status(workflow) == "COMPLETED", what="the task to complete")
+    log = world.stderr(proc)
+    assert "open-file limit (RLIMIT_NOFILE) raised from 300 to 4096 (the hard limit is 4096)" in log, log
+    assert "RLIMIT_NOFILE) is" not in log, log  # 4 trees fit: no cap, no warning
+    (record,) = records.iterdir()
+    assert record.read_text().split()[2] == "4096"  # the children inherit the raised limit
