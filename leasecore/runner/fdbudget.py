@@ -6,8 +6,11 @@ connection per poller and per sender thread, the metrics and control sockets, a 
 pipes). The fork server keeps one per tree (a pidfd), so the runner's limit binds first. A spawn
 past that limit fails with EMFILE after the task was claimed; so this module sizes the slots ahead:
 
-- ``raise_soft_limit``: at start, the soft RLIMIT_NOFILE is raised to the hard limit (bounded by
-  ``MAX_RAISE``), as the JVM and Go runtimes do; the fork server and the children inherit it.
+- ``raise_soft_limit``: at start, the soft RLIMIT_NOFILE is raised as far as the configured
+  concurrency needs (``fds_needed``), never past the hard limit (or ``MAX_RAISE``); the fork server
+  and the children inherit it. A runner whose trees fit under its limit leaves it alone, so a
+  child sees the limit it would have had without conductor-run (some programs still use
+  ``select``, which breaks on an fd above 1023).
 - ``trees_that_fit(limit, task_types)``: the trees that limit holds beside the reserve.
 - ``share(concurrencies, fit)``: each task type's slots when their sum would not fit (max-min fair:
   no type gets more than it asked for, small types keep theirs, the rest is split evenly).
@@ -53,21 +56,26 @@ class Raised(NamedTuple):  # (not a dataclass: one costs ~1 ms of the runner's s
     error: str | None = None  # why a raise was refused (the soft limit stays)
 
 
-def soft_target(soft: int, hard: int) -> int:
-    """The soft limit to ask for: the hard limit (``RLIM_INFINITY``: ``MAX_RAISE``), never lower than
-    ``soft`` is now."""
+def soft_target(soft: int, hard: int, needed: int) -> int:
+    """The soft limit to ask for: ``needed``, bounded by the hard limit (``RLIM_INFINITY``:
+    ``MAX_RAISE``), never lower than ``soft`` is now."""
     ceiling = MAX_RAISE if hard == resource.RLIM_INFINITY or hard < 0 else min(hard, MAX_RAISE)
     if soft == resource.RLIM_INFINITY or soft < 0:
         return soft
-    return max(soft, ceiling)
+    return max(soft, min(needed, ceiling))
 
 
-def raise_soft_limit() -> Raised:
-    """Raise this process's soft RLIMIT_NOFILE toward its hard limit (the fork server, started later,
-    and its children inherit it). Refused (a container's seccomp, a hard limit above nr_open): the
-    soft limit stays, the error is said."""
+def fds_needed(concurrencies: Sequence[int]) -> int:
+    """The open-file limit under which every configured slot can hold its tree at once."""
+    return reserve_fds(len(concurrencies)) + FDS_PER_TREE * sum(concurrencies)
+
+
+def raise_soft_limit(needed: int) -> Raised:
+    """Raise this process's soft RLIMIT_NOFILE toward ``needed`` (``fds_needed``), within its hard
+    limit (the fork server, started later, and its children inherit it). Refused (a container's
+    seccomp, a hard limit above nr_open): the soft limit stays, the error is said."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = soft_target(soft, hard)
+    target = soft_target(soft, hard, needed)
     if target == soft:
         return Raised(soft, soft, hard)
     try:

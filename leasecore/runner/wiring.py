@@ -176,7 +176,7 @@ def _serve(
     # Local things first (the config and the commands were checked by load_config): a bad state
     # directory is exit 3 whether or not the server is up, not exit 4 because it happens to be down.
     state = StateDir.for_run(config.runner.state_dir, environ)  # made and checked here, once
-    _raise_fd_limit()  # before the fork server starts: it (and every tree) inherits the limit
+    _raise_fd_limit(config)  # before the fork server starts: it (and every tree) inherits the limit
     setup = treegroups.setup_for(config)  # once; a forced mode that cannot work: exit 3
     client = ConductorClient(server.url, auth_key=server.auth_key, auth_secret=server.auth_secret,
                              auth_token=server.auth_token, ca_bundle=server.ca_bundle)  # fmt: skip
@@ -238,11 +238,13 @@ def _serve(
             metrics.close()
 
 
-def _raise_fd_limit() -> None:
-    raised = fdbudget.raise_soft_limit()
+def _raise_fd_limit(config: ResolvedConfig) -> None:
+    needed = fdbudget.fds_needed([task.concurrency for task in config.tasks])
+    raised = fdbudget.raise_soft_limit(needed)
     if raised.error is not None:
-        log.warning("the open-file limit (RLIMIT_NOFILE) stays at %d: raising it to the hard limit %d "
-                    "was refused: %s", raised.before, raised.hard, raised.error)
+        log.warning("the open-file limit (RLIMIT_NOFILE) stays at %d: raising it toward the %d the "
+                    "concurrency needs (the hard limit is %d) was refused: %s", raised.before,
+                    min(needed, raised.hard), raised.hard, raised.error)
     elif raised.after != raised.before:
         log.info("open-file limit (RLIMIT_NOFILE) raised from %d to %d (the hard limit is %d)",
                  raised.before, raised.after, raised.hard)

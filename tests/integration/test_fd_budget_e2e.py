@@ -125,16 +125,23 @@ def test_a_runner_whose_fd_limit_cannot_hold_its_concurrency_runs_all(world: Wor
     assert 1 < most <= fit, most  # the children's own records: never more trees than the fds hold
 
 
-def test_a_soft_limit_below_the_hard_one_is_raised_at_start(world: World) -> None:
+@pytest.mark.parametrize(("concurrency", "child_limit"), [(100, 2 * 100 + 258), (4, 300)])
+def test_a_soft_limit_below_what_the_concurrency_needs_is_raised_that_far_at_start(
+    world: World, concurrency: int, child_limit: int
+) -> None:
     world.define(response_timeout=30)
     records = world.tmp / "records"
     records.mkdir()
     workflow = world.start_workflow()
-    proc = _run_limited(world, "300:4096", 4, records, hold=0)
+    proc = _run_limited(world, "300:4096", concurrency, records, hold=0)
     wait_until(lambda: list(records.iterdir()) or proc.poll() is not None, what="the child's record")
     wait_until(lambda: world.workflow_status(workflow) == "COMPLETED", what="the task to complete")
     log = world.stderr(proc)
-    assert "open-file limit (RLIMIT_NOFILE) raised from 300 to 4096 (the hard limit is 4096)" in log, log
-    assert "RLIMIT_NOFILE) is" not in log, log  # 4 trees fit: no cap, no warning
+    if child_limit > 300:  # 100 slots need 258 + 200 fds: raised that far, not to the hard limit
+        said = f"open-file limit (RLIMIT_NOFILE) raised from 300 to {child_limit} (the hard limit is 4096)"
+        assert said in log, log
+    else:  # 4 trees fit under 300: the limit is left as it was
+        assert "raised from" not in log, log
+    assert "RLIMIT_NOFILE) is" not in log, log  # every slot fits: no cap, no warning
     (record,) = records.iterdir()
-    assert record.read_text().split()[2] == "4096"  # the children inherit the raised limit
+    assert record.read_text().split()[2] == str(child_limit)  # the children inherit the runner's limit

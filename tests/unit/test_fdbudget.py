@@ -79,14 +79,22 @@ def test_fit_plans_caps_the_concurrency_and_says_so_once() -> None:
         fdbudget.fit_plans([_plan("a", 3)], 259)
 
 
-def test_the_soft_limit_is_raised_to_the_hard_one_never_lowered() -> None:
+def test_the_soft_limit_is_raised_only_as_far_as_the_concurrency_needs_never_lowered() -> None:
     inf = resource.RLIM_INFINITY
-    assert soft_target(1024, 524288) == 524288
-    assert soft_target(20_000, 20_000) == 20_000
-    assert soft_target(1024, inf) == fdbudget.MAX_RAISE  # the kernel refuses more than nr_open
-    assert soft_target(1024, 1 << 30) == fdbudget.MAX_RAISE
-    assert soft_target(inf, inf) == inf
-    assert soft_target(2_000_000, inf) == 2_000_000  # already above: left alone
+    assert soft_target(1024, 524288, 600) == 1024  # the trees fit: the child keeps the usual limit
+    assert soft_target(1024, 524288, 20_258) == 20_258
+    assert soft_target(1024, 4096, 20_258) == 4096  # no further than the hard limit
+    assert soft_target(20_000, 20_000, 20_258) == 20_000
+    assert soft_target(1024, inf, 1 << 30) == fdbudget.MAX_RAISE  # the kernel refuses more than nr_open
+    assert soft_target(1024, 1 << 30, 1 << 30) == fdbudget.MAX_RAISE
+    assert soft_target(inf, inf, 5000) == inf
+    assert soft_target(2_000_000, inf, 5000) == 2_000_000  # already above: left alone
+    assert fdbudget.fds_needed([4]) == fdbudget.RESERVE_FDS + fdbudget.RESERVE_FDS_PER_TYPE + 8
+    two_types = fdbudget.RESERVE_FDS + 2 * fdbudget.RESERVE_FDS_PER_TYPE
+    assert fdbudget.fds_needed([10_000, 3]) == two_types + 20_006
+    # what is asked for is what fits: the raise and the cap agree
+    for asked in ([1], [4, 4], [9_862], [100, 200, 3]):
+        assert fdbudget.trees_that_fit(fdbudget.fds_needed(asked), len(asked)) == sum(asked)
 
 
 def test_out_of_fds_reads_the_spawn_errors_cause() -> None:
