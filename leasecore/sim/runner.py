@@ -24,6 +24,7 @@ from leasecore.handover import DyingTrees, StartGate, YieldHold, logical_key, ma
 from leasecore.lease import FenceAction, FenceReason, KillTree, LeasePolicy
 from leasecore.lease.finalcheck import unknown_fate
 from leasecore.models import Task, TaskOwnership, TaskResult, TaskStatus
+from leasecore.runner.fdbudget import handed_back
 from leasecore.runner.leasing import core as ec  # the engine core: its events and effects
 from leasecore.runner.leasing.core import EngineCore
 from leasecore.runner.leasing.schedule import (
@@ -266,6 +267,11 @@ class SimRunner:
 
     def start(self, run: Run) -> None:
         p, rng = self.profile, self.world.rng
+        if p.short_of_fds and rng.random() < p.short_of_fds:  # as TaskStarts/TaskEnds on EMFILE:
+            self.world.log(f"tree {run.label}: no fd for its pipes, nothing started, handed back")
+            self.step(ec.ChildExited(run.task.task_id))  # the engine hears the end, the task goes back
+            self.reports.report(run, handed_back(run.task, self.name))
+            return
         draw = rng.random()
         outcome = "failed" if draw < p.fail else "yield" if draw < p.fail + p.yields else "completed"
         if outcome == "yield" and run.task.poll_count >= p.max_runs:

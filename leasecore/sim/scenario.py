@@ -97,7 +97,7 @@ def run_seed(seed: int, options: SimOptions) -> SeedResult:
     profile = TreeProfile(mean_seconds=mean, fail=rng.uniform(0.0, 0.3), yields=rng.uniform(0.0, 0.2),
                           ignore_term=rng.uniform(0.0, 0.5),
                           die_within=rng.uniform(0.0, 3 * config.kill_grace),
-                          escapee=rng.uniform(0.0, 0.3))
+                          escapee=rng.uniform(0.0, 0.3), short_of_fds=rng.choice((0.0, 0.0, 0.02, 0.1)))
     world.log(f"seed {seed}: R={r}s mean={mean}s sweep={sweep} lost_update={options.lost_update} "
               f"slots={config.slots} grace={config.kill_grace} check={config.check_interval} {profile}")
     store = server.store

@@ -77,6 +77,7 @@ class TreeProfile:
     escapee: float = 0.1
     max_factor: float = 4.0  # a leader runs at most this many mean durations
     max_runs: int = 3  # a task yields only on its first deliveries (then completes or fails)
+    short_of_fds: float = 0.0  # a start finds no fd for its pipes (EMFILE): nothing runs, it goes back
 
 
 @dataclass
