@@ -254,11 +254,12 @@ class TaskResult:
 _json_str = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it (its C function)
 
 
-def _tree_encoder() -> Callable[[Any], str]:
-    """json.dumps' text for a tree of plain values (outputData: JSON documents read and the runner's
-    own values), through its C encoder made once (json.dumps makes one at every call): the same text
-    (ASCII, ", " and ": ", NaN allowed, TypeError for what JSON cannot hold), without the check for
-    circular containers, which a tree has none of. json.dumps where this Python has no C encoder."""
+def plain_json_encoder() -> Callable[[Any], str]:
+    """json.dumps with its default settings for a tree of plain values (parsed JSON, the runner's own
+    values: a result's outputData, a state record's line), through its C encoder made once (json.dumps
+    makes one at every call): the same text (ASCII, ", " and ": ", NaN allowed, TypeError for what
+    JSON cannot hold), without the check for circular containers, which such a tree has none of.
+    json.dumps where this Python has no C encoder."""
     make = getattr(json.encoder, "c_make_encoder", None)
     try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
         encode = make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
@@ -270,7 +271,7 @@ def _tree_encoder() -> Callable[[Any], str]:
     return lambda value: "".join(encode(value, 0))
 
 
-_encode_tree = _tree_encoder()
+_encode_tree = plain_json_encoder()
 
 
 def _checkpoint_of(output: Any) -> Any:

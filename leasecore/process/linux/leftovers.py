@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leasecore.models import plain_json_encoder
 from leasecore.process.linux import cgroupfs, procfs
 
 GROUP_PREFIX = "conductor-run."  # cgroups.GROUP_PREFIX (that module imports more than a sweep needs)
@@ -94,23 +95,9 @@ def _is_alive(entry: dict[str, int] | None) -> bool:
 _COMPACT_SLACK = 1024
 
 
-def _line_encoder() -> Callable[[Any], str]:
-    """``json.dumps`` with its default settings (ASCII, ", " and ": ", NaN allowed, TypeError for
-    what JSON cannot hold), its C encoder made once instead of at every call (``JSONEncoder`` makes
-    one per ``dumps``: about a third of a tree line's encoding, which the reader thread does for every
-    started tree). Without the check for circular containers: a record is plain values made here."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    try:  # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
-        encode = make and make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
-                               ": ", ", ", False, False, True)  # fmt: skip
-    except TypeError:  # another Python's signature
-        encode = None
-    if not encode:
-        return json.dumps
-    return lambda value: "".join(encode(value, 0))
-
-
-_dumps_line = _line_encoder()
+# (its C encoder made once: JSONEncoder makes one per dumps, about a third of a tree line's encoding,
+# which the reader thread does for every started tree)
+_dumps_line = plain_json_encoder()
 
 
 def _journal_path(record_path: Path) -> Path:
