@@ -98,7 +98,8 @@ def test_journal_compacts_into_the_record(tmp_path: Path) -> None:
 
 
 def test_a_tree_line_is_the_text_json_dumps_makes(tmp_path: Path) -> None:
-    # Encoded with a C encoder made once (leftovers._dumps_line, models.plain_json_encoder), not by json.dumps at each add.
+    # Encoded with a C encoder made once (leftovers._dumps_line: models.plain_json_encoder), not by
+    # json.dumps at each add.
     record = leftovers.StateRecord(tmp_path, os.getpid())
     record.add(leftovers.TreeRecord("t0", 10_000, 1, "0" * 32, ""))  # the first change: the record
     meta = {"server": "k", "task_id": "caf\u00e9 \"q\"\n\u2603", "poll_count": 3, "ratio": 0.5, "none": None,

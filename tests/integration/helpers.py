@@ -150,9 +150,12 @@ class World:
         url: str | None = None,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
     ) -> subprocess.Popen[str]:
-        """Start ``conductor-run run`` with the machine's environment minus CONDUCTOR_*, plus ``env``."""
+        """Start ``conductor-run run`` with the machine's environment minus CONDUCTOR_*, plus ``env``
+        (under ``wrapper``, a command that execs the rest: ``prlimit --nofile=...``, say)."""
         argv = [
+            *(wrapper or []),
             sys.executable,
             "-m",
             "cli",

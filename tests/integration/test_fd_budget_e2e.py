@@ -9,9 +9,7 @@ from the runner's log.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,44 +28,9 @@ RECORDING = (
 def _run_limited(
     world: World, nofile: str, concurrency: int, records: Path, hold: float, cgroup: str = "auto"
 ) -> subprocess.Popen[str]:
-    argv = [
-        "prlimit",
-        f"--nofile={nofile}",
-        sys.executable,
-        "-m",
-        "cli",
-        "run",
-        "--server",
-        world.server.url,
-        "--task-type",
-        world.task_type,
-        "--state-dir",
-        str(world.state_dir),
-        "--poll-timeout",
-        "500",
-        "--cgroup",
-        cgroup,
-        "--concurrency",
-        str(concurrency),
-        "--",
-        "/bin/sh",
-        "-c",
-        RECORDING,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CONDUCTOR")}
-    log_path = world.tmp / f"runner-{len(world.procs)}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            argv,
-            cwd=world.tmp,
-            env=env | {"RECORDS": str(records), "HOLD": f"{hold:g}"},
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            text=True,
-        )
-    world.procs.append(proc)
-    world.logs[proc.pid] = log_path
-    return proc
+    return world.run("--cgroup", cgroup, "--concurrency", str(concurrency),
+                     command=["/bin/sh", "-c", RECORDING], env={"RECORDS": str(records), "HOLD": f"{hold:g}"},
+                     wrapper=["prlimit", f"--nofile={nofile}"])  # fmt: skip
 
 
 def _most_at_once(spans: list[tuple[float, float]]) -> int:
