@@ -32,6 +32,7 @@ import resource
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from leasecore.errors import ConfigError
 from leasecore.models import Task, TaskResult
 from leasecore.runner.chain import hand_back
 from leasecore.runner.ports import TaskTypePlan
@@ -54,6 +55,7 @@ class Raised(NamedTuple):  # (not a dataclass: one costs ~1 ms of the runner's s
     after: int
     hard: int
     error: str | None = None  # why a raise was refused (the soft limit stays)
+    asked: int = 0  # the soft limit the raise asked for (``soft_target``)
 
 
 def soft_target(soft: int, hard: int, needed: int) -> int:
@@ -81,8 +83,8 @@ def raise_soft_limit(needed: int) -> Raised:
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (OSError, ValueError) as exc:
-        return Raised(soft, soft, hard, error=str(exc))
-    return Raised(soft, target, hard)
+        return Raised(soft, soft, hard, error=str(exc), asked=target)
+    return Raised(soft, target, hard, asked=target)
 
 
 def current_limit() -> int:
@@ -130,14 +132,14 @@ def share(concurrencies: Sequence[int], fit: int) -> tuple[int, ...]:
 
 def fit_plans(plans: Sequence[TaskTypePlan], limit: int) -> tuple[list[TaskTypePlan], str | None]:
     """``plans`` with their concurrency cut to what an open-file limit of ``limit`` holds, and the
-    warning that says so (None: every slot fits). ValueError (worded for the user) when not even one
-    tree per task type fits."""
+    warning that says so (None: every slot fits). ConfigError (exit 3 at start, a refused reload) when
+    not even one tree per task type fits."""
     asked = [plan.poll.concurrency for plan in plans]
     fit = trees_that_fit(limit, len(plans))
     try:
         shares = share(asked, fit)
     except ValueError:
-        raise ValueError(
+        raise ConfigError(
             f"the open-file limit (RLIMIT_NOFILE) is {limit}: it leaves room for {fit} task trees at "
             f"{FDS_PER_TREE} fds each beside the {reserve_fds(len(plans))} the runner keeps, not one for "
             f"each of its {len(plans)} task types; raise it (ulimit -n, systemd LimitNOFILE=)"

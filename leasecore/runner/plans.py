@@ -222,10 +222,8 @@ class Reloader:
         )
         if self._masking is not None:
             plans = tuple(self._masking.plans(new, plans))
-        try:  # no more slots than the open-file limit holds (fdbudget), said in the reload's answer
-            fitted, fd_warning = fdbudget.fit_plans(plans, fdbudget.current_limit())
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        # no more slots than the open-file limit holds (fdbudget), said in the reload's answer
+        fitted, fd_warning = fdbudget.fit_plans(plans, fdbudget.current_limit())  # (ConfigError: refused)
         plans = tuple(fitted)
         if self._metrics is not None:
             self._metrics.reconfigure(new)  # a new port is listened on before anything changes

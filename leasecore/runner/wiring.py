@@ -27,7 +27,7 @@ from leasecore.checkbudget import CheckBudget, max_queue_seconds
 from leasecore.clock import SystemClock
 from leasecore.conductor.client import ConductorClient
 from leasecore.config.settings import ResolvedConfig
-from leasecore.errors import ConductorError, ConductorUnavailable, ConfigError
+from leasecore.errors import ConductorError, ConductorUnavailable
 from leasecore.lease import FenceAction
 from leasecore.lease.finalcheck import LATE_BEAT_MARGIN_SECONDS
 from leasecore.masking import mask_result
@@ -242,21 +242,17 @@ def _raise_fd_limit(config: ResolvedConfig) -> None:
     needed = fdbudget.fds_needed([task.concurrency for task in config.tasks])
     raised = fdbudget.raise_soft_limit(needed)
     if raised.error is not None:
-        log.warning("the open-file limit (RLIMIT_NOFILE) stays at %d: raising it toward the %d the "
-                    "concurrency needs (the hard limit is %d) was refused: %s", raised.before,
-                    min(needed, raised.hard), raised.hard, raised.error)
+        log.warning("the open-file limit (RLIMIT_NOFILE) stays at %d: raising it to %d for the "
+                    "concurrency asked was refused: %s", raised.before, raised.asked, raised.error)
     elif raised.after != raised.before:
         log.info("open-file limit (RLIMIT_NOFILE) raised from %d to %d (the hard limit is %d)",
                  raised.before, raised.after, raised.hard)
 
 
 def fit_fd_limit(plans: list[TaskTypePlan]) -> list[TaskTypePlan]:
-    """``plans`` with no more slots than the open-file limit holds (warned, once per start or
-    reload); ConfigError (exit 3) when it cannot hold one tree per task type."""
-    try:
-        fitted, warning = fdbudget.fit_plans(plans, fdbudget.current_limit())
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    """``plans`` with no more slots than the open-file limit holds (warned, once per start);
+    ConfigError (exit 3) when it cannot hold one tree per task type."""
+    fitted, warning = fdbudget.fit_plans(plans, fdbudget.current_limit())
     if warning is not None:
         log.warning("%s", warning)
     return fitted

@@ -75,7 +75,7 @@ def test_fit_plans_caps_the_concurrency_and_says_so_once() -> None:
         "ulimit -n",
     ):
         assert part in warning, warning
-    with pytest.raises(ValueError, match=r"RLIMIT_NOFILE\) is 259: it leaves room for 0 task trees"):
+    with pytest.raises(ConfigError, match=r"RLIMIT_NOFILE\) is 259: it leaves room for 0 task trees"):
         fdbudget.fit_plans([_plan("a", 3)], 259)
 
 
